@@ -1,0 +1,25 @@
+//! CPU compute kernels for Bulkhead workers.
+//!
+//! This crate knows nothing about models, tenants, KV pages, tokio or files: it
+//! multiplies quantized weight matrices by activation rows and does the small
+//! f32 vector operations a transformer layer needs. Weight formats follow GGUF
+//! block layouts (`Q4_0`, `Q4_1`, `Q8_0`) converted at load time to a
+//! struct-of-arrays form that SIMD code reads without unaligned scale loads.
+//!
+//! Activations are quantized the way ggml quantizes them (`Q8_1` for `Q4_1`
+//! weights, `Q8_0` for `Q4_0` and `Q8_0` weights, round-half-even), so the same
+//! model file gives the same greedy tokens as llama.cpp.
+//!
+//! Every kernel has a portable scalar version; x86-64 machines with AVX2, FMA
+//! and F16C get hand-written SIMD versions chosen once at run time.
+#![allow(unsafe_code)]
+
+mod cpu;
+mod dot;
+pub mod matmul;
+pub mod ops;
+pub mod quant;
+
+pub use cpu::simd_available;
+pub use matmul::{Matrix, Workspace};
+pub use quant::{ActivationKind, ActivationsQ8, FormatError, WeightFormat, WeightsQ};

@@ -1,0 +1,207 @@
+//! Weight matrices and the parallel matmul `out = x · Wᵀ`.
+//!
+//! Work is split over output columns (weight rows) into chunks that rayon
+//! spreads over the current thread pool; callers run a whole forward pass
+//! inside one `ThreadPool::install` so no per-matmul thread hand-off occurs.
+
+use crate::dot::{OutPtr, weight_row_dots};
+use crate::ops::dot_f32;
+use crate::quant::{ActivationKind, ActivationsQ8, WeightsQ};
+use rayon::prelude::*;
+
+/// A weight matrix of `rows` (outputs) x `cols` (inputs).
+#[derive(Debug, Clone)]
+pub enum Matrix {
+    /// Quantized blocks, computed at their own precision.
+    Quant(WeightsQ),
+    /// Plain f32 weights (F32 and F16 files, and dequantized fallbacks).
+    F32 {
+        /// Output features.
+        rows: usize,
+        /// Input features.
+        cols: usize,
+        /// Row-major values.
+        data: Vec<f32>,
+    },
+}
+
+/// Activation rows prepared for matmuls, quantized lazily once per kind.
+///
+/// One `Workspace` serves every matrix that reads the same input (q, k and v;
+/// gate and up), so activations are quantized once for all of them.
+#[derive(Debug)]
+pub struct Workspace<'a> {
+    x: &'a [f32],
+    rows: usize,
+    cols: usize,
+    q8_0: Option<ActivationsQ8>,
+    q8_1: Option<ActivationsQ8>,
+}
+
+impl<'a> Workspace<'a> {
+    /// Wraps `rows` activation rows of `cols` values.
+    pub fn new(x: &'a [f32], rows: usize, cols: usize) -> Self {
+        assert_eq!(x.len(), rows * cols, "activation shape");
+        Workspace {
+            x,
+            rows,
+            cols,
+            q8_0: None,
+            q8_1: None,
+        }
+    }
+
+    fn quantized(&mut self, kind: ActivationKind) -> &ActivationsQ8 {
+        let slot = match kind {
+            ActivationKind::Q8_0 => &mut self.q8_0,
+            ActivationKind::Q8_1 => &mut self.q8_1,
+        };
+        slot.get_or_insert_with(|| ActivationsQ8::quantize(self.x, self.rows, self.cols))
+    }
+}
+
+/// Output columns one parallel task computes.
+const CHUNK: usize = 16;
+
+impl Matrix {
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        match self {
+            Matrix::Quant(w) => w.rows(),
+            Matrix::F32 { rows, .. } => *rows,
+        }
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        match self {
+            Matrix::Quant(w) => w.cols(),
+            Matrix::F32 { cols, .. } => *cols,
+        }
+    }
+
+    /// Writes row `row` as f32 into `out`.
+    pub fn row_f32(&self, row: usize, out: &mut [f32]) {
+        match self {
+            Matrix::Quant(w) => w.dequantize_row(row, out),
+            Matrix::F32 { cols, data, .. } => {
+                out.copy_from_slice(&data[row * cols..(row + 1) * cols]);
+            }
+        }
+    }
+
+    /// `out[r * self.rows() + j] = Σ_k x[r, k] · W[j, k]` for every input row `r`.
+    ///
+    /// # Panics
+    /// If the shapes disagree; they are fixed when a model loads.
+    pub fn matmul(&self, ws: &mut Workspace<'_>, out: &mut [f32]) {
+        assert_eq!(ws.cols, self.cols(), "matmul inner dimension");
+        let n_out = self.rows();
+        assert_eq!(out.len(), ws.rows * n_out, "matmul output shape");
+        let ptr = OutPtr(out.as_mut_ptr());
+        let chunks = n_out.div_ceil(CHUNK);
+        match self {
+            Matrix::Quant(w) => {
+                let act = ws.quantized(w.format().activation_kind());
+                (0..chunks).into_par_iter().for_each(|c| {
+                    for j in c * CHUNK..((c + 1) * CHUNK).min(n_out) {
+                        // SAFETY: `out` has rows x n_out elements (asserted
+                        // above) and task `c` alone writes columns of chunk `c`.
+                        unsafe { weight_row_dots(w, j, act, ptr, n_out) };
+                    }
+                });
+            }
+            Matrix::F32 { cols, data, .. } => {
+                let (x, rows, cols) = (ws.x, ws.rows, *cols);
+                (0..chunks).into_par_iter().for_each(|c| {
+                    for j in c * CHUNK..((c + 1) * CHUNK).min(n_out) {
+                        let wr = &data[j * cols..(j + 1) * cols];
+                        for r in 0..rows {
+                            let v = dot_f32(wr, &x[r * cols..(r + 1) * cols]);
+                            // SAFETY: as for the quantized branch.
+                            unsafe { ptr.write(r * n_out + j, v) };
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dot::weight_row_dots_scalar;
+    use crate::quant::WeightFormat;
+
+    /// Deterministic pseudo-random bytes and floats for kernel tests.
+    fn lcg(seed: &mut u64) -> u64 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed >> 33
+    }
+
+    fn random_gguf(format: WeightFormat, rows: usize, cols: usize, seed: &mut u64) -> Vec<u8> {
+        let bb = format.gguf_block_bytes();
+        let mut bytes = Vec::new();
+        for _ in 0..rows * cols / 32 {
+            let d = half::f16::from_f32(0.01 + (lcg(seed) % 100) as f32 * 1e-4);
+            bytes.extend_from_slice(&d.to_bits().to_le_bytes());
+            let rest = bb - 2;
+            let m_bytes = if format == WeightFormat::Q4_1 {
+                let m = half::f16::from_f32(-0.05 + (lcg(seed) % 100) as f32 * 1e-3);
+                bytes.extend_from_slice(&m.to_bits().to_le_bytes());
+                2
+            } else {
+                0
+            };
+            for _ in 0..rest - m_bytes {
+                bytes.push((lcg(seed) & 0xFF) as u8);
+            }
+        }
+        bytes
+    }
+
+    #[test]
+    fn simd_matches_scalar_and_f32_reference() {
+        let mut seed = 7;
+        for format in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0] {
+            for rows_in in [1usize, 3, 4, 9] {
+                let (rows, cols) = (40, 96);
+                let w = WeightsQ::from_gguf_bytes(format, rows, cols, &random_gguf(format, rows, cols, &mut seed)).unwrap();
+                let x: Vec<f32> = (0..rows_in * cols).map(|_| (lcg(&mut seed) % 2000) as f32 / 1000.0 - 1.0).collect();
+                let m = Matrix::Quant(w.clone());
+                let mut ws = Workspace::new(&x, rows_in, cols);
+                let mut fast = vec![0f32; rows_in * rows];
+                m.matmul(&mut ws, &mut fast);
+                let act = ActivationsQ8::quantize(&x, rows_in, cols);
+                let mut slow = vec![0f32; rows_in * rows];
+                for j in 0..rows {
+                    unsafe { weight_row_dots_scalar(&w, j, &act, OutPtr(slow.as_mut_ptr()), rows) };
+                }
+                // Dequantized f32 reference: only activation rounding differs.
+                let mut row = vec![0f32; cols];
+                for j in 0..rows {
+                    w.dequantize_row(j, &mut row);
+                    for r in 0..rows_in {
+                        let xr = &x[r * cols..(r + 1) * cols];
+                        let exact = dot_f32(&row, xr);
+                        // Activation rounding moves each product by at most half a quant step.
+                        let bound: f32 = row
+                            .chunks(32)
+                            .zip(xr.chunks(32))
+                            .map(|(wb, xb)| {
+                                let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+                                wb.iter().map(|v| v.abs()).sum::<f32>() * amax / 254.0
+                            })
+                            .sum::<f32>()
+                            * 1.01
+                            + 1e-4;
+                        let (f, s) = (fast[r * rows + j], slow[r * rows + j]);
+                        assert!((f - s).abs() <= 1e-4 * (1.0 + s.abs()), "{format:?} simd {f} scalar {s}");
+                        assert!((s - exact).abs() <= bound, "{format:?} scalar {s} exact {exact} bound {bound}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Quantized weight matrices (struct-of-arrays) and quantized activation rows.
+//!
+//! GGUF stores `Q4_0`, `Q4_1` and `Q8_0` weights as arrays of 32-element blocks
+//! with f16 scales. [`WeightsQ::from_gguf_bytes`] converts them once, at load
+//! time, into separate arrays of quants and f32 scales (the f16 to f32
+//! conversion is exact, so nothing changes numerically).
+
+use half::f16;
+
+/// Elements per quantization block, for every format here.
+pub const BLOCK: usize = 32;
+
+/// A GGUF block format with a kernel in this crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// 4-bit, one scale per block: `(q - 8) * d`.
+    Q4_0,
+    /// 4-bit, scale and minimum per block: `q * d + m`.
+    Q4_1,
+    /// 8-bit, one scale per block: `q * d`.
+    Q8_0,
+}
+
+impl WeightFormat {
+    /// Bytes one 32-element block takes in a GGUF file.
+    pub fn gguf_block_bytes(self) -> usize {
+        match self {
+            WeightFormat::Q4_0 => 18,
+            WeightFormat::Q4_1 => 20,
+            WeightFormat::Q8_0 => 34,
+        }
+    }
+
+    /// Bytes of quants per block in memory.
+    fn quant_bytes(self) -> usize {
+        match self {
+            WeightFormat::Q4_0 | WeightFormat::Q4_1 => 16,
+            WeightFormat::Q8_0 => 32,
+        }
+    }
+
+    /// The activation quantization llama.cpp pairs with this weight format.
+    pub fn activation_kind(self) -> ActivationKind {
+        match self {
+            WeightFormat::Q4_1 => ActivationKind::Q8_1,
+            WeightFormat::Q4_0 | WeightFormat::Q8_0 => ActivationKind::Q8_0,
+        }
+    }
+}
+
+/// How activation rows are quantized before a quantized matmul.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationKind {
+    /// 8-bit quants with an f16-rounded scale.
+    Q8_0,
+    /// As `Q8_0`, plus the f16-rounded sum `d * Σq` used by formats with a minimum.
+    Q8_1,
+}
+
+/// Error converting raw GGUF tensor bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// The column count is not a multiple of the block size.
+    #[error("{cols} columns is not a multiple of the block size {BLOCK}")]
+    Cols { cols: usize },
+    /// The byte length does not match rows x cols for the format.
+    #[error("expected {expected} bytes for the tensor, found {found}")]
+    Length { expected: usize, found: usize },
+}
+
+/// A quantized weight matrix of `rows` x `cols`, row-major, blocks along columns.
+#[derive(Debug, Clone)]
+pub struct WeightsQ {
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    /// Per-block scale.
+    d: Vec<f32>,
+    /// Per-block minimum (`Q4_1` only; empty otherwise).
+    m: Vec<f32>,
+    /// Packed quants, `format.quant_bytes()` per block.
+    qs: Vec<u8>,
+}
+
+impl WeightsQ {
+    /// Converts a GGUF tensor's raw bytes (`rows` x `cols`, row-major).
+    pub fn from_gguf_bytes(
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<Self, FormatError> {
+        if cols % BLOCK != 0 {
+            return Err(FormatError::Cols { cols });
+        }
+        let n_blocks = rows * cols / BLOCK;
+        let bb = format.gguf_block_bytes();
+        if bytes.len() != n_blocks * bb {
+            return Err(FormatError::Length {
+                expected: n_blocks * bb,
+                found: bytes.len(),
+            });
+        }
+        let qb = format.quant_bytes();
+        let mut d = Vec::with_capacity(n_blocks);
+        let mut m = Vec::new();
+        let mut qs = Vec::with_capacity(n_blocks * qb);
+        for block in bytes.chunks_exact(bb) {
+            d.push(f16_at(block, 0));
+            let quants = match format {
+                WeightFormat::Q4_1 => {
+                    m.push(f16_at(block, 2));
+                    &block[4..]
+                }
+                WeightFormat::Q4_0 | WeightFormat::Q8_0 => &block[2..],
+            };
+            qs.extend_from_slice(quants);
+        }
+        Ok(WeightsQ {
+            format,
+            rows,
+            cols,
+            d,
+            m,
+            qs,
+        })
+    }
+
+    /// The block format.
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// Number of rows (output features).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns (input features).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Blocks per row.
+    pub(crate) fn blocks_per_row(&self) -> usize {
+        self.cols / BLOCK
+    }
+
+    pub(crate) fn d(&self) -> &[f32] {
+        &self.d
+    }
+
+    pub(crate) fn m(&self) -> &[f32] {
+        &self.m
+    }
+
+    pub(crate) fn qs(&self) -> &[u8] {
+        &self.qs
+    }
+
+    /// Writes row `row`, dequantized, into `out` (`cols` long).
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        let nb = self.blocks_per_row();
+        let qb = self.format.quant_bytes();
+        for b in 0..nb {
+            let blk = row * nb + b;
+            let d = self.d[blk];
+            let q = &self.qs[blk * qb..(blk + 1) * qb];
+            let o = &mut out[b * BLOCK..(b + 1) * BLOCK];
+            match self.format {
+                WeightFormat::Q4_0 => {
+                    for i in 0..16 {
+                        o[i] = (f32::from(q[i] & 0xF) - 8.0) * d;
+                        o[i + 16] = (f32::from(q[i] >> 4) - 8.0) * d;
+                    }
+                }
+                WeightFormat::Q4_1 => {
+                    let m = self.m[blk];
+                    for i in 0..16 {
+                        o[i] = f32::from(q[i] & 0xF) * d + m;
+                        o[i + 16] = f32::from(q[i] >> 4) * d + m;
+                    }
+                }
+                WeightFormat::Q8_0 => {
+                    for i in 0..BLOCK {
+                        o[i] = f32::from(q[i] as i8) * d;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
+}
+
+/// Rounds through f16 and back, as ggml does when it stores a scale.
+fn f16_round(x: f32) -> f32 {
+    f16::from_f32(x).to_f32()
+}
+
+/// Activation rows quantized to 8 bits in 32-element blocks.
+#[derive(Debug, Clone, Default)]
+pub struct ActivationsQ8 {
+    rows: usize,
+    blocks_per_row: usize,
+    pub(crate) qs: Vec<i8>,
+    pub(crate) d: Vec<f32>,
+    /// `d * Σq` per block, f16-rounded (meaningful for `Q8_1`).
+    pub(crate) s: Vec<f32>,
+}
+
+impl ActivationsQ8 {
+    /// Quantizes `rows` rows of `cols` values each.
+    ///
+    /// Matches ggml's AVX2 `quantize_row_q8_0` / `quantize_row_q8_1`:
+    /// `d = amax / 127` stored as f16, quants `round_half_even(x * 127 / amax)`.
+    pub fn quantize(x: &[f32], rows: usize, cols: usize) -> Self {
+        debug_assert_eq!(x.len(), rows * cols);
+        let nb = cols / BLOCK;
+        let total = rows * nb;
+        let mut qs = vec![0i8; total * BLOCK];
+        let mut d = vec![0f32; total];
+        let mut s = vec![0f32; total];
+        for (blk, xb) in x.chunks_exact(BLOCK).enumerate() {
+            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let dd = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, v) in qs[blk * BLOCK..(blk + 1) * BLOCK].iter_mut().zip(xb) {
+                let r = (v * id).round_ties_even();
+                // |v * id| <= 127 by construction of `id`.
+                #[allow(clippy::cast_possible_truncation)]
+                let qi = r as i32;
+                sum += qi;
+                *q = qi as i8;
+            }
+            d[blk] = f16_round(dd);
+            #[allow(clippy::cast_precision_loss)]
+            {
+                s[blk] = f16_round(dd * sum as f32);
+            }
+        }
+        ActivationsQ8 {
+            rows,
+            blocks_per_row: nb,
+            qs,
+            d,
+            s,
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub(crate) fn blocks_per_row(&self) -> usize {
+        self.blocks_per_row
+    }
+}
