@@ -1,0 +1,98 @@
+//! Newtype identifiers: no raw integer crosses a module boundary as an id.
+
+use std::fmt;
+
+/// A tenant (account) whose requests own KV pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TenantId(u64);
+
+/// One inference request, unique within a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(u64);
+
+/// A physical page slot in a worker's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageId(u32);
+
+/// The allocation generation of a page: changes on every allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Generation(u64);
+
+/// Who a sequence, and so each of its pages, belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Owner {
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The request within the tenant.
+    pub request: RequestId,
+}
+
+impl TenantId {
+    /// Wraps a raw tenant number.
+    pub const fn new(raw: u64) -> Self {
+        TenantId(raw)
+    }
+
+    /// The raw number, for wire formats and logs.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl RequestId {
+    /// Wraps a raw request number.
+    pub const fn new(raw: u64) -> Self {
+        RequestId(raw)
+    }
+
+    /// The raw number, for wire formats and logs.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl PageId {
+    pub(crate) fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    pub(crate) fn from_index(i: usize) -> Self {
+        PageId(u32::try_from(i).expect("page count fits u32 (checked at pool creation)"))
+    }
+
+    /// The raw slot number, for wire formats, logs and fault-injection tests.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl Generation {
+    pub(crate) const FIRST: Generation = Generation(1);
+
+    pub(crate) fn next(self) -> Generation {
+        Generation(self.0 + 1)
+    }
+
+    /// The raw number, for wire formats and logs.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for TenantId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tenant-{}", self.0)
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+impl fmt::Display for PageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "page-{}", self.0)
+    }
+}

@@ -1,0 +1,448 @@
+//! The physical page pool: tags, free list, page memory and checked access.
+
+use crate::admission::Admitted;
+use crate::ids::{Generation, Owner, PageId};
+
+/// Shape of the KV memory: what one page holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvGeometry {
+    /// Transformer layers.
+    pub layers: usize,
+    /// Key/value heads per layer.
+    pub kv_heads: usize,
+    /// Dimension of one head.
+    pub head_dim: usize,
+    /// Tokens per page.
+    pub page_size: usize,
+}
+
+impl KvGeometry {
+    /// f32 values of one page in one layer, for keys or for values.
+    fn floats_per_layer_page(&self) -> usize {
+        self.kv_heads * self.head_dim * self.page_size
+    }
+
+    /// Bytes one page takes across all layers, keys and values.
+    pub fn bytes_per_page(&self) -> usize {
+        self.layers * 2 * self.floats_per_layer_page() * std::mem::size_of::<f32>()
+    }
+
+    /// Pages that fit in `bytes`.
+    pub fn pages_for_budget(&self, bytes: usize) -> usize {
+        bytes / self.bytes_per_page()
+    }
+}
+
+/// Who holds a physical page now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageTag {
+    /// In the free list.
+    Free,
+    /// Allocated to `owner` at `generation`.
+    Owned {
+        /// The owning sequence.
+        owner: Owner,
+        /// The allocation's generation.
+        generation: Generation,
+    },
+    /// Taken out of service after an ownership violation.
+    Quarantined,
+}
+
+/// Whether page accesses compare tags. Always `Enforced` when serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerChecks {
+    /// Every read and write compares the page's tag with the sequence.
+    Enforced,
+    /// No comparison: exists only so `bulkhead bench engine` can measure
+    /// what the checks cost. No serving command can select it.
+    OffForBenchmark,
+}
+
+/// One entry of a page table: a physical page and the generation it was
+/// allocated at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageRef {
+    page: PageId,
+    generation: Generation,
+}
+
+/// The pages of one sequence, in token order. Not `Clone`: one table per allocation.
+#[derive(Debug)]
+pub struct PageTable {
+    owner: Owner,
+    pages: Vec<PageRef>,
+}
+
+/// A page access that the page's tag does not allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("KV page {page} is not owned by {} of {}", .owner.request, .owner.tenant)]
+pub struct OwnerViolation {
+    /// The page that was refused.
+    pub page: PageId,
+    /// The sequence that tried to access it.
+    pub owner: Owner,
+}
+
+/// The pool has too few free pages now; the request waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{needed} KV pages needed, {free} free")]
+pub struct PoolExhausted {
+    /// Pages the request needs.
+    pub needed: usize,
+    /// Pages free now.
+    pub free: usize,
+}
+
+/// Allocation counters of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolCounters {
+    /// Pages in the pool.
+    pub total_pages: usize,
+    /// Pages in the free list.
+    pub free_pages: usize,
+    /// Pages owned by a sequence.
+    pub allocated_pages: usize,
+    /// Pages out of service.
+    pub quarantined_pages: usize,
+    /// Page tables handed out so far.
+    pub allocations: u64,
+    /// Page tables returned so far.
+    pub releases: u64,
+    /// Ownership violations detected so far.
+    pub owner_violations: u64,
+}
+
+/// A worker's KV pool. Owned by one thread (the engine loop); shared
+/// read-only with the attention threads through [`PageReader`].
+#[derive(Debug)]
+pub struct KvPool {
+    geometry: KvGeometry,
+    tags: Vec<PageTag>,
+    free: Vec<PageId>,
+    next_generation: Generation,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    scrub_on_free: bool,
+    checks: OwnerChecks,
+    allocations: u64,
+    releases: u64,
+    owner_violations: u64,
+}
+
+/// Shared, read-only access to page memory, one tag check per page.
+#[derive(Debug, Clone, Copy)]
+pub struct PageReader<'a> {
+    pool: &'a KvPool,
+}
+
+/// One layer's keys and values of one page, after its tag was checked.
+#[derive(Debug, Clone, Copy)]
+pub struct PageView<'a> {
+    keys: &'a [f32],
+    values: &'a [f32],
+    head_floats: usize,
+}
+
+impl KvPool {
+    /// A pool of `pages` pages. Page memory is allocated lazily by the OS
+    /// and is not zeroed between owners unless `scrub_on_free`.
+    ///
+    /// # Panics
+    /// If `pages` does not fit a `u32` page id.
+    pub fn new(geometry: KvGeometry, pages: usize, scrub_on_free: bool) -> Self {
+        assert!(u32::try_from(pages).is_ok(), "too many pages");
+        let floats = pages * geometry.floats_per_layer_page();
+        KvPool {
+            geometry,
+            tags: vec![PageTag::Free; pages],
+            // Pop from the end: lowest page ids are handed out first.
+            free: (0..pages).rev().map(PageId::from_index).collect(),
+            next_generation: Generation::FIRST,
+            keys: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
+            values: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
+            scrub_on_free,
+            checks: OwnerChecks::Enforced,
+            allocations: 0,
+            releases: 0,
+            owner_violations: 0,
+        }
+    }
+
+    /// Sets whether accesses check tags (see [`OwnerChecks`]).
+    pub fn set_owner_checks(&mut self, checks: OwnerChecks) {
+        self.checks = checks;
+    }
+
+    /// The page shape.
+    pub fn geometry(&self) -> KvGeometry {
+        self.geometry
+    }
+
+    /// Tokens the whole pool can hold.
+    pub fn capacity_tokens(&self) -> usize {
+        self.tags.len() * self.geometry.page_size
+    }
+
+    /// Allocates every page the admitted request needs, or none.
+    pub fn allocate<T>(&mut self, admitted: &Admitted<T>) -> Result<PageTable, PoolExhausted> {
+        let needed = admitted.pages();
+        if needed > self.free.len() {
+            return Err(PoolExhausted {
+                needed,
+                free: self.free.len(),
+            });
+        }
+        let owner = admitted.owner();
+        let mut pages = Vec::with_capacity(needed);
+        for _ in 0..needed {
+            let page = self.free.pop().expect("length checked above");
+            let generation = self.next_generation;
+            self.next_generation = generation.next();
+            self.tags[page.index()] = PageTag::Owned { owner, generation };
+            pages.push(PageRef { page, generation });
+        }
+        self.allocations += 1;
+        Ok(PageTable { owner, pages })
+    }
+
+    /// Returns a table's pages to the free list. Entries whose tag no longer
+    /// matches (quarantined, or not the table's own) are left alone.
+    pub fn release(&mut self, table: PageTable) {
+        for r in &table.pages {
+            if self.tag_matches(table.owner, *r) {
+                if self.scrub_on_free {
+                    self.scrub(r.page);
+                }
+                self.tags[r.page.index()] = PageTag::Free;
+                self.free.push(r.page);
+            }
+        }
+        self.releases += 1;
+    }
+
+    /// Records a violation and takes its page out of service.
+    pub fn quarantine(&mut self, violation: &OwnerViolation) {
+        self.owner_violations += 1;
+        let i = violation.page.index();
+        if let Some(tag) = self.tags.get_mut(i) {
+            if *tag == PageTag::Free {
+                self.free.retain(|p| *p != violation.page);
+            }
+            *tag = PageTag::Quarantined;
+        }
+    }
+
+    /// The tag of `page` (for tests and metrics).
+    pub fn tag(&self, page: PageId) -> Option<PageTag> {
+        self.tags.get(page.index()).copied()
+    }
+
+    /// Counters for metrics and tests.
+    pub fn counters(&self) -> PoolCounters {
+        let quarantined = self
+            .tags
+            .iter()
+            .filter(|t| **t == PageTag::Quarantined)
+            .count();
+        PoolCounters {
+            total_pages: self.tags.len(),
+            free_pages: self.free.len(),
+            allocated_pages: self.tags.len() - self.free.len() - quarantined,
+            quarantined_pages: quarantined,
+            allocations: self.allocations,
+            releases: self.releases,
+            owner_violations: self.owner_violations,
+        }
+    }
+
+    /// Writes one token's keys and values (`kv_heads * head_dim` each) for
+    /// `layer` at position `pos` of the table's sequence.
+    pub fn write_token(
+        &mut self,
+        table: &PageTable,
+        layer: usize,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), OwnerViolation> {
+        let g = self.geometry;
+        let r = table.pages[pos / g.page_size];
+        self.check(table.owner, r)?;
+        let slot = pos % g.page_size;
+        let base = r.page.index() * g.floats_per_layer_page();
+        let keys = &mut self.keys[layer][base..base + g.floats_per_layer_page()];
+        for h in 0..g.kv_heads {
+            for d in 0..g.head_dim {
+                keys[(h * g.head_dim + d) * g.page_size + slot] = k[h * g.head_dim + d];
+            }
+        }
+        let values = &mut self.values[layer][base..base + g.floats_per_layer_page()];
+        for h in 0..g.kv_heads {
+            let at = (h * g.page_size + slot) * g.head_dim;
+            values[at..at + g.head_dim].copy_from_slice(&v[h * g.head_dim..(h + 1) * g.head_dim]);
+        }
+        Ok(())
+    }
+
+    /// Shared read access for attention.
+    pub fn reader(&self) -> PageReader<'_> {
+        PageReader { pool: self }
+    }
+
+    fn tag_matches(&self, owner: Owner, r: PageRef) -> bool {
+        self.tags.get(r.page.index())
+            == Some(&PageTag::Owned {
+                owner,
+                generation: r.generation,
+            })
+    }
+
+    fn check(&self, owner: Owner, r: PageRef) -> Result<(), OwnerViolation> {
+        if self.checks == OwnerChecks::OffForBenchmark || self.tag_matches(owner, r) {
+            Ok(())
+        } else {
+            Err(OwnerViolation {
+                page: r.page,
+                owner,
+            })
+        }
+    }
+
+    fn scrub(&mut self, page: PageId) {
+        let n = self.geometry.floats_per_layer_page();
+        let base = page.index() * n;
+        for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            layer[base..base + n].fill(0.0);
+        }
+    }
+}
+
+impl<'a> PageReader<'a> {
+    /// The keys and values of page `r` in `layer`, if `owner` owns it at
+    /// `r`'s generation. Otherwise the data is not returned.
+    pub fn page(&self, layer: usize, owner: Owner, r: PageRef) -> Result<PageView<'a>, OwnerViolation> {
+        self.pool.check(owner, r)?;
+        let g = self.pool.geometry;
+        let n = g.floats_per_layer_page();
+        let base = r.page.index() * n;
+        Ok(PageView {
+            keys: &self.pool.keys[layer][base..base + n],
+            values: &self.pool.values[layer][base..base + n],
+            head_floats: g.head_dim * g.page_size,
+        })
+    }
+}
+
+impl<'a> PageView<'a> {
+    /// Keys of `kv_head`, dimension-major: `[head_dim][page_size]`.
+    pub fn keys(&self, kv_head: usize) -> &'a [f32] {
+        &self.keys[kv_head * self.head_floats..(kv_head + 1) * self.head_floats]
+    }
+
+    /// Values of `kv_head`, token-major: `[page_size][head_dim]`.
+    pub fn values(&self, kv_head: usize) -> &'a [f32] {
+        &self.values[kv_head * self.head_floats..(kv_head + 1) * self.head_floats]
+    }
+}
+
+impl PageRef {
+    /// The physical page.
+    pub fn page(&self) -> PageId {
+        self.page
+    }
+
+    /// The generation it was allocated at.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+}
+
+impl PageTable {
+    /// The owning sequence.
+    pub fn owner(&self) -> Owner {
+        self.owner
+    }
+
+    /// The page references, in token order.
+    pub fn pages(&self) -> &[PageRef] {
+        &self.pages
+    }
+
+    /// Points entry `index` at `target`: simulates the index bugs of the
+    /// 2026 incident so tests can show the tag check stops them.
+    #[cfg(feature = "fault-injection")]
+    pub fn redirect_for_fault_injection(&mut self, index: usize, target: PageRef) {
+        self.pages[index] = target;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::Limits;
+    use crate::ids::{RequestId, TenantId};
+
+    const GEO: KvGeometry = KvGeometry {
+        layers: 2,
+        kv_heads: 1,
+        head_dim: 4,
+        page_size: 2,
+    };
+
+    fn owner(t: u64, r: u64) -> Owner {
+        Owner {
+            tenant: TenantId::new(t),
+            request: RequestId::new(r),
+        }
+    }
+
+    fn limits(pool: &KvPool) -> Limits {
+        Limits {
+            context_window: 64,
+            pool_tokens: pool.capacity_tokens(),
+            page_size: GEO.page_size,
+        }
+    }
+
+    #[test]
+    fn foreign_and_stale_pages_are_refused() {
+        let mut pool = KvPool::new(GEO, 4, false);
+        let a = limits(&pool).admit(owner(1, 1), 3, 1, ()).unwrap();
+        let table_a = pool.allocate(&a).unwrap();
+        pool.write_token(&table_a, 0, 0, &[1.0; 4], &[2.0; 4]).unwrap();
+        let b = owner(2, 2);
+        let stolen = table_a.pages()[0];
+        let err = pool.reader().page(0, b, stolen).unwrap_err();
+        assert_eq!(err.page, stolen.page());
+
+        // After release and reallocation the old generation is stale.
+        pool.release(table_a);
+        let a2 = limits(&pool).admit(owner(1, 3), 7, 1, ()).unwrap();
+        let table_a2 = pool.allocate(&a2).unwrap();
+        let reused = *table_a2.pages().iter().find(|r| r.page() == stolen.page()).unwrap();
+        assert_ne!(reused.generation(), stolen.generation());
+        assert!(pool.reader().page(0, owner(1, 1), stolen).is_err());
+        assert!(pool.reader().page(0, owner(1, 3), reused).is_ok());
+    }
+
+    #[test]
+    fn allocation_is_all_or_nothing_and_quarantine_removes_pages() {
+        let mut pool = KvPool::new(GEO, 3, true);
+        let big = limits(&pool).admit(owner(1, 1), 5, 1, ()).unwrap();
+        assert_eq!(big.pages(), 3);
+        let t = pool.allocate(&big).unwrap();
+        let again = limits(&pool).admit(owner(1, 2), 1, 1, ()).unwrap();
+        assert_eq!(pool.allocate(&again).unwrap_err(), PoolExhausted { needed: 1, free: 0 });
+        let victim = t.pages()[1];
+        pool.quarantine(&OwnerViolation {
+            page: victim.page(),
+            owner: owner(2, 9),
+        });
+        pool.release(t);
+        let c = pool.counters();
+        assert_eq!((c.free_pages, c.quarantined_pages, c.allocated_pages), (2, 1, 0));
+        assert_eq!(c.owner_violations, 1);
+        assert_eq!(pool.tag(victim.page()), Some(PageTag::Quarantined));
+    }
+}
