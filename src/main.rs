@@ -1,1 +1,19 @@
-fn main() {}
+//! `bulkhead`: the platform's single binary. `main` parses arguments once and
+//! hands off to the subcommand's module.
+
+mod bench;
+mod cli;
+mod generate;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    match cli::run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

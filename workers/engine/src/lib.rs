@@ -1,0 +1,48 @@
+//! Bulkhead's model engine: LLaMA-architecture GGUF models served from a
+//! paged, tenant-tagged KV pool with continuous batching.
+//!
+//! - [`ModelFile`] loads a GGUF file: weights (kept at their own quantization),
+//!   hyperparameters, the tokenizer and the chat template.
+//! - [`EngineCore`] is the synchronous heart: admitted sequences, one
+//!   [`bulkhead_kv::KvPool`], and `step()`, one forward pass over a mix of
+//!   prefill chunks and decode tokens.
+//! - [`Engine`] runs an `EngineCore` on its own thread, fed by a closed enum of
+//!   commands; callers submit requests and read token events from a channel.
+//!   Model compute never runs on an async runtime.
+//! - [`fetch`] gets and verifies the default model file.
+//!
+//! Admission happens in [`Engine::submit`] before anything reaches the engine
+//! thread: a rejected request is an [`bulkhead_kv::AdmissionError`] and never
+//! becomes a sequence.
+
+mod chat;
+mod core;
+mod detok;
+mod engine;
+mod error;
+pub mod fetch;
+mod forward;
+mod gguf;
+mod sampling;
+mod tokenizer;
+
+pub use crate::core::{EngineCore, FinishReason, LogitsError, PendingRequest, SeqEvent, Usage};
+pub use chat::{ChatMessage, ChatTemplate};
+pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle};
+pub use error::{EngineError, LoadError};
+pub use gguf::{ModelConfig, ModelFile};
+pub use sampling::SamplingParams;
+pub use tokenizer::Tokenizer;
+
+/// Everything a sequence needs besides its prompt: how to sample and when to stop.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Sampling parameters, including `max_tokens`.
+    pub sampling: SamplingParams,
+    /// Strings that end generation (not included in the output).
+    pub stop: Vec<String>,
+    /// Keep generating past the end-of-sequence token (tests and benchmarks).
+    pub ignore_eos: bool,
+}

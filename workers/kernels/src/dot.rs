@@ -248,7 +248,7 @@ mod avx2 {
                         let dd = _mm256_mul_ps(dw, _mm256_set1_ps(a.d[ab]));
                         acc[t] = _mm256_fmadd_ps(dd, p, acc[t]);
                         if K::HAS_MIN {
-                            summs[t] += wm[wb] * a.s[ab];
+                            summs[t] = wm[wb].mul_add(a.s[ab], summs[t]);
                         }
                     }
                 }
@@ -269,7 +269,7 @@ mod avx2 {
                     let dd = _mm256_mul_ps(_mm256_set1_ps(wd[wb]), _mm256_set1_ps(a.d[ab]));
                     acc = _mm256_fmadd_ps(dd, p, acc);
                     if K::HAS_MIN {
-                        summs += wm[wb] * a.s[ab];
+                        summs = wm[wb].mul_add(a.s[ab], summs);
                     }
                 }
                 out.write(r * stride + j, hsum(acc) + summs);

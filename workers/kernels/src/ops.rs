@@ -70,6 +70,69 @@ multiversion! {
     }
 }
 
+/// The summation order of one of llama.cpp's f16 dot products. With
+/// f16-rounded inputs every product is exact in f32, so following the same
+/// order gives bit-identical sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SumOrder {
+    /// tinyBLAS (llamafile sgemm), used for two or more query rows: element
+    /// `i` goes to lane `i % 8`, lanes combined by [`SumOrder::combine`].
+    Sgemm,
+    /// `ggml_vec_dot_f16`, used for a single query row: element `i` goes to
+    /// accumulator `(i % 32) / 8`, lane `i % 8`.
+    VecDot,
+}
+
+/// Accumulator lanes a [`SumOrder`] needs at most.
+pub const LANES: usize = 32;
+
+impl SumOrder {
+    /// Number of partial sums.
+    pub fn lanes(self) -> usize {
+        match self {
+            SumOrder::Sgemm => 8,
+            SumOrder::VecDot => 32,
+        }
+    }
+
+    /// Combines partial sums `l[..self.lanes()]` in the library's order.
+    #[inline(always)]
+    pub fn combine(self, l: &[f32; LANES]) -> f32 {
+        match self {
+            // hsum(__m256): hi + lo, then movehl, then movehdup.
+            SumOrder::Sgemm => ((l[4] + l[0]) + (l[6] + l[2])) + ((l[5] + l[1]) + (l[7] + l[3])),
+            // GGML_F32x8_REDUCE over four accumulators, then two hadds.
+            SumOrder::VecDot => {
+                let x: [f32; 8] = std::array::from_fn(|j| (l[j] + l[16 + j]) + (l[8 + j] + l[24 + j]));
+                let t: [f32; 4] = std::array::from_fn(|j| x[j] + x[j + 4]);
+                (t[0] + t[1]) + (t[2] + t[3])
+            }
+        }
+    }
+}
+
+/// Largest page width [`dot_columns_ordered`] accepts.
+pub const MAX_WIDTH: usize = 64;
+
+multiversion! {
+    /// As [`dot_columns`], summing over `q`'s dimensions in `order`.
+    pub fn dot_columns_ordered(q: &[f32], k: &[f32], width: usize, out: &mut [f32], order: SumOrder) {
+        let n = out.len().min(MAX_WIDTH);
+        let lanes = order.lanes();
+        let mut acc = [[0f32; MAX_WIDTH]; LANES];
+        for (d, qd) in q.iter().enumerate() {
+            let lane = &mut acc[d % lanes][..n];
+            let row = &k[d * width..d * width + n];
+            for (a, kv) in lane.iter_mut().zip(row) {
+                *a = qd.mul_add(*kv, *a);
+            }
+        }
+        for (t, o) in out.iter_mut().enumerate().take(n) {
+            *o = order.combine(&std::array::from_fn(|j| acc[j][t]));
+        }
+    }
+}
+
 multiversion! {
     /// `x[i] += y[i]`.
     pub fn add_assign(x: &mut [f32], y: &[f32]) {
@@ -79,9 +142,9 @@ multiversion! {
     }
 }
 
-/// RMS norm: `out[i] = x[i] / sqrt(mean(x²) + eps) · w[i]` (sum of squares in f64, as ggml).
+/// RMS norm: `out[i] = x[i] / sqrt(mean(x²) + eps) · w[i]` (squares in f32, summed in f64, as ggml).
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let sum: f64 = x.iter().map(|v| f64::from(*v) * f64::from(*v)).sum();
+    let sum: f64 = x.iter().map(|v| f64::from(v * v)).sum();
     #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
     let mean = (sum / x.len() as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
@@ -90,10 +153,64 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `gate[i] = silu(gate[i]) · up[i]`.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+/// `e^x` in single precision, computed the way ggml's vectorized `expf`
+/// does on AVX2 (a range reduction to `2^n · e^b` and a degree-5
+/// polynomial, max error about 1.5 ulp). llama.cpp uses it in softmax and
+/// SiLU; using the same function keeps greedy output identical to it.
+#[inline(always)]
+pub fn exp_ggml(x: f32) -> f32 {
+    let shift = f32::from_bits(0x4b40_0000); // 1.5 · 2^23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), shift); // log2(e)
+    let n = z - shift;
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e), // ln 2, low part
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // ln 2, high part
+    );
+    let e = z.to_bits() << 23;
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010)
+        .mul_add(b, f32::from_bits(0x3d2b_9f17))
+        .mul_add(u, f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)))
+        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
+    if n.abs() <= 126.0 || n.is_nan() {
+        return j.mul_add(k, k);
+    }
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 { s1 * s1 } else { s2.mul_add(j, s2) * s1 }
+}
+
+multiversion! {
+    /// `gate[i] = silu(gate[i]) · up[i]`, with `silu(x) = x / (1 + e^-x)`.
+    pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        for (g, u) in gate.iter_mut().zip(up) {
+            *g = *g / (1.0 + exp_ggml(0.0 - *g)) * u;
+        }
+    }
+}
+
+multiversion! {
+    /// Softmax as ggml computes it: `e^(x - max)` with [`exp_ggml`], sums of
+    /// eight-element chunks added in f32 (as [`SumOrder::Sgemm`]) then in f64, and one
+    /// multiplication by `(f32)(1 / sum)`.
+    pub fn softmax_ggml(x: &mut [f32]) {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f64;
+        for chunk in x.chunks_mut(8) {
+            let mut l = [0f32; LANES];
+            for (i, v) in chunk.iter_mut().enumerate() {
+                *v = exp_ggml(*v - max);
+                l[i] = *v;
+            }
+            sum += f64::from(SumOrder::Sgemm.combine(&l));
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        let inv = (1.0 / sum) as f32;
+        for v in x.iter_mut() {
+            *v *= inv;
+        }
     }
 }
 
@@ -127,6 +244,21 @@ mod tests {
         let mut out = [0f32; 3];
         dot_columns(&q, &k, 4, &mut out);
         assert_eq!(out, [1.0 + 6.0 - 4.0, 0.0, 2.0 + 2.0 - 0.0]);
+    }
+
+    #[test]
+    fn exp_ggml_is_close_to_libm_and_handles_extremes() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.043;
+            let (a, b) = (exp_ggml(x), x.exp());
+            assert!((a - b).abs() <= 4.0 * f32::EPSILON * b, "{x}: {a} vs {b}");
+        }
+        assert_eq!(exp_ggml(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_ggml(-200.0), 0.0);
+        assert_eq!(exp_ggml(0.0), 1.0);
+        let mut p = [0.5f32, f32::NEG_INFINITY, 2.0, 1.0, -3.0, 0.0, 0.1, 0.2, 0.3];
+        softmax_ggml(&mut p);
+        assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6 && p[1] == 0.0);
     }
 
     #[test]

@@ -1,0 +1,290 @@
+//! `bulkhead bench engine`: prefill and decode throughput, batched decode,
+//! the cost of owner-tag checks and of scrub-on-free, and llama.cpp on the
+//! same file and thread count, measured side by side in one run.
+
+use crate::cli::ModelArgs;
+use anyhow::{Context, bail};
+use bulkhead_engine::{Engine, EngineConfig, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
+use bulkhead_kv::{OwnerChecks, TenantId};
+use clap::Args;
+use serde_json::{Value, json};
+use std::io::Write;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Args)]
+pub(crate) struct EngineBenchArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Prompt length of the prefill measurement.
+    #[arg(long, default_value_t = 484)]
+    prefill_tokens: usize,
+    /// Prompt length of the decode measurements.
+    #[arg(long, default_value_t = 128)]
+    decode_prompt_tokens: usize,
+    /// Tokens generated per sequence in the decode measurements.
+    #[arg(long, default_value_t = 128)]
+    decode_tokens: usize,
+    /// Repetitions; the best of each is reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Skip the llama.cpp comparison even if llama-cpp-python is importable.
+    #[arg(long)]
+    no_llama_cpp: bool,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
+    let path = args.model.path()?;
+    let model = Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let config = args.model.engine_config();
+    let rounds = args.rounds.max(1);
+    let prompts = Prompts::new(&model, args.prefill_tokens.max(args.decode_prompt_tokens), 16)?;
+    let prefill_prompt = prompts.get(0, args.prefill_tokens);
+    let decode_prompt = |i: usize| prompts.get(i, args.decode_prompt_tokens);
+
+    let engine = Engine::start(Arc::clone(&model), &config);
+    let mut prefill = Vec::new();
+    let mut decode = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..rounds {
+        let t = timed_batch(&engine, &[prefill_prompt.clone()], 1)?;
+        prefill.push(per_sec(args.prefill_tokens, t.first_token));
+        for (slot, b) in [1usize, 4, 16].into_iter().enumerate() {
+            let ps: Vec<Vec<u32>> = (0..b).map(decode_prompt).collect();
+            let t = timed_batch(&engine, &ps, args.decode_tokens)?;
+            decode[slot].push(per_sec(b * (args.decode_tokens - 1), t.decode));
+        }
+    }
+    drop(engine);
+
+    // Owner checks and scrub-on-free: same workload, settings alternated, best of each.
+    let workload: Vec<Vec<u32>> = (0..4).map(decode_prompt).collect();
+    // Returns the best total time with `config` and with `alter(config)`.
+    let pair = |alter: &dyn Fn(&mut EngineConfig)| -> anyhow::Result<(f64, f64)> {
+        let mut base = Vec::new();
+        let mut changed = Vec::new();
+        let mut other = config.clone();
+        alter(&mut other);
+        let (e0, e1) = (Engine::start(Arc::clone(&model), &config), Engine::start(Arc::clone(&model), &other));
+        for _ in 0..rounds + 2 {
+            base.push(timed_batch(&e0, &workload, 48)?.total.as_secs_f64());
+            changed.push(timed_batch(&e1, &workload, 48)?.total.as_secs_f64());
+        }
+        Ok((min(&base), min(&changed)))
+    };
+    let (checks_on, checks_off) = pair(&|c| c.owner_checks = OwnerChecks::OffForBenchmark)?;
+    let owner_check_overhead = checks_on / checks_off - 1.0;
+    let (scrub_off, scrub_on) = pair(&|c| c.scrub_on_free = true)?;
+    let scrub_overhead = scrub_on / scrub_off - 1.0;
+
+    let mut out = json!({
+        "model": model.config().name,
+        "quantization": model.config().quantization,
+        "threads": config.threads,
+        "prefill_tokens": args.prefill_tokens,
+        "decode_prompt_tokens": args.decode_prompt_tokens,
+        "decode_tokens": args.decode_tokens,
+        "prefill_tok_s": max(&prefill),
+        "decode_tok_s_1": max(&decode[0]),
+        "decode_tok_s_4": max(&decode[1]),
+        "decode_tok_s_16": max(&decode[2]),
+        "decode_16_over_1": max(&decode[2]) / max(&decode[0]),
+        "owner_check_overhead": owner_check_overhead,
+        "scrub_on_free_overhead": scrub_overhead,
+    });
+    if !args.no_llama_cpp && llama_cpp_importable() {
+        let ll = llama_cpp(&path, config.threads, &prefill_prompt, &decode_prompt(0), args.decode_tokens, rounds)?;
+        let (lp, ld) = (num(&ll, "prefill_tok_s")?, num(&ll, "decode_tok_s")?);
+        out["llama_cpp_prefill_tok_s"] = json!(lp);
+        out["llama_cpp_decode_tok_s"] = json!(ld);
+        out["llama_cpp_prefill_ratio"] = json!(max(&prefill) / lp);
+        out["llama_cpp_decode_ratio"] = json!(max(&decode[0]) / ld);
+    }
+    let mut stdout = std::io::stdout().lock();
+    if args.json {
+        writeln!(stdout, "{out}")?;
+    } else {
+        print_table(&mut stdout, &out)?;
+    }
+    Ok(())
+}
+
+/// Timings of one batch of requests submitted together.
+struct BatchTiming {
+    /// Submission to the last sequence's first token.
+    first_token: Duration,
+    /// Last first token to last token.
+    decode: Duration,
+    /// Submission to the end.
+    total: Duration,
+}
+
+fn timed_batch(engine: &Engine, prompts: &[Vec<u32>], max_tokens: usize) -> anyhow::Result<BatchTiming> {
+    let start = Instant::now();
+    let mut handles = prompts
+        .iter()
+        .map(|p| {
+            let req = GenerateRequest {
+                prompt: p.clone(),
+                sampling: SamplingParams::greedy(max_tokens),
+                stop: Vec::new(),
+                ignore_eos: true,
+            };
+            engine.submit(TenantId::new(1), req).map_err(anyhow::Error::from)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut first = vec![None; handles.len()];
+    let mut last = start;
+    let mut live = handles.len();
+    // Sequences progress together; poll each in turn until all finish.
+    while live > 0 {
+        live = 0;
+        for (i, h) in handles.iter_mut().enumerate() {
+            let Some(ev) = h.blocking_next() else { continue };
+            live += 1;
+            match ev {
+                SeqEvent::Token { .. } => {
+                    let now = Instant::now();
+                    first[i].get_or_insert(now);
+                    last = last.max(now);
+                }
+                SeqEvent::Finished { .. } => {}
+                SeqEvent::Failed(e) => bail!("benchmark request failed: {e}"),
+            }
+        }
+    }
+    let first_all = first.iter().flatten().max().copied().unwrap_or(start);
+    Ok(BatchTiming {
+        first_token: first_all - start,
+        decode: last - first_all,
+        total: start.elapsed(),
+    })
+}
+
+/// Deterministic benchmark prompts: distinct texts cut to exact token counts.
+struct Prompts(Vec<Vec<u32>>);
+
+impl Prompts {
+    fn new(model: &ModelFile, tokens: usize, count: usize) -> anyhow::Result<Self> {
+        let subjects = ["harbor", "orchard", "library", "glacier", "market", "observatory", "canyon", "workshop"];
+        let verbs = ["wakes", "changes", "shelters", "remembers", "echoes", "drifts", "gathers", "waits"];
+        let mut all = Vec::new();
+        for p in 0..count {
+            let mut text = format!("Story {p}. ");
+            let mut ids = Vec::new();
+            let mut i = p;
+            while ids.len() < tokens {
+                let s = subjects[i % subjects.len()];
+                let v = verbs[(i / 3 + p) % verbs.len()];
+                text.push_str(&format!(
+                    "On day {i} the {s} {v} slowly, and people nearby describe what they notice in careful detail. "
+                ));
+                i += 1;
+                ids = model.tokenizer().encode(&text)?;
+            }
+            ids.truncate(tokens);
+            all.push(ids);
+        }
+        Ok(Prompts(all))
+    }
+
+    fn get(&self, i: usize, len: usize) -> Vec<u32> {
+        self.0[i % self.0.len()][..len].to_vec()
+    }
+}
+
+fn per_sec(tokens: usize, d: Duration) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let t = tokens as f64;
+    t / d.as_secs_f64().max(1e-9)
+}
+
+fn max(xs: &[f64]) -> f64 {
+    xs.iter().copied().fold(f64::MIN, f64::max)
+}
+
+fn min(xs: &[f64]) -> f64 {
+    xs.iter().copied().fold(f64::MAX, f64::min)
+}
+
+fn num(v: &Value, key: &str) -> anyhow::Result<f64> {
+    v[key].as_f64().with_context(|| format!("llama.cpp result lacks {key}"))
+}
+
+fn python() -> std::ffi::OsString {
+    std::env::var_os("BULKHEAD_PYTHON").unwrap_or_else(|| "python3".into())
+}
+
+fn llama_cpp_importable() -> bool {
+    Command::new(python())
+        .args(["-c", "import llama_cpp"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+const LLAMA_CPP_SCRIPT: &str = r#"
+import ctypes, json, sys, time
+import numpy as np
+import llama_cpp
+cfg = json.loads(sys.argv[1])
+llm = llama_cpp.Llama(model_path=cfg["model"], n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
+                      n_ctx=2048, n_batch=512, n_ubatch=512, verbose=False)
+n_vocab = llm.n_vocab()
+def last_argmax():
+    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
+prefill, decode = [], []
+for _ in range(cfg["rounds"]):
+    llm.reset()
+    t0 = time.perf_counter(); llm.eval(cfg["prefill"]); t1 = time.perf_counter()
+    prefill.append(len(cfg["prefill"]) / (t1 - t0))
+    llm.reset()
+    llm.eval(cfg["decode_prompt"])
+    tok = last_argmax()
+    t0 = time.perf_counter()
+    for _ in range(cfg["decode_tokens"] - 1):
+        llm.eval([tok]); tok = last_argmax()
+    t1 = time.perf_counter()
+    decode.append((cfg["decode_tokens"] - 1) / (t1 - t0))
+print(json.dumps({"prefill_tok_s": max(prefill), "decode_tok_s": max(decode)}))
+"#;
+
+fn llama_cpp(
+    model: &std::path::Path,
+    threads: usize,
+    prefill: &[u32],
+    decode_prompt: &[u32],
+    decode_tokens: usize,
+    rounds: usize,
+) -> anyhow::Result<Value> {
+    let cfg = json!({
+        "model": model, "threads": threads, "prefill": prefill, "decode_prompt": decode_prompt,
+        "decode_tokens": decode_tokens, "rounds": rounds,
+    });
+    let out = Command::new(python())
+        .args(["-c", LLAMA_CPP_SCRIPT])
+        .arg(cfg.to_string())
+        .output()
+        .context("running llama-cpp-python")?;
+    if !out.status.success() {
+        bail!("llama-cpp-python failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(line.lines().last().unwrap_or_default()).context("parsing llama-cpp-python output")
+}
+
+fn print_table(w: &mut impl Write, v: &Value) -> std::io::Result<()> {
+    let f = |k: &str| v[k].as_f64().map_or_else(|| "-".to_owned(), |x| format!("{x:.2}"));
+    let pct = |k: &str| v[k].as_f64().map_or_else(|| "-".to_owned(), |x| format!("{:+.2}%", x * 100.0));
+    writeln!(w, "bulkhead bench engine: {} ({}), {} threads", v["model"].as_str().unwrap_or(""), v["quantization"].as_str().unwrap_or(""), v["threads"])?;
+    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  target", "metric", "bulkhead", "llama.cpp", "ratio")?;
+    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  >= 0.8x", format!("prefill tok/s ({} tok prompt)", v["prefill_tokens"]), f("prefill_tok_s"), f("llama_cpp_prefill_tok_s"), f("llama_cpp_prefill_ratio"))?;
+    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  >= 0.8x", "decode tok/s, 1 sequence", f("decode_tok_s_1"), f("llama_cpp_decode_tok_s"), f("llama_cpp_decode_ratio"))?;
+    writeln!(w, "{:<34} {:>12}", "decode tok/s, 4 sequences", f("decode_tok_s_4"))?;
+    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  >= 3x", "decode tok/s, 16 sequences", f("decode_tok_s_16"), "", f("decode_16_over_1"))?;
+    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  < 1%", "owner-check overhead", pct("owner_check_overhead"), "", "")?;
+    writeln!(w, "{:<34} {:>12}", "scrub-on-free overhead", pct("scrub_on_free_overhead"))
+}

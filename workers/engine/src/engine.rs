@@ -1,0 +1,260 @@
+//! The engine thread: one owner of the [`EngineCore`], fed by a closed enum
+//! of commands. Compute runs in the engine's own rayon pool, never on an
+//! async runtime.
+
+use crate::GenerateRequest;
+use crate::core::{EngineCore, PendingRequest, SeqEvent};
+use crate::gguf::{ModelConfig, ModelFile};
+use crate::tokenizer::Tokenizer;
+use bulkhead_kv::{
+    AdmissionError, Admitted, Limits, Owner, OwnerChecks, PoolCounters, RequestId, TenantId,
+};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+/// How an engine is set up. No `Default`: callers state the budget.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Bytes of KV memory; the pool gets as many whole pages as fit.
+    pub kv_budget_bytes: usize,
+    /// Tokens per KV page.
+    pub page_size: usize,
+    /// Zero pages when they are freed (costs time; off by default).
+    pub scrub_on_free: bool,
+    /// Tokens one step may process (prefill chunk budget).
+    pub step_tokens: usize,
+    /// Compute threads.
+    pub threads: usize,
+    /// Owner-tag checks; `Enforced` except in the overhead benchmark.
+    pub owner_checks: OwnerChecks,
+}
+
+impl EngineConfig {
+    /// The serving defaults for a KV budget of `kv_budget_bytes`: 16-token
+    /// pages, no scrubbing, 512-token steps, one thread per core, checks on.
+    pub fn with_budget(kv_budget_bytes: usize) -> Self {
+        EngineConfig {
+            kv_budget_bytes,
+            page_size: 16,
+            scrub_on_free: false,
+            step_tokens: 512,
+            threads: std::thread::available_parallelism().map_or(1, usize::from),
+            owner_checks: OwnerChecks::Enforced,
+        }
+    }
+}
+
+/// What an engine can serve, measured after loading.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    /// The model's hyperparameters.
+    pub model: ModelConfig,
+    /// Admission limits (context window, pool capacity, page size).
+    pub limits: Limits,
+    /// Pages in the pool.
+    pub total_pages: usize,
+}
+
+enum Command {
+    Submit(Admitted<PendingRequest>),
+    Cancel(RequestId),
+    Counters(mpsc::Sender<PoolCounters>),
+    Shutdown,
+}
+
+/// A running engine. Dropping it stops the thread.
+#[derive(Debug)]
+pub struct Engine {
+    commands: mpsc::Sender<Command>,
+    model: Arc<ModelFile>,
+    info: EngineInfo,
+    next_request: AtomicU64,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Command::Submit(_) => "Submit",
+            Command::Cancel(_) => "Cancel",
+            Command::Counters(_) => "Counters",
+            Command::Shutdown => "Shutdown",
+        })
+    }
+}
+
+/// The consumer side of one request. Dropping it before the end cancels
+/// the request and returns its pages.
+#[derive(Debug)]
+pub struct RequestHandle {
+    id: RequestId,
+    events: UnboundedReceiver<SeqEvent>,
+    commands: mpsc::Sender<Command>,
+    ended: bool,
+}
+
+impl Engine {
+    /// Starts the engine thread.
+    ///
+    /// # Panics
+    /// If the OS refuses to create threads.
+    pub fn start(model: Arc<ModelFile>, config: &EngineConfig) -> Self {
+        let mut core = EngineCore::new(Arc::clone(&model), config);
+        let info = EngineInfo {
+            model: model.config().clone(),
+            limits: core.limits(),
+            total_pages: core.counters().total_pages,
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(config.threads.max(1))
+            .thread_name(|i| format!("bulkhead-compute-{i}"))
+            .build()
+            .expect("compute threads");
+        let (tx, rx) = mpsc::channel::<Command>();
+        let thread = std::thread::Builder::new()
+            .name("bulkhead-engine".into())
+            .spawn(move || run(&mut core, &pool, &rx))
+            .expect("engine thread");
+        Engine {
+            commands: tx,
+            model,
+            info,
+            next_request: AtomicU64::new(1),
+            thread: Some(thread),
+        }
+    }
+
+    /// What this engine serves.
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// The model's tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        self.model.tokenizer()
+    }
+
+    /// The loaded model file.
+    pub fn model(&self) -> &ModelFile {
+        &self.model
+    }
+
+    /// Admits and queues a request for `tenant`. A rejected request is
+    /// returned as an error here, before anything reaches the engine thread.
+    pub fn submit(&self, tenant: TenantId, request: GenerateRequest) -> Result<RequestHandle, AdmissionError> {
+        let id = RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed));
+        let owner = Owner { tenant, request: id };
+        let (sink, events) = unbounded_channel();
+        let admitted = EngineCore::admit(&self.info.limits, owner, request, sink)?;
+        let mut handle = RequestHandle {
+            id,
+            events,
+            commands: self.commands.clone(),
+            ended: false,
+        };
+        if self.commands.send(Command::Submit(admitted)).is_err() {
+            handle.ended = true;
+        }
+        Ok(handle)
+    }
+
+    /// Current pool counters (waits for the engine thread).
+    pub fn counters(&self) -> Option<PoolCounters> {
+        let (tx, rx) = mpsc::channel();
+        self.commands.send(Command::Counters(tx)).ok()?;
+        rx.recv().ok()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl RequestHandle {
+    /// The request's id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event, or `None` after the last one.
+    pub async fn next(&mut self) -> Option<SeqEvent> {
+        if self.ended {
+            return None;
+        }
+        let ev = self.events.recv().await;
+        self.note(ev.as_ref());
+        ev
+    }
+
+    /// The next event, blocking the current (non-async) thread.
+    pub fn blocking_next(&mut self) -> Option<SeqEvent> {
+        if self.ended {
+            return None;
+        }
+        let ev = self.events.blocking_recv();
+        self.note(ev.as_ref());
+        ev
+    }
+
+    fn note(&mut self, ev: Option<&SeqEvent>) {
+        if matches!(ev, None | Some(SeqEvent::Finished { .. } | SeqEvent::Failed(_))) {
+            self.ended = true;
+        }
+    }
+}
+
+impl Drop for RequestHandle {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.commands.send(Command::Cancel(self.id));
+        }
+    }
+}
+
+fn run(core: &mut EngineCore, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Command>) {
+    loop {
+        if core.is_idle() {
+            match rx.recv() {
+                Ok(cmd) => {
+                    if !apply(core, cmd) {
+                        return;
+                    }
+                }
+                Err(_) => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(cmd) => {
+                    if !apply(core, cmd) {
+                        return;
+                    }
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => return,
+            }
+        }
+        pool.install(|| core.step());
+    }
+}
+
+/// Applies one command; `false` means shut down.
+fn apply(core: &mut EngineCore, cmd: Command) -> bool {
+    match cmd {
+        Command::Submit(a) => core.submit(a),
+        Command::Cancel(id) => core.cancel(id),
+        Command::Counters(reply) => {
+            let _ = reply.send(core.counters());
+        }
+        Command::Shutdown => return false,
+    }
+    true
+}

