@@ -39,10 +39,15 @@ pub(crate) struct EngineBenchArgs {
 
 pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
     let path = args.model.path()?;
-    let model = Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let model =
+        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
     let config = args.model.engine_config();
     let rounds = args.rounds.max(1);
-    let prompts = Prompts::new(&model, args.prefill_tokens.max(args.decode_prompt_tokens), 16)?;
+    let prompts = Prompts::new(
+        &model,
+        args.prefill_tokens.max(args.decode_prompt_tokens),
+        16,
+    )?;
     let prefill_prompt = prompts.get(0, args.prefill_tokens);
     let decode_prompt = |i: usize| prompts.get(i, args.decode_prompt_tokens);
 
@@ -68,7 +73,10 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
         let mut changed = Vec::new();
         let mut other = config.clone();
         alter(&mut other);
-        let (e0, e1) = (Engine::start(Arc::clone(&model), &config), Engine::start(Arc::clone(&model), &other));
+        let (e0, e1) = (
+            Engine::start(Arc::clone(&model), &config),
+            Engine::start(Arc::clone(&model), &other),
+        );
         for _ in 0..rounds + 2 {
             base.push(timed_batch(&e0, &workload, 48)?.total.as_secs_f64());
             changed.push(timed_batch(&e1, &workload, 48)?.total.as_secs_f64());
@@ -96,7 +104,14 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
         "scrub_on_free_overhead": scrub_overhead,
     });
     if !args.no_llama_cpp && llama_cpp_importable() {
-        let ll = llama_cpp(&path, config.threads, &prefill_prompt, &decode_prompt(0), args.decode_tokens, rounds)?;
+        let ll = llama_cpp(
+            &path,
+            config.threads,
+            &prefill_prompt,
+            &decode_prompt(0),
+            args.decode_tokens,
+            rounds,
+        )?;
         let (lp, ld) = (num(&ll, "prefill_tok_s")?, num(&ll, "decode_tok_s")?);
         out["llama_cpp_prefill_tok_s"] = json!(lp);
         out["llama_cpp_decode_tok_s"] = json!(ld);
@@ -122,7 +137,11 @@ struct BatchTiming {
     total: Duration,
 }
 
-fn timed_batch(engine: &Engine, prompts: &[Vec<u32>], max_tokens: usize) -> anyhow::Result<BatchTiming> {
+fn timed_batch(
+    engine: &Engine,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> anyhow::Result<BatchTiming> {
     let start = Instant::now();
     let mut handles = prompts
         .iter()
@@ -133,7 +152,9 @@ fn timed_batch(engine: &Engine, prompts: &[Vec<u32>], max_tokens: usize) -> anyh
                 stop: Vec::new(),
                 ignore_eos: true,
             };
-            engine.submit(TenantId::new(1), req).map_err(anyhow::Error::from)
+            engine
+                .submit(TenantId::new(1), req)
+                .map_err(anyhow::Error::from)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut first = vec![None; handles.len()];
@@ -143,7 +164,9 @@ fn timed_batch(engine: &Engine, prompts: &[Vec<u32>], max_tokens: usize) -> anyh
     while live > 0 {
         live = 0;
         for (i, h) in handles.iter_mut().enumerate() {
-            let Some(ev) = h.blocking_next() else { continue };
+            let Some(ev) = h.blocking_next() else {
+                continue;
+            };
             live += 1;
             match ev {
                 SeqEvent::Token { .. } => {
@@ -169,8 +192,26 @@ struct Prompts(Vec<Vec<u32>>);
 
 impl Prompts {
     fn new(model: &ModelFile, tokens: usize, count: usize) -> anyhow::Result<Self> {
-        let subjects = ["harbor", "orchard", "library", "glacier", "market", "observatory", "canyon", "workshop"];
-        let verbs = ["wakes", "changes", "shelters", "remembers", "echoes", "drifts", "gathers", "waits"];
+        let subjects = [
+            "harbor",
+            "orchard",
+            "library",
+            "glacier",
+            "market",
+            "observatory",
+            "canyon",
+            "workshop",
+        ];
+        let verbs = [
+            "wakes",
+            "changes",
+            "shelters",
+            "remembers",
+            "echoes",
+            "drifts",
+            "gathers",
+            "waits",
+        ];
         let mut all = Vec::new();
         for p in 0..count {
             let mut text = format!("Story {p}. ");
@@ -211,7 +252,9 @@ fn min(xs: &[f64]) -> f64 {
 }
 
 fn num(v: &Value, key: &str) -> anyhow::Result<f64> {
-    v[key].as_f64().with_context(|| format!("llama.cpp result lacks {key}"))
+    v[key]
+        .as_f64()
+        .with_context(|| format!("llama.cpp result lacks {key}"))
 }
 
 fn python() -> std::ffi::OsString {
@@ -270,21 +313,79 @@ fn llama_cpp(
         .output()
         .context("running llama-cpp-python")?;
     if !out.status.success() {
-        bail!("llama-cpp-python failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "llama-cpp-python failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     let line = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(line.lines().last().unwrap_or_default()).context("parsing llama-cpp-python output")
+    serde_json::from_str(line.lines().last().unwrap_or_default())
+        .context("parsing llama-cpp-python output")
 }
 
 fn print_table(w: &mut impl Write, v: &Value) -> std::io::Result<()> {
-    let f = |k: &str| v[k].as_f64().map_or_else(|| "-".to_owned(), |x| format!("{x:.2}"));
-    let pct = |k: &str| v[k].as_f64().map_or_else(|| "-".to_owned(), |x| format!("{:+.2}%", x * 100.0));
-    writeln!(w, "bulkhead bench engine: {} ({}), {} threads", v["model"].as_str().unwrap_or(""), v["quantization"].as_str().unwrap_or(""), v["threads"])?;
-    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  target", "metric", "bulkhead", "llama.cpp", "ratio")?;
-    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  >= 0.8x", format!("prefill tok/s ({} tok prompt)", v["prefill_tokens"]), f("prefill_tok_s"), f("llama_cpp_prefill_tok_s"), f("llama_cpp_prefill_ratio"))?;
-    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  >= 0.8x", "decode tok/s, 1 sequence", f("decode_tok_s_1"), f("llama_cpp_decode_tok_s"), f("llama_cpp_decode_ratio"))?;
-    writeln!(w, "{:<34} {:>12}", "decode tok/s, 4 sequences", f("decode_tok_s_4"))?;
-    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  >= 3x", "decode tok/s, 16 sequences", f("decode_tok_s_16"), "", f("decode_16_over_1"))?;
-    writeln!(w, "{:<34} {:>12} {:>12} {:>8}  < 1%", "owner-check overhead", pct("owner_check_overhead"), "", "")?;
-    writeln!(w, "{:<34} {:>12}", "scrub-on-free overhead", pct("scrub_on_free_overhead"))
+    let f = |k: &str| {
+        v[k].as_f64()
+            .map_or_else(|| "-".to_owned(), |x| format!("{x:.2}"))
+    };
+    let pct = |k: &str| {
+        v[k].as_f64()
+            .map_or_else(|| "-".to_owned(), |x| format!("{:+.2}%", x * 100.0))
+    };
+    writeln!(
+        w,
+        "bulkhead bench engine: {} ({}), {} threads",
+        v["model"].as_str().unwrap_or(""),
+        v["quantization"].as_str().unwrap_or(""),
+        v["threads"]
+    )?;
+    writeln!(
+        w,
+        "{:<34} {:>12} {:>12} {:>8}  target",
+        "metric", "bulkhead", "llama.cpp", "ratio"
+    )?;
+    writeln!(
+        w,
+        "{:<34} {:>12} {:>12} {:>8}  >= 0.8x",
+        format!("prefill tok/s ({} tok prompt)", v["prefill_tokens"]),
+        f("prefill_tok_s"),
+        f("llama_cpp_prefill_tok_s"),
+        f("llama_cpp_prefill_ratio")
+    )?;
+    writeln!(
+        w,
+        "{:<34} {:>12} {:>12} {:>8}  >= 0.8x",
+        "decode tok/s, 1 sequence",
+        f("decode_tok_s_1"),
+        f("llama_cpp_decode_tok_s"),
+        f("llama_cpp_decode_ratio")
+    )?;
+    writeln!(
+        w,
+        "{:<34} {:>12}",
+        "decode tok/s, 4 sequences",
+        f("decode_tok_s_4")
+    )?;
+    writeln!(
+        w,
+        "{:<34} {:>12} {:>12} {:>8}  >= 3x",
+        "decode tok/s, 16 sequences",
+        f("decode_tok_s_16"),
+        "",
+        f("decode_16_over_1")
+    )?;
+    writeln!(
+        w,
+        "{:<34} {:>12} {:>12} {:>8}  < 1%",
+        "owner-check overhead",
+        pct("owner_check_overhead"),
+        "",
+        ""
+    )?;
+    writeln!(
+        w,
+        "{:<34} {:>12}",
+        "scrub-on-free overhead",
+        pct("scrub_on_free_overhead")
+    )
 }

@@ -61,7 +61,9 @@ impl ModelArgs {
     pub(crate) fn path(&self) -> anyhow::Result<PathBuf> {
         match &self.model {
             Some(p) => Ok(p.clone()),
-            None => fetch::ensure_default_model(Progress::Show).context("fetching the default model"),
+            None => {
+                fetch::ensure_default_model(Progress::Show).context("fetching the default model")
+            }
         }
     }
 

@@ -47,7 +47,8 @@ pub(crate) struct GenerateArgs {
 
 pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let path = args.model.path()?;
-    let model = Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let model =
+        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
     let text = match (&args.prompt, &args.raw) {
         (Some(p), _) => {
             let template = model
@@ -89,7 +90,9 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
                 }
                 text.push_str(&piece);
             }
-            SeqEvent::Finished { reason, text: tail, .. } => {
+            SeqEvent::Finished {
+                reason, text: tail, ..
+            } => {
                 text.push_str(&tail);
                 if args.json {
                     let v = serde_json::json!({

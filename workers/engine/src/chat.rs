@@ -30,9 +30,12 @@ pub struct TemplateError(String);
 impl ChatTemplate {
     pub(crate) fn new(source: &str, bos: String, eos: String) -> Result<Self, LoadError> {
         let mut env = Environment::new();
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| LoadError::ChatTemplate(e.to_string()))?;
         Ok(ChatTemplate {

@@ -11,12 +11,11 @@ use crate::GenerateRequest;
 use crate::detok::{Detokenizer, Piece};
 use crate::engine::EngineConfig;
 use crate::error::EngineError;
-use crate::forward::{BatchSeq, Rope, forward};
+use crate::forward::{BatchSeq, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
 use bulkhead_kv::{
-    AdmissionError, Admitted, KvGeometry, KvPool, Limits, Owner, PageTable, PoolCounters,
-    RequestId,
+    AdmissionError, Admitted, KvGeometry, KvPool, Limits, Owner, PageTable, PoolCounters, RequestId,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -125,6 +124,7 @@ struct Sequence {
 pub struct EngineCore {
     model: Arc<ModelFile>,
     rope: Rope,
+    numerics: Numerics,
     pool: KvPool,
     limits: Limits,
     step_tokens: usize,
@@ -151,7 +151,8 @@ impl EngineCore {
             page_size: config.page_size,
         };
         EngineCore {
-            rope: Rope::new(c),
+            rope: Rope::new(c, config.numerics),
+            numerics: config.numerics,
             model,
             pool,
             limits,
@@ -256,13 +257,22 @@ impl EngineCore {
             })
             .collect();
         let model = &self.model;
-        let out = forward(&model.config, &model.weights, &self.rope, &mut self.pool, &batch);
+        let out = forward(
+            &model.config,
+            &model.weights,
+            &self.rope,
+            self.numerics,
+            &mut self.pool,
+            &batch,
+        );
         drop(batch);
 
         for (b, violation) in out.violations {
             self.pool.quarantine(&violation);
             let seq = &mut self.running[plan[b].0];
-            let _ = seq.sink.send(SeqEvent::Failed(EngineError::Integrity(violation)));
+            let _ = seq
+                .sink
+                .send(SeqEvent::Failed(EngineError::Integrity(violation)));
             seq.done = true;
         }
         for &(i, _, len) in &plan {
@@ -297,7 +307,14 @@ impl EngineCore {
                 tokens: &tokens[start..start + len],
                 want_logits: start + len == tokens.len(),
             }];
-            let out = forward(&model.config, &model.weights, &self.rope, &mut self.pool, &batch);
+            let out = forward(
+                &model.config,
+                &model.weights,
+                &self.rope,
+                self.numerics,
+                &mut self.pool,
+                &batch,
+            );
             if let Some((_, v)) = out.violations.into_iter().next() {
                 self.pool.quarantine(&v);
                 result = Err(LogitsError::Engine(EngineError::Integrity(v)));

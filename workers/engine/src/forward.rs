@@ -8,7 +8,8 @@
 
 use crate::gguf::{ModelConfig, Weights};
 use bulkhead_kernels::ops::{
-    LANES, SumOrder, add_assign, axpy, dot_columns_ordered, rms_norm, silu_mul, softmax_ggml,
+    LANES, MAX_WIDTH, SumOrder, add_assign, axpy, dot_columns_ordered, rms_norm, silu_mul,
+    softmax_ggml,
 };
 use bulkhead_kernels::{Matrix, Workspace};
 use bulkhead_kv::{KvPool, Owner, OwnerViolation, PageTable};
@@ -47,8 +48,11 @@ pub(crate) struct Rope {
 }
 
 impl Rope {
-    pub(crate) fn new(c: &ModelConfig) -> Self {
+    pub(crate) fn new(c: &ModelConfig, numerics: Numerics) -> Self {
         let half = c.head_dim / 2;
+        if numerics == Numerics::F32Reference {
+            return Self::direct(c);
+        }
         // ggml_rope_cache_init: theta starts at the position and is
         // multiplied by base^(-2/d) once per pair, in f32.
         #[allow(clippy::cast_precision_loss)]
@@ -62,6 +66,27 @@ impl Rope {
                 cos.push(theta.cos());
                 sin.push(theta.sin());
                 theta *= theta_scale;
+            }
+        }
+        Rope { cos, sin, half }
+    }
+
+    /// Angles `p · base^(-2i/d)` computed directly in f32, as candle does.
+    fn direct(c: &ModelConfig) -> Self {
+        let half = c.head_dim / 2;
+        #[allow(clippy::cast_precision_loss)]
+        let theta: Vec<f32> = (0..c.head_dim)
+            .step_by(2)
+            .map(|i| 1f32 / c.rope_base.powf(i as f32 / c.head_dim as f32))
+            .collect();
+        let mut cos = Vec::with_capacity(c.context_window * half);
+        let mut sin = Vec::with_capacity(c.context_window * half);
+        for p in 0..c.context_window {
+            for t in &theta {
+                #[allow(clippy::cast_precision_loss)]
+                let a = p as f32 * t;
+                cos.push(a.cos());
+                sin.push(a.sin());
             }
         }
         Rope { cos, sin, half }
@@ -88,8 +113,33 @@ fn round_f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
+/// Per-thread attention scratch, reused across tasks.
+struct Scratch {
+    scores: Vec<f32>,
+    acc: [[f32; MAX_WIDTH]; LANES],
+    lanes: [[f32; MAX_HEAD_DIM]; LANES],
+}
+
 thread_local! {
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch {
+            scores: Vec::new(),
+            acc: [[0.0; MAX_WIDTH]; LANES],
+            lanes: [[0.0; MAX_HEAD_DIM]; LANES],
+        })
+    };
+}
+
+/// How the forward pass rounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Numerics {
+    /// llama.cpp's CPU numerics: an f16 KV cache (keys, values, queries and
+    /// attention weights rounded to f16), ggml's RoPE angles, summation
+    /// orders and `exp`. The same file gives the same tokens as llama.cpp.
+    LlamaCpp,
+    /// Everything in f32 with directly computed RoPE angles: the reference
+    /// against which the forward pass is checked (candle, dequantized weights).
+    F32Reference,
 }
 
 /// Runs the model over `batch`. Must run inside the engine's rayon pool.
@@ -97,9 +147,14 @@ pub(crate) fn forward(
     c: &ModelConfig,
     w: &Weights,
     rope: &Rope,
+    numerics: Numerics,
     pool: &mut KvPool,
     batch: &[BatchSeq<'_>],
 ) -> ForwardOutput {
+    let round = match numerics {
+        Numerics::LlamaCpp => round_f16,
+        Numerics::F32Reference => std::convert::identity,
+    };
     let (h, hd, kvd) = (c.hidden, c.head_dim, c.kv_heads * c.head_dim);
     let rows: Vec<(usize, usize)> = batch
         .iter()
@@ -112,15 +167,17 @@ pub(crate) fn forward(
         w.embed.row_f32(*tok as usize, &mut x[r * h..(r + 1) * h]);
     }
     let mut violated: Vec<Option<OwnerViolation>> = vec![None; batch.len()];
-    let (mut xn, mut q, mut attn, mut o) = (vec![0f32; n * h], vec![0f32; n * h], vec![0f32; n * h], vec![0f32; n * h]);
+    let (mut xn, mut q, mut attn, mut o) = (
+        vec![0f32; n * h],
+        vec![0f32; n * h],
+        vec![0f32; n * h],
+        vec![0f32; n * h],
+    );
     let (mut k, mut v) = (vec![0f32; n * kvd], vec![0f32; n * kvd]);
     let (mut gate, mut up) = (vec![0f32; n * c.ffn], vec![0f32; n * c.ffn]);
 
-    let dump = std::env::var_os("BULKHEAD_DEBUG_DUMP").is_some();
-    let mut dumped: Vec<(String, Vec<f32>)> = Vec::new();
     for (l, lw) in w.layers.iter().enumerate() {
         norm_rows(&x, &lw.attn_norm, c.rms_eps, &mut xn, h);
-        if dump { dumped.push((format!("attn_norm-{l}"), xn.clone())); }
         let mut ws = Workspace::new(&xn, n, h);
         lw.wq.matmul(&mut ws, &mut q);
         lw.wk.matmul(&mut ws, &mut k);
@@ -132,20 +189,28 @@ pub(crate) fn forward(
             for head in k[r * kvd..(r + 1) * kvd].chunks_exact_mut(hd) {
                 rope.apply(head, pos);
             }
-            // The cache holds f16 values, as llama.cpp's default KV cache.
-            for x in k[r * kvd..(r + 1) * kvd].iter_mut().chain(v[r * kvd..(r + 1) * kvd].iter_mut()) {
-                *x = round_f16(*x);
+            // With llama.cpp numerics the cache holds f16 values (its default).
+            for x in k[r * kvd..(r + 1) * kvd]
+                .iter_mut()
+                .chain(v[r * kvd..(r + 1) * kvd].iter_mut())
+            {
+                *x = round(*x);
             }
             if violated[s].is_some() {
                 continue;
             }
             let b = &batch[s];
-            if let Err(e) = pool.write_token(b.table, l, pos, &k[r * kvd..(r + 1) * kvd], &v[r * kvd..(r + 1) * kvd]) {
+            if let Err(e) = pool.write_token(
+                b.table,
+                l,
+                pos,
+                &k[r * kvd..(r + 1) * kvd],
+                &v[r * kvd..(r + 1) * kvd],
+            ) {
                 violated[s] = Some(e);
             }
         }
 
-        if dump { dumped.push((format!("Qcur-{l}"), q.clone())); dumped.push((format!("Kcur-{l}"), k.clone())); dumped.push((format!("Vcur-{l}"), v.clone())); }
         let reader = pool.reader();
         let group = c.heads / c.kv_heads;
         #[allow(clippy::cast_precision_loss)]
@@ -166,15 +231,19 @@ pub(crate) fn forward(
                 let kvh = qh / group;
                 // llama.cpp sums attention dot products in sgemm order for a
                 // chunk of two or more tokens and in vec_dot order for one.
-                let order = if b.tokens.len() > 1 { SumOrder::Sgemm } else { SumOrder::VecDot };
+                let order = if b.tokens.len() > 1 {
+                    SumOrder::Sgemm
+                } else {
+                    SumOrder::VecDot
+                };
                 let n_ctx = pos + 1;
                 // As llama.cpp's default (non-flash) attention on an f16 KV
-                // cache: q rounded to f16, softmax normalized in full (sum in
-                // f64), probabilities rounded to f16 before weighting values.
+                // cache: q rounded to f16, softmax normalized in full,
+                // probabilities rounded to f16 before weighting values.
                 let mut qr = [0f32; MAX_HEAD_DIM];
                 let qr = &mut qr[..hd];
                 for (d, x) in qr.iter_mut().zip(qv) {
-                    *d = round_f16(*x);
+                    *d = round(*x);
                 }
                 let n_pages = n_ctx.div_ceil(ps);
                 let mut views = Vec::with_capacity(n_pages);
@@ -184,25 +253,38 @@ pub(crate) fn forward(
                         Err(e) => return Some((s, e)),
                     }
                 }
-                SCORES.with_borrow_mut(|scores| {
+                SCRATCH.with_borrow_mut(|Scratch { scores, acc, lanes }| {
                     scores.resize(n_pages * ps, 0.0);
                     for (pi, view) in views.iter().enumerate() {
                         let m = ps.min(n_ctx - pi * ps);
-                        dot_columns_ordered(qr, view.keys(kvh), ps, &mut scores[pi * ps..pi * ps + m], order);
+                        dot_columns_ordered(
+                            qr,
+                            view.keys(kvh),
+                            ps,
+                            &mut scores[pi * ps..pi * ps + m],
+                            order,
+                            acc,
+                        );
                     }
                     let sc = &mut scores[..n_ctx];
                     for v in sc.iter_mut() {
                         *v *= scale;
                     }
                     softmax_ggml(sc);
-                    let mut lanes = [[0f32; MAX_HEAD_DIM]; LANES];
                     let n_lanes = order.lanes();
+                    for lane in &mut lanes[..n_lanes] {
+                        lane[..hd].fill(0.0);
+                    }
                     for (pi, view) in views.iter().enumerate() {
                         let m = ps.min(n_ctx - pi * ps);
                         let vals = view.values(kvh);
                         for t in 0..m {
-                            let p = round_f16(sc[pi * ps + t]);
-                            axpy(p, &vals[t * hd..(t + 1) * hd], &mut lanes[(pi * ps + t) % n_lanes][..hd]);
+                            let p = round(sc[pi * ps + t]);
+                            axpy(
+                                p,
+                                &vals[t * hd..(t + 1) * hd],
+                                &mut lanes[(pi * ps + t) % n_lanes][..hd],
+                            );
                         }
                     }
                     for (d, o) in out.iter_mut().enumerate() {
@@ -216,29 +298,18 @@ pub(crate) fn forward(
             violated[s].get_or_insert(e);
         }
 
-        if dump { dumped.push((format!("kqv_out-{l}"), attn.clone())); }
         let mut ws = Workspace::new(&attn, n, h);
         lw.wo.matmul(&mut ws, &mut o);
-        if dump { dumped.push((format!("attn_out-{l}"), o.clone())); }
         add_assign(&mut x, &o);
-        if dump { dumped.push((format!("ffn_inp-{l}"), x.clone())); }
 
         norm_rows(&x, &lw.ffn_norm, c.rms_eps, &mut xn, h);
         let mut ws = Workspace::new(&xn, n, h);
         lw.gate.matmul(&mut ws, &mut gate);
         lw.up.matmul(&mut ws, &mut up);
-        if dump { dumped.push((format!("ffn_gate-{l}"), gate.clone())); dumped.push((format!("ffn_up-{l}"), up.clone())); }
         silu_mul(&mut gate, &up);
-        if dump { dumped.push((format!("ffn_swiglu-{l}"), gate.clone())); }
         let mut ws = Workspace::new(&gate, n, c.ffn);
         lw.down.matmul(&mut ws, &mut o);
-        if dump { dumped.push((format!("ffn_out-{l}"), o.clone())); }
         add_assign(&mut x, &o);
-        if dump { dumped.push((format!("l_out-{l}"), x.clone())); }
-    }
-    if dump {
-        let m: std::collections::HashMap<_, _> = dumped.into_iter().collect();
-        std::fs::write("/tmp/bh/ours_dump.json", serde_json::to_string(&m).unwrap()).unwrap();
     }
 
     // Logits only for the last row of each sequence that wants them.
@@ -255,7 +326,12 @@ pub(crate) fn forward(
         let m = wanted.len();
         let mut hn = vec![0f32; m * h];
         for (i, (_, r)) in wanted.iter().enumerate() {
-            rms_norm(&x[r * h..(r + 1) * h], &w.norm, c.rms_eps, &mut hn[i * h..(i + 1) * h]);
+            rms_norm(
+                &x[r * h..(r + 1) * h],
+                &w.norm,
+                c.rms_eps,
+                &mut hn[i * h..(i + 1) * h],
+            );
         }
         let head: &Matrix = w.output.as_ref().unwrap_or(&w.embed);
         let mut out = vec![0f32; m * c.vocab];

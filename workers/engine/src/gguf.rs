@@ -89,8 +89,12 @@ impl ModelFile {
 
     /// Loads a GGUF file already in memory.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, LoadError> {
-        let content = Content::read(&mut Cursor::new(bytes)).map_err(|e| LoadError::Gguf(e.to_string()))?;
-        let file = GgufFile { content: &content, bytes };
+        let content =
+            Content::read(&mut Cursor::new(bytes)).map_err(|e| LoadError::Gguf(e.to_string()))?;
+        let file = GgufFile {
+            content: &content,
+            bytes,
+        };
         let arch = file.string("general.architecture")?;
         if arch != "llama" {
             return Err(LoadError::Architecture(arch.to_owned()));
@@ -100,7 +104,8 @@ impl ModelFile {
         let tokenizer = Tokenizer::from_gguf(&content.metadata)?;
         let chat_template = match content.metadata.get("tokenizer.chat_template") {
             Some(v) => Some(ChatTemplate::new(
-                v.to_string().map_err(|_| LoadError::Missing("a string chat template".into()))?,
+                v.to_string()
+                    .map_err(|_| LoadError::Missing("a string chat template".into()))?,
                 tokenizer.bos_text(),
                 tokenizer.eos_text(),
             )?),
@@ -163,16 +168,16 @@ impl GgufFile<'_> {
     fn f32_or(&self, key: &str, default: f32) -> Result<f32, LoadError> {
         match self.content.metadata.get(key) {
             None => Ok(default),
-            Some(v) => v.to_f32().map_err(|_| LoadError::Missing(format!("float metadata {key}"))),
+            Some(v) => v
+                .to_f32()
+                .map_err(|_| LoadError::Missing(format!("float metadata {key}"))),
         }
     }
 
     fn config(&self) -> Result<ModelConfig, LoadError> {
         let hidden = self.usize("llama.embedding_length")?;
         let heads = self.usize("llama.attention.head_count")?;
-        let kv_heads = self
-            .usize("llama.attention.head_count_kv")
-            .unwrap_or(heads);
+        let kv_heads = self.usize("llama.attention.head_count_kv").unwrap_or(heads);
         if heads == 0 || kv_heads == 0 || hidden % heads != 0 || heads % kv_heads != 0 {
             return Err(LoadError::Missing("consistent head counts".into()));
         }
@@ -200,7 +205,10 @@ impl GgufFile<'_> {
         })
     }
 
-    fn info(&self, name: &str) -> Result<&candle_core::quantized::gguf_file::TensorInfo, LoadError> {
+    fn info(
+        &self,
+        name: &str,
+    ) -> Result<&candle_core::quantized::gguf_file::TensorInfo, LoadError> {
         self.content
             .tensor_infos
             .get(name)
@@ -214,10 +222,9 @@ impl GgufFile<'_> {
         let len = elems / dtype.block_size() * dtype.type_size();
         let start = usize::try_from(self.content.tensor_data_offset + info.offset)
             .map_err(|_| LoadError::Gguf(format!("offset of {name}")))?;
-        let data = self
-            .bytes
-            .get(start..start + len)
-            .ok_or_else(|| LoadError::Gguf(format!("tensor {name} runs past the end of the file")))?;
+        let data = self.bytes.get(start..start + len).ok_or_else(|| {
+            LoadError::Gguf(format!("tensor {name} runs past the end of the file"))
+        })?;
         Ok((data, dtype, info.shape.dims().to_vec()))
     }
 
@@ -233,7 +240,11 @@ impl GgufFile<'_> {
 
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, LoadError> {
         let (data, dtype, dims) = self.raw(name)?;
-        let expected = if rows == 1 { vec![cols] } else { vec![rows, cols] };
+        let expected = if rows == 1 {
+            vec![cols]
+        } else {
+            vec![rows, cols]
+        };
         if dims != expected {
             return Err(LoadError::Shape {
                 name: name.to_owned(),
@@ -265,7 +276,11 @@ impl GgufFile<'_> {
                 let dev = candle_core::Device::Cpu;
                 let qt = self
                     .info(name)?
-                    .read(&mut Cursor::new(self.bytes), self.content.tensor_data_offset, &dev)
+                    .read(
+                        &mut Cursor::new(self.bytes),
+                        self.content.tensor_data_offset,
+                        &dev,
+                    )
                     .and_then(|q| q.dequantize(&dev))
                     .and_then(|t| t.flatten_all())
                     .and_then(|t| t.to_vec1::<f32>())

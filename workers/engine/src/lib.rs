@@ -30,6 +30,7 @@ pub use crate::core::{EngineCore, FinishReason, LogitsError, PendingRequest, Seq
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle};
 pub use error::{EngineError, LoadError};
+pub use forward::Numerics;
 pub use gguf::{ModelConfig, ModelFile};
 pub use sampling::SamplingParams;
 pub use tokenizer::Tokenizer;

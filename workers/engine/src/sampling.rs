@@ -59,7 +59,11 @@ impl Sampler {
             seen.dedup();
             for t in seen {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                    *l = if *l > 0.0 {
+                        *l / p.repetition_penalty
+                    } else {
+                        *l * p.repetition_penalty
+                    };
                 }
             }
         }
@@ -68,7 +72,12 @@ impl Sampler {
         }
         let c = &mut self.scratch;
         c.clear();
-        c.extend(logits.iter().enumerate().map(|(i, l)| (u32::try_from(i).unwrap_or(u32::MAX), l / p.temperature)));
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (u32::try_from(i).unwrap_or(u32::MAX), l / p.temperature)),
+        );
         c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 {
             c.truncate(p.top_k);
@@ -152,13 +161,21 @@ mod tests {
     #[test]
     fn greedy_topk_and_seed_behave() {
         let logits = vec![0.1, 3.0, 2.9, -1.0];
-        assert_eq!(Sampler::new(SamplingParams::greedy(1)).sample(&mut logits.clone(), &[]), 1);
+        assert_eq!(
+            Sampler::new(SamplingParams::greedy(1)).sample(&mut logits.clone(), &[]),
+            1
+        );
         // top_k = 1 is greedy whatever the temperature.
-        assert_eq!(Sampler::new(params(5.0, 1, 1.0, 3)).sample(&mut logits.clone(), &[]), 1);
+        assert_eq!(
+            Sampler::new(params(5.0, 1, 1.0, 3)).sample(&mut logits.clone(), &[]),
+            1
+        );
         // Same seed, same draws; different seeds eventually differ.
         let draw = |seed| {
             let mut s = Sampler::new(params(2.0, 0, 1.0, seed));
-            (0..32).map(|_| s.sample(&mut logits.clone(), &[])).collect::<Vec<_>>()
+            (0..32)
+                .map(|_| s.sample(&mut logits.clone(), &[]))
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));

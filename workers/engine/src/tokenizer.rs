@@ -30,7 +30,10 @@ pub struct Tokenizer {
 
 impl Tokenizer {
     pub(crate) fn from_gguf(md: &Metadata) -> Result<Self, LoadError> {
-        let get = |k: &str| md.get(k).ok_or_else(|| LoadError::Missing(format!("metadata key {k}")));
+        let get = |k: &str| {
+            md.get(k)
+                .ok_or_else(|| LoadError::Missing(format!("metadata key {k}")))
+        };
         let model = get("tokenizer.ggml.model")?.to_string().map_err(err)?;
         if model != "gpt2" {
             return Err(LoadError::Tokenizer(format!(
@@ -145,7 +148,10 @@ impl Tokenizer {
     }
 
     pub(crate) fn eos_text(&self) -> String {
-        self.tokens.get(self.eos as usize).cloned().unwrap_or_default()
+        self.tokens
+            .get(self.eos as usize)
+            .cloned()
+            .unwrap_or_default()
     }
 }
 

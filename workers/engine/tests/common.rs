@@ -20,7 +20,8 @@ pub fn model() -> Arc<ModelFile> {
 
 /// `../shared/golden/smollm2-135m-q4_1.json`, beside the project root.
 pub fn golden() -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden/smollm2-135m-q4_1.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/golden/smollm2-135m-q4_1.json");
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("reading {}", path.display()))
         .expect("golden file");

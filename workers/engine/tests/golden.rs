@@ -14,9 +14,17 @@ fn tokenizer_and_chat_template_match_golden() {
     assert_eq!(g["chat_template"].as_str(), Some(source_of_template(&m)));
     for case in g["cases"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
-        assert_eq!(m.tokenizer().encode(prompt).unwrap(), ids(&case["prompt_ids"]), "{}", case["name"]);
+        assert_eq!(
+            m.tokenizer().encode(prompt).unwrap(),
+            ids(&case["prompt_ids"]),
+            "{}",
+            case["name"]
+        );
         // Lossless round trip, special tokens included.
-        assert_eq!(m.tokenizer().decode(&ids(&case["prompt_ids"]), false), prompt);
+        assert_eq!(
+            m.tokenizer().decode(&ids(&case["prompt_ids"]), false),
+            prompt
+        );
         if let Some(messages) = case["messages"].as_array() {
             let msgs: Vec<ChatMessage> = messages
                 .iter()
@@ -45,7 +53,10 @@ fn greedy_output_on_q4_1_matches_llama_cpp() {
         let (got, _, _) = run(&e, 1, greedy(ids(&case["prompt_ids"]), expected.len()));
         if got != expected {
             let at = got.iter().zip(&expected).position(|(a, b)| a != b);
-            failures.push(format!("{}: first difference at {at:?}\n got {got:?}\nwant {expected:?}", case["name"]));
+            failures.push(format!(
+                "{}: first difference at {at:?}\n got {got:?}\nwant {expected:?}",
+                case["name"]
+            ));
         }
         // The text up to EOS, decoded as a client sees it.
         let eos = model().tokenizer().eos();

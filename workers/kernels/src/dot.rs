@@ -77,7 +77,11 @@ pub(crate) unsafe fn weight_row_dots_scalar(
             let isum: i32 = match w.format() {
                 WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
                     let q = &w.qs()[wb * 16..(wb + 1) * 16];
-                    let off = if w.format() == WeightFormat::Q4_0 { 8 } else { 0 };
+                    let off = if w.format() == WeightFormat::Q4_0 {
+                        8
+                    } else {
+                        0
+                    };
                     (0..16)
                         .map(|i| {
                             (i32::from(q[i] & 0xF) - off) * i32::from(aq[i])
@@ -146,7 +150,8 @@ mod avx2 {
     unsafe fn nibbles(p: *const u8) -> __m256i {
         unsafe {
             let tmp = _mm_loadu_si128(p.cast());
-            let both = _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
+            let both =
+                _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
             _mm256_and_si256(both, _mm256_set1_epi8(0xF))
         }
     }

@@ -136,7 +136,9 @@ mod tests {
 
     /// Deterministic pseudo-random bytes and floats for kernel tests.
     fn lcg(seed: &mut u64) -> u64 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         *seed >> 33
     }
 
@@ -167,8 +169,16 @@ mod tests {
         for format in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0] {
             for rows_in in [1usize, 3, 4, 9] {
                 let (rows, cols) = (40, 96);
-                let w = WeightsQ::from_gguf_bytes(format, rows, cols, &random_gguf(format, rows, cols, &mut seed)).unwrap();
-                let x: Vec<f32> = (0..rows_in * cols).map(|_| (lcg(&mut seed) % 2000) as f32 / 1000.0 - 1.0).collect();
+                let w = WeightsQ::from_gguf_bytes(
+                    format,
+                    rows,
+                    cols,
+                    &random_gguf(format, rows, cols, &mut seed),
+                )
+                .unwrap();
+                let x: Vec<f32> = (0..rows_in * cols)
+                    .map(|_| (lcg(&mut seed) % 2000) as f32 / 1000.0 - 1.0)
+                    .collect();
                 let m = Matrix::Quant(w.clone());
                 let mut ws = Workspace::new(&x, rows_in, cols);
                 let mut fast = vec![0f32; rows_in * rows];
@@ -197,8 +207,14 @@ mod tests {
                             * 1.01
                             + 1e-4;
                         let (f, s) = (fast[r * rows + j], slow[r * rows + j]);
-                        assert!((f - s).abs() <= 1e-4 * (1.0 + s.abs()), "{format:?} simd {f} scalar {s}");
-                        assert!((s - exact).abs() <= bound, "{format:?} scalar {s} exact {exact} bound {bound}");
+                        assert!(
+                            (f - s).abs() <= 1e-4 * (1.0 + s.abs()),
+                            "{format:?} simd {f} scalar {s}"
+                        );
+                        assert!(
+                            (s - exact).abs() <= bound,
+                            "{format:?} scalar {s} exact {exact} bound {bound}"
+                        );
                     }
                 }
             }

@@ -70,28 +70,37 @@ multiversion! {
     }
 }
 
-/// The summation order of one of llama.cpp's f16 dot products. With
-/// f16-rounded inputs every product is exact in f32, so following the same
-/// order gives bit-identical sums.
+/// The summation order of one of llama.cpp's f16 dot products, as its
+/// AVX-512 build runs them. With f16-rounded inputs every product is exact
+/// in f32, so following the same order gives bit-identical sums on any CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SumOrder {
     /// tinyBLAS (llamafile sgemm), used for two or more query rows: element
-    /// `i` goes to lane `i % 8`, lanes combined by [`SumOrder::combine`].
+    /// `i` goes to lane `i % 16`, lanes combined as `_mm512_reduce_add_ps`.
     Sgemm,
     /// `ggml_vec_dot_f16`, used for a single query row: element `i` goes to
-    /// accumulator `(i % 32) / 8`, lane `i % 8`.
+    /// accumulator `(i % 64) / 16`, lane `i % 16`.
     VecDot,
 }
 
 /// Accumulator lanes a [`SumOrder`] needs at most.
-pub const LANES: usize = 32;
+pub const LANES: usize = 64;
+
+/// `_mm512_reduce_add_ps` as GCC defines it: halves added pairwise, 256,
+/// then 128 bits, then `(l0 + l2) + (l1 + l3)`.
+#[inline(always)]
+pub fn reduce16(l: &[f32; 16]) -> f32 {
+    let t3: [f32; 8] = std::array::from_fn(|j| l[j + 8] + l[j]);
+    let t6: [f32; 4] = std::array::from_fn(|j| t3[j + 4] + t3[j]);
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
 
 impl SumOrder {
     /// Number of partial sums.
     pub fn lanes(self) -> usize {
         match self {
-            SumOrder::Sgemm => 8,
-            SumOrder::VecDot => 32,
+            SumOrder::Sgemm => 16,
+            SumOrder::VecDot => 64,
         }
     }
 
@@ -99,14 +108,11 @@ impl SumOrder {
     #[inline(always)]
     pub fn combine(self, l: &[f32; LANES]) -> f32 {
         match self {
-            // hsum(__m256): hi + lo, then movehl, then movehdup.
-            SumOrder::Sgemm => ((l[4] + l[0]) + (l[6] + l[2])) + ((l[5] + l[1]) + (l[7] + l[3])),
-            // GGML_F32x8_REDUCE over four accumulators, then two hadds.
-            SumOrder::VecDot => {
-                let x: [f32; 8] = std::array::from_fn(|j| (l[j] + l[16 + j]) + (l[8 + j] + l[24 + j]));
-                let t: [f32; 4] = std::array::from_fn(|j| x[j] + x[j + 4]);
-                (t[0] + t[1]) + (t[2] + t[3])
-            }
+            SumOrder::Sgemm => reduce16(&std::array::from_fn(|j| l[j])),
+            // GGML_F32x16_REDUCE: (acc0 + acc2) + (acc1 + acc3), then reduce.
+            SumOrder::VecDot => reduce16(&std::array::from_fn(|j| {
+                (l[j] + l[32 + j]) + (l[16 + j] + l[48 + j])
+            })),
         }
     }
 }
@@ -116,19 +122,46 @@ pub const MAX_WIDTH: usize = 64;
 
 multiversion! {
     /// As [`dot_columns`], summing over `q`'s dimensions in `order`.
-    pub fn dot_columns_ordered(q: &[f32], k: &[f32], width: usize, out: &mut [f32], order: SumOrder) {
+    /// `q.len()` must be at least `order.lanes()`; `acc` is scratch space
+    /// whose contents do not matter.
+    pub fn dot_columns_ordered(
+        q: &[f32],
+        k: &[f32],
+        width: usize,
+        out: &mut [f32],
+        order: SumOrder,
+        acc: &mut [[f32; MAX_WIDTH]; LANES]
+    ) {
         let n = out.len().min(MAX_WIDTH);
         let lanes = order.lanes();
-        let mut acc = [[0f32; MAX_WIDTH]; LANES];
+        // The first product of each lane is stored, later ones fused in:
+        // the same sums as starting from zero, without clearing the buffer.
         for (d, qd) in q.iter().enumerate() {
             let lane = &mut acc[d % lanes][..n];
             let row = &k[d * width..d * width + n];
-            for (a, kv) in lane.iter_mut().zip(row) {
-                *a = qd.mul_add(*kv, *a);
+            if d < lanes {
+                for (a, kv) in lane.iter_mut().zip(row) {
+                    *a = qd * kv;
+                }
+            } else {
+                for (a, kv) in lane.iter_mut().zip(row) {
+                    *a = qd.mul_add(*kv, *a);
+                }
             }
         }
-        for (t, o) in out.iter_mut().enumerate().take(n) {
-            *o = order.combine(&std::array::from_fn(|j| acc[j][t]));
+        match order {
+            SumOrder::Sgemm => {
+                for (t, o) in out.iter_mut().enumerate().take(n) {
+                    *o = reduce16(&std::array::from_fn(|j| acc[j][t]));
+                }
+            }
+            SumOrder::VecDot => {
+                for (t, o) in out.iter_mut().enumerate().take(n) {
+                    *o = reduce16(&std::array::from_fn(|j| {
+                        (acc[j][t] + acc[32 + j][t]) + (acc[16 + j][t] + acc[48 + j][t])
+                    }));
+                }
+            }
         }
     }
 }
@@ -153,33 +186,37 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// `e^x` in single precision, computed the way ggml's vectorized `expf`
-/// does on AVX2 (a range reduction to `2^n · e^b` and a degree-5
-/// polynomial, max error about 1.5 ulp). llama.cpp uses it in softmax and
-/// SiLU; using the same function keeps greedy output identical to it.
+/// `e^x` in single precision, computed the way ggml's AVX-512 `expf` does
+/// (a range reduction to `2^n · e^b`, a degree-5 polynomial for `e^b`, and
+/// an exact scaling by `2^n`). llama.cpp uses it in softmax and SiLU; using
+/// the same function keeps greedy output identical to it.
 #[inline(always)]
 pub fn exp_ggml(x: f32) -> f32 {
     let shift = f32::from_bits(0x4b40_0000); // 1.5 · 2^23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), shift); // log2(e)
     let n = z - shift;
     let b = (-n).mul_add(
-        f32::from_bits(0x35bf_be8e), // ln 2, low part
+        f32::from_bits(0x35bf_be8e),                  // ln 2, low part
         (-n).mul_add(f32::from_bits(0x3f31_7200), x), // ln 2, high part
     );
-    let e = z.to_bits() << 23;
-    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
     let u = b * b;
     let j = f32::from_bits(0x3c07_2010)
         .mul_add(b, f32::from_bits(0x3d2b_9f17))
-        .mul_add(u, f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)))
-        .mul_add(u, f32::from_bits(0x3f7f_fff6) * b);
-    if n.abs() <= 126.0 || n.is_nan() {
-        return j.mul_add(k, k);
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
     }
-    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
-    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
-    let s2 = f32::from_bits(e.wrapping_sub(g));
-    if n.abs() > 192.0 { s1 * s1 } else { s2.mul_add(j, s2) * s1 }
+    if n.is_nan() {
+        return f32::NAN;
+    }
+    // scalef: j · 2^n, rounded once (exact in f64 for |n| <= 192).
+    #[allow(clippy::cast_possible_truncation)]
+    let scaled = (f64::from(j) * 2f64.powi(n as i32)) as f32;
+    scaled
 }
 
 multiversion! {
@@ -193,18 +230,18 @@ multiversion! {
 
 multiversion! {
     /// Softmax as ggml computes it: `e^(x - max)` with [`exp_ggml`], sums of
-    /// eight-element chunks added in f32 (as [`SumOrder::Sgemm`]) then in f64, and one
-    /// multiplication by `(f32)(1 / sum)`.
+    /// sixteen-element chunks added in f32 ([`reduce16`]) then in f64, and
+    /// one multiplication by `(f32)(1 / sum)`.
     pub fn softmax_ggml(x: &mut [f32]) {
         let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0f64;
-        for chunk in x.chunks_mut(8) {
-            let mut l = [0f32; LANES];
+        for chunk in x.chunks_mut(16) {
+            let mut l = [0f32; 16];
             for (i, v) in chunk.iter_mut().enumerate() {
                 *v = exp_ggml(*v - max);
                 l[i] = *v;
             }
-            sum += f64::from(SumOrder::Sgemm.combine(&l));
+            sum += f64::from(reduce16(&l));
         }
         #[allow(clippy::cast_possible_truncation)]
         let inv = (1.0 / sum) as f32;
@@ -256,7 +293,17 @@ mod tests {
         assert_eq!(exp_ggml(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_ggml(-200.0), 0.0);
         assert_eq!(exp_ggml(0.0), 1.0);
-        let mut p = [0.5f32, f32::NEG_INFINITY, 2.0, 1.0, -3.0, 0.0, 0.1, 0.2, 0.3];
+        let mut p = [
+            0.5f32,
+            f32::NEG_INFINITY,
+            2.0,
+            1.0,
+            -3.0,
+            0.0,
+            0.1,
+            0.2,
+            0.3,
+        ];
         softmax_ggml(&mut p);
         assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6 && p[1] == 0.0);
     }

@@ -162,12 +162,21 @@ mod tests {
         };
         assert_eq!(limits.max_request_tokens(), 681_280);
         let err = limits.admit(owner(), 681_280, 1, ()).unwrap_err();
-        assert!(matches!(err, AdmissionError::PoolCapacityExceeded { limit: 681_280, .. }));
+        assert!(matches!(
+            err,
+            AdmissionError::PoolCapacityExceeded { limit: 681_280, .. }
+        ));
         let err = limits.admit(owner(), 1_048_577, 1, ()).unwrap_err();
         assert!(matches!(err, AdmissionError::ContextWindowExceeded { .. }));
         let ok = limits.admit(owner(), 681_279, 1, ()).unwrap();
         assert_eq!(ok.pages(), 681_280 / 16);
-        assert_eq!(limits.admit(owner(), 0, 1, ()).unwrap_err(), AdmissionError::EmptyPrompt);
-        assert_eq!(limits.admit(owner(), 5, 0, ()).unwrap_err(), AdmissionError::NoOutputTokens);
+        assert_eq!(
+            limits.admit(owner(), 0, 1, ()).unwrap_err(),
+            AdmissionError::EmptyPrompt
+        );
+        assert_eq!(
+            limits.admit(owner(), 5, 0, ()).unwrap_err(),
+            AdmissionError::NoOutputTokens
+        );
     }
 }

@@ -121,6 +121,8 @@ pub struct KvPool {
     tags: Vec<PageTag>,
     free: Vec<PageId>,
     next_generation: Generation,
+    /// Owned pages to quarantine when their owner releases them.
+    pending_quarantine: Vec<PageId>,
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     scrub_on_free: bool,
@@ -159,6 +161,7 @@ impl KvPool {
             // Pop from the end: lowest page ids are handed out first.
             free: (0..pages).rev().map(PageId::from_index).collect(),
             next_generation: Generation::FIRST,
+            pending_quarantine: Vec::new(),
             keys: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
             values: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
             scrub_on_free,
@@ -207,30 +210,54 @@ impl KvPool {
     }
 
     /// Returns a table's pages to the free list. Entries whose tag no longer
-    /// matches (quarantined, or not the table's own) are left alone.
+    /// matches (quarantined, or not the table's own) are left alone; pages
+    /// still tagged with the table's owner but missing from it (a corrupted
+    /// table) are found by a sweep and freed too.
     pub fn release(&mut self, table: PageTable) {
+        let mut returned = 0;
         for r in &table.pages {
             if self.tag_matches(table.owner, *r) {
-                if self.scrub_on_free {
-                    self.scrub(r.page);
+                self.free_page(r.page);
+                returned += 1;
+            }
+        }
+        if returned != table.pages.len() {
+            for i in 0..self.tags.len() {
+                if matches!(self.tags[i], PageTag::Owned { owner, .. } if owner == table.owner) {
+                    self.free_page(PageId::from_index(i));
                 }
-                self.tags[r.page.index()] = PageTag::Free;
-                self.free.push(r.page);
             }
         }
         self.releases += 1;
     }
 
-    /// Records a violation and takes its page out of service.
+    /// Records a violation and takes its page out of service: at once if
+    /// it is free, else when its rightful owner releases it (the refused
+    /// sequence neither read nor wrote it, so the owner is unharmed).
     pub fn quarantine(&mut self, violation: &OwnerViolation) {
         self.owner_violations += 1;
         let i = violation.page.index();
-        if let Some(tag) = self.tags.get_mut(i) {
-            if *tag == PageTag::Free {
+        match self.tags.get(i) {
+            Some(PageTag::Free) => {
                 self.free.retain(|p| *p != violation.page);
+                self.tags[i] = PageTag::Quarantined;
             }
-            *tag = PageTag::Quarantined;
+            Some(PageTag::Owned { .. }) => self.pending_quarantine.push(violation.page),
+            Some(PageTag::Quarantined) | None => {}
         }
+    }
+
+    fn free_page(&mut self, page: PageId) {
+        if let Some(at) = self.pending_quarantine.iter().position(|p| *p == page) {
+            self.pending_quarantine.swap_remove(at);
+            self.tags[page.index()] = PageTag::Quarantined;
+            return;
+        }
+        if self.scrub_on_free {
+            self.scrub(page);
+        }
+        self.tags[page.index()] = PageTag::Free;
+        self.free.push(page);
     }
 
     /// The tag of `page` (for tests and metrics).
@@ -321,7 +348,12 @@ impl KvPool {
 impl<'a> PageReader<'a> {
     /// The keys and values of page `r` in `layer`, if `owner` owns it at
     /// `r`'s generation. Otherwise the data is not returned.
-    pub fn page(&self, layer: usize, owner: Owner, r: PageRef) -> Result<PageView<'a>, OwnerViolation> {
+    pub fn page(
+        &self,
+        layer: usize,
+        owner: Owner,
+        r: PageRef,
+    ) -> Result<PageView<'a>, OwnerViolation> {
         self.pool.check(owner, r)?;
         let g = self.pool.geometry;
         let n = g.floats_per_layer_page();
@@ -410,7 +442,8 @@ mod tests {
         let mut pool = KvPool::new(GEO, 4, false);
         let a = limits(&pool).admit(owner(1, 1), 3, 1, ()).unwrap();
         let table_a = pool.allocate(&a).unwrap();
-        pool.write_token(&table_a, 0, 0, &[1.0; 4], &[2.0; 4]).unwrap();
+        pool.write_token(&table_a, 0, 0, &[1.0; 4], &[2.0; 4])
+            .unwrap();
         let b = owner(2, 2);
         let stolen = table_a.pages()[0];
         let err = pool.reader().page(0, b, stolen).unwrap_err();
@@ -420,7 +453,11 @@ mod tests {
         pool.release(table_a);
         let a2 = limits(&pool).admit(owner(1, 3), 7, 1, ()).unwrap();
         let table_a2 = pool.allocate(&a2).unwrap();
-        let reused = *table_a2.pages().iter().find(|r| r.page() == stolen.page()).unwrap();
+        let reused = *table_a2
+            .pages()
+            .iter()
+            .find(|r| r.page() == stolen.page())
+            .unwrap();
         assert_ne!(reused.generation(), stolen.generation());
         assert!(pool.reader().page(0, owner(1, 1), stolen).is_err());
         assert!(pool.reader().page(0, owner(1, 3), reused).is_ok());
@@ -433,15 +470,23 @@ mod tests {
         assert_eq!(big.pages(), 3);
         let t = pool.allocate(&big).unwrap();
         let again = limits(&pool).admit(owner(1, 2), 1, 1, ()).unwrap();
-        assert_eq!(pool.allocate(&again).unwrap_err(), PoolExhausted { needed: 1, free: 0 });
+        assert_eq!(
+            pool.allocate(&again).unwrap_err(),
+            PoolExhausted { needed: 1, free: 0 }
+        );
         let victim = t.pages()[1];
         pool.quarantine(&OwnerViolation {
             page: victim.page(),
             owner: owner(2, 9),
         });
+        // The rightful owner keeps its page until it releases it.
+        assert!(pool.reader().page(0, owner(1, 1), victim).is_ok());
         pool.release(t);
         let c = pool.counters();
-        assert_eq!((c.free_pages, c.quarantined_pages, c.allocated_pages), (2, 1, 0));
+        assert_eq!(
+            (c.free_pages, c.quarantined_pages, c.allocated_pages),
+            (2, 1, 0)
+        );
         assert_eq!(c.owner_violations, 1);
         assert_eq!(pool.tag(victim.page()), Some(PageTag::Quarantined));
     }

@@ -1,0 +1,201 @@
+//! Page ownership at the engine's boundary: a corrupted page table cannot
+//! read another tenant's page, every page returns to the pool whatever way a
+//! request ends, and a rejected prompt touches nothing.
+
+mod common;
+
+use bulkhead_engine::{EngineConfig, EngineCore, EngineError, GenerateRequest, SeqEvent};
+use bulkhead_kv::{AdmissionError, Owner, PageTag, RequestId, TenantId};
+use common::{engine, greedy, model, run};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+fn owner(tenant: u64, request: u64) -> Owner {
+    Owner {
+        tenant: TenantId::new(tenant),
+        request: RequestId::new(request),
+    }
+}
+
+fn submit(core: &mut EngineCore, who: Owner, req: GenerateRequest) -> UnboundedReceiver<SeqEvent> {
+    let (tx, rx) = unbounded_channel();
+    let admitted = EngineCore::admit(&core.limits(), who, req, tx).expect("admitted");
+    core.submit(admitted);
+    rx
+}
+
+fn drain(rx: &mut UnboundedReceiver<SeqEvent>) -> Vec<SeqEvent> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+fn token_ids(events: &[SeqEvent]) -> Vec<u32> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            SeqEvent::Token { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_page_table_pointing_at_another_tenants_page_fails_that_request_only() {
+    let m = model();
+    let prompt_a = m
+        .tokenizer()
+        .encode("Tenant A's secret: the vault code is 4471.")
+        .unwrap();
+    let prompt_b = m
+        .tokenizer()
+        .encode("Tell me a short story about a lighthouse.")
+        .unwrap();
+    let mut core = EngineCore::new(m, &EngineConfig::with_budget(64 << 20));
+    let (a, b) = (owner(1, 1), owner(2, 2));
+    let mut rx_a = submit(&mut core, a, greedy(prompt_a.clone(), 24));
+    let mut rx_b = submit(&mut core, b, greedy(prompt_b, 24));
+    // Prefill both and decode a few tokens.
+    for _ in 0..4 {
+        assert!(core.step());
+    }
+    let before_b = drain(&mut rx_b);
+    assert!(!token_ids(&before_b).is_empty());
+    let pages_a = core.pages_of(a.request).unwrap();
+
+    // The index bug of the incident: B's first page-table entry now names A's first page.
+    assert!(core.redirect_page_for_fault_injection(b.request, 0, a.request, 0));
+    assert!(core.step());
+
+    let after_b = drain(&mut rx_b);
+    assert_eq!(
+        token_ids(&after_b),
+        Vec::<u32>::new(),
+        "no token may come from a foreign page"
+    );
+    match after_b.as_slice() {
+        [SeqEvent::Failed(EngineError::Integrity(v))] => {
+            assert_eq!(v.page, pages_a[0].page());
+            assert_eq!(v.owner, b);
+        }
+        other => panic!("expected one integrity failure, got {other:?}"),
+    }
+    let c = core.counters();
+    assert_eq!(c.owner_violations, 1);
+
+    // A is unharmed: it finishes with exactly the tokens it would produce alone.
+    while core.step() {}
+    let a_tokens = token_ids(&drain(&mut rx_a));
+    let e = engine(64);
+    let (alone, _, _) = run(&e, 1, greedy(prompt_a, 24));
+    assert_eq!(a_tokens, alone);
+
+    // The page is out of service now that A released it; nothing else leaked.
+    assert_eq!(
+        core.pool().tag(pages_a[0].page()),
+        Some(PageTag::Quarantined)
+    );
+    let c = core.counters();
+    assert_eq!((c.quarantined_pages, c.allocated_pages), (1, 0));
+    assert_eq!(c.free_pages, c.total_pages - 1);
+}
+
+#[test]
+fn every_page_returns_after_finished_cancelled_failed_and_rejected_requests() {
+    let e = engine(16);
+    let tok = e.tokenizer();
+    let total = e.counters().unwrap().total_pages;
+
+    // Finished by length, by EOS or stop string.
+    let (ids, _, end) = run(&e, 1, greedy(tok.encode("Count to five:").unwrap(), 8));
+    assert_eq!(ids.len(), 8);
+    assert!(matches!(end, SeqEvent::Finished { .. }));
+    let mut stop = greedy(tok.encode("The quick brown fox").unwrap(), 64);
+    stop.stop = vec!["bear".into()];
+    let (_, text, end) = run(&e, 2, stop);
+    assert!(!text.contains("bear"), "{text}");
+    assert!(matches!(end, SeqEvent::Finished { .. }));
+
+    // Cancelled mid-generation by dropping the handle (a client disconnect).
+    let mut h = e
+        .submit(
+            TenantId::new(3),
+            greedy(tok.encode("Write a long poem.").unwrap(), 200),
+        )
+        .unwrap();
+    assert!(matches!(h.blocking_next(), Some(SeqEvent::Token { .. })));
+    drop(h);
+    // Cancelled while still waiting for pages: more requests than the pool holds at once.
+    let long: Vec<_> = (0..6)
+        .map(|i| {
+            e.submit(
+                TenantId::new(4),
+                greedy(tok.encode(&format!("Story {i}:")).unwrap(), 40),
+            )
+            .unwrap()
+        })
+        .collect();
+    drop(long);
+
+    // Rejected: longer than the pool.
+    let limit = e.info().limits.max_request_tokens();
+    let err = e
+        .submit(TenantId::new(5), greedy(vec![28; limit], 1))
+        .unwrap_err();
+    assert!(matches!(err, AdmissionError::PoolCapacityExceeded { .. }));
+
+    // The engine processes cancellations asynchronously: wait (bounded) for it.
+    let mut c = e.counters().unwrap();
+    for _ in 0..200 {
+        if c.allocated_pages == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        c = e.counters().unwrap();
+    }
+    assert_eq!(
+        (c.free_pages, c.allocated_pages, c.quarantined_pages),
+        (total, 0, 0)
+    );
+    assert_eq!(c.allocations, c.releases);
+}
+
+#[test]
+fn a_rejected_over_long_prompt_leaves_the_pool_untouched() {
+    // The incident's configuration: a pool smaller than the context window.
+    let e = engine(8);
+    let info = e.info().clone();
+    assert!(info.limits.pool_tokens < info.limits.context_window);
+    let before = e.counters().unwrap();
+
+    let over_pool = e.submit(
+        TenantId::new(1),
+        greedy(vec![28; info.limits.pool_tokens], 1),
+    );
+    assert_eq!(
+        over_pool.unwrap_err(),
+        AdmissionError::PoolCapacityExceeded {
+            prompt_tokens: info.limits.pool_tokens,
+            max_tokens: 1,
+            limit: info.limits.pool_tokens,
+        }
+    );
+    let over_window = e.submit(
+        TenantId::new(1),
+        greedy(vec![28; info.limits.context_window + 1], 1),
+    );
+    assert!(matches!(
+        over_window.unwrap_err(),
+        AdmissionError::ContextWindowExceeded { .. }
+    ));
+    let no_room_for_output = e.submit(
+        TenantId::new(1),
+        greedy(vec![28; info.limits.pool_tokens - 4], 5),
+    );
+    assert!(matches!(
+        no_room_for_output.unwrap_err(),
+        AdmissionError::PoolCapacityExceeded { .. }
+    ));
+
+    assert_eq!(e.counters().unwrap(), before);
+    // The largest admissible request still runs.
+    let (ids, _, _) = run(&e, 1, greedy(vec![28; info.limits.pool_tokens - 2], 2));
+    assert_eq!(ids.len(), 2);
+}
