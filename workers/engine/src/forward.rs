@@ -8,8 +8,8 @@
 
 use crate::gguf::{ModelConfig, Weights};
 use bulkhead_kernels::ops::{
-    LANES, MAX_WIDTH, SumOrder, add_assign, axpy, dot_columns_ordered, rms_norm, silu_mul,
-    softmax_ggml,
+    MAX_HEAD_DIM, SumOrder, add_assign, attention_scores, attention_values, rms_norm, rope_pairs,
+    round_f16_slice, silu_mul, softmax_ggml,
 };
 use bulkhead_kernels::{Matrix, Workspace};
 use bulkhead_kv::{KvPool, Owner, OwnerViolation, PageTable};
@@ -97,37 +97,14 @@ impl Rope {
             &self.cos[pos * self.half..(pos + 1) * self.half],
             &self.sin[pos * self.half..(pos + 1) * self.half],
         );
-        for (i, pair) in x.chunks_exact_mut(2).enumerate() {
-            let (x0, x1) = (pair[0], pair[1]);
-            // As ggml's rotate_pairs compiled with FMA contraction.
-            pair[0] = x0.mul_add(c[i], -(x1 * s[i]));
-            pair[1] = x0.mul_add(s[i], x1 * c[i]);
-        }
+        // As ggml's rotate_pairs compiled with FMA contraction.
+        rope_pairs(x, c, s);
     }
 }
 
-/// Largest head dimension the attention kernel supports.
-pub(crate) const MAX_HEAD_DIM: usize = 128;
-
-fn round_f16(x: f32) -> f32 {
-    half::f16::from_f32(x).to_f32()
-}
-
-/// Per-thread attention scratch, reused across tasks.
-struct Scratch {
-    scores: Vec<f32>,
-    acc: [[f32; MAX_WIDTH]; LANES],
-    lanes: [[f32; MAX_HEAD_DIM]; LANES],
-}
-
 thread_local! {
-    static SCRATCH: RefCell<Scratch> = const {
-        RefCell::new(Scratch {
-            scores: Vec::new(),
-            acc: [[0.0; MAX_WIDTH]; LANES],
-            lanes: [[0.0; MAX_HEAD_DIM]; LANES],
-        })
-    };
+    /// Per-thread attention scores, reused across tasks.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// How the forward pass rounds.
@@ -151,10 +128,6 @@ pub(crate) fn forward(
     pool: &mut KvPool,
     batch: &[BatchSeq<'_>],
 ) -> ForwardOutput {
-    let round = match numerics {
-        Numerics::LlamaCpp => round_f16,
-        Numerics::F32Reference => std::convert::identity,
-    };
     let (h, hd, kvd) = (c.hidden, c.head_dim, c.kv_heads * c.head_dim);
     let rows: Vec<(usize, usize)> = batch
         .iter()
@@ -190,11 +163,9 @@ pub(crate) fn forward(
                 rope.apply(head, pos);
             }
             // With llama.cpp numerics the cache holds f16 values (its default).
-            for x in k[r * kvd..(r + 1) * kvd]
-                .iter_mut()
-                .chain(v[r * kvd..(r + 1) * kvd].iter_mut())
-            {
-                *x = round(*x);
+            if numerics == Numerics::LlamaCpp {
+                round_f16_slice(&mut k[r * kvd..(r + 1) * kvd]);
+                round_f16_slice(&mut v[r * kvd..(r + 1) * kvd]);
             }
             if violated[s].is_some() {
                 continue;
@@ -242,8 +213,9 @@ pub(crate) fn forward(
                 // probabilities rounded to f16 before weighting values.
                 let mut qr = [0f32; MAX_HEAD_DIM];
                 let qr = &mut qr[..hd];
-                for (d, x) in qr.iter_mut().zip(qv) {
-                    *d = round(*x);
+                qr.copy_from_slice(qv);
+                if numerics == Numerics::LlamaCpp {
+                    round_f16_slice(qr);
                 }
                 let n_pages = n_ctx.div_ceil(ps);
                 let mut views = Vec::with_capacity(n_pages);
@@ -253,17 +225,16 @@ pub(crate) fn forward(
                         Err(e) => return Some((s, e)),
                     }
                 }
-                SCRATCH.with_borrow_mut(|Scratch { scores, acc, lanes }| {
+                SCRATCH.with_borrow_mut(|scores| {
                     scores.resize(n_pages * ps, 0.0);
                     for (pi, view) in views.iter().enumerate() {
                         let m = ps.min(n_ctx - pi * ps);
-                        dot_columns_ordered(
+                        attention_scores(
                             qr,
                             view.keys(kvh),
                             ps,
                             &mut scores[pi * ps..pi * ps + m],
                             order,
-                            acc,
                         );
                     }
                     let sc = &mut scores[..n_ctx];
@@ -271,25 +242,11 @@ pub(crate) fn forward(
                         *v *= scale;
                     }
                     softmax_ggml(sc);
-                    let n_lanes = order.lanes();
-                    for lane in &mut lanes[..n_lanes] {
-                        lane[..hd].fill(0.0);
+                    if numerics == Numerics::LlamaCpp {
+                        round_f16_slice(sc);
                     }
-                    for (pi, view) in views.iter().enumerate() {
-                        let m = ps.min(n_ctx - pi * ps);
-                        let vals = view.values(kvh);
-                        for t in 0..m {
-                            let p = round(sc[pi * ps + t]);
-                            axpy(
-                                p,
-                                &vals[t * hd..(t + 1) * hd],
-                                &mut lanes[(pi * ps + t) % n_lanes][..hd],
-                            );
-                        }
-                    }
-                    for (d, o) in out.iter_mut().enumerate() {
-                        *o = order.combine(&std::array::from_fn(|j| lanes[j][d]));
-                    }
+                    let values: Vec<&[f32]> = views.iter().map(|v| v.values(kvh)).collect();
+                    attention_values(sc, &values, ps, out, order);
                 });
                 None
             })

@@ -4,7 +4,7 @@
 //! spreads over the current thread pool; callers run a whole forward pass
 //! inside one `ThreadPool::install` so no per-matmul thread hand-off occurs.
 
-use crate::dot::{OutPtr, weight_row_dots};
+use crate::dot::{OutPtr, weight_rows_dots};
 use crate::ops::dot_f32;
 use crate::quant::{ActivationKind, ActivationsQ8, WeightsQ};
 use rayon::prelude::*;
@@ -104,11 +104,10 @@ impl Matrix {
             Matrix::Quant(w) => {
                 let act = ws.quantized(w.format().activation_kind());
                 (0..chunks).into_par_iter().for_each(|c| {
-                    for j in c * CHUNK..((c + 1) * CHUNK).min(n_out) {
-                        // SAFETY: `out` has rows x n_out elements (asserted
-                        // above) and task `c` alone writes columns of chunk `c`.
-                        unsafe { weight_row_dots(w, j, act, ptr, n_out) };
-                    }
+                    let cols = c * CHUNK..((c + 1) * CHUNK).min(n_out);
+                    // SAFETY: `out` has rows x n_out elements (asserted above)
+                    // and task `c` alone writes the columns of chunk `c`.
+                    unsafe { weight_rows_dots(w, cols, act, ptr, n_out) };
                 });
             }
             Matrix::F32 { cols, data, .. } => {

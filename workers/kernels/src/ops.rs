@@ -5,9 +5,9 @@
 
 /// Declares `pub fn $name` that dispatches to an AVX2 build of `$body` when available.
 macro_rules! multiversion {
-    ($(#[$m:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? $body:block) => {
         $(#[$m])*
-        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             fn body($($arg: $ty),*) $(-> $ret)? $body
 
@@ -117,52 +117,220 @@ impl SumOrder {
     }
 }
 
-/// Largest page width [`dot_columns_ordered`] accepts.
-pub const MAX_WIDTH: usize = 64;
+/// Largest head dimension the engine's attention supports.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Attention scores of one query against one page of keys stored
+/// dimension-major (`[dim][width]`): `out[t] = Σ_d q[d] · k[d, t]` for
+/// `t < out.len()`, summed in `order` (dimension `d` into lane `d % lanes`).
+/// Slots past `out.len()` are never read.
+pub fn attention_scores(q: &[f32], k: &[f32], width: usize, out: &mut [f32], order: SumOrder) {
+    assert!(
+        k.len() >= q.len() * width && out.len() <= width,
+        "attention_scores shapes"
+    );
+    let mut t0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_available() {
+        while t0 + 8 <= out.len() {
+            // SAFETY: AVX2 and FMA are present; rows `d * width + t0 .. + 8`
+            // lie inside `k` because t0 + 8 <= out.len() <= width.
+            unsafe { attn_avx2::scores8(q, k.as_ptr(), width, t0, order, out[t0..].as_mut_ptr()) };
+            t0 += 8;
+        }
+    }
+    scores_tail(q, k, width, t0, out, order);
+}
 
 multiversion! {
-    /// As [`dot_columns`], summing over `q`'s dimensions in `order`.
-    /// `q.len()` must be at least `order.lanes()`; `acc` is scratch space
-    /// whose contents do not matter.
-    pub fn dot_columns_ordered(
-        q: &[f32],
-        k: &[f32],
-        width: usize,
-        out: &mut [f32],
-        order: SumOrder,
-        acc: &mut [[f32; MAX_WIDTH]; LANES]
-    ) {
-        let n = out.len().min(MAX_WIDTH);
+    /// The scores of tokens `t0..` one at a time (the page's partial tail).
+    fn scores_tail(q: &[f32], k: &[f32], width: usize, t0: usize, out: &mut [f32], order: SumOrder) {
         let lanes = order.lanes();
-        // The first product of each lane is stored, later ones fused in:
-        // the same sums as starting from zero, without clearing the buffer.
-        for (d, qd) in q.iter().enumerate() {
-            let lane = &mut acc[d % lanes][..n];
-            let row = &k[d * width..d * width + n];
-            if d < lanes {
-                for (a, kv) in lane.iter_mut().zip(row) {
-                    *a = qd * kv;
-                }
-            } else {
-                for (a, kv) in lane.iter_mut().zip(row) {
-                    *a = qd.mul_add(*kv, *a);
-                }
+        for t in t0..out.len() {
+            let mut acc = [0f32; LANES];
+            for (d, qd) in q.iter().enumerate() {
+                let kv = k[d * width + t];
+                acc[d % lanes] = if d < lanes { qd * kv } else { qd.mul_add(kv, acc[d % lanes]) };
             }
+            out[t] = order.combine(&acc);
         }
-        match order {
-            SumOrder::Sgemm => {
-                for (t, o) in out.iter_mut().enumerate().take(n) {
-                    *o = reduce16(&std::array::from_fn(|j| acc[j][t]));
-                }
-            }
-            SumOrder::VecDot => {
-                for (t, o) in out.iter_mut().enumerate().take(n) {
-                    *o = reduce16(&std::array::from_fn(|j| {
-                        (acc[j][t] + acc[32 + j][t]) + (acc[16 + j][t] + acc[48 + j][t])
-                    }));
-                }
-            }
+    }
+}
+
+/// Attention output of one query head: `out[d] = Σ_t p[t] · v_t[d]` over the
+/// pages `values` (each `[width][head_dim]`, token-major), summed in `order`
+/// (token `t` into lane `t % lanes`). Only tokens `t < p.len()` are read.
+pub fn attention_values(
+    p: &[f32],
+    values: &[&[f32]],
+    width: usize,
+    out: &mut [f32],
+    order: SumOrder,
+) {
+    let hd = out.len();
+    assert!(
+        values.len() * width >= p.len() && values.iter().all(|v| v.len() >= width * hd),
+        "attention_values shapes"
+    );
+    let mut d0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_available() {
+        // Row of each token, computed once (no division in the inner loops).
+        let rows: Vec<*const f32> = (0..p.len())
+            .map(|t| values[t / width][(t % width) * hd..].as_ptr())
+            .collect();
+        while d0 + 8 <= hd {
+            // SAFETY: AVX2 and FMA are present; every row holds hd >= d0 + 8 values.
+            unsafe { attn_avx2::values8(p, &rows, d0, order, out[d0..].as_mut_ptr()) };
+            d0 += 8;
         }
+    }
+    values_tail(p, values, width, d0, out, order);
+}
+
+multiversion! {
+    /// The output dimensions `d0..` one at a time (when `head_dim % 8 != 0`).
+    fn values_tail(p: &[f32], values: &[&[f32]], width: usize, d0: usize, out: &mut [f32], order: SumOrder) {
+        let (hd, lanes) = (out.len(), order.lanes());
+        for d in d0..hd {
+            let mut acc = [0f32; LANES];
+            for (t, pt) in p.iter().enumerate() {
+                let v = values[t / width][(t % width) * hd + d];
+                acc[t % lanes] = if t < lanes { pt * v } else { pt.mul_add(v, acc[t % lanes]) };
+            }
+            out[d] = order.combine(&acc);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod attn_avx2 {
+    use super::SumOrder;
+    use std::arch::x86_64::*;
+
+    /// Reduces the library's partial sums (`lane[l]`, eight outputs at
+    /// once) in `order`; see [`SumOrder::combine`].
+    #[inline(always)]
+    unsafe fn reduce(order: SumOrder, lane: &[__m256; 64]) -> __m256 {
+        unsafe {
+            let mut x = [_mm256_setzero_ps(); 16];
+            for j in 0..16 {
+                x[j] = match order {
+                    SumOrder::Sgemm => lane[j],
+                    SumOrder::VecDot => _mm256_add_ps(
+                        _mm256_add_ps(lane[j], lane[32 + j]),
+                        _mm256_add_ps(lane[16 + j], lane[48 + j]),
+                    ),
+                };
+            }
+            let mut t3 = [_mm256_setzero_ps(); 8];
+            for i in 0..8 {
+                t3[i] = _mm256_add_ps(x[i + 8], x[i]);
+            }
+            let mut t6 = [_mm256_setzero_ps(); 4];
+            for i in 0..4 {
+                t6[i] = _mm256_add_ps(t3[i + 4], t3[i]);
+            }
+            _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]))
+        }
+    }
+
+    /// Eight scores, tokens `t0..t0 + 8` of the page at `k`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scores8(
+        q: &[f32],
+        k: *const f32,
+        width: usize,
+        t0: usize,
+        order: SumOrder,
+        out: *mut f32,
+    ) {
+        let lanes = order.lanes();
+        let mut lane = [_mm256_setzero_ps(); 64];
+        // SAFETY: the caller guarantees rows d * width + t0 .. + 8 exist.
+        unsafe {
+            for l in 0..lanes.min(q.len()) {
+                let mut a = _mm256_mul_ps(
+                    _mm256_set1_ps(*q.get_unchecked(l)),
+                    _mm256_loadu_ps(k.add(l * width + t0)),
+                );
+                let mut d = l + lanes;
+                while d < q.len() {
+                    a = _mm256_fmadd_ps(
+                        _mm256_set1_ps(*q.get_unchecked(d)),
+                        _mm256_loadu_ps(k.add(d * width + t0)),
+                        a,
+                    );
+                    d += lanes;
+                }
+                lane[l] = a;
+            }
+            _mm256_storeu_ps(out, reduce(order, &lane));
+        }
+    }
+
+    /// Eight output dimensions `d0..d0 + 8` of the weighted sum of values.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn values8(
+        p: &[f32],
+        rows: &[*const f32],
+        d0: usize,
+        order: SumOrder,
+        out: *mut f32,
+    ) {
+        let lanes = order.lanes();
+        let mut lane = [_mm256_setzero_ps(); 64];
+        // SAFETY: the caller guarantees every row read exists.
+        unsafe {
+            for l in 0..lanes.min(p.len()) {
+                let mut a = _mm256_mul_ps(
+                    _mm256_set1_ps(*p.get_unchecked(l)),
+                    _mm256_loadu_ps(rows.get_unchecked(l).add(d0)),
+                );
+                let mut t = l + lanes;
+                while t < p.len() {
+                    a = _mm256_fmadd_ps(
+                        _mm256_set1_ps(*p.get_unchecked(t)),
+                        _mm256_loadu_ps(rows.get_unchecked(t).add(d0)),
+                        a,
+                    );
+                    t += lanes;
+                }
+                lane[l] = a;
+            }
+            _mm256_storeu_ps(out, reduce(order, &lane));
+        }
+    }
+}
+
+/// Rounds every value to the nearest f16 (ties to even), kept as f32.
+pub fn round_f16_slice(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_available() {
+        // SAFETY: the CPU supports AVX2 and F16C (checked at run time).
+        unsafe { round_f16_f16c(x) };
+        return;
+    }
+    for v in x.iter_mut() {
+        *v = half::f16::from_f32(*v).to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn round_f16_f16c(x: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // SAFETY: `c` holds exactly eight f32 values.
+        unsafe {
+            let v = _mm256_loadu_ps(c.as_ptr());
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v);
+            _mm256_storeu_ps(c.as_mut_ptr(), _mm256_cvtph_ps(h));
+        }
+    }
+    for v in chunks.into_remainder() {
+        *v = half::f16::from_f32(*v).to_f32();
     }
 }
 
@@ -171,6 +339,19 @@ multiversion! {
     pub fn add_assign(x: &mut [f32], y: &[f32]) {
         for (a, b) in x.iter_mut().zip(y) {
             *a += b;
+        }
+    }
+}
+
+multiversion! {
+    /// Rotates interleaved pairs `(x[2i], x[2i + 1])` by the angles whose
+    /// cosines and sines are `cos[i]`, `sin[i]`, with the fused
+    /// multiply-adds ggml's `rotate_pairs` compiles to.
+    pub fn rope_pairs(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+        for ((pair, c), s) in x.chunks_exact_mut(2).zip(cos).zip(sin) {
+            let (x0, x1) = (pair[0], pair[1]);
+            pair[0] = x0.mul_add(*c, -(x1 * s));
+            pair[1] = x0.mul_add(*s, x1 * c);
         }
     }
 }
@@ -207,47 +388,156 @@ pub fn exp_ggml(x: f32) -> f32 {
             f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
         )
         .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
-    if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    // scalef: j · 2^n rounded once. For n in [-126, 127], 2^n is a normal
+    // f32 and one multiplication does exactly that.
+    if (-126.0..=127.0).contains(&n) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let pow2 = f32::from_bits(((n as i32 + 127) as u32) << 23);
+        return j * pow2;
     }
+    exp_ggml_edge(j, n)
+}
+
+/// [`exp_ggml`] far from zero: flushes beyond |n| > 192, else scales in f64
+/// (exact) and rounds once.
+#[cold]
+fn exp_ggml_edge(j: f32, n: f32) -> f32 {
     if n.is_nan() {
         return f32::NAN;
     }
-    // scalef: j · 2^n, rounded once (exact in f64 for |n| <= 192).
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
     #[allow(clippy::cast_possible_truncation)]
     let scaled = (f64::from(j) * 2f64.powi(n as i32)) as f32;
     scaled
 }
 
-multiversion! {
-    /// `gate[i] = silu(gate[i]) · up[i]`, with `silu(x) = x / (1 + e^-x)`.
-    pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-        for (g, u) in gate.iter_mut().zip(up) {
-            *g = *g / (1.0 + exp_ggml(0.0 - *g)) * u;
-        }
+/// `gate[i] = silu(gate[i]) · up[i]`, with `silu(x) = x / (1 + e^-x)` and
+/// `e^x` as [`exp_ggml`].
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let mut i = 0;
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_available() {
+        // SAFETY: AVX2 and FMA are present; chunks stay below `n`.
+        unsafe { i = exp_avx2::silu_mul(&mut gate[..n], &up[..n]) };
+    }
+    for (g, u) in gate[i..n].iter_mut().zip(&up[i..n]) {
+        *g = *g / (1.0 + exp_ggml(0.0 - *g)) * u;
     }
 }
 
-multiversion! {
-    /// Softmax as ggml computes it: `e^(x - max)` with [`exp_ggml`], sums of
-    /// sixteen-element chunks added in f32 ([`reduce16`]) then in f64, and
-    /// one multiplication by `(f32)(1 / sum)`.
-    pub fn softmax_ggml(x: &mut [f32]) {
-        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f64;
-        for chunk in x.chunks_mut(16) {
-            let mut l = [0f32; 16];
-            for (i, v) in chunk.iter_mut().enumerate() {
-                *v = exp_ggml(*v - max);
-                l[i] = *v;
+/// Softmax as ggml computes it: `e^(x - max)` with [`exp_ggml`], sums of
+/// sixteen-element chunks added in f32 ([`reduce16`]) then in f64, and one
+/// multiplication by `(f32)(1 / sum)`.
+pub fn softmax_ggml(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_available() {
+        // SAFETY: AVX2 and FMA are present; chunks stay inside `x`.
+        unsafe { done = exp_avx2::exp_minus(x, max) };
+    }
+    for v in &mut x[done..] {
+        *v = exp_ggml(*v - max);
+    }
+    let mut sum = 0f64;
+    for chunk in x.chunks(16) {
+        let mut l = [0f32; 16];
+        l[..chunk.len()].copy_from_slice(chunk);
+        sum += f64::from(reduce16(&l));
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod exp_avx2 {
+    use super::exp_ggml;
+    use std::arch::x86_64::*;
+
+    /// Eight [`exp_ggml`]s. Lanes whose exponent leaves [-126, 127] (rare)
+    /// are recomputed by the scalar function.
+    #[inline(always)]
+    unsafe fn exp8(x: __m256) -> __m256 {
+        unsafe {
+            let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+            let r = c(0x4b40_0000);
+            let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+            let n = _mm256_sub_ps(z, r);
+            let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+            let u = _mm256_mul_ps(b, b);
+            let j = _mm256_fmadd_ps(
+                _mm256_fmadd_ps(
+                    _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                    u,
+                    _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+                ),
+                u,
+                _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+            );
+            let ni = _mm256_cvtps_epi32(n);
+            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_add_epi32(ni, _mm256_set1_epi32(127)),
+                23,
+            ));
+            let res = _mm256_mul_ps(j, pow2);
+            let ok = _mm256_and_ps(
+                _mm256_cmp_ps(n, _mm256_set1_ps(-126.0), _CMP_GE_OQ),
+                _mm256_cmp_ps(n, _mm256_set1_ps(127.0), _CMP_LE_OQ),
+            );
+            if _mm256_movemask_ps(ok) == 0xFF {
+                return res;
             }
-            sum += f64::from(reduce16(&l));
+            let mut xs = [0f32; 8];
+            _mm256_storeu_ps(xs.as_mut_ptr(), x);
+            for v in &mut xs {
+                *v = exp_ggml(*v);
+            }
+            _mm256_loadu_ps(xs.as_ptr())
         }
-        #[allow(clippy::cast_possible_truncation)]
-        let inv = (1.0 / sum) as f32;
-        for v in x.iter_mut() {
-            *v *= inv;
+    }
+
+    /// SiLU times `up` over whole chunks of eight; returns how many were done.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) -> usize {
+        let n = gate.len() / 8 * 8;
+        let mut i = 0;
+        // SAFETY: i + 8 <= n <= both lengths.
+        unsafe {
+            while i < n {
+                let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+                let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+                let s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+                _mm256_storeu_ps(
+                    gate.as_mut_ptr().add(i),
+                    _mm256_mul_ps(s, _mm256_loadu_ps(up.as_ptr().add(i))),
+                );
+                i += 8;
+            }
         }
+        n
+    }
+
+    /// `x[i] = e^(x[i] - max)` over whole chunks of eight; returns how many were done.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp_minus(x: &mut [f32], max: f32) -> usize {
+        let n = x.len() / 8 * 8;
+        let m = _mm256_set1_ps(max);
+        let mut i = 0;
+        // SAFETY: i + 8 <= n <= x.len().
+        unsafe {
+            while i < n {
+                let v = _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), m);
+                _mm256_storeu_ps(x.as_mut_ptr().add(i), exp8(v));
+                i += 8;
+            }
+        }
+        n
     }
 }
 

@@ -200,6 +200,57 @@ fn f16_round(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
+/// Quantizes consecutive 32-element blocks of `x` into `q`, `d`, `s`.
+fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_available() {
+        #[target_feature(enable = "avx2,fma")]
+        fn fast(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+            quantize_blocks_body(x, q, d, s);
+        }
+        // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
+        unsafe { fast(x, q, d, s) };
+        return;
+    }
+    quantize_blocks_body(x, q, d, s);
+}
+
+#[inline(always)]
+fn quantize_blocks_body(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (((xb, qb), db), sb) in x
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .zip(d)
+        .zip(s)
+    {
+        let mut amax = 0f32;
+        for v in xb {
+            let a = v.abs();
+            if a > amax {
+                amax = a;
+            }
+        }
+        let dd = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for (qv, v) in qb.iter_mut().zip(xb) {
+            // |v * id| <= 127 by construction of `id`.
+            #[allow(clippy::cast_possible_truncation)]
+            let qi = (v * id).round_ties_even() as i32;
+            sum += qi;
+            #[allow(clippy::cast_possible_truncation)]
+            {
+                *qv = qi as i8;
+            }
+        }
+        *db = f16_round(dd);
+        #[allow(clippy::cast_precision_loss)]
+        {
+            *sb = f16_round(dd * sum as f32);
+        }
+    }
+}
+
 /// Activation rows quantized to 8 bits in 32-element blocks.
 #[derive(Debug, Clone, Default)]
 pub struct ActivationsQ8 {
@@ -209,6 +260,8 @@ pub struct ActivationsQ8 {
     pub(crate) d: Vec<f32>,
     /// `d * Σq` per block, f16-rounded (meaningful for `Q8_1`).
     pub(crate) s: Vec<f32>,
+    /// `s` of each group of four rows, interleaved: `[group][block][row % 4]`.
+    pub(crate) s4: Vec<f32>,
 }
 
 impl ActivationsQ8 {
@@ -223,23 +276,22 @@ impl ActivationsQ8 {
         let mut qs = vec![0i8; total * BLOCK];
         let mut d = vec![0f32; total];
         let mut s = vec![0f32; total];
-        for (blk, xb) in x.chunks_exact(BLOCK).enumerate() {
-            let amax = xb.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let dd = amax / 127.0;
-            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, v) in qs[blk * BLOCK..(blk + 1) * BLOCK].iter_mut().zip(xb) {
-                let r = (v * id).round_ties_even();
-                // |v * id| <= 127 by construction of `id`.
-                #[allow(clippy::cast_possible_truncation)]
-                let qi = r as i32;
-                sum += qi;
-                *q = qi as i8;
-            }
-            d[blk] = f16_round(dd);
-            #[allow(clippy::cast_precision_loss)]
-            {
-                s[blk] = f16_round(dd * sum as f32);
+        const RUN: usize = 256;
+        if total >= 2 * RUN {
+            use rayon::prelude::*;
+            qs.par_chunks_mut(RUN * BLOCK)
+                .zip(x.par_chunks(RUN * BLOCK))
+                .zip(d.par_chunks_mut(RUN).zip(s.par_chunks_mut(RUN)))
+                .for_each(|((q, x), (d, s))| quantize_blocks(x, q, d, s));
+        } else {
+            quantize_blocks(x, &mut qs, &mut d, &mut s);
+        }
+        let mut s4 = vec![0f32; (rows / 4) * nb * 4];
+        for g in 0..rows / 4 {
+            for b in 0..nb {
+                for t in 0..4 {
+                    s4[(g * nb + b) * 4 + t] = s[(g * 4 + t) * nb + b];
+                }
             }
         }
         ActivationsQ8 {
@@ -248,6 +300,7 @@ impl ActivationsQ8 {
             qs,
             d,
             s,
+            s4,
         }
     }
 
