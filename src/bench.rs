@@ -65,8 +65,9 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
     }
     drop(engine);
 
-    // Owner checks and scrub-on-free: same workload, settings alternated, best of each.
-    let workload: Vec<Vec<u32>> = (0..4).map(decode_prompt).collect();
+    // Owner checks and scrub-on-free: the same batched workload with one
+    // setting changed, runs alternated (ABBA, so drift cancels), best of each.
+    let workload: Vec<Vec<u32>> = (0..8).map(decode_prompt).collect();
     // Returns the best total time with `config` and with `alter(config)`.
     let pair = |alter: &dyn Fn(&mut EngineConfig)| -> anyhow::Result<(f64, f64)> {
         let mut base = Vec::new();
@@ -77,9 +78,15 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
             Engine::start(Arc::clone(&model), &config),
             Engine::start(Arc::clone(&model), &other),
         );
-        for _ in 0..rounds + 2 {
-            base.push(timed_batch(&e0, &workload, 48)?.total.as_secs_f64());
-            changed.push(timed_batch(&e1, &workload, 48)?.total.as_secs_f64());
+        for i in 0..2 * rounds + 3 {
+            let order: [(&Engine, &mut Vec<f64>); 2] = if i % 2 == 0 {
+                [(&e0, &mut base), (&e1, &mut changed)]
+            } else {
+                [(&e1, &mut changed), (&e0, &mut base)]
+            };
+            for (engine, times) in order {
+                times.push(timed_batch(engine, &workload, 96)?.total.as_secs_f64());
+            }
         }
         Ok((min(&base), min(&changed)))
     };

@@ -11,11 +11,12 @@ use crate::GenerateRequest;
 use crate::detok::{Detokenizer, Piece};
 use crate::engine::EngineConfig;
 use crate::error::EngineError;
-use crate::forward::{BatchSeq, Numerics, Rope, forward};
+use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
 use bulkhead_kv::{
-    AdmissionError, Admitted, KvGeometry, KvPool, Limits, Owner, PageTable, PoolCounters, RequestId,
+    AdmissionError, Admitted, KvDtype, KvGeometry, KvPool, Limits, Owner, PageTable, PoolCounters,
+    RequestId,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -130,6 +131,7 @@ pub struct EngineCore {
     step_tokens: usize,
     waiting: VecDeque<Admitted<PendingRequest>>,
     running: Vec<Sequence>,
+    buffers: Buffers,
 }
 
 impl EngineCore {
@@ -141,6 +143,11 @@ impl EngineCore {
             kv_heads: c.kv_heads,
             head_dim: c.head_dim,
             page_size: config.page_size,
+            // llama.cpp keeps an f16 cache; the f32 reference keeps f32.
+            dtype: match config.numerics {
+                Numerics::LlamaCpp => KvDtype::F16,
+                Numerics::F32Reference => KvDtype::F32,
+            },
         };
         let pages = geometry.pages_for_budget(config.kv_budget_bytes);
         let mut pool = KvPool::new(geometry, pages, config.scrub_on_free);
@@ -159,6 +166,7 @@ impl EngineCore {
             step_tokens: config.step_tokens.max(1),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            buffers: Buffers::default(),
         }
     }
 
@@ -264,6 +272,7 @@ impl EngineCore {
             self.numerics,
             &mut self.pool,
             &batch,
+            &mut self.buffers,
         );
         drop(batch);
 
@@ -279,10 +288,11 @@ impl EngineCore {
             self.running[i].computed += len;
         }
         let tokenizer = model.tokenizer();
-        for (b, mut logits) in out.logits {
-            let seq = &mut self.running[plan[b].0];
+        let vocab = model.config.vocab;
+        for (b, logits) in out.logits.iter().zip(self.buffers.logits.chunks_mut(vocab)) {
+            let seq = &mut self.running[plan[*b].0];
             if !seq.done {
-                seq.accept(&mut logits, tokenizer);
+                seq.accept(logits, tokenizer);
             }
         }
         self.reap();
@@ -314,14 +324,15 @@ impl EngineCore {
                 self.numerics,
                 &mut self.pool,
                 &batch,
+                &mut self.buffers,
             );
             if let Some((_, v)) = out.violations.into_iter().next() {
                 self.pool.quarantine(&v);
                 result = Err(LogitsError::Engine(EngineError::Integrity(v)));
                 break;
             }
-            if let Some((_, logits)) = out.logits.into_iter().next() {
-                result = Ok(logits);
+            if !out.logits.is_empty() {
+                result = Ok(self.buffers.logits[..model.config.vocab].to_vec());
             }
             start += len;
         }

@@ -8,11 +8,11 @@
 
 use crate::gguf::{ModelConfig, Weights};
 use bulkhead_kernels::ops::{
-    MAX_HEAD_DIM, SumOrder, add_assign, attention_scores, attention_values, rms_norm, rope_pairs,
-    round_f16_slice, silu_mul, softmax_ggml,
+    KvElement, MAX_HEAD_DIM, SumOrder, add_assign, attention_scores, attention_values, rms_norm,
+    rope_pairs, round_f16_slice, silu_mul, softmax_ggml,
 };
 use bulkhead_kernels::{Matrix, Workspace};
-use bulkhead_kv::{KvPool, Owner, OwnerViolation, PageTable};
+use bulkhead_kv::{KvData, KvDtype, KvPool, Owner, OwnerViolation, PageTable, PageView};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -28,12 +28,39 @@ pub(crate) struct BatchSeq<'a> {
     pub(crate) want_logits: bool,
 }
 
+/// Activation buffers reused from step to step (no allocation, no page
+/// faults on the hot path). Contents are overwritten before they are read.
+#[derive(Debug, Default)]
+pub(crate) struct Buffers {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    hn: Vec<f32>,
+    /// Logits of the sequences listed in `ForwardOutput::logits`, in order.
+    pub(crate) logits: Vec<f32>,
+}
+
+/// The first `len` elements of `buf`, growing it if needed.
+fn take(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
+}
+
 /// What a forward pass produced.
 #[derive(Debug)]
 pub(crate) struct ForwardOutput {
-    /// `vocab` logits for each sequence that wanted them and was not
-    /// violated, in batch order: `(batch index, logits)`.
-    pub(crate) logits: Vec<(usize, Vec<f32>)>,
+    /// Batch indices of the sequences whose logits are in
+    /// `Buffers::logits` (`vocab` each, in this order): those that wanted
+    /// them and were not violated.
+    pub(crate) logits: Vec<usize>,
     /// Ownership violations, one per violated sequence: `(batch index, violation)`.
     pub(crate) violations: Vec<(usize, OwnerViolation)>,
 }
@@ -127,6 +154,7 @@ pub(crate) fn forward(
     numerics: Numerics,
     pool: &mut KvPool,
     batch: &[BatchSeq<'_>],
+    bufs: &mut Buffers,
 ) -> ForwardOutput {
     let (h, hd, kvd) = (c.hidden, c.head_dim, c.kv_heads * c.head_dim);
     let rows: Vec<(usize, usize)> = batch
@@ -135,26 +163,39 @@ pub(crate) fn forward(
         .flat_map(|(s, b)| (0..b.tokens.len()).map(move |i| (s, b.start + i)))
         .collect();
     let n = rows.len();
-    let mut x = vec![0f32; n * h];
+    let Buffers {
+        x,
+        xn,
+        q,
+        attn,
+        o,
+        k,
+        v,
+        gate,
+        up,
+        hn,
+        logits,
+    } = bufs;
+    let x = take(x, n * h);
     for (r, tok) in batch.iter().flat_map(|b| b.tokens).enumerate() {
         w.embed.row_f32(*tok as usize, &mut x[r * h..(r + 1) * h]);
     }
     let mut violated: Vec<Option<OwnerViolation>> = vec![None; batch.len()];
-    let (mut xn, mut q, mut attn, mut o) = (
-        vec![0f32; n * h],
-        vec![0f32; n * h],
-        vec![0f32; n * h],
-        vec![0f32; n * h],
+    let (xn, q, attn, o) = (
+        take(xn, n * h),
+        take(q, n * h),
+        take(attn, n * h),
+        take(o, n * h),
     );
-    let (mut k, mut v) = (vec![0f32; n * kvd], vec![0f32; n * kvd]);
-    let (mut gate, mut up) = (vec![0f32; n * c.ffn], vec![0f32; n * c.ffn]);
+    let (k, v) = (take(k, n * kvd), take(v, n * kvd));
+    let (gate, up) = (take(gate, n * c.ffn), take(up, n * c.ffn));
 
     for (l, lw) in w.layers.iter().enumerate() {
-        norm_rows(&x, &lw.attn_norm, c.rms_eps, &mut xn, h);
-        let mut ws = Workspace::new(&xn, n, h);
-        lw.wq.matmul(&mut ws, &mut q);
-        lw.wk.matmul(&mut ws, &mut k);
-        lw.wv.matmul(&mut ws, &mut v);
+        norm_rows(x, &lw.attn_norm, c.rms_eps, xn, h);
+        let mut ws = Workspace::new(xn, n, h);
+        lw.wq.matmul(&mut ws, q);
+        lw.wk.matmul(&mut ws, k);
+        lw.wv.matmul(&mut ws, v);
         for (r, &(s, pos)) in rows.iter().enumerate() {
             for head in q[r * h..(r + 1) * h].chunks_exact_mut(hd) {
                 rope.apply(head, pos);
@@ -183,6 +224,7 @@ pub(crate) fn forward(
         }
 
         let reader = pool.reader();
+        let dtype = pool.geometry().dtype;
         let group = c.heads / c.kv_heads;
         #[allow(clippy::cast_precision_loss)]
         let scale = 1.0 / (hd as f32).sqrt();
@@ -225,29 +267,14 @@ pub(crate) fn forward(
                         Err(e) => return Some((s, e)),
                     }
                 }
-                SCRATCH.with_borrow_mut(|scores| {
-                    scores.resize(n_pages * ps, 0.0);
-                    for (pi, view) in views.iter().enumerate() {
-                        let m = ps.min(n_ctx - pi * ps);
-                        attention_scores(
-                            qr,
-                            view.keys(kvh),
-                            ps,
-                            &mut scores[pi * ps..pi * ps + m],
-                            order,
-                        );
+                match dtype {
+                    KvDtype::F16 => {
+                        attend::<half::f16>(qr, &views, kvh, n_ctx, ps, scale, numerics, order, out)
                     }
-                    let sc = &mut scores[..n_ctx];
-                    for v in sc.iter_mut() {
-                        *v *= scale;
+                    KvDtype::F32 => {
+                        attend::<f32>(qr, &views, kvh, n_ctx, ps, scale, numerics, order, out)
                     }
-                    softmax_ggml(sc);
-                    if numerics == Numerics::LlamaCpp {
-                        round_f16_slice(sc);
-                    }
-                    let values: Vec<&[f32]> = views.iter().map(|v| v.values(kvh)).collect();
-                    attention_values(sc, &values, ps, out, order);
-                });
+                }
                 None
             })
             .collect();
@@ -255,18 +282,18 @@ pub(crate) fn forward(
             violated[s].get_or_insert(e);
         }
 
-        let mut ws = Workspace::new(&attn, n, h);
-        lw.wo.matmul(&mut ws, &mut o);
-        add_assign(&mut x, &o);
+        let mut ws = Workspace::new(attn, n, h);
+        lw.wo.matmul(&mut ws, o);
+        add_assign(x, o);
 
-        norm_rows(&x, &lw.ffn_norm, c.rms_eps, &mut xn, h);
-        let mut ws = Workspace::new(&xn, n, h);
-        lw.gate.matmul(&mut ws, &mut gate);
-        lw.up.matmul(&mut ws, &mut up);
-        silu_mul(&mut gate, &up);
-        let mut ws = Workspace::new(&gate, n, c.ffn);
-        lw.down.matmul(&mut ws, &mut o);
-        add_assign(&mut x, &o);
+        norm_rows(x, &lw.ffn_norm, c.rms_eps, xn, h);
+        let mut ws = Workspace::new(xn, n, h);
+        lw.gate.matmul(&mut ws, gate);
+        lw.up.matmul(&mut ws, up);
+        silu_mul(gate, up);
+        let mut ws = Workspace::new(gate, n, c.ffn);
+        lw.down.matmul(&mut ws, o);
+        add_assign(x, o);
     }
 
     // Logits only for the last row of each sequence that wants them.
@@ -278,10 +305,9 @@ pub(crate) fn forward(
             wanted.push((s, last_row - 1));
         }
     }
-    let mut logits = Vec::with_capacity(wanted.len());
     if !wanted.is_empty() {
         let m = wanted.len();
-        let mut hn = vec![0f32; m * h];
+        let hn = take(hn, m * h);
         for (i, (_, r)) in wanted.iter().enumerate() {
             rms_norm(
                 &x[r * h..(r + 1) * h],
@@ -291,18 +317,81 @@ pub(crate) fn forward(
             );
         }
         let head: &Matrix = w.output.as_ref().unwrap_or(&w.embed);
-        let mut out = vec![0f32; m * c.vocab];
-        head.matmul(&mut Workspace::new(&hn, m, h), &mut out);
-        for (i, (s, _)) in wanted.iter().enumerate() {
-            logits.push((*s, out[i * c.vocab..(i + 1) * c.vocab].to_vec()));
-        }
+        head.matmul(&mut Workspace::new(hn, m, h), take(logits, m * c.vocab));
     }
     let violations = violated
         .into_iter()
         .enumerate()
         .filter_map(|(s, v)| v.map(|v| (s, v)))
         .collect();
-    ForwardOutput { logits, violations }
+    ForwardOutput {
+        logits: wanted.into_iter().map(|(s, _)| s).collect(),
+        violations,
+    }
+}
+
+/// Page memory of one element type, as the pool hands it out.
+trait Element: KvElement {
+    fn slice(data: KvData<'_>) -> &[Self];
+}
+
+impl Element for f32 {
+    fn slice(data: KvData<'_>) -> &[f32] {
+        match data {
+            KvData::F32(s) => s,
+            KvData::F16(_) => &[],
+        }
+    }
+}
+
+impl Element for half::f16 {
+    fn slice(data: KvData<'_>) -> &[half::f16] {
+        match data {
+            KvData::F16(s) => s,
+            KvData::F32(_) => &[],
+        }
+    }
+}
+
+/// One query head's attention over checked pages `views`: scores, softmax,
+/// weighted values into `out`. The pool's element type is `E` (fixed when
+/// the pool is created; a mismatch yields empty slices, which the kernels'
+/// shape assertions reject).
+#[allow(clippy::too_many_arguments)]
+fn attend<E: Element>(
+    q: &[f32],
+    views: &[PageView<'_>],
+    kvh: usize,
+    n_ctx: usize,
+    ps: usize,
+    scale: f32,
+    numerics: Numerics,
+    order: SumOrder,
+    out: &mut [f32],
+) {
+    SCRATCH.with_borrow_mut(|scores| {
+        scores.resize(views.len() * ps, 0.0);
+        for (pi, view) in views.iter().enumerate() {
+            let m = ps.min(n_ctx - pi * ps);
+            attention_scores(
+                q,
+                E::slice(view.keys(kvh)),
+                ps,
+                &mut scores[pi * ps..pi * ps + m],
+                order,
+            );
+        }
+        let sc = &mut scores[..n_ctx];
+        for v in sc.iter_mut() {
+            *v *= scale;
+        }
+        softmax_ggml(sc);
+        if numerics == Numerics::LlamaCpp {
+            round_f16_slice(sc);
+        }
+        let values: Vec<&[E]> = views.iter().map(|v| E::slice(v.values(kvh))).collect();
+        attention_values(sc, &values, ps, out, order);
+    });
 }
 
 fn norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], h: usize) {

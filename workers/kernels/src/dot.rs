@@ -142,9 +142,9 @@ mod avx2 {
                 (WeightFormat::Q4_1, false) => tiles_madd::<Q41>(w, rows, a, out, stride),
                 (WeightFormat::Q4_0, false) => tiles_madd::<Q40>(w, rows, a, out, stride),
                 (WeightFormat::Q8_0, false) => tiles_madd::<Q80>(w, rows, a, out, stride),
-                (WeightFormat::Q4_1, true) => tiles_vnni::<Q41>(w, rows, a, out, stride),
-                (WeightFormat::Q4_0, true) => tiles_vnni::<Q40>(w, rows, a, out, stride),
-                (WeightFormat::Q8_0, true) => tiles_vnni::<Q80>(w, rows, a, out, stride),
+                (WeightFormat::Q4_1, true) => tiles_512::<Q41>(w, rows, a, out, stride),
+                (WeightFormat::Q4_0, true) => tiles_512::<Q40>(w, rows, a, out, stride),
+                (WeightFormat::Q8_0, true) => tiles_512::<Q80>(w, rows, a, out, stride),
             }
         }
     }
@@ -158,6 +158,8 @@ mod avx2 {
         /// Turns (weights, activations) into (unsigned, signed) byte vectors
         /// whose byte-wise products are the wanted products.
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i);
+        /// [`Kind::prep`] for two blocks side by side in 512 bits.
+        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i);
     }
 
     struct Q41;
@@ -185,6 +187,10 @@ mod avx2 {
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
             (x, y)
         }
+        #[inline(always)]
+        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
+            (x, y)
+        }
     }
 
     impl Kind for Q40 {
@@ -198,6 +204,10 @@ mod avx2 {
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
             unsafe { (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
         }
+        #[inline(always)]
+        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
+            unsafe { sign512(x, y) }
+        }
     }
 
     impl Kind for Q80 {
@@ -210,6 +220,22 @@ mod avx2 {
         #[inline(always)]
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
             unsafe { (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
+        }
+        #[inline(always)]
+        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
+            unsafe { sign512(x, y) }
+        }
+    }
+
+    /// `(|x|, y · sign(x))` bytewise: AVX-512 has no `vpsignb`.
+    #[inline(always)]
+    unsafe fn sign512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
+        unsafe {
+            let neg = _mm512_movepi8_mask(x);
+            (
+                _mm512_abs_epi8(x),
+                _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y),
+            )
         }
     }
 
@@ -243,6 +269,10 @@ mod avx2 {
     /// ggml's `ggml_vec_dot_q4_1_q8_1` (and its siblings) on AVX2.
     macro_rules! tile_kernel {
         ($name:ident, $tile:ident, $features:literal, $dot:ident) => {
+            tile_kernel!(@driver $name, $tile, $features);
+            tile_kernel!(@tile $tile, $features, $dot);
+        };
+        (@driver $name:ident, $tile:ident, $features:literal) => {
             #[target_feature(enable = $features)]
             unsafe fn $name<K: Kind>(
                 w: &WeightsQ,
@@ -281,6 +311,8 @@ mod avx2 {
                 }
             }
 
+        };
+        (@tile $tile:ident, $features:literal, $dot:ident) => {
             /// `WR` weight rows from `j` by `AR` activation rows from `r`.
             #[target_feature(enable = $features)]
             unsafe fn $tile<K: Kind, const WR: usize, const AR: usize>(
@@ -353,10 +385,133 @@ mod avx2 {
     }
 
     tile_kernel!(tiles_madd, tile_madd, "avx2,fma,f16c", dot_madd);
-    tile_kernel!(
-        tiles_vnni,
-        tile_vnni,
-        "avx2,fma,f16c,avx512vnni,avx512vl",
-        dot_vnni
-    );
+
+    /// The AVX-512 driver: activation rows in eights (two per 512-bit
+    /// register), the remainder through the 256-bit VNNI tiles.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+    unsafe fn tiles_512<K: Kind>(
+        w: &WeightsQ,
+        rows: std::ops::Range<usize>,
+        a: &ActivationsQ8,
+        out: OutPtr,
+        stride: usize,
+    ) {
+        let n_act = a.rows();
+        let full = n_act / 8 * 8;
+        // SAFETY: every call stays inside `rows` and the activation rows.
+        unsafe {
+            let mut j = rows.start;
+            while j + 2 <= rows.end {
+                let mut r = 0;
+                while r < full {
+                    tile512::<K, 2>(w, j, a, r, out, stride);
+                    r += 8;
+                }
+                while r + 4 <= n_act {
+                    tile_vnni::<K, 2, 4>(w, j, a, r, out, stride);
+                    r += 4;
+                }
+                while r < n_act {
+                    tile_vnni::<K, 2, 1>(w, j, a, r, out, stride);
+                    r += 1;
+                }
+                j += 2;
+            }
+            if j < rows.end {
+                let mut r = 0;
+                while r < full {
+                    tile512::<K, 1>(w, j, a, r, out, stride);
+                    r += 8;
+                }
+                while r + 4 <= n_act {
+                    tile_vnni::<K, 1, 4>(w, j, a, r, out, stride);
+                    r += 4;
+                }
+                while r < n_act {
+                    tile_vnni::<K, 1, 1>(w, j, a, r, out, stride);
+                    r += 1;
+                }
+            }
+        }
+    }
+
+    /// `WR` weight rows from `j` by eight activation rows from `r`; each
+    /// 512-bit accumulator holds the 8-lane accumulators of two outputs
+    /// (rows `r + 2p` and `r + 2p + 1`), each summed exactly as in 256 bits.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+    unsafe fn tile512<K: Kind, const WR: usize>(
+        w: &WeightsQ,
+        j: usize,
+        a: &ActivationsQ8,
+        r: usize,
+        out: OutPtr,
+        stride: usize,
+    ) {
+        const PAIRS: usize = 4;
+        let nb = w.blocks_per_row();
+        let (wq, wd, wm) = (w.qs().as_ptr(), w.d().as_ptr(), w.m().as_ptr());
+        let (aq, ad) = (a.qs.as_ptr(), a.d.as_ptr());
+        // SAFETY (whole body): indices stay below rows x blocks of the
+        // weights and activations, whose lengths the types establish.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); PAIRS]; WR];
+            let mut summs4 = [[_mm_setzero_ps(); 2]; WR];
+            let s4 = [
+                a.s4.as_ptr().add((r / 4) * nb * 4),
+                a.s4.as_ptr().add((r / 4 + 1) * nb * 4),
+            ];
+            for b in 0..nb {
+                let mut x = [_mm512_setzero_si512(); WR];
+                let mut dw = [_mm512_setzero_ps(); WR];
+                for u in 0..WR {
+                    let wb = (j + u) * nb + b;
+                    x[u] = _mm512_broadcast_i64x4(K::load(wq.add(wb * K::QBYTES)));
+                    dw[u] = _mm512_set1_ps(*wd.add(wb));
+                }
+                for p in 0..PAIRS {
+                    let (a0, a1) = ((r + 2 * p) * nb + b, (r + 2 * p + 1) * nb + b);
+                    let y = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_loadu_si256(aq.add(a0 * BLOCK).cast())),
+                        _mm256_loadu_si256(aq.add(a1 * BLOCK).cast()),
+                        1,
+                    );
+                    let da = _mm512_insertf32x8(
+                        _mm512_castps256_ps512(_mm256_set1_ps(*ad.add(a0))),
+                        _mm256_set1_ps(*ad.add(a1)),
+                        1,
+                    );
+                    for u in 0..WR {
+                        let (ux, sy) = K::prep512(x[u], y);
+                        let prod =
+                            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ux, sy));
+                        acc[u][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[u], da), prod, acc[u][p]);
+                    }
+                }
+                if K::HAS_MIN {
+                    for u in 0..WR {
+                        let m = _mm_set1_ps(*wm.add((j + u) * nb + b));
+                        for g in 0..2 {
+                            summs4[u][g] =
+                                _mm_fmadd_ps(m, _mm_loadu_ps(s4[g].add(b * 4)), summs4[u][g]);
+                        }
+                    }
+                }
+            }
+            for u in 0..WR {
+                let mut m = [0f32; 8];
+                _mm_storeu_ps(m.as_mut_ptr(), summs4[u][0]);
+                _mm_storeu_ps(m.as_mut_ptr().add(4), summs4[u][1]);
+                for p in 0..PAIRS {
+                    let lo = _mm512_castps512_ps256(acc[u][p]);
+                    let hi = _mm512_extractf32x8_ps(acc[u][p], 1);
+                    let (t0, t1) = (2 * p, 2 * p + 1);
+                    let m0 = if K::HAS_MIN { m[t0] } else { 0.0 };
+                    let m1 = if K::HAS_MIN { m[t1] } else { 0.0 };
+                    out.write((r + t0) * stride + j + u, hsum(lo) + m0);
+                    out.write((r + t1) * stride + j + u, hsum(hi) + m1);
+                }
+            }
+        }
+    }
+    tile_kernel!(@tile tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", dot_vnni);
 }

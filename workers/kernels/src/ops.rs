@@ -120,49 +120,90 @@ impl SumOrder {
 /// Largest head dimension the engine's attention supports.
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// An element type of KV page memory: `f32`, or `half::f16` as llama.cpp's
+/// default cache stores keys and values.
+pub trait KvElement: Copy + Send + Sync + 'static {
+    /// Whether the element is an IEEE half (selects the SIMD loads).
+    const IS_F16: bool;
+    /// The value as f32 (exact for both types).
+    fn to_f32(self) -> f32;
+}
+
+impl KvElement for f32 {
+    const IS_F16: bool = false;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElement for half::f16 {
+    const IS_F16: bool = true;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
 /// Attention scores of one query against one page of keys stored
 /// dimension-major (`[dim][width]`): `out[t] = Σ_d q[d] · k[d, t]` for
 /// `t < out.len()`, summed in `order` (dimension `d` into lane `d % lanes`).
 /// Slots past `out.len()` are never read.
-pub fn attention_scores(q: &[f32], k: &[f32], width: usize, out: &mut [f32], order: SumOrder) {
+pub fn attention_scores<E: KvElement>(
+    q: &[f32],
+    k: &[E],
+    width: usize,
+    out: &mut [f32],
+    order: SumOrder,
+) {
     assert!(
         k.len() >= q.len() * width && out.len() <= width,
         "attention_scores shapes"
     );
     let mut t0 = 0;
     #[cfg(target_arch = "x86_64")]
+    if attn_avx512::available() {
+        while t0 < out.len() {
+            let len = 16.min(out.len() - t0);
+            // SAFETY: AVX-512 is present; the masked loads read only slots
+            // t0..t0 + len < width of rows inside `k`.
+            unsafe {
+                attn_avx512::scores16(q, k.as_ptr(), width, t0, len, order, out[t0..].as_mut_ptr())
+            };
+            t0 += len;
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::simd_available() {
         while t0 + 8 <= out.len() {
-            // SAFETY: AVX2 and FMA are present; rows `d * width + t0 .. + 8`
-            // lie inside `k` because t0 + 8 <= out.len() <= width.
+            // SAFETY: AVX2, FMA and F16C are present; rows `d * width + t0
+            // .. + 8` lie inside `k` because t0 + 8 <= out.len() <= width.
             unsafe { attn_avx2::scores8(q, k.as_ptr(), width, t0, order, out[t0..].as_mut_ptr()) };
             t0 += 8;
         }
     }
-    scores_tail(q, k, width, t0, out, order);
-}
-
-multiversion! {
-    /// The scores of tokens `t0..` one at a time (the page's partial tail).
-    fn scores_tail(q: &[f32], k: &[f32], width: usize, t0: usize, out: &mut [f32], order: SumOrder) {
-        let lanes = order.lanes();
-        for t in t0..out.len() {
-            let mut acc = [0f32; LANES];
-            for (d, qd) in q.iter().enumerate() {
-                let kv = k[d * width + t];
-                acc[d % lanes] = if d < lanes { qd * kv } else { qd.mul_add(kv, acc[d % lanes]) };
-            }
-            out[t] = order.combine(&acc);
+    let lanes = order.lanes();
+    for t in t0..out.len() {
+        let mut acc = [0f32; LANES];
+        for (d, qd) in q.iter().enumerate() {
+            let kv = k[d * width + t].to_f32();
+            acc[d % lanes] = if d < lanes {
+                qd * kv
+            } else {
+                qd.mul_add(kv, acc[d % lanes])
+            };
         }
+        out[t] = order.combine(&acc);
     }
 }
 
 /// Attention output of one query head: `out[d] = Σ_t p[t] · v_t[d]` over the
 /// pages `values` (each `[width][head_dim]`, token-major), summed in `order`
 /// (token `t` into lane `t % lanes`). Only tokens `t < p.len()` are read.
-pub fn attention_values(
+pub fn attention_values<E: KvElement>(
     p: &[f32],
-    values: &[&[f32]],
+    values: &[&[E]],
     width: usize,
     out: &mut [f32],
     order: SumOrder,
@@ -172,41 +213,185 @@ pub fn attention_values(
         values.len() * width >= p.len() && values.iter().all(|v| v.len() >= width * hd),
         "attention_values shapes"
     );
+    // Row of each token, computed once (no division in the inner loops).
+    let rows: Vec<&[E]> = (0..p.len())
+        .map(|t| &values[t / width][(t % width) * hd..(t % width + 1) * hd])
+        .collect();
     let mut d0 = 0;
     #[cfg(target_arch = "x86_64")]
-    if crate::simd_available() {
-        // Row of each token, computed once (no division in the inner loops).
-        let rows: Vec<*const f32> = (0..p.len())
-            .map(|t| values[t / width][(t % width) * hd..].as_ptr())
-            .collect();
-        while d0 + 8 <= hd {
-            // SAFETY: AVX2 and FMA are present; every row holds hd >= d0 + 8 values.
-            unsafe { attn_avx2::values8(p, &rows, d0, order, out[d0..].as_mut_ptr()) };
-            d0 += 8;
+    {
+        let ptrs: Vec<*const E> = rows.iter().map(|r| r.as_ptr()).collect();
+        if attn_avx512::available() {
+            while d0 + 16 <= hd {
+                // SAFETY: AVX-512 is present; every row holds hd >= d0 + 16 values.
+                unsafe { attn_avx512::values16(p, &ptrs, d0, order, out[d0..].as_mut_ptr()) };
+                d0 += 16;
+            }
+        }
+        if crate::simd_available() {
+            while d0 + 8 <= hd {
+                // SAFETY: AVX2, FMA and F16C are present; every row holds hd >= d0 + 8 values.
+                unsafe { attn_avx2::values8(p, &ptrs, d0, order, out[d0..].as_mut_ptr()) };
+                d0 += 8;
+            }
         }
     }
-    values_tail(p, values, width, d0, out, order);
+    let lanes = order.lanes();
+    for d in d0..hd {
+        let mut acc = [0f32; LANES];
+        for (t, pt) in p.iter().enumerate() {
+            let v = rows[t][d].to_f32();
+            acc[t % lanes] = if t < lanes {
+                pt * v
+            } else {
+                pt.mul_add(v, acc[t % lanes])
+            };
+        }
+        out[d] = order.combine(&acc);
+    }
 }
 
-multiversion! {
-    /// The output dimensions `d0..` one at a time (when `head_dim % 8 != 0`).
-    fn values_tail(p: &[f32], values: &[&[f32]], width: usize, d0: usize, out: &mut [f32], order: SumOrder) {
-        let (hd, lanes) = (out.len(), order.lanes());
-        for d in d0..hd {
-            let mut acc = [0f32; LANES];
-            for (t, pt) in p.iter().enumerate() {
-                let v = values[t / width][(t % width) * hd + d];
-                acc[t % lanes] = if t < lanes { pt * v } else { pt.mul_add(v, acc[t % lanes]) };
+#[cfg(target_arch = "x86_64")]
+mod attn_avx512 {
+    use super::{KvElement, SumOrder};
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    /// Whether AVX-512 F/BW/VL is available (checked once).
+    pub(super) fn available() -> bool {
+        static AVX512: OnceLock<bool> = OnceLock::new();
+        *AVX512.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("fma")
+        })
+    }
+
+    /// Sixteen elements from `p` as f32; masked-off elements are not read.
+    #[inline(always)]
+    unsafe fn load<E: KvElement>(p: *const E, mask: __mmask16) -> __m512 {
+        unsafe {
+            if E::IS_F16 {
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast()))
+            } else {
+                _mm512_maskz_loadu_ps(mask, p.cast())
             }
-            out[d] = order.combine(&acc);
+        }
+    }
+
+    /// As the AVX2 `reduce`, sixteen outputs at once.
+    #[inline(always)]
+    unsafe fn reduce(order: SumOrder, lane: &[__m512; 64]) -> __m512 {
+        unsafe {
+            let mut x = [_mm512_setzero_ps(); 16];
+            for j in 0..16 {
+                x[j] = match order {
+                    SumOrder::Sgemm => lane[j],
+                    SumOrder::VecDot => _mm512_add_ps(
+                        _mm512_add_ps(lane[j], lane[32 + j]),
+                        _mm512_add_ps(lane[16 + j], lane[48 + j]),
+                    ),
+                };
+            }
+            let mut t3 = [_mm512_setzero_ps(); 8];
+            for i in 0..8 {
+                t3[i] = _mm512_add_ps(x[i + 8], x[i]);
+            }
+            let mut t6 = [_mm512_setzero_ps(); 4];
+            for i in 0..4 {
+                t6[i] = _mm512_add_ps(t3[i + 4], t3[i]);
+            }
+            _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]))
+        }
+    }
+
+    /// Scores of tokens `t0..t0 + len` (len <= 16) of the page at `k`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn scores16<E: KvElement>(
+        q: &[f32],
+        k: *const E,
+        width: usize,
+        t0: usize,
+        len: usize,
+        order: SumOrder,
+        out: *mut f32,
+    ) {
+        let lanes = order.lanes();
+        let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
+        let mut lane = [_mm512_setzero_ps(); 64];
+        // SAFETY: the caller guarantees slots t0..t0 + len of every row exist.
+        unsafe {
+            for l in 0..lanes.min(q.len()) {
+                let mut a = _mm512_mul_ps(
+                    _mm512_set1_ps(*q.get_unchecked(l)),
+                    load(k.add(l * width + t0), mask),
+                );
+                let mut d = l + lanes;
+                while d < q.len() {
+                    a = _mm512_fmadd_ps(
+                        _mm512_set1_ps(*q.get_unchecked(d)),
+                        load(k.add(d * width + t0), mask),
+                        a,
+                    );
+                    d += lanes;
+                }
+                lane[l] = a;
+            }
+            _mm512_mask_storeu_ps(out, mask, reduce(order, &lane));
+        }
+    }
+
+    /// Sixteen output dimensions `d0..d0 + 16` of the weighted sum of values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn values16<E: KvElement>(
+        p: &[f32],
+        rows: &[*const E],
+        d0: usize,
+        order: SumOrder,
+        out: *mut f32,
+    ) {
+        let lanes = order.lanes();
+        let mut lane = [_mm512_setzero_ps(); 64];
+        // SAFETY: the caller guarantees every row read exists.
+        unsafe {
+            for l in 0..lanes.min(p.len()) {
+                let mut a = _mm512_mul_ps(
+                    _mm512_set1_ps(*p.get_unchecked(l)),
+                    load(rows.get_unchecked(l).add(d0), 0xFFFF),
+                );
+                let mut t = l + lanes;
+                while t < p.len() {
+                    a = _mm512_fmadd_ps(
+                        _mm512_set1_ps(*p.get_unchecked(t)),
+                        load(rows.get_unchecked(t).add(d0), 0xFFFF),
+                        a,
+                    );
+                    t += lanes;
+                }
+                lane[l] = a;
+            }
+            _mm512_storeu_ps(out, reduce(order, &lane));
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod attn_avx2 {
-    use super::SumOrder;
+    use super::{KvElement, SumOrder};
     use std::arch::x86_64::*;
+
+    /// Eight elements from `p` as f32.
+    #[inline(always)]
+    unsafe fn load<E: KvElement>(p: *const E) -> __m256 {
+        unsafe {
+            if E::IS_F16 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+            } else {
+                _mm256_loadu_ps(p.cast())
+            }
+        }
+    }
 
     /// Reduces the library's partial sums (`lane[l]`, eight outputs at
     /// once) in `order`; see [`SumOrder::combine`].
@@ -236,10 +421,10 @@ mod attn_avx2 {
     }
 
     /// Eight scores, tokens `t0..t0 + 8` of the page at `k`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores8(
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scores8<E: KvElement>(
         q: &[f32],
-        k: *const f32,
+        k: *const E,
         width: usize,
         t0: usize,
         order: SumOrder,
@@ -252,13 +437,13 @@ mod attn_avx2 {
             for l in 0..lanes.min(q.len()) {
                 let mut a = _mm256_mul_ps(
                     _mm256_set1_ps(*q.get_unchecked(l)),
-                    _mm256_loadu_ps(k.add(l * width + t0)),
+                    load(k.add(l * width + t0)),
                 );
                 let mut d = l + lanes;
                 while d < q.len() {
                     a = _mm256_fmadd_ps(
                         _mm256_set1_ps(*q.get_unchecked(d)),
-                        _mm256_loadu_ps(k.add(d * width + t0)),
+                        load(k.add(d * width + t0)),
                         a,
                     );
                     d += lanes;
@@ -270,10 +455,10 @@ mod attn_avx2 {
     }
 
     /// Eight output dimensions `d0..d0 + 8` of the weighted sum of values.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn values8(
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn values8<E: KvElement>(
         p: &[f32],
-        rows: &[*const f32],
+        rows: &[*const E],
         d0: usize,
         order: SumOrder,
         out: *mut f32,
@@ -285,13 +470,13 @@ mod attn_avx2 {
             for l in 0..lanes.min(p.len()) {
                 let mut a = _mm256_mul_ps(
                     _mm256_set1_ps(*p.get_unchecked(l)),
-                    _mm256_loadu_ps(rows.get_unchecked(l).add(d0)),
+                    load(rows.get_unchecked(l).add(d0)),
                 );
                 let mut t = l + lanes;
                 while t < p.len() {
                     a = _mm256_fmadd_ps(
                         _mm256_set1_ps(*p.get_unchecked(t)),
-                        _mm256_loadu_ps(rows.get_unchecked(t).add(d0)),
+                        load(rows.get_unchecked(t).add(d0)),
                         a,
                     );
                     t += lanes;

@@ -25,6 +25,6 @@ mod pool;
 pub use admission::{AdmissionError, Admitted, Limits};
 pub use ids::{Generation, Owner, PageId, RequestId, TenantId};
 pub use pool::{
-    KvGeometry, KvPool, OwnerChecks, OwnerViolation, PageReader, PageRef, PageTable, PageTag,
-    PageView, PoolCounters, PoolExhausted,
+    KvData, KvDtype, KvGeometry, KvPool, OwnerChecks, OwnerViolation, PageReader, PageRef,
+    PageTable, PageTag, PageView, PoolCounters, PoolExhausted,
 };

@@ -2,6 +2,7 @@
 
 use crate::admission::Admitted;
 use crate::ids::{Generation, Owner, PageId};
+use half::f16;
 
 /// Shape of the KV memory: what one page holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,17 +15,54 @@ pub struct KvGeometry {
     pub head_dim: usize,
     /// Tokens per page.
     pub page_size: usize,
+    /// How each key or value is stored.
+    pub dtype: KvDtype,
+}
+
+/// The element type of page memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// IEEE half precision, as llama.cpp's default KV cache.
+    F16,
+    /// Single precision.
+    F32,
+}
+
+/// One head's keys or values in a page, in the pool's element type.
+#[derive(Debug, Clone, Copy)]
+pub enum KvData<'a> {
+    /// Half-precision elements.
+    F16(&'a [f16]),
+    /// Single-precision elements.
+    F32(&'a [f32]),
+}
+
+/// Page memory of every layer, keys and values, in one element type.
+#[derive(Debug)]
+enum Planes {
+    F16 {
+        keys: Vec<Vec<f16>>,
+        values: Vec<Vec<f16>>,
+    },
+    F32 {
+        keys: Vec<Vec<f32>>,
+        values: Vec<Vec<f32>>,
+    },
 }
 
 impl KvGeometry {
-    /// f32 values of one page in one layer, for keys or for values.
+    /// Elements of one page in one layer, for keys or for values.
     fn floats_per_layer_page(&self) -> usize {
         self.kv_heads * self.head_dim * self.page_size
     }
 
     /// Bytes one page takes across all layers, keys and values.
     pub fn bytes_per_page(&self) -> usize {
-        self.layers * 2 * self.floats_per_layer_page() * std::mem::size_of::<f32>()
+        let elem = match self.dtype {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        };
+        self.layers * 2 * self.floats_per_layer_page() * elem
     }
 
     /// Pages that fit in `bytes`.
@@ -123,8 +161,7 @@ pub struct KvPool {
     next_generation: Generation,
     /// Owned pages to quarantine when their owner releases them.
     pending_quarantine: Vec<PageId>,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    planes: Planes,
     scrub_on_free: bool,
     checks: OwnerChecks,
     allocations: u64,
@@ -141,8 +178,9 @@ pub struct PageReader<'a> {
 /// One layer's keys and values of one page, after its tag was checked.
 #[derive(Debug, Clone, Copy)]
 pub struct PageView<'a> {
-    keys: &'a [f32],
-    values: &'a [f32],
+    pool: &'a KvPool,
+    layer: usize,
+    base: usize,
     head_floats: usize,
 }
 
@@ -162,8 +200,20 @@ impl KvPool {
             free: (0..pages).rev().map(PageId::from_index).collect(),
             next_generation: Generation::FIRST,
             pending_quarantine: Vec::new(),
-            keys: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
-            values: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
+            planes: match geometry.dtype {
+                KvDtype::F16 => Planes::F16 {
+                    keys: (0..geometry.layers)
+                        .map(|_| vec![f16::ZERO; floats])
+                        .collect(),
+                    values: (0..geometry.layers)
+                        .map(|_| vec![f16::ZERO; floats])
+                        .collect(),
+                },
+                KvDtype::F32 => Planes::F32 {
+                    keys: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
+                    values: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
+                },
+            },
             scrub_on_free,
             checks: OwnerChecks::Enforced,
             allocations: 0,
@@ -297,17 +347,31 @@ impl KvPool {
         let r = table.pages[pos / g.page_size];
         self.check(table.owner, r)?;
         let slot = pos % g.page_size;
-        let base = r.page.index() * g.floats_per_layer_page();
-        let keys = &mut self.keys[layer][base..base + g.floats_per_layer_page()];
-        for h in 0..g.kv_heads {
-            for d in 0..g.head_dim {
-                keys[(h * g.head_dim + d) * g.page_size + slot] = k[h * g.head_dim + d];
+        let n = g.floats_per_layer_page();
+        let base = r.page.index() * n;
+        match &mut self.planes {
+            Planes::F16 { keys, values } => {
+                scatter(
+                    &mut keys[layer][base..base + n],
+                    &mut values[layer][base..base + n],
+                    g,
+                    slot,
+                    k,
+                    v,
+                    f16::from_f32,
+                );
             }
-        }
-        let values = &mut self.values[layer][base..base + g.floats_per_layer_page()];
-        for h in 0..g.kv_heads {
-            let at = (h * g.page_size + slot) * g.head_dim;
-            values[at..at + g.head_dim].copy_from_slice(&v[h * g.head_dim..(h + 1) * g.head_dim]);
+            Planes::F32 { keys, values } => {
+                scatter(
+                    &mut keys[layer][base..base + n],
+                    &mut values[layer][base..base + n],
+                    g,
+                    slot,
+                    k,
+                    v,
+                    |x| x,
+                );
+            }
         }
         Ok(())
     }
@@ -339,8 +403,42 @@ impl KvPool {
     fn scrub(&mut self, page: PageId) {
         let n = self.geometry.floats_per_layer_page();
         let base = page.index() * n;
-        for layer in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            layer[base..base + n].fill(0.0);
+        match &mut self.planes {
+            Planes::F16 { keys, values } => {
+                for layer in keys.iter_mut().chain(values.iter_mut()) {
+                    layer[base..base + n].fill(f16::ZERO);
+                }
+            }
+            Planes::F32 { keys, values } => {
+                for layer in keys.iter_mut().chain(values.iter_mut()) {
+                    layer[base..base + n].fill(0.0);
+                }
+            }
+        }
+    }
+}
+
+/// Writes one token into a page: keys dimension-major (`[head][dim][slot]`),
+/// values token-major (`[head][slot][dim]`).
+fn scatter<T: Copy>(
+    keys: &mut [T],
+    values: &mut [T],
+    g: KvGeometry,
+    slot: usize,
+    k: &[f32],
+    v: &[f32],
+    conv: impl Fn(f32) -> T,
+) {
+    for h in 0..g.kv_heads {
+        for d in 0..g.head_dim {
+            keys[(h * g.head_dim + d) * g.page_size + slot] = conv(k[h * g.head_dim + d]);
+        }
+        let at = (h * g.page_size + slot) * g.head_dim;
+        for (dst, src) in values[at..at + g.head_dim]
+            .iter_mut()
+            .zip(&v[h * g.head_dim..(h + 1) * g.head_dim])
+        {
+            *dst = conv(*src);
         }
     }
 }
@@ -356,11 +454,10 @@ impl<'a> PageReader<'a> {
     ) -> Result<PageView<'a>, OwnerViolation> {
         self.pool.check(owner, r)?;
         let g = self.pool.geometry;
-        let n = g.floats_per_layer_page();
-        let base = r.page.index() * n;
         Ok(PageView {
-            keys: &self.pool.keys[layer][base..base + n],
-            values: &self.pool.values[layer][base..base + n],
+            pool: self.pool,
+            layer,
+            base: r.page.index() * g.floats_per_layer_page(),
             head_floats: g.head_dim * g.page_size,
         })
     }
@@ -368,13 +465,23 @@ impl<'a> PageReader<'a> {
 
 impl<'a> PageView<'a> {
     /// Keys of `kv_head`, dimension-major: `[head_dim][page_size]`.
-    pub fn keys(&self, kv_head: usize) -> &'a [f32] {
-        &self.keys[kv_head * self.head_floats..(kv_head + 1) * self.head_floats]
+    pub fn keys(&self, kv_head: usize) -> KvData<'a> {
+        let at =
+            self.base + kv_head * self.head_floats..self.base + (kv_head + 1) * self.head_floats;
+        match &self.pool.planes {
+            Planes::F16 { keys, .. } => KvData::F16(&keys[self.layer][at]),
+            Planes::F32 { keys, .. } => KvData::F32(&keys[self.layer][at]),
+        }
     }
 
     /// Values of `kv_head`, token-major: `[page_size][head_dim]`.
-    pub fn values(&self, kv_head: usize) -> &'a [f32] {
-        &self.values[kv_head * self.head_floats..(kv_head + 1) * self.head_floats]
+    pub fn values(&self, kv_head: usize) -> KvData<'a> {
+        let at =
+            self.base + kv_head * self.head_floats..self.base + (kv_head + 1) * self.head_floats;
+        match &self.pool.planes {
+            Planes::F16 { values, .. } => KvData::F16(&values[self.layer][at]),
+            Planes::F32 { values, .. } => KvData::F32(&values[self.layer][at]),
+        }
     }
 }
 
@@ -420,6 +527,7 @@ mod tests {
         kv_heads: 1,
         head_dim: 4,
         page_size: 2,
+        dtype: KvDtype::F32,
     };
 
     fn owner(t: u64, r: u64) -> Owner {
