@@ -51,11 +51,11 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
     let prefill_prompt = prompts.get(0, args.prefill_tokens);
     let decode_prompt = |i: usize| prompts.get(i, args.decode_prompt_tokens);
 
-    let engine = Engine::start(Arc::clone(&model), &config);
+    let engine = Engine::start(Arc::clone(&model), &config)?;
     let mut prefill = Vec::new();
     let mut decode = [Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..rounds {
-        let t = timed_batch(&engine, &[prefill_prompt.clone()], 1)?;
+        let t = timed_batch(&engine, std::slice::from_ref(&prefill_prompt), 1)?;
         prefill.push(per_sec(args.prefill_tokens, t.first_token));
         for (slot, b) in [1usize, 4, 16].into_iter().enumerate() {
             let ps: Vec<Vec<u32>> = (0..b).map(decode_prompt).collect();
@@ -75,8 +75,8 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
         let mut other = config.clone();
         alter(&mut other);
         let (e0, e1) = (
-            Engine::start(Arc::clone(&model), &config),
-            Engine::start(Arc::clone(&model), &other),
+            Engine::start(Arc::clone(&model), &config)?,
+            Engine::start(Arc::clone(&model), &other)?,
         );
         for i in 0..2 * rounds + 3 {
             let order: [(&Engine, &mut Vec<f64>); 2] = if i % 2 == 0 {

@@ -63,7 +63,7 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         (None, None) => bail!("give --prompt or --raw"),
     };
     let prompt = model.tokenizer().encode(&text)?;
-    let engine = Engine::start(Arc::clone(&model), &args.model.engine_config());
+    let engine = Engine::start(Arc::clone(&model), &args.model.engine_config())?;
     let request = GenerateRequest {
         prompt: prompt.clone(),
         sampling: SamplingParams {

@@ -104,6 +104,10 @@ fn bad_input_gets_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("max_tokens must be at least 1"));
 
+    let out = bulkhead(&["generate", "--raw", "hi", "--kv-budget-mib", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("holds no page"));
+
     let out = bulkhead(&["generate", "--raw", "hi", "--max-tokens", "100000"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("exceeds the context window"));

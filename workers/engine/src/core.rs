@@ -10,10 +10,11 @@
 use crate::GenerateRequest;
 use crate::detok::{Detokenizer, Piece};
 use crate::engine::EngineConfig;
-use crate::error::EngineError;
+use crate::error::{ConfigError, EngineError};
 use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
+use bulkhead_kernels::ops::MAX_HEAD_DIM;
 use bulkhead_kv::{
     AdmissionError, Admitted, KvDtype, KvGeometry, KvPool, Limits, Owner, PageTable, PoolCounters,
     RequestId,
@@ -136,8 +137,14 @@ pub struct EngineCore {
 
 impl EngineCore {
     /// Builds the engine state and its KV pool from `config`.
-    pub fn new(model: Arc<ModelFile>, config: &EngineConfig) -> Self {
+    pub fn new(model: Arc<ModelFile>, config: &EngineConfig) -> Result<Self, ConfigError> {
         let c = model.config();
+        if config.page_size == 0 || config.page_size > 256 {
+            return Err(ConfigError::PageSize(config.page_size));
+        }
+        if c.head_dim > MAX_HEAD_DIM {
+            return Err(ConfigError::HeadDim(c.head_dim, MAX_HEAD_DIM));
+        }
         let geometry = KvGeometry {
             layers: c.layers,
             kv_heads: c.kv_heads,
@@ -150,6 +157,12 @@ impl EngineCore {
             },
         };
         let pages = geometry.pages_for_budget(config.kv_budget_bytes);
+        if pages == 0 {
+            return Err(ConfigError::NoPages {
+                budget: config.kv_budget_bytes,
+                page_bytes: geometry.bytes_per_page(),
+            });
+        }
         let mut pool = KvPool::new(geometry, pages, config.scrub_on_free);
         pool.set_owner_checks(config.owner_checks);
         let limits = Limits {
@@ -157,7 +170,7 @@ impl EngineCore {
             pool_tokens: pool.capacity_tokens(),
             page_size: config.page_size,
         };
-        EngineCore {
+        Ok(EngineCore {
             rope: Rope::new(c, config.numerics),
             numerics: config.numerics,
             model,
@@ -167,7 +180,7 @@ impl EngineCore {
             waiting: VecDeque::new(),
             running: Vec::new(),
             buffers: Buffers::default(),
-        }
+        })
     }
 
     /// What one request may hold.

@@ -4,6 +4,7 @@
 
 use crate::GenerateRequest;
 use crate::core::{EngineCore, PendingRequest, SeqEvent};
+use crate::error::ConfigError;
 use crate::forward::Numerics;
 use crate::gguf::{ModelConfig, ModelFile};
 use crate::tokenizer::Tokenizer;
@@ -102,12 +103,12 @@ pub struct RequestHandle {
 }
 
 impl Engine {
-    /// Starts the engine thread.
+    /// Checks `config` against the model and starts the engine thread.
     ///
     /// # Panics
     /// If the OS refuses to create threads.
-    pub fn start(model: Arc<ModelFile>, config: &EngineConfig) -> Self {
-        let mut core = EngineCore::new(Arc::clone(&model), config);
+    pub fn start(model: Arc<ModelFile>, config: &EngineConfig) -> Result<Self, ConfigError> {
+        let mut core = EngineCore::new(Arc::clone(&model), config)?;
         let info = EngineInfo {
             model: model.config().clone(),
             limits: core.limits(),
@@ -123,13 +124,13 @@ impl Engine {
             .name("bulkhead-engine".into())
             .spawn(move || run(&mut core, &pool, &rx))
             .expect("engine thread");
-        Engine {
+        Ok(Engine {
             commands: tx,
             model,
             info,
             next_request: AtomicU64::new(1),
             thread: Some(thread),
-        }
+        })
     }
 
     /// What this engine serves.

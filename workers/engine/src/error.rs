@@ -53,3 +53,23 @@ pub enum EngineError {
     #[error("the engine has shut down")]
     Shutdown,
 }
+
+/// An engine configuration that cannot work with the model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The page size is zero or absurdly large.
+    #[error("page size {0} is out of range (1 to 256 tokens)")]
+    PageSize(usize),
+    /// The KV budget does not hold a single page.
+    #[error("a KV budget of {budget} bytes holds no page ({page_bytes} bytes each)")]
+    NoPages {
+        /// The budget.
+        budget: usize,
+        /// Bytes of one page.
+        page_bytes: usize,
+    },
+    /// The model's heads are wider than the attention kernels support.
+    #[error("head dimension {0} exceeds the supported {1}")]
+    HeadDim(usize, usize),
+}

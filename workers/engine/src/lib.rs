@@ -29,7 +29,7 @@ mod tokenizer;
 pub use crate::core::{EngineCore, FinishReason, LogitsError, PendingRequest, SeqEvent, Usage};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle};
-pub use error::{EngineError, LoadError};
+pub use error::{ConfigError, EngineError, LoadError};
 pub use forward::Numerics;
 pub use gguf::{ModelConfig, ModelFile};
 pub use sampling::SamplingParams;

@@ -155,6 +155,7 @@ impl Tokenizer {
     }
 }
 
+#[allow(clippy::needless_pass_by_value)] // Used as `map_err(err)`.
 fn err(e: candle_core::Error) -> LoadError {
     LoadError::Tokenizer(e.to_string())
 }

@@ -40,7 +40,7 @@ pub fn ids(v: &Value) -> Vec<u32> {
 pub fn engine(kv_mib: usize) -> Engine {
     let mut c = EngineConfig::with_budget(kv_mib << 20);
     c.threads = 2;
-    Engine::start(model(), &c)
+    Engine::start(model(), &c).expect("engine starts")
 }
 
 /// Runs one request to the end: (token ids, text, finish event or failure).

@@ -48,7 +48,7 @@ fn a_page_table_pointing_at_another_tenants_page_fails_that_request_only() {
         .tokenizer()
         .encode("Tell me a short story about a lighthouse.")
         .unwrap();
-    let mut core = EngineCore::new(m, &EngineConfig::with_budget(64 << 20));
+    let mut core = EngineCore::new(m, &EngineConfig::with_budget(64 << 20)).expect("engine core");
     let (a, b) = (owner(1, 1), owner(2, 2));
     let mut rx_a = submit(&mut core, a, greedy(prompt_a.clone(), 24));
     let mut rx_b = submit(&mut core, b, greedy(prompt_b, 24));

@@ -59,7 +59,7 @@ fn paged_logits_match_candle_with_f32_weights() -> Result<()> {
     let mut config = EngineConfig::with_budget(64 << 20);
     config.numerics = Numerics::F32Reference;
     config.step_tokens = 128; // long prompts span several steps and many pages
-    let mut core = EngineCore::new(Arc::clone(&model), &config);
+    let mut core = EngineCore::new(Arc::clone(&model), &config)?;
 
     let g = common::golden();
     let long_text = (0..40)

@@ -13,6 +13,8 @@
 //! Every kernel has a portable scalar version; x86-64 machines with AVX2, FMA
 //! and F16C get hand-written SIMD versions chosen once at run time.
 #![allow(unsafe_code)]
+// Index loops mirror the register layouts of the SIMD kernels.
+#![allow(clippy::needless_range_loop)]
 
 mod cpu;
 mod dot;

@@ -783,6 +783,127 @@ mod tests {
         assert!((p.iter().sum::<f32>() - 1.0).abs() < 1e-6 && p[1] == 0.0);
     }
 
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// The attention sums written plainly: lanes as the order defines them.
+    fn reference_scores(q: &[f32], k: &[f32], width: usize, n: usize, order: SumOrder) -> Vec<f32> {
+        (0..n)
+            .map(|t| {
+                let mut acc = [0f32; LANES];
+                let lanes = order.lanes();
+                for (d, qd) in q.iter().enumerate() {
+                    let lane = d % lanes;
+                    acc[lane] = if d < lanes {
+                        qd * k[d * width + t]
+                    } else {
+                        qd.mul_add(k[d * width + t], acc[lane])
+                    };
+                }
+                order.combine(&acc)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn simd_attention_is_bit_identical_to_the_plain_sums() {
+        let mut seed = 3;
+        let (hd, width) = (64, 16);
+        for order in [SumOrder::Sgemm, SumOrder::VecDot] {
+            for n in [1, 5, 8, 13, 16] {
+                let mut q: Vec<f32> = (0..hd).map(|_| lcg(&mut seed) * 4.0).collect();
+                round_f16_slice(&mut q);
+                let k16: Vec<half::f16> = (0..hd * width)
+                    .map(|_| half::f16::from_f32(lcg(&mut seed) * 3.0))
+                    .collect();
+                let k32: Vec<f32> = k16.iter().map(|x| x.to_f32()).collect();
+                let want = reference_scores(&q, &k32, width, n, order);
+                let mut got16 = vec![0f32; n];
+                let mut got32 = vec![0f32; n];
+                attention_scores(&q, &k16, width, &mut got16, order);
+                attention_scores(&q, &k32, width, &mut got32, order);
+                assert_eq!(got16, want, "{order:?} n={n} f16");
+                assert_eq!(got32, want, "{order:?} n={n} f32");
+
+                // Values: tokens over two pages, token-major rows.
+                let ctx = n + width;
+                let v32: Vec<f32> = (0..2 * width * hd)
+                    .map(|_| half::f16::from_f32(lcg(&mut seed)).to_f32())
+                    .collect();
+                let v16: Vec<half::f16> = v32.iter().map(|x| half::f16::from_f32(*x)).collect();
+                let mut p: Vec<f32> = (0..ctx).map(|_| lcg(&mut seed).abs()).collect();
+                round_f16_slice(&mut p);
+                let want: Vec<f32> = (0..hd)
+                    .map(|d| {
+                        let mut acc = [0f32; LANES];
+                        let lanes = order.lanes();
+                        for (t, pt) in p.iter().enumerate() {
+                            let v = v32[t * hd + d];
+                            acc[t % lanes] = if t < lanes {
+                                pt * v
+                            } else {
+                                pt.mul_add(v, acc[t % lanes])
+                            };
+                        }
+                        order.combine(&acc)
+                    })
+                    .collect();
+                let (mut out16, mut out32) = (vec![0f32; hd], vec![0f32; hd]);
+                attention_values(
+                    &p,
+                    &[&v16[..width * hd], &v16[width * hd..]],
+                    width,
+                    &mut out16,
+                    order,
+                );
+                attention_values(
+                    &p,
+                    &[&v32[..width * hd], &v32[width * hd..]],
+                    width,
+                    &mut out32,
+                    order,
+                );
+                assert_eq!(out16, want, "{order:?} ctx={ctx} values f16");
+                assert_eq!(out32, want, "{order:?} ctx={ctx} values f32");
+            }
+        }
+    }
+
+    #[test]
+    fn vector_exp_softmax_and_silu_equal_the_scalar_definitions() {
+        let mut seed = 11;
+        let xs: Vec<f32> = (0..1000).map(|_| lcg(&mut seed) * 40.0).collect();
+        let mut soft = xs.clone();
+        softmax_ggml(&mut soft);
+        let max = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = xs.iter().map(|x| exp_ggml(x - max)).collect();
+        let sum: f64 = e
+            .chunks(16)
+            .map(|c| {
+                let mut l = [0f32; 16];
+                l[..c.len()].copy_from_slice(c);
+                f64::from(reduce16(&l))
+            })
+            .sum();
+        let inv = (1.0 / sum) as f32;
+        let want: Vec<f32> = e.iter().map(|v| v * inv).collect();
+        assert_eq!(soft, want);
+
+        let up: Vec<f32> = (0..1000).map(|_| lcg(&mut seed)).collect();
+        let mut gate = xs.clone();
+        silu_mul(&mut gate, &up);
+        let want: Vec<f32> = xs
+            .iter()
+            .zip(&up)
+            .map(|(g, u)| g / (1.0 + exp_ggml(0.0 - g)) * u)
+            .collect();
+        assert_eq!(gate, want);
+    }
+
     #[test]
     fn softmax_and_norm_are_normalized() {
         let mut x = [1.0f32, 2.0, 3.0];

@@ -90,7 +90,7 @@ impl WeightsQ {
         cols: usize,
         bytes: &[u8],
     ) -> Result<Self, FormatError> {
-        if cols % BLOCK != 0 {
+        if !cols.is_multiple_of(BLOCK) {
             return Err(FormatError::Cols { cols });
         }
         let n_blocks = rows * cols / BLOCK;

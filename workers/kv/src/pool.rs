@@ -263,6 +263,7 @@ impl KvPool {
     /// matches (quarantined, or not the table's own) are left alone; pages
     /// still tagged with the table's owner but missing from it (a corrupted
     /// table) are found by a sweep and freed too.
+    #[allow(clippy::needless_pass_by_value)] // Taking the table is the point: it cannot be used after.
     pub fn release(&mut self, table: PageTable) {
         let mut returned = 0;
         for r in &table.pages {
