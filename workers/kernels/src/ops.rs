@@ -255,6 +255,7 @@ pub fn attention_values<E: KvElement>(
 mod attn_avx512 {
     use super::{KvElement, SumOrder};
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
     use std::sync::OnceLock;
 
     /// Whether AVX-512 F/BW/VL is available (checked once).
@@ -282,15 +283,19 @@ mod attn_avx512 {
 
     /// As the AVX2 `reduce`, sixteen outputs at once.
     #[inline(always)]
-    unsafe fn reduce(order: SumOrder, lane: &[__m512; 64]) -> __m512 {
+    ///
+    /// # Safety
+    /// `lane[..order.lanes()]` must be initialized.
+    unsafe fn reduce(order: SumOrder, lane: &[MaybeUninit<__m512>; 64]) -> __m512 {
         unsafe {
+            let at = |l: usize| lane[l].assume_init();
             let mut x = [_mm512_setzero_ps(); 16];
             for j in 0..16 {
                 x[j] = match order {
-                    SumOrder::Sgemm => lane[j],
+                    SumOrder::Sgemm => at(j),
                     SumOrder::VecDot => _mm512_add_ps(
-                        _mm512_add_ps(lane[j], lane[32 + j]),
-                        _mm512_add_ps(lane[16 + j], lane[48 + j]),
+                        _mm512_add_ps(at(j), at(32 + j)),
+                        _mm512_add_ps(at(16 + j), at(48 + j)),
                     ),
                 };
             }
@@ -319,9 +324,13 @@ mod attn_avx512 {
     ) {
         let lanes = order.lanes();
         let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
-        let mut lane = [_mm512_setzero_ps(); 64];
-        // SAFETY: the caller guarantees slots t0..t0 + len of every row exist.
+        // SAFETY: the caller guarantees slots t0..t0 + len of every row exist;
+        // every lane of `lane` is written before `reduce` reads it.
         unsafe {
+            let mut lane = [MaybeUninit::<__m512>::uninit(); 64];
+            for l in q.len().min(lanes)..lanes {
+                lane[l] = MaybeUninit::new(_mm512_setzero_ps());
+            }
             for l in 0..lanes.min(q.len()) {
                 let mut a = _mm512_mul_ps(
                     _mm512_set1_ps(*q.get_unchecked(l)),
@@ -336,7 +345,7 @@ mod attn_avx512 {
                     );
                     d += lanes;
                 }
-                lane[l] = a;
+                lane[l] = MaybeUninit::new(a);
             }
             _mm512_mask_storeu_ps(out, mask, reduce(order, &lane));
         }
@@ -352,9 +361,13 @@ mod attn_avx512 {
         out: *mut f32,
     ) {
         let lanes = order.lanes();
-        let mut lane = [_mm512_setzero_ps(); 64];
-        // SAFETY: the caller guarantees every row read exists.
+        // SAFETY: the caller guarantees every row read exists; every lane of
+        // `lane` is written before `reduce` reads it.
         unsafe {
+            let mut lane = [MaybeUninit::<__m512>::uninit(); 64];
+            for l in p.len().min(lanes)..lanes {
+                lane[l] = MaybeUninit::new(_mm512_setzero_ps());
+            }
             for l in 0..lanes.min(p.len()) {
                 let mut a = _mm512_mul_ps(
                     _mm512_set1_ps(*p.get_unchecked(l)),
@@ -369,7 +382,7 @@ mod attn_avx512 {
                     );
                     t += lanes;
                 }
-                lane[l] = a;
+                lane[l] = MaybeUninit::new(a);
             }
             _mm512_storeu_ps(out, reduce(order, &lane));
         }
@@ -380,6 +393,7 @@ mod attn_avx512 {
 mod attn_avx2 {
     use super::{KvElement, SumOrder};
     use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
 
     /// Eight elements from `p` as f32.
     #[inline(always)]
@@ -396,15 +410,19 @@ mod attn_avx2 {
     /// Reduces the library's partial sums (`lane[l]`, eight outputs at
     /// once) in `order`; see [`SumOrder::combine`].
     #[inline(always)]
-    unsafe fn reduce(order: SumOrder, lane: &[__m256; 64]) -> __m256 {
+    ///
+    /// # Safety
+    /// `lane[..order.lanes()]` must be initialized.
+    unsafe fn reduce(order: SumOrder, lane: &[MaybeUninit<__m256>; 64]) -> __m256 {
         unsafe {
+            let at = |l: usize| lane[l].assume_init();
             let mut x = [_mm256_setzero_ps(); 16];
             for j in 0..16 {
                 x[j] = match order {
-                    SumOrder::Sgemm => lane[j],
+                    SumOrder::Sgemm => at(j),
                     SumOrder::VecDot => _mm256_add_ps(
-                        _mm256_add_ps(lane[j], lane[32 + j]),
-                        _mm256_add_ps(lane[16 + j], lane[48 + j]),
+                        _mm256_add_ps(at(j), at(32 + j)),
+                        _mm256_add_ps(at(16 + j), at(48 + j)),
                     ),
                 };
             }
@@ -431,9 +449,13 @@ mod attn_avx2 {
         out: *mut f32,
     ) {
         let lanes = order.lanes();
-        let mut lane = [_mm256_setzero_ps(); 64];
-        // SAFETY: the caller guarantees rows d * width + t0 .. + 8 exist.
+        // SAFETY: the caller guarantees rows d * width + t0 .. + 8 exist;
+        // every lane of `lane` is written before `reduce` reads it.
         unsafe {
+            let mut lane = [MaybeUninit::<__m256>::uninit(); 64];
+            for l in q.len().min(lanes)..lanes {
+                lane[l] = MaybeUninit::new(_mm256_setzero_ps());
+            }
             for l in 0..lanes.min(q.len()) {
                 let mut a = _mm256_mul_ps(
                     _mm256_set1_ps(*q.get_unchecked(l)),
@@ -448,7 +470,7 @@ mod attn_avx2 {
                     );
                     d += lanes;
                 }
-                lane[l] = a;
+                lane[l] = MaybeUninit::new(a);
             }
             _mm256_storeu_ps(out, reduce(order, &lane));
         }
@@ -464,9 +486,13 @@ mod attn_avx2 {
         out: *mut f32,
     ) {
         let lanes = order.lanes();
-        let mut lane = [_mm256_setzero_ps(); 64];
-        // SAFETY: the caller guarantees every row read exists.
+        // SAFETY: the caller guarantees every row read exists; every lane of
+        // `lane` is written before `reduce` reads it.
         unsafe {
+            let mut lane = [MaybeUninit::<__m256>::uninit(); 64];
+            for l in p.len().min(lanes)..lanes {
+                lane[l] = MaybeUninit::new(_mm256_setzero_ps());
+            }
             for l in 0..lanes.min(p.len()) {
                 let mut a = _mm256_mul_ps(
                     _mm256_set1_ps(*p.get_unchecked(l)),
@@ -481,7 +507,7 @@ mod attn_avx2 {
                     );
                     t += lanes;
                 }
-                lane[l] = a;
+                lane[l] = MaybeUninit::new(a);
             }
             _mm256_storeu_ps(out, reduce(order, &lane));
         }

@@ -276,7 +276,7 @@ impl ActivationsQ8 {
         let mut qs = vec![0i8; total * BLOCK];
         let mut d = vec![0f32; total];
         let mut s = vec![0f32; total];
-        const RUN: usize = 256;
+        const RUN: usize = 64;
         if total >= 2 * RUN {
             use rayon::prelude::*;
             qs.par_chunks_mut(RUN * BLOCK)
