@@ -14,7 +14,7 @@ use crate::error::{ConfigError, EngineError};
 use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
-use bulkhead_kernels::ops::MAX_HEAD_DIM;
+use bulkhead_kernels::ops::{MAX_GROUP, MAX_HEAD_DIM};
 use bulkhead_kv::{
     AdmissionError, Admitted, KvDtype, KvGeometry, KvPool, Limits, Owner, PageTable, PoolCounters,
     RequestId,
@@ -144,6 +144,9 @@ impl EngineCore {
         }
         if c.head_dim > MAX_HEAD_DIM {
             return Err(ConfigError::HeadDim(c.head_dim, MAX_HEAD_DIM));
+        }
+        if c.heads / c.kv_heads > MAX_GROUP {
+            return Err(ConfigError::GroupSize(c.heads / c.kv_heads, MAX_GROUP));
         }
         let geometry = KvGeometry {
             layers: c.layers,

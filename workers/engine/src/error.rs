@@ -72,4 +72,7 @@ pub enum ConfigError {
     /// The model's heads are wider than the attention kernels support.
     #[error("head dimension {0} exceeds the supported {1}")]
     HeadDim(usize, usize),
+    /// More query heads share one KV head than the attention kernels support.
+    #[error("{0} query heads per KV head exceed the supported {1}")]
+    GroupSize(usize, usize),
 }

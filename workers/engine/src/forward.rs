@@ -8,8 +8,8 @@
 
 use crate::gguf::{ModelConfig, Weights};
 use bulkhead_kernels::ops::{
-    KvElement, MAX_HEAD_DIM, SumOrder, add_assign, attention_scores, attention_values, rms_norm,
-    rope_pairs, round_f16_slice, silu_mul, softmax_ggml,
+    KvElement, MAX_GROUP, MAX_HEAD_DIM, SumOrder, add_assign, attention_scores_group,
+    attention_values_group, rms_norm, rope_pairs, round_f16_slice, silu_mul, softmax_ggml,
 };
 use bulkhead_kernels::{Matrix, Workspace};
 use bulkhead_kv::{KvData, KvDtype, KvPool, Owner, OwnerViolation, PageTable, PageView};
@@ -229,19 +229,20 @@ pub(crate) fn forward(
         #[allow(clippy::cast_precision_loss)]
         let scale = 1.0 / (hd as f32).sqrt();
         let ps = pool.geometry().page_size;
+        // One task per (row, KV head): its `group` query heads share every
+        // key and value load.
         let found: Vec<(usize, OwnerViolation)> = attn
-            .par_chunks_mut(hd)
+            .par_chunks_mut(group * hd)
             .enumerate()
             .filter_map(|(task, out)| {
-                let (r, qh) = (task / c.heads, task % c.heads);
+                let (r, kvh) = (task / c.kv_heads, task % c.kv_heads);
                 let (s, pos) = rows[r];
                 out.fill(0.0);
                 if violated[s].is_some() {
                     return None;
                 }
                 let b = &batch[s];
-                let qv = &q[r * h + qh * hd..r * h + (qh + 1) * hd];
-                let kvh = qh / group;
+                let qv = &q[r * h + kvh * group * hd..r * h + (kvh + 1) * group * hd];
                 // llama.cpp sums attention dot products in sgemm order for a
                 // chunk of two or more tokens and in vec_dot order for one.
                 let order = if b.tokens.len() > 1 {
@@ -253,8 +254,8 @@ pub(crate) fn forward(
                 // As llama.cpp's default (non-flash) attention on an f16 KV
                 // cache: q rounded to f16, softmax normalized in full,
                 // probabilities rounded to f16 before weighting values.
-                let mut qr = [0f32; MAX_HEAD_DIM];
-                let qr = &mut qr[..hd];
+                let mut qr = [0f32; MAX_HEAD_DIM * MAX_GROUP];
+                let qr = &mut qr[..group * hd];
                 qr.copy_from_slice(qv);
                 if numerics == Numerics::LlamaCpp {
                     round_f16_slice(qr);
@@ -268,11 +269,11 @@ pub(crate) fn forward(
                     }
                 }
                 match dtype {
-                    KvDtype::F16 => {
-                        attend::<half::f16>(qr, &views, kvh, n_ctx, ps, scale, numerics, order, out)
-                    }
+                    KvDtype::F16 => attend::<half::f16>(
+                        qr, hd, &views, kvh, n_ctx, ps, scale, numerics, order, out,
+                    ),
                     KvDtype::F32 => {
-                        attend::<f32>(qr, &views, kvh, n_ctx, ps, scale, numerics, order, out)
+                        attend::<f32>(qr, hd, &views, kvh, n_ctx, ps, scale, numerics, order, out)
                     }
                 }
                 None
@@ -360,6 +361,7 @@ impl Element for half::f16 {
 #[allow(clippy::too_many_arguments)]
 fn attend<E: Element>(
     q: &[f32],
+    hd: usize,
     views: &[PageView<'_>],
     kvh: usize,
     n_ctx: usize,
@@ -369,28 +371,35 @@ fn attend<E: Element>(
     order: SumOrder,
     out: &mut [f32],
 ) {
+    let group = q.len() / hd;
+    let stride = views.len() * ps;
     SCRATCH.with_borrow_mut(|scores| {
-        scores.resize(views.len() * ps, 0.0);
+        scores.resize(group * stride, 0.0);
         for (pi, view) in views.iter().enumerate() {
             let m = ps.min(n_ctx - pi * ps);
-            attention_scores(
+            attention_scores_group(
                 q,
+                hd,
                 E::slice(view.keys(kvh)),
                 ps,
-                &mut scores[pi * ps..pi * ps + m],
+                &mut scores[pi * ps..],
+                stride,
+                m,
                 order,
             );
         }
-        let sc = &mut scores[..n_ctx];
-        for v in sc.iter_mut() {
-            *v *= scale;
-        }
-        softmax_ggml(sc);
-        if numerics == Numerics::LlamaCpp {
-            round_f16_slice(sc);
+        for g in 0..group {
+            let sc = &mut scores[g * stride..g * stride + n_ctx];
+            for v in sc.iter_mut() {
+                *v *= scale;
+            }
+            softmax_ggml(sc);
+            if numerics == Numerics::LlamaCpp {
+                round_f16_slice(sc);
+            }
         }
         let values: Vec<&[E]> = views.iter().map(|v| E::slice(v.values(kvh))).collect();
-        attention_values(sc, &values, ps, out, order);
+        attention_values_group(scores, stride, n_ctx, &values, ps, out, hd, order);
     });
 }
 

@@ -69,12 +69,20 @@ pub(crate) struct Weights {
 }
 
 /// A loaded model file.
-#[derive(Debug)]
 pub struct ModelFile {
     pub(crate) config: ModelConfig,
     pub(crate) weights: Weights,
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
+}
+
+impl std::fmt::Debug for ModelFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Weights are hundreds of megabytes: show what identifies the model.
+        f.debug_struct("ModelFile")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ModelFile {

@@ -251,6 +251,120 @@ pub fn attention_values<E: KvElement>(
     }
 }
 
+/// Query heads one call of the grouped kernels handles at most.
+pub const MAX_GROUP: usize = 8;
+
+/// [`attention_scores`] for the `q.len() / hd` query heads that share one KV
+/// head (grouped-query attention): each key row is loaded once for all of
+/// them. Head `g` writes `out[g * out_stride..][..n]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_scores_group<E: KvElement>(
+    q: &[f32],
+    hd: usize,
+    k: &[E],
+    width: usize,
+    out: &mut [f32],
+    out_stride: usize,
+    n: usize,
+    order: SumOrder,
+) {
+    let group = q.len() / hd;
+    assert!(
+        k.len() >= hd * width && n <= width && out.len() >= (group.max(1) - 1) * out_stride + n,
+        "attention_scores_group shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if group <= MAX_GROUP && attn_avx512::available() {
+        let mut t0 = 0;
+        while t0 < n {
+            let len = 16.min(n - t0);
+            // SAFETY: AVX-512 is present; the masked loads read only slots
+            // t0..t0 + len < width of rows inside `k`; every head's output
+            // row has room for n values.
+            unsafe {
+                attn_avx512::scores16_group(
+                    q,
+                    group,
+                    hd,
+                    k.as_ptr(),
+                    width,
+                    t0,
+                    len,
+                    order,
+                    out.as_mut_ptr(),
+                    out_stride,
+                )
+            };
+            t0 += len;
+        }
+        return;
+    }
+    for g in 0..group {
+        attention_scores(
+            &q[g * hd..(g + 1) * hd],
+            k,
+            width,
+            &mut out[g * out_stride..g * out_stride + n],
+            order,
+        );
+    }
+}
+
+/// [`attention_values`] for `out.len() / hd` query heads sharing one KV
+/// head: head `g`'s weights are `p[g * p_stride..][..n]`, its output
+/// `out[g * hd..][..hd]`. Each value row is loaded once for all heads.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_values_group<E: KvElement>(
+    p: &[f32],
+    p_stride: usize,
+    n: usize,
+    values: &[&[E]],
+    width: usize,
+    out: &mut [f32],
+    hd: usize,
+    order: SumOrder,
+) {
+    let group = out.len() / hd;
+    assert!(
+        values.len() * width >= n
+            && values.iter().all(|v| v.len() >= width * hd)
+            && p.len() >= (group.max(1) - 1) * p_stride + n,
+        "attention_values_group shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if group <= MAX_GROUP && hd.is_multiple_of(16) && attn_avx512::available() {
+        let rows: Vec<*const E> = (0..n)
+            .map(|t| values[t / width][(t % width) * hd..].as_ptr())
+            .collect();
+        for d0 in (0..hd).step_by(16) {
+            // SAFETY: AVX-512 is present; every row holds hd >= d0 + 16
+            // values; p and out have the rows the asserts above checked.
+            unsafe {
+                attn_avx512::values16_group(
+                    p,
+                    p_stride,
+                    group,
+                    &rows,
+                    d0,
+                    order,
+                    out.as_mut_ptr(),
+                    hd,
+                )
+            };
+        }
+        return;
+    }
+    for g in 0..group {
+        attention_values(
+            &p[g * p_stride..g * p_stride + n],
+            values,
+            width,
+            &mut out[g * hd..(g + 1) * hd],
+            order,
+        );
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod attn_avx512 {
     use super::{KvElement, SumOrder};
@@ -308,6 +422,111 @@ mod attn_avx512 {
                 t6[i] = _mm512_add_ps(t3[i + 4], t3[i]);
             }
             _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]))
+        }
+    }
+
+    /// Scores of tokens `t0..t0 + len` for `group` heads sharing the keys.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn scores16_group<E: KvElement>(
+        q: &[f32],
+        group: usize,
+        hd: usize,
+        k: *const E,
+        width: usize,
+        t0: usize,
+        len: usize,
+        order: SumOrder,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let lanes = order.lanes();
+        let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
+        // SAFETY: the caller guarantees every slot read and written exists;
+        // every lane below `lanes` of every head is written before `reduce`.
+        unsafe {
+            let mut lane = [[MaybeUninit::<__m512>::uninit(); 64]; super::MAX_GROUP];
+            for l in 0..lanes {
+                if l >= hd {
+                    for head in lane.iter_mut().take(group) {
+                        head[l] = MaybeUninit::new(_mm512_setzero_ps());
+                    }
+                    continue;
+                }
+                let kv = load(k.add(l * width + t0), mask);
+                let mut a = [_mm512_setzero_ps(); super::MAX_GROUP];
+                for g in 0..group {
+                    a[g] = _mm512_mul_ps(_mm512_set1_ps(*q.get_unchecked(g * hd + l)), kv);
+                }
+                let mut d = l + lanes;
+                while d < hd {
+                    let kv = load(k.add(d * width + t0), mask);
+                    for g in 0..group {
+                        a[g] =
+                            _mm512_fmadd_ps(_mm512_set1_ps(*q.get_unchecked(g * hd + d)), kv, a[g]);
+                    }
+                    d += lanes;
+                }
+                for g in 0..group {
+                    lane[g][l] = MaybeUninit::new(a[g]);
+                }
+            }
+            for g in 0..group {
+                _mm512_mask_storeu_ps(out.add(g * stride + t0), mask, reduce(order, &lane[g]));
+            }
+        }
+    }
+
+    /// Sixteen output dimensions from `d0` for `group` heads sharing the values.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn values16_group<E: KvElement>(
+        p: &[f32],
+        p_stride: usize,
+        group: usize,
+        rows: &[*const E],
+        d0: usize,
+        order: SumOrder,
+        out: *mut f32,
+        hd: usize,
+    ) {
+        let lanes = order.lanes();
+        let n = rows.len();
+        // SAFETY: the caller guarantees every row and weight read, and every
+        // output written, exists; every lane below `lanes` is written first.
+        unsafe {
+            let mut lane = [[MaybeUninit::<__m512>::uninit(); 64]; super::MAX_GROUP];
+            for l in 0..lanes {
+                if l >= n {
+                    for head in lane.iter_mut().take(group) {
+                        head[l] = MaybeUninit::new(_mm512_setzero_ps());
+                    }
+                    continue;
+                }
+                let row = load(rows.get_unchecked(l).add(d0), 0xFFFF);
+                let mut a = [_mm512_setzero_ps(); super::MAX_GROUP];
+                for g in 0..group {
+                    a[g] = _mm512_mul_ps(_mm512_set1_ps(*p.get_unchecked(g * p_stride + l)), row);
+                }
+                let mut t = l + lanes;
+                while t < n {
+                    let row = load(rows.get_unchecked(t).add(d0), 0xFFFF);
+                    for g in 0..group {
+                        a[g] = _mm512_fmadd_ps(
+                            _mm512_set1_ps(*p.get_unchecked(g * p_stride + t)),
+                            row,
+                            a[g],
+                        );
+                    }
+                    t += lanes;
+                }
+                for g in 0..group {
+                    lane[g][l] = MaybeUninit::new(a[g]);
+                }
+            }
+            for g in 0..group {
+                _mm512_storeu_ps(out.add(g * hd + d0), reduce(order, &lane[g]));
+            }
         }
     }
 
@@ -895,6 +1114,54 @@ mod tests {
                 );
                 assert_eq!(out16, want, "{order:?} ctx={ctx} values f16");
                 assert_eq!(out32, want, "{order:?} ctx={ctx} values f32");
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_attention_equals_one_head_at_a_time() {
+        let mut seed = 5;
+        let (hd, width, group) = (64, 16, 3);
+        for order in [SumOrder::Sgemm, SumOrder::VecDot] {
+            for n in [3, 16] {
+                let mut q: Vec<f32> = (0..group * hd).map(|_| lcg(&mut seed) * 4.0).collect();
+                round_f16_slice(&mut q);
+                let k: Vec<half::f16> = (0..hd * width)
+                    .map(|_| half::f16::from_f32(lcg(&mut seed)))
+                    .collect();
+                let stride = 20;
+                let mut grouped = vec![0f32; group * stride];
+                attention_scores_group(&q, hd, &k, width, &mut grouped, stride, n, order);
+                for g in 0..group {
+                    let mut one = vec![0f32; n];
+                    attention_scores(&q[g * hd..(g + 1) * hd], &k, width, &mut one, order);
+                    assert_eq!(
+                        &grouped[g * stride..g * stride + n],
+                        &one[..],
+                        "{order:?} scores head {g}"
+                    );
+                }
+                let v: Vec<half::f16> = (0..width * hd)
+                    .map(|_| half::f16::from_f32(lcg(&mut seed)))
+                    .collect();
+                let p: Vec<f32> = (0..group * stride).map(|_| lcg(&mut seed).abs()).collect();
+                let mut out = vec![0f32; group * hd];
+                attention_values_group(&p, stride, n, &[&v[..]], width, &mut out, hd, order);
+                for g in 0..group {
+                    let mut one = vec![0f32; hd];
+                    attention_values(
+                        &p[g * stride..g * stride + n],
+                        &[&v[..]],
+                        width,
+                        &mut one,
+                        order,
+                    );
+                    assert_eq!(
+                        &out[g * hd..(g + 1) * hd],
+                        &one[..],
+                        "{order:?} values head {g}"
+                    );
+                }
             }
         }
     }
