@@ -16,8 +16,8 @@ use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
 use bulkhead_kernels::ops::{MAX_GROUP, MAX_HEAD_DIM};
 use bulkhead_kv::{
-    AdmissionError, Admitted, KvDtype, KvGeometry, KvPool, Limits, Owner, PageTable, PoolCounters,
-    RequestId,
+    AdmissionError, Admitted, KvDtype, KvGeometry, KvPool, Limits, Owner, OwnerChecks, PageTable,
+    PoolCounters, RequestId,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -242,6 +242,13 @@ impl EngineCore {
     /// The pool, for inspection in tests.
     pub fn pool(&self) -> &KvPool {
         &self.pool
+    }
+
+    /// Changes the pool's tag checks and scrubbing between runs, so the
+    /// overhead benchmark can compare settings on the same memory.
+    pub fn set_pool_options(&mut self, checks: OwnerChecks, scrub_on_free: bool) {
+        self.pool.set_owner_checks(checks);
+        self.pool.set_scrub_on_free(scrub_on_free);
     }
 
     /// Runs one step. Returns whether any work was done. Call inside the

@@ -222,6 +222,11 @@ impl KvPool {
         }
     }
 
+    /// Sets whether freed pages are zeroed.
+    pub fn set_scrub_on_free(&mut self, scrub: bool) {
+        self.scrub_on_free = scrub;
+    }
+
     /// Sets whether accesses check tags (see [`OwnerChecks`]).
     pub fn set_owner_checks(&mut self, checks: OwnerChecks) {
         self.checks = checks;
