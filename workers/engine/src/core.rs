@@ -14,7 +14,7 @@ use crate::error::{ConfigError, EngineError};
 use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
-use bulkhead_kernels::ops::{MAX_GROUP, MAX_HEAD_DIM};
+use bulkhead_kernels::attention::{MAX_GROUP, MAX_HEAD_DIM};
 use bulkhead_kv::{
     AdmissionError, Admitted, KvDtype, KvGeometry, KvPool, Limits, Owner, OwnerChecks, PageTable,
     PoolCounters, RequestId,

@@ -7,9 +7,11 @@
 //! contributes nothing and the sequence is reported as violated.
 
 use crate::gguf::{ModelConfig, Weights};
+use bulkhead_kernels::attention::{
+    KvElement, MAX_GROUP, MAX_HEAD_DIM, SumOrder, attention_scores_group, attention_values_group,
+};
 use bulkhead_kernels::ops::{
-    KvElement, MAX_GROUP, MAX_HEAD_DIM, SumOrder, add_assign, attention_scores_group,
-    attention_values_group, rms_norm, rope_pairs, round_f16_slice, silu_mul, softmax_ggml,
+    add_assign, rms_norm, rope_pairs, round_f16_slice, silu_mul, softmax_ggml,
 };
 use bulkhead_kernels::{Matrix, Workspace};
 use bulkhead_kv::{KvData, KvDtype, KvPool, Owner, OwnerViolation, PageTable, PageView};

@@ -10,12 +10,18 @@
 //! weights, `Q8_0` for `Q4_0` and `Q8_0` weights, round-half-even), so the same
 //! model file gives the same greedy tokens as llama.cpp.
 //!
+//! Modules: [`quant`] (weight and activation formats), [`matmul`] (the
+//! parallel quantized matmul), [`attention`] (paged attention in llama.cpp's
+//! summation orders), [`ops`] (norms, SwiGLU, softmax, RoPE, rounding).
+//!
 //! Every kernel has a portable scalar version; x86-64 machines with AVX2, FMA
-//! and F16C get hand-written SIMD versions chosen once at run time.
+//! and F16C, or AVX-512 with VNNI, get hand-written SIMD versions chosen once
+//! at run time. All versions sum in the same order, so they agree bit for bit.
 #![allow(unsafe_code)]
 // Index loops mirror the register layouts of the SIMD kernels.
 #![allow(clippy::needless_range_loop)]
 
+pub mod attention;
 mod cpu;
 mod dot;
 pub mod matmul;

@@ -1,0 +1,811 @@
+//! Attention over KV pages: scores of queries against keys, softmax-weighted
+//! sums of values, summed in exactly the orders llama.cpp's CPU build uses
+//! (`SumOrder`), for f16 or f32 page memory, with AVX-512 and AVX2 kernels
+//! and a scalar path that defines the result.
+
+/// The summation order of one of llama.cpp's f16 dot products, as its
+/// AVX-512 build runs them. With f16-rounded inputs every product is exact
+/// in f32, so following the same order gives bit-identical sums on any CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SumOrder {
+    /// tinyBLAS (llamafile sgemm), used for two or more query rows: element
+    /// `i` goes to lane `i % 16`, lanes combined as `_mm512_reduce_add_ps`.
+    Sgemm,
+    /// `ggml_vec_dot_f16`, used for a single query row: element `i` goes to
+    /// accumulator `(i % 64) / 16`, lane `i % 16`.
+    VecDot,
+}
+
+/// Accumulator lanes a [`SumOrder`] needs at most.
+pub const LANES: usize = 64;
+
+/// `_mm512_reduce_add_ps` as GCC defines it: halves added pairwise, 256,
+/// then 128 bits, then `(l0 + l2) + (l1 + l3)`.
+#[inline(always)]
+pub fn reduce16(l: &[f32; 16]) -> f32 {
+    let t3: [f32; 8] = std::array::from_fn(|j| l[j + 8] + l[j]);
+    let t6: [f32; 4] = std::array::from_fn(|j| t3[j + 4] + t3[j]);
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+impl SumOrder {
+    /// Number of partial sums.
+    pub fn lanes(self) -> usize {
+        match self {
+            SumOrder::Sgemm => 16,
+            SumOrder::VecDot => 64,
+        }
+    }
+
+    /// Combines partial sums `l[..self.lanes()]` in the library's order.
+    #[inline(always)]
+    pub fn combine(self, l: &[f32; LANES]) -> f32 {
+        match self {
+            SumOrder::Sgemm => reduce16(&std::array::from_fn(|j| l[j])),
+            // GGML_F32x16_REDUCE: (acc0 + acc2) + (acc1 + acc3), then reduce.
+            SumOrder::VecDot => reduce16(&std::array::from_fn(|j| {
+                (l[j] + l[32 + j]) + (l[16 + j] + l[48 + j])
+            })),
+        }
+    }
+}
+
+/// Largest head dimension the engine's attention supports.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// An element type of KV page memory: `f32`, or `half::f16` as llama.cpp's
+/// default cache stores keys and values.
+pub trait KvElement: Copy + Send + Sync + 'static {
+    /// Whether the element is an IEEE half (selects the SIMD loads).
+    const IS_F16: bool;
+    /// The value as f32 (exact for both types).
+    fn to_f32(self) -> f32;
+}
+
+impl KvElement for f32 {
+    const IS_F16: bool = false;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElement for half::f16 {
+    const IS_F16: bool = true;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
+
+/// Attention scores of one query against one page of keys stored
+/// dimension-major (`[dim][width]`): `out[t] = Σ_d q[d] · k[d, t]` for
+/// `t < out.len()`, summed in `order` (dimension `d` into lane `d % lanes`).
+/// Slots past `out.len()` are never read.
+pub fn attention_scores<E: KvElement>(
+    q: &[f32],
+    k: &[E],
+    width: usize,
+    out: &mut [f32],
+    order: SumOrder,
+) {
+    assert!(
+        k.len() >= q.len() * width && out.len() <= width,
+        "attention_scores shapes"
+    );
+    let mut t0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    if attn_avx512::available() {
+        while t0 < out.len() {
+            let len = 16.min(out.len() - t0);
+            // SAFETY: AVX-512 is present; the masked loads read only slots
+            // t0..t0 + len < width of rows inside `k`.
+            unsafe {
+                attn_avx512::scores16(q, k.as_ptr(), width, t0, len, order, out[t0..].as_mut_ptr())
+            };
+            t0 += len;
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_available() {
+        while t0 + 8 <= out.len() {
+            // SAFETY: AVX2, FMA and F16C are present; rows `d * width + t0
+            // .. + 8` lie inside `k` because t0 + 8 <= out.len() <= width.
+            unsafe { attn_avx2::scores8(q, k.as_ptr(), width, t0, order, out[t0..].as_mut_ptr()) };
+            t0 += 8;
+        }
+    }
+    let lanes = order.lanes();
+    for t in t0..out.len() {
+        let mut acc = [0f32; LANES];
+        for (d, qd) in q.iter().enumerate() {
+            let kv = k[d * width + t].to_f32();
+            acc[d % lanes] = if d < lanes {
+                qd * kv
+            } else {
+                qd.mul_add(kv, acc[d % lanes])
+            };
+        }
+        out[t] = order.combine(&acc);
+    }
+}
+
+/// Attention output of one query head: `out[d] = Σ_t p[t] · v_t[d]` over the
+/// pages `values` (each `[width][head_dim]`, token-major), summed in `order`
+/// (token `t` into lane `t % lanes`). Only tokens `t < p.len()` are read.
+pub fn attention_values<E: KvElement>(
+    p: &[f32],
+    values: &[&[E]],
+    width: usize,
+    out: &mut [f32],
+    order: SumOrder,
+) {
+    let hd = out.len();
+    assert!(
+        values.len() * width >= p.len() && values.iter().all(|v| v.len() >= width * hd),
+        "attention_values shapes"
+    );
+    // Row of each token, computed once (no division in the inner loops).
+    let rows: Vec<&[E]> = (0..p.len())
+        .map(|t| &values[t / width][(t % width) * hd..(t % width + 1) * hd])
+        .collect();
+    let mut d0 = 0;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ptrs: Vec<*const E> = rows.iter().map(|r| r.as_ptr()).collect();
+        if attn_avx512::available() {
+            while d0 + 16 <= hd {
+                // SAFETY: AVX-512 is present; every row holds hd >= d0 + 16 values.
+                unsafe { attn_avx512::values16(p, &ptrs, d0, order, out[d0..].as_mut_ptr()) };
+                d0 += 16;
+            }
+        }
+        if crate::simd_available() {
+            while d0 + 8 <= hd {
+                // SAFETY: AVX2, FMA and F16C are present; every row holds hd >= d0 + 8 values.
+                unsafe { attn_avx2::values8(p, &ptrs, d0, order, out[d0..].as_mut_ptr()) };
+                d0 += 8;
+            }
+        }
+    }
+    let lanes = order.lanes();
+    for d in d0..hd {
+        let mut acc = [0f32; LANES];
+        for (t, pt) in p.iter().enumerate() {
+            let v = rows[t][d].to_f32();
+            acc[t % lanes] = if t < lanes {
+                pt * v
+            } else {
+                pt.mul_add(v, acc[t % lanes])
+            };
+        }
+        out[d] = order.combine(&acc);
+    }
+}
+
+/// Query heads one call of the grouped kernels handles at most.
+pub const MAX_GROUP: usize = 8;
+
+/// [`attention_scores`] for the `q.len() / hd` query heads that share one KV
+/// head (grouped-query attention): each key row is loaded once for all of
+/// them. Head `g` writes `out[g * out_stride..][..n]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_scores_group<E: KvElement>(
+    q: &[f32],
+    hd: usize,
+    k: &[E],
+    width: usize,
+    out: &mut [f32],
+    out_stride: usize,
+    n: usize,
+    order: SumOrder,
+) {
+    let group = q.len() / hd;
+    assert!(
+        k.len() >= hd * width && n <= width && out.len() >= (group.max(1) - 1) * out_stride + n,
+        "attention_scores_group shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if group <= MAX_GROUP && attn_avx512::available() {
+        let mut t0 = 0;
+        while t0 < n {
+            let len = 16.min(n - t0);
+            // SAFETY: AVX-512 is present; the masked loads read only slots
+            // t0..t0 + len < width of rows inside `k`; every head's output
+            // row has room for n values.
+            unsafe {
+                attn_avx512::scores16_group(
+                    q,
+                    group,
+                    hd,
+                    k.as_ptr(),
+                    width,
+                    t0,
+                    len,
+                    order,
+                    out.as_mut_ptr(),
+                    out_stride,
+                )
+            };
+            t0 += len;
+        }
+        return;
+    }
+    for g in 0..group {
+        attention_scores(
+            &q[g * hd..(g + 1) * hd],
+            k,
+            width,
+            &mut out[g * out_stride..g * out_stride + n],
+            order,
+        );
+    }
+}
+
+/// [`attention_values`] for `out.len() / hd` query heads sharing one KV
+/// head: head `g`'s weights are `p[g * p_stride..][..n]`, its output
+/// `out[g * hd..][..hd]`. Each value row is loaded once for all heads.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_values_group<E: KvElement>(
+    p: &[f32],
+    p_stride: usize,
+    n: usize,
+    values: &[&[E]],
+    width: usize,
+    out: &mut [f32],
+    hd: usize,
+    order: SumOrder,
+) {
+    let group = out.len() / hd;
+    assert!(
+        values.len() * width >= n
+            && values.iter().all(|v| v.len() >= width * hd)
+            && p.len() >= (group.max(1) - 1) * p_stride + n,
+        "attention_values_group shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if group <= MAX_GROUP && hd.is_multiple_of(16) && attn_avx512::available() {
+        let rows: Vec<*const E> = (0..n)
+            .map(|t| values[t / width][(t % width) * hd..].as_ptr())
+            .collect();
+        for d0 in (0..hd).step_by(16) {
+            // SAFETY: AVX-512 is present; every row holds hd >= d0 + 16
+            // values; p and out have the rows the asserts above checked.
+            unsafe {
+                attn_avx512::values16_group(
+                    p,
+                    p_stride,
+                    group,
+                    &rows,
+                    d0,
+                    order,
+                    out.as_mut_ptr(),
+                    hd,
+                )
+            };
+        }
+        return;
+    }
+    for g in 0..group {
+        attention_values(
+            &p[g * p_stride..g * p_stride + n],
+            values,
+            width,
+            &mut out[g * hd..(g + 1) * hd],
+            order,
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod attn_avx512 {
+    use super::{KvElement, SumOrder};
+    use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
+    use std::sync::OnceLock;
+
+    /// Whether AVX-512 F/BW/VL is available (checked once).
+    pub(super) fn available() -> bool {
+        static AVX512: OnceLock<bool> = OnceLock::new();
+        *AVX512.get_or_init(|| {
+            is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("fma")
+        })
+    }
+
+    /// Sixteen elements from `p` as f32; masked-off elements are not read.
+    #[inline(always)]
+    unsafe fn load<E: KvElement>(p: *const E, mask: __mmask16) -> __m512 {
+        unsafe {
+            if E::IS_F16 {
+                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast()))
+            } else {
+                _mm512_maskz_loadu_ps(mask, p.cast())
+            }
+        }
+    }
+
+    /// As the AVX2 `reduce`, sixteen outputs at once.
+    #[inline(always)]
+    ///
+    /// # Safety
+    /// `lane[..order.lanes()]` must be initialized.
+    unsafe fn reduce(order: SumOrder, lane: &[MaybeUninit<__m512>; 64]) -> __m512 {
+        unsafe {
+            let at = |l: usize| lane[l].assume_init();
+            let mut x = [_mm512_setzero_ps(); 16];
+            for j in 0..16 {
+                x[j] = match order {
+                    SumOrder::Sgemm => at(j),
+                    SumOrder::VecDot => _mm512_add_ps(
+                        _mm512_add_ps(at(j), at(32 + j)),
+                        _mm512_add_ps(at(16 + j), at(48 + j)),
+                    ),
+                };
+            }
+            let mut t3 = [_mm512_setzero_ps(); 8];
+            for i in 0..8 {
+                t3[i] = _mm512_add_ps(x[i + 8], x[i]);
+            }
+            let mut t6 = [_mm512_setzero_ps(); 4];
+            for i in 0..4 {
+                t6[i] = _mm512_add_ps(t3[i + 4], t3[i]);
+            }
+            _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]))
+        }
+    }
+
+    /// Scores of tokens `t0..t0 + len` for `group` heads sharing the keys.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn scores16_group<E: KvElement>(
+        q: &[f32],
+        group: usize,
+        hd: usize,
+        k: *const E,
+        width: usize,
+        t0: usize,
+        len: usize,
+        order: SumOrder,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let lanes = order.lanes();
+        let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
+        // SAFETY: the caller guarantees every slot read and written exists;
+        // every lane below `lanes` of every head is written before `reduce`.
+        unsafe {
+            let mut lane = [[MaybeUninit::<__m512>::uninit(); 64]; super::MAX_GROUP];
+            for l in 0..lanes {
+                if l >= hd {
+                    for head in lane.iter_mut().take(group) {
+                        head[l] = MaybeUninit::new(_mm512_setzero_ps());
+                    }
+                    continue;
+                }
+                let kv = load(k.add(l * width + t0), mask);
+                let mut a = [_mm512_setzero_ps(); super::MAX_GROUP];
+                for g in 0..group {
+                    a[g] = _mm512_mul_ps(_mm512_set1_ps(*q.get_unchecked(g * hd + l)), kv);
+                }
+                let mut d = l + lanes;
+                while d < hd {
+                    let kv = load(k.add(d * width + t0), mask);
+                    for g in 0..group {
+                        a[g] =
+                            _mm512_fmadd_ps(_mm512_set1_ps(*q.get_unchecked(g * hd + d)), kv, a[g]);
+                    }
+                    d += lanes;
+                }
+                for g in 0..group {
+                    lane[g][l] = MaybeUninit::new(a[g]);
+                }
+            }
+            for g in 0..group {
+                _mm512_mask_storeu_ps(out.add(g * stride + t0), mask, reduce(order, &lane[g]));
+            }
+        }
+    }
+
+    /// Sixteen output dimensions from `d0` for `group` heads sharing the values.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn values16_group<E: KvElement>(
+        p: &[f32],
+        p_stride: usize,
+        group: usize,
+        rows: &[*const E],
+        d0: usize,
+        order: SumOrder,
+        out: *mut f32,
+        hd: usize,
+    ) {
+        let lanes = order.lanes();
+        let n = rows.len();
+        // SAFETY: the caller guarantees every row and weight read, and every
+        // output written, exists; every lane below `lanes` is written first.
+        unsafe {
+            let mut lane = [[MaybeUninit::<__m512>::uninit(); 64]; super::MAX_GROUP];
+            for l in 0..lanes {
+                if l >= n {
+                    for head in lane.iter_mut().take(group) {
+                        head[l] = MaybeUninit::new(_mm512_setzero_ps());
+                    }
+                    continue;
+                }
+                let row = load(rows.get_unchecked(l).add(d0), 0xFFFF);
+                let mut a = [_mm512_setzero_ps(); super::MAX_GROUP];
+                for g in 0..group {
+                    a[g] = _mm512_mul_ps(_mm512_set1_ps(*p.get_unchecked(g * p_stride + l)), row);
+                }
+                let mut t = l + lanes;
+                while t < n {
+                    let row = load(rows.get_unchecked(t).add(d0), 0xFFFF);
+                    for g in 0..group {
+                        a[g] = _mm512_fmadd_ps(
+                            _mm512_set1_ps(*p.get_unchecked(g * p_stride + t)),
+                            row,
+                            a[g],
+                        );
+                    }
+                    t += lanes;
+                }
+                for g in 0..group {
+                    lane[g][l] = MaybeUninit::new(a[g]);
+                }
+            }
+            for g in 0..group {
+                _mm512_storeu_ps(out.add(g * hd + d0), reduce(order, &lane[g]));
+            }
+        }
+    }
+
+    /// Scores of tokens `t0..t0 + len` (len <= 16) of the page at `k`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn scores16<E: KvElement>(
+        q: &[f32],
+        k: *const E,
+        width: usize,
+        t0: usize,
+        len: usize,
+        order: SumOrder,
+        out: *mut f32,
+    ) {
+        let lanes = order.lanes();
+        let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
+        // SAFETY: the caller guarantees slots t0..t0 + len of every row exist;
+        // every lane of `lane` is written before `reduce` reads it.
+        unsafe {
+            let mut lane = [MaybeUninit::<__m512>::uninit(); 64];
+            for l in q.len().min(lanes)..lanes {
+                lane[l] = MaybeUninit::new(_mm512_setzero_ps());
+            }
+            for l in 0..lanes.min(q.len()) {
+                let mut a = _mm512_mul_ps(
+                    _mm512_set1_ps(*q.get_unchecked(l)),
+                    load(k.add(l * width + t0), mask),
+                );
+                let mut d = l + lanes;
+                while d < q.len() {
+                    a = _mm512_fmadd_ps(
+                        _mm512_set1_ps(*q.get_unchecked(d)),
+                        load(k.add(d * width + t0), mask),
+                        a,
+                    );
+                    d += lanes;
+                }
+                lane[l] = MaybeUninit::new(a);
+            }
+            _mm512_mask_storeu_ps(out, mask, reduce(order, &lane));
+        }
+    }
+
+    /// Sixteen output dimensions `d0..d0 + 16` of the weighted sum of values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+    pub(super) unsafe fn values16<E: KvElement>(
+        p: &[f32],
+        rows: &[*const E],
+        d0: usize,
+        order: SumOrder,
+        out: *mut f32,
+    ) {
+        let lanes = order.lanes();
+        // SAFETY: the caller guarantees every row read exists; every lane of
+        // `lane` is written before `reduce` reads it.
+        unsafe {
+            let mut lane = [MaybeUninit::<__m512>::uninit(); 64];
+            for l in p.len().min(lanes)..lanes {
+                lane[l] = MaybeUninit::new(_mm512_setzero_ps());
+            }
+            for l in 0..lanes.min(p.len()) {
+                let mut a = _mm512_mul_ps(
+                    _mm512_set1_ps(*p.get_unchecked(l)),
+                    load(rows.get_unchecked(l).add(d0), 0xFFFF),
+                );
+                let mut t = l + lanes;
+                while t < p.len() {
+                    a = _mm512_fmadd_ps(
+                        _mm512_set1_ps(*p.get_unchecked(t)),
+                        load(rows.get_unchecked(t).add(d0), 0xFFFF),
+                        a,
+                    );
+                    t += lanes;
+                }
+                lane[l] = MaybeUninit::new(a);
+            }
+            _mm512_storeu_ps(out, reduce(order, &lane));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod attn_avx2 {
+    use super::{KvElement, SumOrder};
+    use std::arch::x86_64::*;
+    use std::mem::MaybeUninit;
+
+    /// Eight elements from `p` as f32.
+    #[inline(always)]
+    unsafe fn load<E: KvElement>(p: *const E) -> __m256 {
+        unsafe {
+            if E::IS_F16 {
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+            } else {
+                _mm256_loadu_ps(p.cast())
+            }
+        }
+    }
+
+    /// Reduces the library's partial sums (`lane[l]`, eight outputs at
+    /// once) in `order`; see [`SumOrder::combine`].
+    #[inline(always)]
+    ///
+    /// # Safety
+    /// `lane[..order.lanes()]` must be initialized.
+    unsafe fn reduce(order: SumOrder, lane: &[MaybeUninit<__m256>; 64]) -> __m256 {
+        unsafe {
+            let at = |l: usize| lane[l].assume_init();
+            let mut x = [_mm256_setzero_ps(); 16];
+            for j in 0..16 {
+                x[j] = match order {
+                    SumOrder::Sgemm => at(j),
+                    SumOrder::VecDot => _mm256_add_ps(
+                        _mm256_add_ps(at(j), at(32 + j)),
+                        _mm256_add_ps(at(16 + j), at(48 + j)),
+                    ),
+                };
+            }
+            let mut t3 = [_mm256_setzero_ps(); 8];
+            for i in 0..8 {
+                t3[i] = _mm256_add_ps(x[i + 8], x[i]);
+            }
+            let mut t6 = [_mm256_setzero_ps(); 4];
+            for i in 0..4 {
+                t6[i] = _mm256_add_ps(t3[i + 4], t3[i]);
+            }
+            _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]))
+        }
+    }
+
+    /// Eight scores, tokens `t0..t0 + 8` of the page at `k`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scores8<E: KvElement>(
+        q: &[f32],
+        k: *const E,
+        width: usize,
+        t0: usize,
+        order: SumOrder,
+        out: *mut f32,
+    ) {
+        let lanes = order.lanes();
+        // SAFETY: the caller guarantees rows d * width + t0 .. + 8 exist;
+        // every lane of `lane` is written before `reduce` reads it.
+        unsafe {
+            let mut lane = [MaybeUninit::<__m256>::uninit(); 64];
+            for l in q.len().min(lanes)..lanes {
+                lane[l] = MaybeUninit::new(_mm256_setzero_ps());
+            }
+            for l in 0..lanes.min(q.len()) {
+                let mut a = _mm256_mul_ps(
+                    _mm256_set1_ps(*q.get_unchecked(l)),
+                    load(k.add(l * width + t0)),
+                );
+                let mut d = l + lanes;
+                while d < q.len() {
+                    a = _mm256_fmadd_ps(
+                        _mm256_set1_ps(*q.get_unchecked(d)),
+                        load(k.add(d * width + t0)),
+                        a,
+                    );
+                    d += lanes;
+                }
+                lane[l] = MaybeUninit::new(a);
+            }
+            _mm256_storeu_ps(out, reduce(order, &lane));
+        }
+    }
+
+    /// Eight output dimensions `d0..d0 + 8` of the weighted sum of values.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn values8<E: KvElement>(
+        p: &[f32],
+        rows: &[*const E],
+        d0: usize,
+        order: SumOrder,
+        out: *mut f32,
+    ) {
+        let lanes = order.lanes();
+        // SAFETY: the caller guarantees every row read exists; every lane of
+        // `lane` is written before `reduce` reads it.
+        unsafe {
+            let mut lane = [MaybeUninit::<__m256>::uninit(); 64];
+            for l in p.len().min(lanes)..lanes {
+                lane[l] = MaybeUninit::new(_mm256_setzero_ps());
+            }
+            for l in 0..lanes.min(p.len()) {
+                let mut a = _mm256_mul_ps(
+                    _mm256_set1_ps(*p.get_unchecked(l)),
+                    load(rows.get_unchecked(l).add(d0)),
+                );
+                let mut t = l + lanes;
+                while t < p.len() {
+                    a = _mm256_fmadd_ps(
+                        _mm256_set1_ps(*p.get_unchecked(t)),
+                        load(rows.get_unchecked(t).add(d0)),
+                        a,
+                    );
+                    t += lanes;
+                }
+                lane[l] = MaybeUninit::new(a);
+            }
+            _mm256_storeu_ps(out, reduce(order, &lane));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::round_f16_slice;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// The attention sums written plainly: lanes as the order defines them.
+    fn reference_scores(q: &[f32], k: &[f32], width: usize, n: usize, order: SumOrder) -> Vec<f32> {
+        (0..n)
+            .map(|t| {
+                let mut acc = [0f32; LANES];
+                let lanes = order.lanes();
+                for (d, qd) in q.iter().enumerate() {
+                    let lane = d % lanes;
+                    acc[lane] = if d < lanes {
+                        qd * k[d * width + t]
+                    } else {
+                        qd.mul_add(k[d * width + t], acc[lane])
+                    };
+                }
+                order.combine(&acc)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn simd_attention_is_bit_identical_to_the_plain_sums() {
+        let mut seed = 3;
+        let (hd, width) = (64, 16);
+        for order in [SumOrder::Sgemm, SumOrder::VecDot] {
+            for n in [1, 5, 8, 13, 16] {
+                let mut q: Vec<f32> = (0..hd).map(|_| lcg(&mut seed) * 4.0).collect();
+                round_f16_slice(&mut q);
+                let k16: Vec<half::f16> = (0..hd * width)
+                    .map(|_| half::f16::from_f32(lcg(&mut seed) * 3.0))
+                    .collect();
+                let k32: Vec<f32> = k16.iter().map(|x| x.to_f32()).collect();
+                let want = reference_scores(&q, &k32, width, n, order);
+                let mut got16 = vec![0f32; n];
+                let mut got32 = vec![0f32; n];
+                attention_scores(&q, &k16, width, &mut got16, order);
+                attention_scores(&q, &k32, width, &mut got32, order);
+                assert_eq!(got16, want, "{order:?} n={n} f16");
+                assert_eq!(got32, want, "{order:?} n={n} f32");
+
+                // Values: tokens over two pages, token-major rows.
+                let ctx = n + width;
+                let v32: Vec<f32> = (0..2 * width * hd)
+                    .map(|_| half::f16::from_f32(lcg(&mut seed)).to_f32())
+                    .collect();
+                let v16: Vec<half::f16> = v32.iter().map(|x| half::f16::from_f32(*x)).collect();
+                let mut p: Vec<f32> = (0..ctx).map(|_| lcg(&mut seed).abs()).collect();
+                round_f16_slice(&mut p);
+                let want: Vec<f32> = (0..hd)
+                    .map(|d| {
+                        let mut acc = [0f32; LANES];
+                        let lanes = order.lanes();
+                        for (t, pt) in p.iter().enumerate() {
+                            let v = v32[t * hd + d];
+                            acc[t % lanes] = if t < lanes {
+                                pt * v
+                            } else {
+                                pt.mul_add(v, acc[t % lanes])
+                            };
+                        }
+                        order.combine(&acc)
+                    })
+                    .collect();
+                let (mut out16, mut out32) = (vec![0f32; hd], vec![0f32; hd]);
+                attention_values(
+                    &p,
+                    &[&v16[..width * hd], &v16[width * hd..]],
+                    width,
+                    &mut out16,
+                    order,
+                );
+                attention_values(
+                    &p,
+                    &[&v32[..width * hd], &v32[width * hd..]],
+                    width,
+                    &mut out32,
+                    order,
+                );
+                assert_eq!(out16, want, "{order:?} ctx={ctx} values f16");
+                assert_eq!(out32, want, "{order:?} ctx={ctx} values f32");
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_attention_equals_one_head_at_a_time() {
+        let mut seed = 5;
+        let (hd, width, group) = (64, 16, 3);
+        for order in [SumOrder::Sgemm, SumOrder::VecDot] {
+            for n in [3, 16] {
+                let mut q: Vec<f32> = (0..group * hd).map(|_| lcg(&mut seed) * 4.0).collect();
+                round_f16_slice(&mut q);
+                let k: Vec<half::f16> = (0..hd * width)
+                    .map(|_| half::f16::from_f32(lcg(&mut seed)))
+                    .collect();
+                let stride = 20;
+                let mut grouped = vec![0f32; group * stride];
+                attention_scores_group(&q, hd, &k, width, &mut grouped, stride, n, order);
+                for g in 0..group {
+                    let mut one = vec![0f32; n];
+                    attention_scores(&q[g * hd..(g + 1) * hd], &k, width, &mut one, order);
+                    assert_eq!(
+                        &grouped[g * stride..g * stride + n],
+                        &one[..],
+                        "{order:?} scores head {g}"
+                    );
+                }
+                let v: Vec<half::f16> = (0..width * hd)
+                    .map(|_| half::f16::from_f32(lcg(&mut seed)))
+                    .collect();
+                let p: Vec<f32> = (0..group * stride).map(|_| lcg(&mut seed).abs()).collect();
+                let mut out = vec![0f32; group * hd];
+                attention_values_group(&p, stride, n, &[&v[..]], width, &mut out, hd, order);
+                for g in 0..group {
+                    let mut one = vec![0f32; hd];
+                    attention_values(
+                        &p[g * stride..g * stride + n],
+                        &[&v[..]],
+                        width,
+                        &mut one,
+                        order,
+                    );
+                    assert_eq!(
+                        &out[g * hd..(g + 1) * hd],
+                        &one[..],
+                        "{order:?} values head {g}"
+                    );
+                }
+            }
+        }
+    }
+}
