@@ -762,6 +762,41 @@ mod tests {
     }
 
     #[test]
+    fn avx2_attention_equals_the_dispatched_path() {
+        #[cfg(target_arch = "x86_64")]
+        if crate::simd_available() {
+            let mut seed = 9;
+            let (hd, width) = (64, 16);
+            for order in [SumOrder::Sgemm, SumOrder::VecDot] {
+                let mut q: Vec<f32> = (0..hd).map(|_| lcg(&mut seed) * 4.0).collect();
+                round_f16_slice(&mut q);
+                let k: Vec<half::f16> = (0..hd * width)
+                    .map(|_| half::f16::from_f32(lcg(&mut seed)))
+                    .collect();
+                let mut want = vec![0f32; width];
+                attention_scores(&q, &k, width, &mut want, order);
+                let mut got = vec![0f32; width];
+                for t0 in [0, 8] {
+                    unsafe {
+                        attn_avx2::scores8(&q, k.as_ptr(), width, t0, order, got[t0..].as_mut_ptr())
+                    };
+                }
+                assert_eq!(got, want, "{order:?} scores");
+                let p: Vec<f32> = (0..width).map(|_| lcg(&mut seed).abs()).collect();
+                let rows: Vec<*const half::f16> =
+                    (0..width).map(|t| k[t * hd..].as_ptr()).collect();
+                let mut want = vec![0f32; hd];
+                attention_values(&p, &[&k[..]], width, &mut want, order);
+                let mut got = vec![0f32; hd];
+                for d0 in (0..hd).step_by(8) {
+                    unsafe { attn_avx2::values8(&p, &rows, d0, order, got[d0..].as_mut_ptr()) };
+                }
+                assert_eq!(got, want, "{order:?} values");
+            }
+        }
+    }
+
+    #[test]
     fn grouped_attention_equals_one_head_at_a_time() {
         let mut seed = 5;
         let (hd, width, group) = (64, 16, 3);

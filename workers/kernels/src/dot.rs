@@ -113,7 +113,7 @@ pub(crate) unsafe fn weight_row_dots_scalar(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::OutPtr;
     use crate::quant::{ActivationsQ8, BLOCK, WeightFormat, WeightsQ};
     use std::arch::x86_64::*;
@@ -145,6 +145,29 @@ mod avx2 {
                 (WeightFormat::Q4_1, true) => tiles_512::<Q41>(w, rows, a, out, stride),
                 (WeightFormat::Q4_0, true) => tiles_512::<Q40>(w, rows, a, out, stride),
                 (WeightFormat::Q8_0, true) => tiles_512::<Q80>(w, rows, a, out, stride),
+            }
+        }
+    }
+
+    /// The AVX2 (no VNNI, no AVX-512) tiles, for tests on machines that
+    /// would otherwise take the AVX-512 path.
+    ///
+    /// # Safety
+    /// Requires AVX2, FMA and F16C; output contract as `super::weight_rows_dots`.
+    #[cfg(test)]
+    pub(crate) unsafe fn weight_rows_dots_avx2_only(
+        w: &WeightsQ,
+        rows: std::ops::Range<usize>,
+        a: &ActivationsQ8,
+        out: OutPtr,
+        stride: usize,
+    ) {
+        // SAFETY: upheld by the caller.
+        unsafe {
+            match w.format() {
+                WeightFormat::Q4_1 => tiles_madd::<Q41>(w, rows, a, out, stride),
+                WeightFormat::Q4_0 => tiles_madd::<Q40>(w, rows, a, out, stride),
+                WeightFormat::Q8_0 => tiles_madd::<Q80>(w, rows, a, out, stride),
             }
         }
     }

@@ -182,6 +182,25 @@ mod tests {
                 let mut ws = Workspace::new(&x, rows_in, cols);
                 let mut fast = vec![0f32; rows_in * rows];
                 m.matmul(&mut ws, &mut fast);
+                // The AVX2 tiles sum in the same order as the path taken above.
+                #[cfg(target_arch = "x86_64")]
+                if crate::simd_available() {
+                    let act = ActivationsQ8::quantize(&x, rows_in, cols);
+                    let mut avx2 = vec![0f32; rows_in * rows];
+                    unsafe {
+                        crate::dot::avx2::weight_rows_dots_avx2_only(
+                            &w,
+                            0..rows,
+                            &act,
+                            OutPtr(avx2.as_mut_ptr()),
+                            rows,
+                        )
+                    };
+                    assert_eq!(
+                        avx2, fast,
+                        "{format:?} AVX2 tiles differ from the dispatched path"
+                    );
+                }
                 let act = ActivationsQ8::quantize(&x, rows_in, cols);
                 let mut slow = vec![0f32; rows_in * rows];
                 for j in 0..rows {
