@@ -54,6 +54,12 @@ pub(crate) struct ModelArgs {
     /// Compute threads (default: one per core).
     #[arg(long)]
     pub(crate) threads: Option<usize>,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) page_size: usize,
+    /// Zero KV pages when they are freed.
+    #[arg(long)]
+    pub(crate) scrub_on_free: bool,
 }
 
 impl ModelArgs {
@@ -73,6 +79,8 @@ impl ModelArgs {
         if let Some(t) = self.threads {
             c.threads = t.max(1);
         }
+        c.page_size = self.page_size;
+        c.scrub_on_free = self.scrub_on_free;
         c
     }
 }

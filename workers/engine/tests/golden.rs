@@ -68,3 +68,18 @@ fn greedy_output_on_q4_1_matches_llama_cpp() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn greedy_output_does_not_depend_on_page_size() {
+    let g = golden();
+    let case = &g["cases"][2];
+    let expected = ids(&case["greedy_ids"]);
+    for page_size in [1, 5, 64] {
+        let mut config = bulkhead_engine::EngineConfig::with_budget(64 << 20);
+        config.page_size = page_size;
+        config.threads = 2;
+        let e = bulkhead_engine::Engine::start(model(), &config).expect("engine starts");
+        let (got, _, _) = run(&e, 1, greedy(ids(&case["prompt_ids"]), expected.len()));
+        assert_eq!(got, expected, "page size {page_size}");
+    }
+}
