@@ -14,7 +14,6 @@ use crate::error::{ConfigError, EngineError};
 use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
-use bulkhead_kernels::attention::{MAX_GROUP, MAX_HEAD_DIM};
 use bulkhead_kv::{
     AdmissionError, Admitted, KvDtype, KvGeometry, KvPool, Limits, Owner, OwnerChecks, PageTable,
     PoolCounters, RequestId,
@@ -141,12 +140,6 @@ impl EngineCore {
         let c = model.config();
         if config.page_size == 0 || config.page_size > 256 {
             return Err(ConfigError::PageSize(config.page_size));
-        }
-        if c.head_dim > MAX_HEAD_DIM {
-            return Err(ConfigError::HeadDim(c.head_dim, MAX_HEAD_DIM));
-        }
-        if c.heads / c.kv_heads > MAX_GROUP {
-            return Err(ConfigError::GroupSize(c.heads / c.kv_heads, MAX_GROUP));
         }
         let geometry = KvGeometry {
             layers: c.layers,
@@ -289,8 +282,7 @@ impl EngineCore {
             .collect();
         let model = &self.model;
         let out = forward(
-            &model.config,
-            &model.weights,
+            model,
             &self.rope,
             self.numerics,
             &mut self.pool,
@@ -341,8 +333,7 @@ impl EngineCore {
                 want_logits: start + len == tokens.len(),
             }];
             let out = forward(
-                &model.config,
-                &model.weights,
+                &model,
                 &self.rope,
                 self.numerics,
                 &mut self.pool,

@@ -69,10 +69,4 @@ pub enum ConfigError {
         /// Bytes of one page.
         page_bytes: usize,
     },
-    /// The model's heads are wider than the attention kernels support.
-    #[error("head dimension {0} exceeds the supported {1}")]
-    HeadDim(usize, usize),
-    /// More query heads share one KV head than the attention kernels support.
-    #[error("{0} query heads per KV head exceed the supported {1}")]
-    GroupSize(usize, usize),
 }

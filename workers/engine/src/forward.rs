@@ -6,9 +6,9 @@
 //! checks the page's owner tag against the reading sequence; a refused page
 //! contributes nothing and the sequence is reported as violated.
 
-use crate::gguf::{ModelConfig, Weights};
+use crate::gguf::{ModelConfig, ModelFile};
 use bulkhead_kernels::attention::{
-    KvElement, MAX_GROUP, MAX_HEAD_DIM, SumOrder, attention_scores_group, attention_values_group,
+    KvElement, SumOrder, attention_scores_group, attention_values_group,
 };
 use bulkhead_kernels::ops::{
     add_assign, rms_norm, rope_pairs, round_f16_slice, silu_mul, softmax_ggml,
@@ -150,14 +150,14 @@ pub enum Numerics {
 
 /// Runs the model over `batch`. Must run inside the engine's rayon pool.
 pub(crate) fn forward(
-    c: &ModelConfig,
-    w: &Weights,
+    model: &ModelFile,
     rope: &Rope,
     numerics: Numerics,
     pool: &mut KvPool,
     batch: &[BatchSeq<'_>],
     bufs: &mut Buffers,
 ) -> ForwardOutput {
+    let (c, w) = (&model.config, &model.weights);
     let (h, hd, kvd) = (c.hidden, c.head_dim, c.kv_heads * c.head_dim);
     let rows: Vec<(usize, usize)> = batch
         .iter()
@@ -256,9 +256,8 @@ pub(crate) fn forward(
                 // As llama.cpp's default (non-flash) attention on an f16 KV
                 // cache: q rounded to f16, softmax normalized in full,
                 // probabilities rounded to f16 before weighting values.
-                let mut qr = [0f32; MAX_HEAD_DIM * MAX_GROUP];
-                let qr = &mut qr[..group * hd];
-                qr.copy_from_slice(qv);
+                let mut qr = qv.to_vec();
+                let qr = &mut qr[..];
                 if numerics == Numerics::LlamaCpp {
                     round_f16_slice(qr);
                 }

@@ -136,11 +136,6 @@ impl Tokenizer {
         self.eos
     }
 
-    /// Vocabulary size.
-    pub fn vocab_size(&self) -> usize {
-        self.tokens.len()
-    }
-
     pub(crate) fn bos_text(&self) -> String {
         self.bos
             .and_then(|b| self.tokens.get(b as usize).cloned())

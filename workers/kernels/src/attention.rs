@@ -50,9 +50,6 @@ impl SumOrder {
     }
 }
 
-/// Largest head dimension the engine's attention supports.
-pub const MAX_HEAD_DIM: usize = 256;
-
 /// An element type of KV page memory: `f32`, or `half::f16` as llama.cpp's
 /// default cache stores keys and values.
 pub trait KvElement: Copy + Send + Sync + 'static {
@@ -184,7 +181,8 @@ pub fn attention_values<E: KvElement>(
     }
 }
 
-/// Query heads one call of the grouped kernels handles at most.
+/// Query heads the grouped SIMD kernels handle in one pass; larger groups
+/// take one head at a time.
 pub const MAX_GROUP: usize = 8;
 
 /// [`attention_scores`] for the `q.len() / hd` query heads that share one KV
