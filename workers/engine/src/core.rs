@@ -10,17 +10,18 @@
 use crate::GenerateRequest;
 use crate::detok::{Detokenizer, Piece};
 use crate::engine::EngineConfig;
-use crate::error::{ConfigError, EngineError};
+use crate::error::{ConfigError, EngineError, TransferFault};
 use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
 use bulkhead_kv::{
-    AdmissionError, Admitted, KvDtype, KvGeometry, KvPool, Limits, Owner, OwnerChecks, PageTable,
-    PoolCounters, RequestId,
+    AdmissionError, Admitted, Generation, KvDtype, KvGeometry, KvPool, Limits, Owner, OwnerChecks,
+    PageTable, PoolCounters, RequestId, TransferId,
 };
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
 
 /// What a request's consumer receives.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,13 +96,75 @@ pub enum LogitsError {
     Empty,
 }
 
+/// What a prefill-only sequence hands to the transfer layer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PrefillEvent {
+    /// The bytes of one finished prompt page (see
+    /// [`KvPool::export_page`]), in slot order.
+    Page {
+        /// Index of the page in the prompt (the transfer slot).
+        slot: usize,
+        /// The page's bytes.
+        bytes: Vec<u8>,
+    },
+    /// The prompt is computed: the last position's logits. The source pages
+    /// stay held until [`EngineCore::release_source`].
+    Computed {
+        /// Logits of the last prompt position.
+        logits: Vec<f32>,
+    },
+    /// Prefill failed; the source pages are already released.
+    Failed(EngineError),
+}
+
+/// Landing slots granted for a transfer: the generation of each prompt
+/// page, in slot order. Physical page ids never leave the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Generations of the landing pages, slot by slot.
+    pub generations: Vec<Generation>,
+}
+
+/// Engine-wide counters beyond the pool's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineStats {
+    /// The KV pool's counters.
+    pub pool: PoolCounters,
+    /// Sequences running (including those waiting for a transfer).
+    pub running: usize,
+    /// Requests waiting for pages.
+    pub waiting: usize,
+    /// Failed transfers whose landing pages are held until the sender's
+    /// writes are drained (deferred release).
+    pub draining_transfers: usize,
+    /// Prefilled transfers whose source pages are held until the decode
+    /// worker acknowledges.
+    pub held_transfers: usize,
+}
+
 pub(crate) type Sink = UnboundedSender<SeqEvent>;
+pub(crate) type PrefillSink = UnboundedSender<PrefillEvent>;
 
 /// A request waiting for pages (opaque).
 #[derive(Debug)]
 pub struct PendingRequest {
     request: GenerateRequest,
     sink: Sink,
+    landing: Option<(TransferId, oneshot::Sender<Grant>)>,
+}
+
+/// A prefill-only job waiting for pages (opaque).
+#[derive(Debug)]
+pub struct PendingPrefill {
+    prompt: Vec<u32>,
+    transfer: TransferId,
+    events: PrefillSink,
+}
+
+#[derive(Debug)]
+enum Pending {
+    Generate(PendingRequest),
+    Prefill(PendingPrefill),
 }
 
 #[derive(Debug)]
@@ -112,12 +175,40 @@ struct Sequence {
     prompt_len: usize,
     /// Positions whose keys and values are in the pages.
     computed: usize,
+    done: bool,
+    role: Role,
+}
+
+#[derive(Debug)]
+enum Role {
+    /// Computes (or receives) its prompt and generates.
+    Generate(Generator),
+    /// Computes its prompt for a decode worker and stops.
+    Prefill {
+        transfer: TransferId,
+        events: PrefillSink,
+        exported: usize,
+    },
+}
+
+#[derive(Debug)]
+struct Generator {
     max_tokens: usize,
     ignore_eos: bool,
     sampler: Sampler,
     detok: Detokenizer,
     sink: Sink,
-    done: bool,
+    landing: Option<Landing>,
+}
+
+/// A sequence whose prompt pages are arriving from a prefill worker.
+#[derive(Debug)]
+struct Landing {
+    transfer: TransferId,
+    landed: Vec<bool>,
+    /// The client went away: finish as cancelled once the transfer ends
+    /// (a disconnect never aborts a transfer mid-flight).
+    cancel_after: bool,
 }
 
 /// The engine state, owned by one thread.
@@ -129,8 +220,12 @@ pub struct EngineCore {
     pool: KvPool,
     limits: Limits,
     step_tokens: usize,
-    waiting: VecDeque<Admitted<PendingRequest>>,
+    waiting: VecDeque<Admitted<Pending>>,
     running: Vec<Sequence>,
+    /// Landing pages of failed transfers, held until fenced.
+    draining: HashMap<TransferId, PageTable>,
+    /// Source pages of prefilled transfers, held until acknowledged.
+    held: HashMap<TransferId, PageTable>,
     buffers: Buffers,
 }
 
@@ -175,6 +270,8 @@ impl EngineCore {
             step_tokens: config.step_tokens.max(1),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            draining: HashMap::new(),
+            held: HashMap::new(),
             buffers: Buffers::default(),
         })
     }
@@ -192,19 +289,215 @@ impl EngineCore {
         sink: Sink,
     ) -> Result<Admitted<PendingRequest>, AdmissionError> {
         let (prompt, max) = (request.prompt.len(), request.sampling.max_tokens);
-        limits.admit(owner, prompt, max, PendingRequest { request, sink })
+        limits.admit(
+            owner,
+            prompt,
+            max,
+            PendingRequest {
+                request,
+                sink,
+                landing: None,
+            },
+        )
+    }
+
+    /// Admits a request whose prompt KV will arrive through `transfer`:
+    /// once its pages fit, the prompt pages become landing slots and their
+    /// generations are sent on `granted`.
+    pub fn admit_landing(
+        limits: &Limits,
+        owner: Owner,
+        request: GenerateRequest,
+        sink: Sink,
+        transfer: TransferId,
+        granted: oneshot::Sender<Grant>,
+    ) -> Result<Admitted<PendingRequest>, AdmissionError> {
+        let (prompt, max) = (request.prompt.len(), request.sampling.max_tokens);
+        limits.admit(
+            owner,
+            prompt,
+            max,
+            PendingRequest {
+                request,
+                sink,
+                landing: Some((transfer, granted)),
+            },
+        )
+    }
+
+    /// Admits a prefill-only job: `max_tokens` counts against the limits
+    /// (the decode side will hold it) but only the prompt's pages are
+    /// reserved here.
+    pub fn admit_prefill(
+        limits: &Limits,
+        owner: Owner,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        transfer: TransferId,
+        events: PrefillSink,
+    ) -> Result<Admitted<PendingPrefill>, AdmissionError> {
+        let n = prompt.len();
+        let job = PendingPrefill {
+            prompt,
+            transfer,
+            events,
+        };
+        Ok(limits.admit(owner, n, max_tokens, job)?.prompt_only())
     }
 
     /// Queues an admitted request; it joins the batch when its pages fit.
     pub fn submit(&mut self, admitted: Admitted<PendingRequest>) {
-        self.waiting.push_back(admitted);
+        self.waiting.push_back(admitted.map(Pending::Generate));
+    }
+
+    /// Queues an admitted prefill-only job.
+    pub fn submit_prefill(&mut self, admitted: Admitted<PendingPrefill>) {
+        self.waiting.push_back(admitted.map(Pending::Prefill));
+    }
+
+    /// Writes one verified page into landing slot `slot` of `transfer`.
+    /// A page the grant does not allow fails the transfer.
+    pub fn import_page(
+        &mut self,
+        transfer: TransferId,
+        slot: usize,
+        generation: Generation,
+        bytes: &[u8],
+    ) {
+        let Some(i) = self.landing_index(transfer) else {
+            return;
+        };
+        let seq = &mut self.running[i];
+        match self
+            .pool
+            .import_page(&seq.table, transfer, slot, generation, bytes)
+        {
+            Ok(()) => {
+                if let Role::Generate(Generator {
+                    landing: Some(l), ..
+                }) = &mut seq.role
+                {
+                    l.landed[slot] = true;
+                }
+            }
+            Err(_) => self.fail_transfer(transfer, TransferFault::Slot),
+        }
+    }
+
+    /// Makes a verified transfer's pages readable and samples the first
+    /// token from the prefill worker's `logits`. Refused (and the transfer
+    /// failed) unless every landing slot was written.
+    pub fn commit_transfer(&mut self, transfer: TransferId, logits: &mut [f32]) {
+        let Some(i) = self.landing_index(transfer) else {
+            return;
+        };
+        let complete = match &self.running[i].role {
+            Role::Generate(Generator {
+                landing: Some(l), ..
+            }) => l.landed.iter().all(|x| *x) && logits.len() == self.model.config.vocab,
+            _ => false,
+        };
+        if !complete {
+            self.fail_transfer(transfer, TransferFault::Incomplete);
+            return;
+        }
+        let seq = &mut self.running[i];
+        self.pool.commit_received(&seq.table, transfer);
+        seq.computed = seq.prompt_len;
+        let Role::Generate(g) = &mut seq.role else {
+            return;
+        };
+        let cancel = g.landing.take().is_some_and(|l| l.cancel_after);
+        if cancel {
+            seq.finish(FinishReason::Cancelled);
+        } else {
+            seq.accept(logits, self.model.tokenizer());
+        }
+        self.reap();
+    }
+
+    /// Fails a transfer's request. Its landing pages stay unreadable and
+    /// held until [`EngineCore::fence_transfer`] says no write can arrive.
+    pub fn fail_transfer(&mut self, transfer: TransferId, fault: TransferFault) {
+        let Some(i) = self.landing_index(transfer) else {
+            return;
+        };
+        let seq = self.running.swap_remove(i);
+        if let Role::Generate(g) = &seq.role {
+            let _ = g.sink.send(SeqEvent::Failed(EngineError::Transfer(fault)));
+        }
+        self.draining.insert(transfer, seq.table);
+    }
+
+    /// Fails a transfer the prefill side refused at its own admission.
+    pub fn reject_transfer(&mut self, transfer: TransferId, error: AdmissionError) {
+        let Some(i) = self.landing_index(transfer) else {
+            return;
+        };
+        let seq = self.running.swap_remove(i);
+        if let Role::Generate(g) = &seq.role {
+            let _ = g.sink.send(SeqEvent::Failed(EngineError::Rejected(error)));
+        }
+        // Nothing was sent for a rejected transfer: no write can be in flight.
+        self.pool.release_scrubbed(seq.table);
+    }
+
+    /// No write for `transfer` can arrive any more (the sender acknowledged
+    /// an abort, or its connection is gone): zero and free its landing
+    /// pages. A transfer still landing is failed first.
+    pub fn fence_transfer(&mut self, transfer: TransferId, fault: TransferFault) {
+        self.fail_transfer(transfer, fault);
+        if let Some(table) = self.draining.remove(&transfer) {
+            self.pool.release_scrubbed(table);
+        }
+    }
+
+    /// Prefill side: the decode worker acknowledged (or aborted) `transfer`,
+    /// so its source pages can go. A prefill still computing stops.
+    pub fn release_source(&mut self, transfer: TransferId) {
+        if let Some(table) = self.held.remove(&transfer) {
+            self.pool.release(table);
+            return;
+        }
+        if let Some(i) = self
+            .running
+            .iter()
+            .position(|s| matches!(&s.role, Role::Prefill { transfer: t, .. } if *t == transfer))
+        {
+            self.running[i].done = true;
+            self.reap();
+            return;
+        }
+        if let Some(i) = self
+            .waiting
+            .iter()
+            .position(|a| matches!(a.payload(), Pending::Prefill(p) if p.transfer == transfer))
+        {
+            self.waiting.remove(i);
+        }
+    }
+
+    /// Engine-wide counters.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            pool: self.pool.counters(),
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            draining_transfers: self.draining.len(),
+            held_transfers: self.held.len(),
+        }
+    }
+
+    fn landing_index(&self, transfer: TransferId) -> Option<usize> {
+        self.running.iter().position(|s| {
+            matches!(&s.role, Role::Generate(Generator { landing: Some(l), .. }) if l.transfer == transfer)
+        })
     }
 
     /// Cancels a request: its pages return to the pool at once.
     pub fn cancel(&mut self, id: RequestId) {
         if let Some(i) = self.waiting.iter().position(|a| a.owner().request == id) {
-            if let Some(a) = self.waiting.remove(i) {
-                let p = a.into_payload();
+            if let Some(Pending::Generate(p)) = self.waiting.remove(i).map(Admitted::into_payload) {
                 let _ = p.sink.send(SeqEvent::Finished {
                     reason: FinishReason::Cancelled,
                     text: String::new(),
@@ -217,14 +510,20 @@ impl EngineCore {
             return;
         }
         if let Some(seq) = self.running.iter_mut().find(|s| s.owner.request == id) {
-            seq.finish(FinishReason::Cancelled);
+            match &mut seq.role {
+                // Never abort a transfer mid-flight: cancel once it ends.
+                Role::Generate(Generator {
+                    landing: Some(l), ..
+                }) => l.cancel_after = true,
+                _ => seq.finish(FinishReason::Cancelled),
+            }
         }
         self.reap();
     }
 
     /// Nothing waiting and nothing running.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty()
+        self.waiting.is_empty() && !self.running.iter().any(Sequence::runnable)
     }
 
     /// KV pool counters.
@@ -248,20 +547,20 @@ impl EngineCore {
     /// engine's rayon pool.
     pub fn step(&mut self) -> bool {
         self.join_waiting();
-        if self.running.is_empty() {
+        if !self.running.iter().any(Sequence::runnable) {
             return false;
         }
         // Decode tokens first, then prefill chunks, within the token budget.
         let mut budget = self.step_tokens;
         let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
         for (i, s) in self.running.iter().enumerate() {
-            if s.computed >= s.prompt_len && budget > 0 {
+            if s.runnable() && s.computed >= s.prompt_len && budget > 0 {
                 plan.push((i, s.computed, s.tokens.len() - s.computed));
                 budget -= 1;
             }
         }
         for (i, s) in self.running.iter().enumerate() {
-            if s.computed < s.prompt_len && budget > 0 {
+            if s.runnable() && s.computed < s.prompt_len && budget > 0 {
                 let len = (s.prompt_len - s.computed).min(budget);
                 plan.push((i, s.computed, len));
                 budget -= len;
@@ -293,14 +592,11 @@ impl EngineCore {
 
         for (b, violation) in out.violations {
             self.pool.quarantine(&violation);
-            let seq = &mut self.running[plan[b].0];
-            let _ = seq
-                .sink
-                .send(SeqEvent::Failed(EngineError::Integrity(violation)));
-            seq.done = true;
+            self.running[plan[b].0].fail(EngineError::Integrity(violation));
         }
         for &(i, _, len) in &plan {
             self.running[i].computed += len;
+            self.running[i].export_pages(&self.pool);
         }
         let tokenizer = model.tokenizer();
         let vocab = model.config.vocab;
@@ -308,6 +604,19 @@ impl EngineCore {
             let seq = &mut self.running[plan[*b].0];
             if !seq.done {
                 seq.accept(logits, tokenizer);
+            }
+        }
+        // Prefilled sequences move to `held` until the decode side acks.
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            if !s.done && matches!(s.role, Role::Prefill { .. }) && s.computed == s.prompt_len {
+                let seq = self.running.swap_remove(i);
+                if let Role::Prefill { transfer, .. } = seq.role {
+                    self.held.insert(transfer, seq.table);
+                }
+            } else {
+                i += 1;
             }
         }
         self.reap();
@@ -356,29 +665,80 @@ impl EngineCore {
 
     fn join_waiting(&mut self) {
         while let Some(front) = self.waiting.front() {
-            let Ok(table) = self.pool.allocate(front) else {
+            let allocated = match front.payload() {
+                Pending::Generate(PendingRequest {
+                    landing: Some((transfer, _)),
+                    ..
+                }) => self.pool.allocate_receiving(front, *transfer),
+                _ => self.pool.allocate(front),
+            };
+            let Ok(table) = allocated else {
                 break;
             };
             let admitted = self.waiting.pop_front().expect("front exists");
             let owner = admitted.owner();
             let max_tokens = admitted.max_tokens();
-            let PendingRequest { request, sink } = admitted.into_payload();
-            let prompt_len = request.prompt.len();
-            let mut tokens = request.prompt;
-            tokens.reserve(max_tokens);
-            self.running.push(Sequence {
-                owner,
-                table,
-                tokens,
-                prompt_len,
-                computed: 0,
-                max_tokens,
-                ignore_eos: request.ignore_eos,
-                sampler: Sampler::new(request.sampling),
-                detok: Detokenizer::new(request.stop),
-                sink,
-                done: false,
-            });
+            let prompt_pages = admitted.prompt_pages();
+            let seq = match admitted.into_payload() {
+                Pending::Prefill(p) => Sequence {
+                    owner,
+                    table,
+                    prompt_len: p.prompt.len(),
+                    tokens: p.prompt,
+                    computed: 0,
+                    done: false,
+                    role: Role::Prefill {
+                        transfer: p.transfer,
+                        events: p.events,
+                        exported: 0,
+                    },
+                },
+                Pending::Generate(PendingRequest {
+                    request,
+                    sink,
+                    landing,
+                }) => {
+                    let landing = match landing {
+                        None => None,
+                        Some((transfer, granted)) => {
+                            let generations = table.pages()[..prompt_pages]
+                                .iter()
+                                .map(|r| r.generation())
+                                .collect();
+                            if granted.send(Grant { generations }).is_err() {
+                                // The caller is gone before anything was sent.
+                                self.pool.release(table);
+                                continue;
+                            }
+                            Some(Landing {
+                                transfer,
+                                landed: vec![false; prompt_pages],
+                                cancel_after: false,
+                            })
+                        }
+                    };
+                    let prompt_len = request.prompt.len();
+                    let mut tokens = request.prompt;
+                    tokens.reserve(max_tokens);
+                    Sequence {
+                        owner,
+                        table,
+                        tokens,
+                        prompt_len,
+                        computed: 0,
+                        done: false,
+                        role: Role::Generate(Generator {
+                            max_tokens,
+                            ignore_eos: request.ignore_eos,
+                            sampler: Sampler::new(request.sampling),
+                            detok: Detokenizer::new(request.stop),
+                            sink,
+                            landing,
+                        }),
+                    }
+                }
+            };
+            self.running.push(seq);
         }
     }
 
@@ -432,43 +792,120 @@ impl EngineCore {
 }
 
 impl Sequence {
-    fn usage(&self) -> Usage {
-        Usage {
-            prompt_tokens: self.prompt_len,
-            completion_tokens: self.tokens.len() - self.prompt_len,
-        }
+    /// Whether the next step may compute for it (not waiting for a transfer).
+    fn runnable(&self) -> bool {
+        !matches!(
+            self.role,
+            Role::Generate(Generator {
+                landing: Some(_),
+                ..
+            })
+        )
     }
 
     fn finish(&mut self, reason: FinishReason) {
-        let text = self.detok.finish();
-        let _ = self.sink.send(SeqEvent::Finished {
-            reason,
-            text,
-            usage: self.usage(),
-        });
+        if let Role::Generate(g) = &mut self.role {
+            let text = g.detok.finish();
+            let usage = Usage {
+                prompt_tokens: self.prompt_len,
+                completion_tokens: self.tokens.len() - self.prompt_len,
+            };
+            let _ = g.sink.send(SeqEvent::Finished {
+                reason,
+                text,
+                usage,
+            });
+        }
         self.done = true;
     }
 
-    /// Samples the next token from `logits` and emits its events.
+    fn fail(&mut self, error: EngineError) {
+        match &self.role {
+            Role::Generate(g) => {
+                let _ = g.sink.send(SeqEvent::Failed(error));
+            }
+            Role::Prefill { events, .. } => {
+                let _ = events.send(PrefillEvent::Failed(error));
+            }
+        }
+        self.done = true;
+    }
+
+    /// Prefill role: sends every page the computed prefix has finished
+    /// (the last, partial page once the whole prompt is computed).
+    fn export_pages(&mut self, pool: &KvPool) {
+        if self.done {
+            return;
+        }
+        let page_size = pool.geometry().page_size;
+        let Role::Prefill {
+            events, exported, ..
+        } = &mut self.role
+        else {
+            return;
+        };
+        let ready = if self.computed >= self.prompt_len {
+            self.prompt_len.div_ceil(page_size)
+        } else {
+            self.computed / page_size
+        };
+        while *exported < ready {
+            let mut bytes = Vec::new();
+            let r = self.table.pages()[*exported];
+            if let Err(v) = pool.export_page(self.owner, r, &mut bytes) {
+                let _ = events.send(PrefillEvent::Failed(EngineError::Integrity(v)));
+                self.done = true;
+                return;
+            }
+            if events
+                .send(PrefillEvent::Page {
+                    slot: *exported,
+                    bytes,
+                })
+                .is_err()
+            {
+                // The connection is gone: stop and free the pages.
+                self.done = true;
+                return;
+            }
+            *exported += 1;
+        }
+    }
+
+    /// Samples the next token from `logits` and emits its events (prefill
+    /// role: hands the logits over instead).
     fn accept(&mut self, logits: &mut [f32], tokenizer: &crate::Tokenizer) {
-        let id = self.sampler.sample(logits, &self.tokens);
-        if id == tokenizer.eos() && !self.ignore_eos {
+        let g = match &mut self.role {
+            Role::Generate(g) => g,
+            Role::Prefill { events, .. } => {
+                let computed = PrefillEvent::Computed {
+                    logits: logits.to_vec(),
+                };
+                if events.send(computed).is_err() {
+                    self.done = true;
+                }
+                return;
+            }
+        };
+        let id = g.sampler.sample(logits, &self.tokens);
+        if id == tokenizer.eos() && !g.ignore_eos {
             self.finish(FinishReason::Stop);
             return;
         }
         self.tokens.push(id);
-        let (text, stopped) = match self.detok.push(tokenizer, id) {
+        let (text, stopped) = match g.detok.push(tokenizer, id) {
             Piece::Text(t) => (t, false),
             Piece::Stopped(t) => (t, true),
         };
-        if self.sink.send(SeqEvent::Token { id, text }).is_err() {
+        if g.sink.send(SeqEvent::Token { id, text }).is_err() {
             // The consumer is gone: stop and free the pages.
             self.done = true;
             return;
         }
+        let max_tokens = g.max_tokens;
         if stopped {
             self.finish(FinishReason::Stop);
-        } else if self.tokens.len() - self.prompt_len >= self.max_tokens {
+        } else if self.tokens.len() - self.prompt_len >= max_tokens {
             self.finish(FinishReason::Length);
         }
     }

@@ -3,19 +3,23 @@
 //! async runtime.
 
 use crate::GenerateRequest;
-use crate::core::{EngineCore, PendingRequest, SeqEvent};
-use crate::error::ConfigError;
+use crate::core::{
+    EngineCore, EngineStats, Grant, PendingPrefill, PendingRequest, PrefillEvent, SeqEvent,
+};
+use crate::error::{ConfigError, TransferFault};
 use crate::forward::Numerics;
 use crate::gguf::{ModelConfig, ModelFile};
 use crate::tokenizer::Tokenizer;
 use bulkhead_kv::{
-    AdmissionError, Admitted, Limits, Owner, OwnerChecks, PoolCounters, RequestId, TenantId,
+    AdmissionError, Admitted, Generation, Limits, Owner, OwnerChecks, PoolCounters, RequestId,
+    TenantId, TransferId,
 };
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tokio::sync::oneshot;
 
 /// How an engine is set up. No `Default`: callers state the budget.
 #[derive(Debug, Clone)]
@@ -66,8 +70,24 @@ pub struct EngineInfo {
 
 enum Command {
     Submit(Admitted<PendingRequest>),
+    Prefill(Admitted<PendingPrefill>),
     Cancel(RequestId),
+    Import {
+        transfer: TransferId,
+        slot: usize,
+        generation: Generation,
+        bytes: Vec<u8>,
+    },
+    Commit {
+        transfer: TransferId,
+        logits: Vec<f32>,
+    },
+    Fail(TransferId, TransferFault),
+    Reject(TransferId, AdmissionError),
+    Fence(TransferId, TransferFault),
+    ReleaseSource(TransferId),
     Counters(mpsc::Sender<PoolCounters>),
+    Stats(mpsc::Sender<EngineStats>),
     Shutdown,
 }
 
@@ -85,8 +105,16 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Command::Submit(_) => "Submit",
+            Command::Prefill(_) => "Prefill",
             Command::Cancel(_) => "Cancel",
+            Command::Import { .. } => "Import",
+            Command::Commit { .. } => "Commit",
+            Command::Fail(..) => "Fail",
+            Command::Reject(..) => "Reject",
+            Command::Fence(..) => "Fence",
+            Command::ReleaseSource(_) => "ReleaseSource",
             Command::Counters(_) => "Counters",
+            Command::Stats(_) => "Stats",
             Command::Shutdown => "Shutdown",
         })
     }
@@ -180,6 +208,118 @@ impl Engine {
         self.commands.send(Command::Counters(tx)).ok()?;
         rx.recv().ok()
     }
+
+    /// Current engine counters (waits for the engine thread; call from a
+    /// blocking context).
+    pub fn stats(&self) -> Option<EngineStats> {
+        let (tx, rx) = mpsc::channel();
+        self.commands.send(Command::Stats(tx)).ok()?;
+        rx.recv().ok()
+    }
+
+    /// Decode side: admits a request against `peer` (the prefill worker's
+    /// limits) and this engine's own, whichever is smaller, and queues it to
+    /// land a transfer. The grant arrives once its pages are allocated.
+    /// A rejection here happens before any page or transfer exists.
+    pub fn submit_landing(
+        &self,
+        tenant: TenantId,
+        request: GenerateRequest,
+        peer: &Limits,
+        transfer: TransferId,
+    ) -> Result<(RequestHandle, oneshot::Receiver<Grant>), AdmissionError> {
+        let limits = self.info.limits.intersect(peer).unwrap_or(Limits {
+            pool_tokens: 0,
+            ..self.info.limits
+        });
+        let id = RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed));
+        let owner = Owner {
+            tenant,
+            request: id,
+        };
+        let (sink, events) = unbounded_channel();
+        let (granted, grant) = oneshot::channel();
+        let admitted = EngineCore::admit_landing(&limits, owner, request, sink, transfer, granted)?;
+        let mut handle = RequestHandle {
+            id,
+            events,
+            commands: self.commands.clone(),
+            ended: false,
+        };
+        if self.commands.send(Command::Submit(admitted)).is_err() {
+            handle.ended = true;
+        }
+        Ok((handle, grant))
+    }
+
+    /// Prefill side: admits a prompt for `transfer` against this engine's
+    /// limits (prompt plus `max_tokens`) and queues it. Events carry the
+    /// finished pages and the last logits.
+    pub fn submit_prefill(
+        &self,
+        tenant: TenantId,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        transfer: TransferId,
+    ) -> Result<UnboundedReceiver<PrefillEvent>, AdmissionError> {
+        let id = RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed));
+        let owner = Owner {
+            tenant,
+            request: id,
+        };
+        let (events, rx) = unbounded_channel();
+        let admitted = EngineCore::admit_prefill(
+            &self.info.limits,
+            owner,
+            prompt,
+            max_tokens,
+            transfer,
+            events,
+        )?;
+        let _ = self.commands.send(Command::Prefill(admitted));
+        Ok(rx)
+    }
+
+    /// Decode side: writes a verified page into a landing slot.
+    pub fn import_page(
+        &self,
+        transfer: TransferId,
+        slot: usize,
+        generation: Generation,
+        bytes: Vec<u8>,
+    ) {
+        let _ = self.commands.send(Command::Import {
+            transfer,
+            slot,
+            generation,
+            bytes,
+        });
+    }
+
+    /// Decode side: the transfer was verified whole; decode from it.
+    pub fn commit_transfer(&self, transfer: TransferId, logits: Vec<f32>) {
+        let _ = self.commands.send(Command::Commit { transfer, logits });
+    }
+
+    /// Decode side: fails the transfer's request; pages stay held.
+    pub fn fail_transfer(&self, transfer: TransferId, fault: TransferFault) {
+        let _ = self.commands.send(Command::Fail(transfer, fault));
+    }
+
+    /// Decode side: the prefill worker's admission refused the request.
+    pub fn reject_transfer(&self, transfer: TransferId, error: AdmissionError) {
+        let _ = self.commands.send(Command::Reject(transfer, error));
+    }
+
+    /// Decode side: no write for the transfer can arrive any more.
+    pub fn fence_transfer(&self, transfer: TransferId, fault: TransferFault) {
+        let _ = self.commands.send(Command::Fence(transfer, fault));
+    }
+
+    /// Prefill side: the decode worker is done with the transfer.
+    pub fn release_source(&self, transfer: TransferId) {
+        let _ = self.commands.send(Command::ReleaseSource(transfer));
+    }
 }
 
 impl Drop for Engine {
@@ -266,9 +406,27 @@ fn run(core: &mut EngineCore, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Comm
 fn apply(core: &mut EngineCore, cmd: Command) -> bool {
     match cmd {
         Command::Submit(a) => core.submit(a),
+        Command::Prefill(a) => core.submit_prefill(a),
         Command::Cancel(id) => core.cancel(id),
+        Command::Import {
+            transfer,
+            slot,
+            generation,
+            bytes,
+        } => core.import_page(transfer, slot, generation, &bytes),
+        Command::Commit {
+            transfer,
+            mut logits,
+        } => core.commit_transfer(transfer, &mut logits),
+        Command::Fail(t, fault) => core.fail_transfer(t, fault),
+        Command::Reject(t, e) => core.reject_transfer(t, e),
+        Command::Fence(t, fault) => core.fence_transfer(t, fault),
+        Command::ReleaseSource(t) => core.release_source(t),
         Command::Counters(reply) => {
             let _ = reply.send(core.counters());
+        }
+        Command::Stats(reply) => {
+            let _ = reply.send(core.stats());
         }
         Command::Shutdown => return false,
     }

@@ -1,6 +1,6 @@
 //! Typed errors of the engine.
 
-use bulkhead_kv::OwnerViolation;
+use bulkhead_kv::{AdmissionError, OwnerViolation};
 
 /// Why a model file could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +52,45 @@ pub enum EngineError {
     /// The engine thread is gone.
     #[error("the engine has shut down")]
     Shutdown,
+    /// The prefill worker's own admission refused the request (its limits
+    /// changed since the decode worker admitted it). Terminal; nothing was
+    /// transferred.
+    #[error(transparent)]
+    Rejected(AdmissionError),
+    /// The KV transfer failed a check or was aborted; the landing pages
+    /// were never made readable and nothing was decoded from them.
+    #[error("KV transfer failed: {0}")]
+    Transfer(TransferFault),
+    /// No prefill worker could take the request.
+    #[error("no prefill worker is available: {0}")]
+    Unavailable(String),
+}
+
+/// Why a KV transfer failed, as far as the client is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransferFault {
+    /// A page frame's checksum did not match its payload.
+    #[error("a page checksum did not match")]
+    Checksum,
+    /// A frame named a slot, generation or length the grant does not allow.
+    #[error("a page frame did not match the granted slots")]
+    Slot,
+    /// The same slot arrived twice.
+    #[error("a page slot arrived twice")]
+    Duplicate,
+    /// Fewer pages or tokens than granted, or a wrong transfer digest.
+    #[error("the transfer was incomplete or its digest did not match")]
+    Incomplete,
+    /// The peer aborted the transfer.
+    #[error("the prefill worker aborted the transfer")]
+    PeerAborted,
+    /// The transfer took longer than its deadline.
+    #[error("the transfer timed out")]
+    Timeout,
+    /// The connection to the peer was lost.
+    #[error("the connection to the prefill worker was lost")]
+    ConnectionLost,
 }
 
 /// An engine configuration that cannot work with the model.

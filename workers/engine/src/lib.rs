@@ -26,10 +26,13 @@ mod gguf;
 mod sampling;
 mod tokenizer;
 
-pub use crate::core::{EngineCore, FinishReason, LogitsError, PendingRequest, SeqEvent, Usage};
+pub use crate::core::{
+    EngineCore, EngineStats, FinishReason, Grant, LogitsError, PendingPrefill, PendingRequest,
+    PrefillEvent, SeqEvent, Usage,
+};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle};
-pub use error::{ConfigError, EngineError, LoadError};
+pub use error::{ConfigError, EngineError, LoadError, TransferFault};
 pub use forward::Numerics;
 pub use gguf::{ModelConfig, ModelFile};
 pub use sampling::SamplingParams;

@@ -59,6 +59,7 @@ pub struct Admitted<T> {
     prompt_tokens: usize,
     max_tokens: usize,
     pages: usize,
+    prompt_pages: usize,
     payload: T,
 }
 
@@ -66,6 +67,17 @@ impl Limits {
     /// The effective per-request token limit: min(context window, pool).
     pub fn max_request_tokens(&self) -> usize {
         self.context_window.min(self.pool_tokens)
+    }
+
+    /// The limits of a disaggregated pair: the smaller window and pool of
+    /// both workers. `None` when their page sizes differ (no transfer can
+    /// map pages one to one then).
+    pub fn intersect(&self, other: &Limits) -> Option<Limits> {
+        (self.page_size == other.page_size).then(|| Limits {
+            context_window: self.context_window.min(other.context_window),
+            pool_tokens: self.pool_tokens.min(other.pool_tokens),
+            page_size: self.page_size,
+        })
     }
 
     /// Admits a request of `prompt_tokens` that may generate `max_tokens`,
@@ -103,6 +115,7 @@ impl Limits {
             prompt_tokens,
             max_tokens,
             pages: total.div_ceil(self.page_size),
+            prompt_pages: prompt_tokens.div_ceil(self.page_size),
             payload,
         })
     }
@@ -127,6 +140,33 @@ impl<T> Admitted<T> {
     /// Pages needed for prompt plus output.
     pub fn pages(&self) -> usize {
         self.pages
+    }
+
+    /// Pages the prompt alone fills: the slots a KV transfer carries.
+    pub fn prompt_pages(&self) -> usize {
+        self.prompt_pages
+    }
+
+    /// The same admission reserving the prompt's pages only: what a prefill
+    /// worker holds (it never generates). Only ever shrinks the reservation.
+    #[must_use]
+    pub fn prompt_only(self) -> Self {
+        Admitted {
+            pages: self.prompt_pages,
+            ..self
+        }
+    }
+
+    /// Swaps the payload, keeping the admission.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Admitted<U> {
+        Admitted {
+            owner: self.owner,
+            prompt_tokens: self.prompt_tokens,
+            max_tokens: self.max_tokens,
+            pages: self.pages,
+            prompt_pages: self.prompt_pages,
+            payload: f(self.payload),
+        }
     }
 
     /// The payload.

@@ -18,6 +18,11 @@ pub struct PageId(u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Generation(u64);
 
+/// One KV handover from a prefill worker to a decode worker. Chosen by the
+/// decode worker at random; never reused (finished ids are tombstoned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TransferId(u64);
+
 /// Who a sequence, and so each of its pages, belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Owner {
@@ -76,6 +81,30 @@ impl Generation {
     /// The raw number, for wire formats and logs.
     pub const fn get(self) -> u64 {
         self.0
+    }
+
+    /// A generation read from the wire. Only comparisons with the pool's own
+    /// generations give it meaning; it grants nothing by itself.
+    pub const fn from_wire(raw: u64) -> Self {
+        Generation(raw)
+    }
+}
+
+impl TransferId {
+    /// Wraps a raw transfer number.
+    pub const fn new(raw: u64) -> Self {
+        TransferId(raw)
+    }
+
+    /// The raw number, for wire formats and logs.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for TransferId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "xfer-{:016x}", self.0)
     }
 }
 

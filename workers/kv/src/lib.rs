@@ -23,8 +23,8 @@ mod ids;
 mod pool;
 
 pub use admission::{AdmissionError, Admitted, Limits};
-pub use ids::{Generation, Owner, PageId, RequestId, TenantId};
+pub use ids::{Generation, Owner, PageId, RequestId, TenantId, TransferId};
 pub use pool::{
-    KvData, KvDtype, KvGeometry, KvPool, OwnerChecks, OwnerViolation, PageReader, PageRef,
-    PageTable, PageTag, PageView, PoolCounters, PoolExhausted,
+    ImportError, KvData, KvDtype, KvGeometry, KvPool, OwnerChecks, OwnerViolation, PageReader,
+    PageRef, PageTable, PageTag, PageView, PoolCounters, PoolExhausted,
 };

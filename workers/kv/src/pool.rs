@@ -1,8 +1,12 @@
 //! The physical page pool: tags, free list, page memory and checked access.
 
 use crate::admission::Admitted;
-use crate::ids::{Generation, Owner, PageId};
+use crate::ids::{Generation, Owner, PageId, TransferId};
 use half::f16;
+
+mod exchange;
+
+pub use exchange::ImportError;
 
 /// Shape of the KV memory: what one page holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +87,17 @@ pub enum PageTag {
         /// The allocation's generation.
         generation: Generation,
     },
+    /// Allocated to `owner` at `generation` and granted to `transfer` as a
+    /// landing slot: writable by that transfer only, readable by nobody
+    /// until the transfer is verified and committed.
+    Receiving {
+        /// The sequence the transfer is for.
+        owner: Owner,
+        /// The allocation's generation.
+        generation: Generation,
+        /// The only transfer that may write it.
+        transfer: TransferId,
+    },
     /// Taken out of service after an ownership violation.
     Quarantined,
 }
@@ -149,6 +164,9 @@ pub struct PoolCounters {
     pub releases: u64,
     /// Ownership violations detected so far.
     pub owner_violations: u64,
+    /// Pages granted to a KV transfer and not yet committed (a subset of
+    /// `allocated_pages`).
+    pub receiving_pages: usize,
 }
 
 /// A worker's KV pool. Owned by one thread (the engine loop); shared
@@ -244,6 +262,25 @@ impl KvPool {
 
     /// Allocates every page the admitted request needs, or none.
     pub fn allocate<T>(&mut self, admitted: &Admitted<T>) -> Result<PageTable, PoolExhausted> {
+        self.allocate_with(admitted, None)
+    }
+
+    /// Allocates every page like [`KvPool::allocate`], and tags the first
+    /// [`Admitted::prompt_pages`] as landing slots of `transfer`: unreadable
+    /// until [`KvPool::commit_received`].
+    pub fn allocate_receiving<T>(
+        &mut self,
+        admitted: &Admitted<T>,
+        transfer: TransferId,
+    ) -> Result<PageTable, PoolExhausted> {
+        self.allocate_with(admitted, Some(transfer))
+    }
+
+    fn allocate_with<T>(
+        &mut self,
+        admitted: &Admitted<T>,
+        transfer: Option<TransferId>,
+    ) -> Result<PageTable, PoolExhausted> {
         let needed = admitted.pages();
         if needed > self.free.len() {
             return Err(PoolExhausted {
@@ -253,11 +290,18 @@ impl KvPool {
         }
         let owner = admitted.owner();
         let mut pages = Vec::with_capacity(needed);
-        for _ in 0..needed {
+        for i in 0..needed {
             let page = self.free.pop().expect("length checked above");
             let generation = self.next_generation;
             self.next_generation = generation.next();
-            self.tags[page.index()] = PageTag::Owned { owner, generation };
+            self.tags[page.index()] = match transfer {
+                Some(transfer) if i < admitted.prompt_pages() => PageTag::Receiving {
+                    owner,
+                    generation,
+                    transfer,
+                },
+                _ => PageTag::Owned { owner, generation },
+            };
             pages.push(PageRef { page, generation });
         }
         self.allocations += 1;
@@ -268,19 +312,32 @@ impl KvPool {
     /// matches (quarantined, or not the table's own) are left alone; pages
     /// still tagged with the table's owner but missing from it (a corrupted
     /// table) are found by a sweep and freed too.
-    #[allow(clippy::needless_pass_by_value)] // Taking the table is the point: it cannot be used after.
     pub fn release(&mut self, table: PageTable) {
+        let scrub = self.scrub_on_free;
+        self.release_with(table, scrub);
+    }
+
+    /// Releases like [`KvPool::release`] and zeroes every page returned,
+    /// whatever `scrub_on_free` says: for pages a failed transfer may have
+    /// partly written.
+    pub fn release_scrubbed(&mut self, table: PageTable) {
+        self.release_with(table, true);
+    }
+
+    #[allow(clippy::needless_pass_by_value)] // Taking the table is the point: it cannot be used after.
+    fn release_with(&mut self, table: PageTable, scrub: bool) {
         let mut returned = 0;
         for r in &table.pages {
-            if self.tag_matches(table.owner, *r) {
-                self.free_page(r.page);
+            if self.held_by(table.owner, *r) {
+                self.free_page(r.page, scrub);
                 returned += 1;
             }
         }
         if returned != table.pages.len() {
             for i in 0..self.tags.len() {
-                if matches!(self.tags[i], PageTag::Owned { owner, .. } if owner == table.owner) {
-                    self.free_page(PageId::from_index(i));
+                if matches!(self.tags[i], PageTag::Owned { owner, .. } | PageTag::Receiving { owner, .. } if owner == table.owner)
+                {
+                    self.free_page(PageId::from_index(i), scrub);
                 }
             }
         }
@@ -298,18 +355,20 @@ impl KvPool {
                 self.free.retain(|p| *p != violation.page);
                 self.tags[i] = PageTag::Quarantined;
             }
-            Some(PageTag::Owned { .. }) => self.pending_quarantine.push(violation.page),
+            Some(PageTag::Owned { .. } | PageTag::Receiving { .. }) => {
+                self.pending_quarantine.push(violation.page);
+            }
             Some(PageTag::Quarantined) | None => {}
         }
     }
 
-    fn free_page(&mut self, page: PageId) {
+    fn free_page(&mut self, page: PageId, scrub: bool) {
         if let Some(at) = self.pending_quarantine.iter().position(|p| *p == page) {
             self.pending_quarantine.swap_remove(at);
             self.tags[page.index()] = PageTag::Quarantined;
             return;
         }
-        if self.scrub_on_free {
+        if scrub {
             self.scrub(page);
         }
         self.tags[page.index()] = PageTag::Free;
@@ -328,6 +387,11 @@ impl KvPool {
             .iter()
             .filter(|t| **t == PageTag::Quarantined)
             .count();
+        let receiving = self
+            .tags
+            .iter()
+            .filter(|t| matches!(t, PageTag::Receiving { .. }))
+            .count();
         PoolCounters {
             total_pages: self.tags.len(),
             free_pages: self.free.len(),
@@ -336,6 +400,7 @@ impl KvPool {
             allocations: self.allocations,
             releases: self.releases,
             owner_violations: self.owner_violations,
+            receiving_pages: receiving,
         }
     }
 
@@ -393,6 +458,24 @@ impl KvPool {
                 owner,
                 generation: r.generation,
             })
+    }
+
+    /// Whether `owner` holds `r` in any state (owned or receiving).
+    fn held_by(&self, owner: Owner, r: PageRef) -> bool {
+        match self.tags.get(r.page.index()) {
+            Some(
+                PageTag::Owned {
+                    owner: o,
+                    generation,
+                }
+                | PageTag::Receiving {
+                    owner: o,
+                    generation,
+                    ..
+                },
+            ) => *o == owner && *generation == r.generation,
+            _ => false,
+        }
     }
 
     fn check(&self, owner: Owner, r: PageRef) -> Result<(), OwnerViolation> {

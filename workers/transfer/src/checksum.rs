@@ -1,0 +1,38 @@
+//! Page checksums and the whole-transfer digest (xxh3-64).
+
+use bulkhead_kv::Generation;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+/// Whether page frames carry checksums. Always `On` when serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checksums {
+    /// Every page is hashed by the sender and verified by the receiver.
+    On,
+    /// No hashing: exists only so `bulkhead bench transfer` can measure
+    /// what checksums cost. No serving command can select it.
+    OffForBenchmark,
+}
+
+/// The checksum of one page payload (0 when checksums are off).
+pub fn page_checksum(checksums: Checksums, payload: &[u8]) -> u64 {
+    match checksums {
+        Checksums::On => xxh3_64(payload),
+        Checksums::OffForBenchmark => 0,
+    }
+}
+
+/// The digest of a whole transfer: every page's (slot, generation,
+/// checksum) in slot order, then the token count and the logits.
+pub fn transfer_digest(pages: &[(Generation, u64)], tokens: u64, logits: &[f32]) -> u64 {
+    let mut h = Xxh3::new();
+    for (slot, (generation, checksum)) in pages.iter().enumerate() {
+        h.update(&(slot as u64).to_le_bytes());
+        h.update(&generation.get().to_le_bytes());
+        h.update(&checksum.to_le_bytes());
+    }
+    h.update(&tokens.to_le_bytes());
+    for x in logits {
+        h.update(&x.to_le_bytes());
+    }
+    h.digest()
+}

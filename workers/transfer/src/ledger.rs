@@ -1,0 +1,467 @@
+//! The decode side's record of its transfers: what each may write, what
+//! has arrived, and which ids are finished (tombstones).
+//!
+//! The ledger decides; its caller acts. A page is accepted only if its
+//! transfer is live, its slot granted, its generation the granted one, its
+//! slot not yet written and its checksum right. A transfer commits only if
+//! every slot arrived, the token count is the granted one and the digest
+//! matches. Anything else fails the transfer; the caller then aborts it
+//! and keeps the landing pages until the sender acknowledges (deferred
+//! release). Frames for finished ids are dropped and counted.
+
+use crate::checksum::{Checksums, page_checksum, transfer_digest};
+use crate::wire::{Done, PageHeader};
+use bulkhead_kv::{Generation, TransferId};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+/// How many finished ids are remembered.
+const TOMBSTONES: usize = 65_536;
+
+/// Why a transfer failed (mirrors what the client is told).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Payload checksum mismatch.
+    Checksum,
+    /// Slot, generation or length not granted.
+    Slot,
+    /// A slot arrived twice.
+    Duplicate,
+    /// Missing pages, wrong token count or wrong digest.
+    Incomplete,
+}
+
+/// What to do with a page frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageVerdict {
+    /// Verified: write it into the slot.
+    Write {
+        /// The transfer.
+        transfer: TransferId,
+        /// The slot.
+        slot: usize,
+        /// Its generation.
+        generation: Generation,
+    },
+    /// Not for a live transfer (finished, aborting or unknown): dropped.
+    Dropped,
+    /// The transfer fails.
+    Fail(TransferId, Fault),
+}
+
+/// What to do with a `Done` frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DoneVerdict {
+    /// Everything checks: make the pages readable and acknowledge.
+    Commit(TransferId),
+    /// Not for a live transfer: dropped.
+    Dropped,
+    /// The transfer fails.
+    Fail(TransferId, Fault),
+}
+
+/// Transfer counters of one decode worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransferCounters {
+    /// Transfers opened.
+    pub started: u64,
+    /// Transfers verified and committed.
+    pub committed: u64,
+    /// Transfers refused by the prefill worker's admission.
+    pub rejected: u64,
+    /// Transfers failed by a check.
+    pub failed: u64,
+    /// Page checksum mismatches.
+    pub checksum_mismatches: u64,
+    /// Frames naming a slot, generation or length not granted.
+    pub slot_mismatches: u64,
+    /// Slots that arrived twice.
+    pub duplicate_pages: u64,
+    /// Transfers short of pages or tokens, or with a wrong digest.
+    pub incomplete: u64,
+    /// Frames for finished, aborting or unknown transfers, dropped.
+    pub dropped_frames: u64,
+    /// Aborts this side sent.
+    pub aborts_sent: u64,
+    /// Aborts the peer sent.
+    pub aborts_received: u64,
+    /// Abort acknowledgements this side sent.
+    pub acks_sent: u64,
+    /// Abort acknowledgements received.
+    pub acks_received: u64,
+    /// Transfers that passed their deadline.
+    pub timeouts: u64,
+    /// Transfers cut off by a lost connection.
+    pub connection_losses: u64,
+}
+
+#[derive(Debug)]
+enum State {
+    Live,
+    /// This side sent an abort; frames are dropped until the ack.
+    Aborting,
+}
+
+#[derive(Debug)]
+struct Expectation {
+    generations: Vec<Generation>,
+    received: Vec<Option<u64>>,
+    tokens: u64,
+    page_bytes: usize,
+    deadline: Instant,
+    state: State,
+}
+
+/// The decode side's transfers on one connection.
+#[derive(Debug)]
+pub struct Ledger {
+    checksums: Checksums,
+    live: HashMap<TransferId, Expectation>,
+    tombstones: HashSet<TransferId>,
+    order: VecDeque<TransferId>,
+    counters: TransferCounters,
+}
+
+impl Ledger {
+    /// An empty ledger.
+    pub fn new(checksums: Checksums) -> Self {
+        Ledger {
+            checksums,
+            live: HashMap::new(),
+            tombstones: HashSet::new(),
+            order: VecDeque::new(),
+            counters: TransferCounters::default(),
+        }
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> TransferCounters {
+        self.counters
+    }
+
+    /// Transfers not yet finished (live or aborting).
+    pub fn open(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Whether `transfer` is open.
+    pub fn is_open(&self, transfer: TransferId) -> bool {
+        self.live.contains_key(&transfer)
+    }
+
+    /// Opens a transfer into `generations.len()` slots for `tokens` prompt
+    /// tokens of `page_bytes` each. Refused for an id already used.
+    pub fn open_transfer(
+        &mut self,
+        transfer: TransferId,
+        generations: Vec<Generation>,
+        tokens: u64,
+        page_bytes: usize,
+        deadline: Instant,
+    ) -> bool {
+        if self.live.contains_key(&transfer) || self.tombstones.contains(&transfer) {
+            return false;
+        }
+        self.counters.started += 1;
+        let received = vec![None; generations.len()];
+        self.live.insert(
+            transfer,
+            Expectation {
+                generations,
+                received,
+                tokens,
+                page_bytes,
+                deadline,
+                state: State::Live,
+            },
+        );
+        true
+    }
+
+    /// Checks one page frame.
+    pub fn on_page(&mut self, h: &PageHeader, payload: &[u8]) -> PageVerdict {
+        let Some(e) = self.live.get_mut(&h.transfer) else {
+            self.counters.dropped_frames += 1;
+            return PageVerdict::Dropped;
+        };
+        if matches!(e.state, State::Aborting) {
+            self.counters.dropped_frames += 1;
+            return PageVerdict::Dropped;
+        }
+        let slot = h.slot as usize;
+        let fault = if slot >= e.generations.len()
+            || e.generations[slot] != h.generation
+            || payload.len() != e.page_bytes
+        {
+            self.counters.slot_mismatches += 1;
+            Fault::Slot
+        } else if e.received[slot].is_some() {
+            self.counters.duplicate_pages += 1;
+            Fault::Duplicate
+        } else if page_checksum(self.checksums, payload) != h.checksum {
+            self.counters.checksum_mismatches += 1;
+            Fault::Checksum
+        } else {
+            e.received[slot] = Some(h.checksum);
+            return PageVerdict::Write {
+                transfer: h.transfer,
+                slot,
+                generation: h.generation,
+            };
+        };
+        PageVerdict::Fail(h.transfer, fault)
+    }
+
+    /// Checks the end of a transfer: every slot, the token count, the digest.
+    pub fn on_done(&mut self, d: &Done) -> DoneVerdict {
+        let Some(e) = self.live.get(&d.transfer) else {
+            self.counters.dropped_frames += 1;
+            return DoneVerdict::Dropped;
+        };
+        if matches!(e.state, State::Aborting) {
+            self.counters.dropped_frames += 1;
+            return DoneVerdict::Dropped;
+        }
+        let pages: Option<Vec<(Generation, u64)>> = e
+            .generations
+            .iter()
+            .zip(&e.received)
+            .map(|(g, c)| c.map(|c| (*g, c)))
+            .collect();
+        let ok = pages.is_some_and(|pages| {
+            d.tokens == e.tokens && transfer_digest(&pages, d.tokens, &d.logits) == d.digest
+        });
+        if !ok {
+            self.counters.incomplete += 1;
+            return DoneVerdict::Fail(d.transfer, Fault::Incomplete);
+        }
+        self.counters.committed += 1;
+        self.bury(d.transfer);
+        DoneVerdict::Commit(d.transfer)
+    }
+
+    /// This side aborts `transfer` (a failed check or a deadline). Returns
+    /// whether an abort must be sent (it was live).
+    pub fn abort(&mut self, transfer: TransferId) -> bool {
+        match self.live.get_mut(&transfer) {
+            Some(e) if matches!(e.state, State::Live) => {
+                e.state = State::Aborting;
+                self.counters.failed += 1;
+                self.counters.aborts_sent += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The peer acknowledged our abort: no write for it can follow. Returns
+    /// whether the landing pages can now be released.
+    pub fn on_abort_ack(&mut self, transfer: TransferId) -> bool {
+        match self.live.get(&transfer) {
+            Some(e) if matches!(e.state, State::Aborting) => {
+                self.counters.acks_received += 1;
+                self.bury(transfer);
+                true
+            }
+            _ => {
+                self.counters.dropped_frames += 1;
+                false
+            }
+        }
+    }
+
+    /// The peer aborted `transfer`. Returns whether to acknowledge (exactly
+    /// once) and release: the peer wrote its last frame for it before this.
+    pub fn on_peer_abort(&mut self, transfer: TransferId) -> bool {
+        if self.live.contains_key(&transfer) {
+            self.counters.aborts_received += 1;
+            self.counters.acks_sent += 1;
+            self.bury(transfer);
+            true
+        } else {
+            self.counters.dropped_frames += 1;
+            false
+        }
+    }
+
+    /// The peer refused the request at admission; nothing was written.
+    pub fn on_rejected(&mut self, transfer: TransferId) -> bool {
+        if matches!(self.live.get(&transfer), Some(e) if matches!(e.state, State::Live)) {
+            self.counters.rejected += 1;
+            self.bury(transfer);
+            true
+        } else {
+            self.counters.dropped_frames += 1;
+            false
+        }
+    }
+
+    /// Live transfers past their deadline (each reported once: they move
+    /// to aborting).
+    pub fn expired(&mut self, now: Instant) -> Vec<TransferId> {
+        let ids: Vec<TransferId> = self
+            .live
+            .iter()
+            .filter(|(_, e)| matches!(e.state, State::Live) && e.deadline <= now)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in &ids {
+            self.counters.timeouts += 1;
+            self.abort(*t);
+        }
+        ids
+    }
+
+    /// The connection is gone: no write can arrive. Every open transfer
+    /// ends; returns them, each to be failed and released.
+    pub fn connection_lost(&mut self) -> Vec<TransferId> {
+        let ids: Vec<TransferId> = self.live.keys().copied().collect();
+        for t in &ids {
+            self.counters.connection_losses += 1;
+            self.bury(*t);
+        }
+        ids
+    }
+
+    fn bury(&mut self, transfer: TransferId) {
+        self.live.remove(&transfer);
+        if self.tombstones.insert(transfer) {
+            self.order.push_back(transfer);
+            if self.order.len() > TOMBSTONES {
+                if let Some(old) = self.order.pop_front() {
+                    self.tombstones.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn header(t: u64, slot: u32, g: u64, payload: &[u8]) -> PageHeader {
+        PageHeader {
+            transfer: TransferId::new(t),
+            slot,
+            generation: Generation::from_wire(g),
+            checksum: page_checksum(Checksums::On, payload),
+        }
+    }
+
+    fn open(l: &mut Ledger, t: u64) {
+        let gens = vec![Generation::from_wire(10), Generation::from_wire(11)];
+        let far = Instant::now() + Duration::from_secs(60);
+        assert!(l.open_transfer(TransferId::new(t), gens, 20, 4, far));
+    }
+
+    fn done(t: u64, pages: &[(u64, &[u8])], tokens: u64) -> Done {
+        let pages: Vec<_> = pages
+            .iter()
+            .map(|(g, p)| (Generation::from_wire(*g), page_checksum(Checksums::On, p)))
+            .collect();
+        Done {
+            transfer: TransferId::new(t),
+            tokens,
+            digest: transfer_digest(&pages, tokens, &[1.0]),
+            logits: vec![1.0],
+        }
+    }
+
+    #[test]
+    fn a_clean_transfer_commits_and_is_tombstoned() {
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 1);
+        let (a, b) = ([1u8; 4], [2u8; 4]);
+        assert!(matches!(
+            l.on_page(&header(1, 0, 10, &a), &a),
+            PageVerdict::Write { slot: 0, .. }
+        ));
+        assert!(matches!(
+            l.on_page(&header(1, 1, 11, &b), &b),
+            PageVerdict::Write { slot: 1, .. }
+        ));
+        let d = done(1, &[(10, &a), (11, &b)], 20);
+        assert_eq!(l.on_done(&d), DoneVerdict::Commit(TransferId::new(1)));
+        // Duplicate and late frames for a finished id are dropped and counted.
+        assert_eq!(l.on_page(&header(1, 1, 11, &b), &b), PageVerdict::Dropped);
+        assert_eq!(l.on_done(&d), DoneVerdict::Dropped);
+        assert_eq!(l.counters().dropped_frames, 2);
+        // The id cannot be opened again.
+        let far = Instant::now() + Duration::from_secs(60);
+        assert!(!l.open_transfer(TransferId::new(1), vec![], 0, 4, far));
+    }
+
+    #[test]
+    fn every_mismatch_fails_the_transfer() {
+        let p = [7u8; 4];
+        let cases: Vec<(PageHeader, Vec<u8>, Fault)> = vec![
+            (header(1, 0, 10, &p), vec![8u8; 4], Fault::Checksum),
+            (header(1, 2, 10, &p), p.to_vec(), Fault::Slot),
+            (header(1, 0, 99, &p), p.to_vec(), Fault::Slot),
+            (header(1, 0, 10, &p[..3]), p[..3].to_vec(), Fault::Slot),
+        ];
+        for (h, payload, fault) in cases {
+            let mut l = Ledger::new(Checksums::On);
+            open(&mut l, 1);
+            assert_eq!(
+                l.on_page(&h, &payload),
+                PageVerdict::Fail(TransferId::new(1), fault)
+            );
+        }
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 1);
+        l.on_page(&header(1, 0, 10, &p), &p);
+        assert_eq!(
+            l.on_page(&header(1, 0, 10, &p), &p),
+            PageVerdict::Fail(TransferId::new(1), Fault::Duplicate)
+        );
+        // Truncated: one page of two, then Done.
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 2);
+        l.on_page(&header(2, 0, 10, &p), &p);
+        assert_eq!(
+            l.on_done(&done(2, &[(10, &p)], 20)),
+            DoneVerdict::Fail(TransferId::new(2), Fault::Incomplete)
+        );
+        // All pages but a wrong token count.
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 3);
+        l.on_page(&header(3, 0, 10, &p), &p);
+        l.on_page(&header(3, 1, 11, &p), &p);
+        assert_eq!(
+            l.on_done(&done(3, &[(10, &p), (11, &p)], 19)),
+            DoneVerdict::Fail(TransferId::new(3), Fault::Incomplete)
+        );
+    }
+
+    #[test]
+    fn aborts_are_acknowledged_once_and_pages_wait_for_the_ack() {
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 1);
+        assert!(l.abort(TransferId::new(1)));
+        assert!(!l.abort(TransferId::new(1)));
+        // Writes in flight after our abort are dropped, pages still held.
+        let p = [1u8; 4];
+        assert_eq!(l.on_page(&header(1, 0, 10, &p), &p), PageVerdict::Dropped);
+        assert!(l.is_open(TransferId::new(1)));
+        assert!(l.on_abort_ack(TransferId::new(1)));
+        assert!(!l.on_abort_ack(TransferId::new(1)));
+        assert!(!l.is_open(TransferId::new(1)));
+
+        open(&mut l, 2);
+        assert!(l.on_peer_abort(TransferId::new(2)));
+        assert!(!l.on_peer_abort(TransferId::new(2)));
+        assert_eq!(l.counters().acks_sent, 1);
+
+        open(&mut l, 3);
+        let past = Instant::now() + Duration::from_secs(3600);
+        assert_eq!(l.expired(past), vec![TransferId::new(3)]);
+        assert!(l.expired(past).is_empty());
+        open(&mut l, 4);
+        let lost = l.connection_lost();
+        assert_eq!(lost.len(), 2);
+        assert_eq!(l.open(), 0);
+    }
+}

@@ -1,0 +1,184 @@
+//! How page bytes travel: the [`Transport`] trait, grants and slots, and
+//! the TCP implementation.
+//!
+//! A sender never names memory. It holds a [`Grant`] (built from the decode
+//! worker's request) and can only obtain [`Slot`]s from it; a slot carries
+//! its transfer id, index and granted generation, so a page can be written
+//! only to a slot of the transfer it was granted for. The receiver maps
+//! (transfer, slot) to physical pages through its own table.
+
+use crate::checksum::{Checksums, page_checksum};
+use crate::wire::{Message, PageHeader};
+use bulkhead_kv::{Generation, TransferId};
+use std::future::Future;
+use std::time::Duration;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+/// The landing slots a decode worker granted for one transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    transfer: TransferId,
+    generations: Vec<Generation>,
+}
+
+/// One landing slot of a grant. Only [`Grant::slot`] makes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    transfer: TransferId,
+    index: u32,
+    generation: Generation,
+}
+
+/// Why a transport could not deliver.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The connection failed or closed.
+    #[error("transport I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// A write did not finish in time (the peer stopped reading).
+    #[error("transport write timed out after {0:?}")]
+    Timeout(Duration),
+    /// The transport cannot work on this host.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Moves pages from a prefill worker into a decode worker's granted slots,
+/// and control frames after them, in order.
+pub trait Transport: Send {
+    /// Writes `page` into `slot`; returns the checksum it sent.
+    fn write_page(
+        &mut self,
+        slot: Slot,
+        page: &[u8],
+    ) -> impl Future<Output = Result<u64, TransportError>> + Send;
+
+    /// Sends a control frame, ordered after every page written before it.
+    fn send(&mut self, msg: &Message) -> impl Future<Output = Result<(), TransportError>> + Send;
+}
+
+impl Grant {
+    /// The grant of a decode worker's prefill request.
+    pub fn new(transfer: TransferId, generations: Vec<Generation>) -> Self {
+        Grant {
+            transfer,
+            generations,
+        }
+    }
+
+    /// The transfer.
+    pub fn transfer(&self) -> TransferId {
+        self.transfer
+    }
+
+    /// Slots granted.
+    pub fn len(&self) -> usize {
+        self.generations.len()
+    }
+
+    /// Whether no slot was granted.
+    pub fn is_empty(&self) -> bool {
+        self.generations.is_empty()
+    }
+
+    /// Slot `index`, if granted.
+    pub fn slot(&self, index: usize) -> Option<Slot> {
+        Some(Slot {
+            transfer: self.transfer,
+            index: u32::try_from(index).ok()?,
+            generation: *self.generations.get(index)?,
+        })
+    }
+}
+
+impl Slot {
+    /// The slot's index in its grant.
+    pub fn index(&self) -> usize {
+        self.index as usize
+    }
+
+    /// The granted generation.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// The transfer.
+    pub fn transfer(&self) -> TransferId {
+        self.transfer
+    }
+}
+
+/// Length-prefixed frames over a TCP stream (or any byte stream). Writes
+/// block while the peer does not read (TCP backpressure), up to `timeout`.
+#[derive(Debug)]
+pub struct TcpTransport<W> {
+    writer: W,
+    checksums: Checksums,
+    timeout: Duration,
+}
+
+impl<W: AsyncWrite + Unpin + Send> TcpTransport<W> {
+    /// A transport writing to `writer`.
+    pub fn new(writer: W, checksums: Checksums, timeout: Duration) -> Self {
+        TcpTransport {
+            writer,
+            checksums,
+            timeout,
+        }
+    }
+
+    async fn write_all(&mut self, bytes: &[u8]) -> Result<(), TransportError> {
+        tokio::time::timeout(self.timeout, self.writer.write_all(bytes))
+            .await
+            .map_err(|_| TransportError::Timeout(self.timeout))??;
+        Ok(())
+    }
+}
+
+impl<W: AsyncWrite + Unpin + Send> Transport for TcpTransport<W> {
+    async fn write_page(&mut self, slot: Slot, page: &[u8]) -> Result<u64, TransportError> {
+        let checksum = page_checksum(self.checksums, page);
+        let header = PageHeader {
+            transfer: slot.transfer,
+            slot: slot.index,
+            generation: slot.generation,
+            checksum,
+        };
+        self.write_all(&header.encode(page.len())).await?;
+        self.write_all(page).await?;
+        Ok(checksum)
+    }
+
+    async fn send(&mut self, msg: &Message) -> Result<(), TransportError> {
+        self.write_all(&msg.encode()).await?;
+        self.writer.flush().await?;
+        Ok(())
+    }
+}
+
+/// A transport that waits `delay` before every page: a deliberately slow
+/// link, for tests of aborts and crashes in the middle of a transfer.
+#[derive(Debug)]
+pub struct SlowTransport<T> {
+    inner: T,
+    delay: Duration,
+}
+
+impl<T: Transport> SlowTransport<T> {
+    /// Wraps `inner`.
+    pub fn new(inner: T, delay: Duration) -> Self {
+        SlowTransport { inner, delay }
+    }
+}
+
+impl<T: Transport> Transport for SlowTransport<T> {
+    async fn write_page(&mut self, slot: Slot, page: &[u8]) -> Result<u64, TransportError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.write_page(slot, page).await
+    }
+
+    async fn send(&mut self, msg: &Message) -> Result<(), TransportError> {
+        self.inner.send(msg).await
+    }
+}

@@ -1,0 +1,499 @@
+//! The frames of the transfer protocol and their byte encoding.
+//!
+//! Every frame is `len: u32 LE` (of what follows), `kind: u8`, then a
+//! fixed little-endian body. Frames longer than [`MAX_FRAME`] or of an
+//! unknown kind are protocol errors: the connection is dropped, never
+//! resynchronised.
+
+use bulkhead_kv::{AdmissionError, Generation, TransferId};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// Protocol version; both ends must agree.
+pub const VERSION: u16 = 1;
+/// Largest frame accepted (a page of a large model fits many times over).
+pub const MAX_FRAME: usize = 256 << 20;
+
+/// What a worker tells its peer when a connection opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// Protocol version.
+    pub version: u16,
+    /// Fingerprint of the model file: both ends must serve the same model.
+    pub model: u64,
+    /// Transformer layers.
+    pub layers: u32,
+    /// KV heads per layer.
+    pub kv_heads: u32,
+    /// Head dimension.
+    pub head_dim: u32,
+    /// Tokens per page.
+    pub page_size: u32,
+    /// Bytes per KV element (2 for f16, 4 for f32).
+    pub dtype_bytes: u8,
+    /// The model's context window on this worker.
+    pub context_window: u64,
+    /// Tokens this worker's pool holds.
+    pub pool_tokens: u64,
+}
+
+/// Decode asks prefill to compute a prompt into granted landing slots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillRequest {
+    /// The transfer this request opens.
+    pub transfer: TransferId,
+    /// The tenant (prefill tags its own pages with it too).
+    pub tenant: u64,
+    /// Output tokens the decode side will generate (counted by admission).
+    pub max_tokens: u64,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Generation of each landing slot, in slot order: exactly
+    /// `ceil(prompt / page_size)` of them.
+    pub slots: Vec<Generation>,
+}
+
+/// The fixed header of a page frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageHeader {
+    /// The transfer it belongs to.
+    pub transfer: TransferId,
+    /// The landing slot (index into the grant, not a physical page).
+    pub slot: u32,
+    /// The slot's granted generation, echoed.
+    pub generation: Generation,
+    /// xxh3-64 of the payload (0 only when checksums are off for a benchmark).
+    pub checksum: u64,
+}
+
+/// The end of a transfer: metadata last, after every page.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Done {
+    /// The transfer.
+    pub transfer: TransferId,
+    /// Prompt tokens whose KV was sent.
+    pub tokens: u64,
+    /// Digest over every page frame's (slot, generation, checksum), the
+    /// token count and the logits.
+    pub digest: u64,
+    /// Logits of the last prompt position.
+    pub logits: Vec<f32>,
+}
+
+/// One protocol frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Message {
+    /// Connection opening, both directions.
+    Hello(Hello),
+    /// Decode to prefill: open a transfer.
+    Prefill(PrefillRequest),
+    /// Prefill to decode: admission refused the request; nothing was sent.
+    Rejected {
+        /// The transfer.
+        transfer: TransferId,
+        /// The admission error, as prefill saw it.
+        error: AdmissionError,
+    },
+    /// Prefill to decode: one page.
+    Page(PageHeader, Vec<u8>),
+    /// Prefill to decode: every page was sent.
+    Done(Done),
+    /// Decode to prefill: committed; free the source pages.
+    Release {
+        /// The transfer.
+        transfer: TransferId,
+    },
+    /// Either way: stop this transfer.
+    Abort {
+        /// The transfer.
+        transfer: TransferId,
+    },
+    /// Either way: the abort is done; the sender wrote its last frame for it.
+    AbortAck {
+        /// The transfer.
+        transfer: TransferId,
+    },
+}
+
+/// A frame that could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WireError {
+    /// The socket failed or closed.
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// The bytes are not a valid frame.
+    #[error("malformed frame: {0}")]
+    Malformed(&'static str),
+}
+
+const HELLO: u8 = 1;
+const PREFILL: u8 = 2;
+const REJECTED: u8 = 3;
+const PAGE: u8 = 4;
+const DONE: u8 = 5;
+const RELEASE: u8 = 6;
+const ABORT: u8 = 7;
+const ABORT_ACK: u8 = 8;
+
+/// Bytes of a page frame before its payload (length prefix included).
+pub const PAGE_HEADER_LEN: usize = 4 + 1 + 8 + 4 + 8 + 8;
+
+impl PageHeader {
+    /// The frame prefix of a page of `payload_len` bytes.
+    pub fn encode(&self, payload_len: usize) -> [u8; PAGE_HEADER_LEN] {
+        let mut b = [0u8; PAGE_HEADER_LEN];
+        let len = u32::try_from(PAGE_HEADER_LEN - 4 + payload_len).unwrap_or(u32::MAX);
+        b[0..4].copy_from_slice(&len.to_le_bytes());
+        b[4] = PAGE;
+        b[5..13].copy_from_slice(&self.transfer.get().to_le_bytes());
+        b[13..17].copy_from_slice(&self.slot.to_le_bytes());
+        b[17..25].copy_from_slice(&self.generation.get().to_le_bytes());
+        b[25..33].copy_from_slice(&self.checksum.to_le_bytes());
+        b
+    }
+}
+
+impl Message {
+    /// The whole frame, length prefix included. Page frames are usually
+    /// written as [`PageHeader::encode`] plus the payload instead, to avoid
+    /// a copy.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(64));
+        w.0.extend_from_slice(&[0; 4]);
+        match self {
+            Message::Hello(h) => {
+                w.u8(HELLO);
+                w.u16(h.version);
+                w.u64(h.model);
+                w.u32(h.layers);
+                w.u32(h.kv_heads);
+                w.u32(h.head_dim);
+                w.u32(h.page_size);
+                w.u8(h.dtype_bytes);
+                w.u64(h.context_window);
+                w.u64(h.pool_tokens);
+            }
+            Message::Prefill(p) => {
+                w.u8(PREFILL);
+                w.u64(p.transfer.get());
+                w.u64(p.tenant);
+                w.u64(p.max_tokens);
+                w.u32(len32(p.prompt.len()));
+                for t in &p.prompt {
+                    w.u32(*t);
+                }
+                w.u32(len32(p.slots.len()));
+                for g in &p.slots {
+                    w.u64(g.get());
+                }
+            }
+            Message::Rejected { transfer, error } => {
+                w.u8(REJECTED);
+                w.u64(transfer.get());
+                let (code, a, b, c) = match *error {
+                    AdmissionError::EmptyPrompt => (1, 0, 0, 0),
+                    AdmissionError::NoOutputTokens => (2, 0, 0, 0),
+                    AdmissionError::ContextWindowExceeded {
+                        prompt_tokens,
+                        max_tokens,
+                        limit,
+                    } => (3, prompt_tokens, max_tokens, limit),
+                    AdmissionError::PoolCapacityExceeded {
+                        prompt_tokens,
+                        max_tokens,
+                        limit,
+                    } => (4, prompt_tokens, max_tokens, limit),
+                    _ => (0, 0, 0, 0),
+                };
+                w.u8(code);
+                w.u64(a as u64);
+                w.u64(b as u64);
+                w.u64(c as u64);
+            }
+            Message::Page(h, payload) => {
+                let head = h.encode(payload.len());
+                w.0.clear();
+                w.0.extend_from_slice(&head);
+                w.0.extend_from_slice(payload);
+                return w.0;
+            }
+            Message::Done(d) => {
+                w.u8(DONE);
+                w.u64(d.transfer.get());
+                w.u64(d.tokens);
+                w.u64(d.digest);
+                w.u32(len32(d.logits.len()));
+                for x in &d.logits {
+                    w.0.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+            Message::Release { transfer } => {
+                w.u8(RELEASE);
+                w.u64(transfer.get());
+            }
+            Message::Abort { transfer } => {
+                w.u8(ABORT);
+                w.u64(transfer.get());
+            }
+            Message::AbortAck { transfer } => {
+                w.u8(ABORT_ACK);
+                w.u64(transfer.get());
+            }
+        }
+        let len = len32(w.0.len() - 4);
+        w.0[0..4].copy_from_slice(&len.to_le_bytes());
+        w.0
+    }
+
+    /// Reads one frame.
+    pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, WireError> {
+        let len = r.read_u32_le().await? as usize;
+        if len == 0 || len > MAX_FRAME {
+            return Err(WireError::Malformed("frame length out of range"));
+        }
+        let kind = r.read_u8().await?;
+        if kind == PAGE {
+            let mut head = [0u8; PAGE_HEADER_LEN - 5];
+            if len < head.len() + 1 {
+                return Err(WireError::Malformed("short page frame"));
+            }
+            r.read_exact(&mut head).await?;
+            let mut c = Reader(&head);
+            let h = PageHeader {
+                transfer: TransferId::new(c.u64()?),
+                slot: c.u32()?,
+                generation: Generation::from_wire(c.u64()?),
+                checksum: c.u64()?,
+            };
+            let mut payload = vec![0u8; len - 1 - head.len()];
+            r.read_exact(&mut payload).await?;
+            return Ok(Message::Page(h, payload));
+        }
+        let mut body = vec![0u8; len - 1];
+        r.read_exact(&mut body).await?;
+        let mut c = Reader(&body);
+        let m = match kind {
+            HELLO => Message::Hello(Hello {
+                version: c.u16()?,
+                model: c.u64()?,
+                layers: c.u32()?,
+                kv_heads: c.u32()?,
+                head_dim: c.u32()?,
+                page_size: c.u32()?,
+                dtype_bytes: c.u8()?,
+                context_window: c.u64()?,
+                pool_tokens: c.u64()?,
+            }),
+            PREFILL => {
+                let transfer = TransferId::new(c.u64()?);
+                let tenant = c.u64()?;
+                let max_tokens = c.u64()?;
+                let n = c.count(4)?;
+                let prompt = (0..n).map(|_| c.u32()).collect::<Result<_, _>>()?;
+                let n = c.count(8)?;
+                let slots = (0..n)
+                    .map(|_| c.u64().map(Generation::from_wire))
+                    .collect::<Result<_, _>>()?;
+                Message::Prefill(PrefillRequest {
+                    transfer,
+                    tenant,
+                    max_tokens,
+                    prompt,
+                    slots,
+                })
+            }
+            REJECTED => {
+                let transfer = TransferId::new(c.u64()?);
+                let code = c.u8()?;
+                let prompt_tokens = usize_of(c.u64()?);
+                let max_tokens = usize_of(c.u64()?);
+                let limit = usize_of(c.u64()?);
+                let error = match code {
+                    1 => AdmissionError::EmptyPrompt,
+                    2 => AdmissionError::NoOutputTokens,
+                    3 => AdmissionError::ContextWindowExceeded {
+                        prompt_tokens,
+                        max_tokens,
+                        limit,
+                    },
+                    4 => AdmissionError::PoolCapacityExceeded {
+                        prompt_tokens,
+                        max_tokens,
+                        limit,
+                    },
+                    _ => return Err(WireError::Malformed("unknown rejection code")),
+                };
+                Message::Rejected { transfer, error }
+            }
+            DONE => {
+                let transfer = TransferId::new(c.u64()?);
+                let tokens = c.u64()?;
+                let digest = c.u64()?;
+                let n = c.count(4)?;
+                let logits = (0..n)
+                    .map(|_| c.u32().map(f32::from_bits))
+                    .collect::<Result<_, _>>()?;
+                Message::Done(Done {
+                    transfer,
+                    tokens,
+                    digest,
+                    logits,
+                })
+            }
+            RELEASE => Message::Release {
+                transfer: TransferId::new(c.u64()?),
+            },
+            ABORT => Message::Abort {
+                transfer: TransferId::new(c.u64()?),
+            },
+            ABORT_ACK => Message::AbortAck {
+                transfer: TransferId::new(c.u64()?),
+            },
+            _ => return Err(WireError::Malformed("unknown frame kind")),
+        };
+        if !c.0.is_empty() {
+            return Err(WireError::Malformed("trailing bytes"));
+        }
+        Ok(m)
+    }
+}
+
+fn len32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn usize_of(x: u64) -> usize {
+    usize::try_from(x).unwrap_or(usize::MAX)
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, x: u8) {
+        self.0.push(x);
+    }
+    fn u16(&mut self, x: u16) {
+        self.0.extend_from_slice(&x.to_le_bytes());
+    }
+    fn u32(&mut self, x: u32) {
+        self.0.extend_from_slice(&x.to_le_bytes());
+    }
+    fn u64(&mut self, x: u64) {
+        self.0.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let (head, rest) = self
+            .0
+            .split_first_chunk::<N>()
+            .ok_or(WireError::Malformed("truncated frame"))?;
+        self.0 = rest;
+        Ok(*head)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.take()?))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take()?))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take()?))
+    }
+    /// A count of `elem`-byte items that must fit the rest of the frame.
+    fn count(&mut self, elem: usize) -> Result<usize, WireError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(elem) > self.0.len() {
+            return Err(WireError::Malformed("count past the end of the frame"));
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_frame_round_trips_and_garbage_is_refused() {
+        let t = TransferId::new(0xfeed);
+        let frames = vec![
+            Message::Hello(Hello {
+                version: VERSION,
+                model: 9,
+                layers: 30,
+                kv_heads: 3,
+                head_dim: 64,
+                page_size: 16,
+                dtype_bytes: 2,
+                context_window: 8192,
+                pool_tokens: 46_592,
+            }),
+            Message::Prefill(PrefillRequest {
+                transfer: t,
+                tenant: 4,
+                max_tokens: 8,
+                prompt: vec![1, 2, 3],
+                slots: vec![Generation::from_wire(7)],
+            }),
+            Message::Rejected {
+                transfer: t,
+                error: AdmissionError::PoolCapacityExceeded {
+                    prompt_tokens: 5,
+                    max_tokens: 6,
+                    limit: 7,
+                },
+            },
+            Message::Page(
+                PageHeader {
+                    transfer: t,
+                    slot: 2,
+                    generation: Generation::from_wire(11),
+                    checksum: 99,
+                },
+                vec![5; 100],
+            ),
+            Message::Done(Done {
+                transfer: t,
+                tokens: 3,
+                digest: 12,
+                logits: vec![0.5, -1.0],
+            }),
+            Message::Release { transfer: t },
+            Message::Abort { transfer: t },
+            Message::AbortAck { transfer: t },
+        ];
+        let mut bytes = Vec::new();
+        for f in &frames {
+            bytes.extend(f.encode());
+        }
+        let mut r = bytes.as_slice();
+        for f in &frames {
+            assert_eq!(&Message::read(&mut r).await.unwrap(), f);
+        }
+        assert!(Message::read(&mut r).await.is_err());
+
+        // A count that claims more items than the frame holds.
+        let mut bad = Message::Prefill(PrefillRequest {
+            transfer: t,
+            tenant: 1,
+            max_tokens: 1,
+            prompt: vec![1],
+            slots: vec![],
+        })
+        .encode();
+        bad[29..33].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(matches!(
+            Message::read(&mut bad.as_slice()).await,
+            Err(WireError::Malformed(_))
+        ));
+        let huge = [0xff, 0xff, 0xff, 0x7f, PAGE];
+        assert!(Message::read(&mut huge.as_slice()).await.is_err());
+    }
+}
