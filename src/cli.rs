@@ -22,6 +22,12 @@ enum Command {
     },
     /// Generate text locally through the engine and its KV pool.
     Generate(crate::generate::GenerateArgs),
+    /// Run a colocated worker (prefill and decode in one engine) with its HTTP API.
+    Serve(crate::serve::ServeArgs),
+    /// Run a prefill worker: computes prompts and sends their KV pages to decode workers.
+    Prefill(crate::serve::PrefillArgs),
+    /// Run a decode worker: lands prompt KV from a prefill worker and generates.
+    Decode(crate::serve::DecodeArgs),
     /// Run benchmarks.
     Bench {
         #[command(subcommand)]
@@ -95,6 +101,9 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Generate(args) => crate::generate::run(&args),
+        Command::Serve(args) => crate::serve::serve(&args),
+        Command::Prefill(args) => crate::serve::prefill(&args),
+        Command::Decode(args) => crate::serve::decode(&args),
         Command::Bench {
             command: BenchCommand::Engine(args),
         } => crate::bench::run_engine(&args),

@@ -4,6 +4,7 @@
 mod bench;
 mod cli;
 mod generate;
+mod serve;
 
 use clap::Parser;
 

@@ -1,0 +1,149 @@
+//! `bulkhead serve`, `bulkhead prefill` and `bulkhead decode`: worker
+//! processes. Configuration is parsed and the model loaded before any port
+//! is bound; each prints one `listening ...` line once it accepts.
+
+use crate::cli::ModelArgs;
+use anyhow::Context;
+use bulkhead_engine::{Engine, ModelFile};
+use bulkhead_node::{
+    DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, app, hello,
+    model_fingerprint,
+};
+use clap::Args;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Flags of `bulkhead serve` (colocated worker).
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// HTTP address of the worker API.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    http: String,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// Flags of `bulkhead prefill`.
+#[derive(Debug, Args)]
+pub(crate) struct PrefillArgs {
+    /// Address decode workers connect to for KV transfers.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    listen: String,
+    /// HTTP address for /health, /stats and /admin/abort.
+    #[arg(long, default_value = "127.0.0.1:9101")]
+    http: String,
+    /// Longest one frame write may block on a decode worker that does not read.
+    #[arg(long, default_value_t = 30_000)]
+    write_timeout_ms: u64,
+    /// Testing only: wait this long before every page frame (a slow link).
+    #[arg(long, hide = true)]
+    page_delay_ms: Option<u64>,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// Flags of `bulkhead decode`.
+#[derive(Debug, Args)]
+pub(crate) struct DecodeArgs {
+    /// HTTP address of the worker API.
+    #[arg(long, default_value = "127.0.0.1:8082")]
+    http: String,
+    /// The prefill worker's transfer address.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    prefill: String,
+    /// Longest a transfer may take before it is aborted.
+    #[arg(long, default_value_t = 60_000)]
+    transfer_timeout_ms: u64,
+    /// Longest to wait for an abort's acknowledgement before closing the connection.
+    #[arg(long, default_value_t = 10_000)]
+    ack_timeout_ms: u64,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+fn load(model: &ModelArgs) -> anyhow::Result<(Arc<Engine>, u64)> {
+    let path = model.path()?;
+    let file =
+        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let fingerprint =
+        model_fingerprint(&path).with_context(|| format!("reading {}", path.display()))?;
+    let engine = Engine::start(file, &model.engine_config())?;
+    Ok((Arc::new(engine), fingerprint))
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+fn announce(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))
+}
+
+pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let (engine, _) = load(&args.model)?;
+    runtime()?.block_on(async {
+        let http = bind(&args.http).await?;
+        announce(&format!("bulkhead serve: listening http={}", http.local_addr()?));
+        axum::serve(http, app(Role::Colocated(engine))).await?;
+        Ok(())
+    })
+}
+
+pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
+    let (engine, fingerprint) = load(&args.model)?;
+    let hello = hello(engine.info(), fingerprint, 2);
+    let options = PrefillOptions {
+        write_timeout: Duration::from_millis(args.write_timeout_ms.max(1)),
+        page_delay: args.page_delay_ms.map(Duration::from_millis),
+    };
+    let worker = PrefillWorker::new(engine, hello, options);
+    runtime()?.block_on(async {
+        let listen = bind(&args.listen).await?;
+        let http = bind(&args.http).await?;
+        announce(&format!(
+            "bulkhead prefill: listening transfer={} http={}",
+            listen.local_addr()?,
+            http.local_addr()?
+        ));
+        let api = app(Role::Prefill(worker.clone()));
+        tokio::spawn(async move { axum::serve(http, api).await });
+        worker.serve(listen).await?;
+        Ok(())
+    })
+}
+
+pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
+    let (engine, fingerprint) = load(&args.model)?;
+    let hello = hello(engine.info(), fingerprint, 2);
+    let options = DecodeOptions {
+        prefill: args.prefill.clone(),
+        transfer_timeout: Duration::from_millis(args.transfer_timeout_ms.max(1)),
+        ack_timeout: Duration::from_millis(args.ack_timeout_ms.max(1)),
+    };
+    runtime()?.block_on(async {
+        let worker = DecodeWorker::start(engine, hello, options);
+        let http = bind(&args.http).await?;
+        if !worker.ready(Duration::from_secs(30)).await {
+            anyhow::bail!(
+                "no compatible prefill worker answered at {} within 30 s",
+                args.prefill
+            );
+        }
+        announce(&format!("bulkhead decode: listening http={}", http.local_addr()?));
+        axum::serve(http, app(Role::Decode(worker))).await?;
+        Ok(())
+    })
+}

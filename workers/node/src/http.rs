@@ -1,0 +1,356 @@
+//! The worker HTTP API, the same for every role that generates
+//! (colocated and decode): `POST /v1/generate` streams NDJSON events;
+//! `GET /health` and `GET /stats` for operators; on a prefill worker,
+//! `POST /admin/abort` aborts every transfer in flight.
+//!
+//! Workers are internal: the tenant comes from the `x-bulkhead-tenant`
+//! header the gateway sets after authenticating the account. Errors are
+//! `{"error": {"code", "message"}}` with a 4xx for what the caller can fix
+//! and never an internal detail.
+
+use crate::decode::{DecodeWorker, SubmitError};
+use crate::prefill::{AdminCommand, PrefillWorker};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bulkhead_engine::{
+    ChatMessage, Engine, EngineError, GenerateRequest, RequestHandle, SamplingParams, SeqEvent,
+};
+use bulkhead_kv::{AdmissionError, TenantId};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+/// What serves a worker's API.
+#[derive(Debug, Clone)]
+pub enum Role {
+    /// Prefill and decode in one engine.
+    Colocated(Arc<Engine>),
+    /// Decode, with prompts prefilled by a prefill worker.
+    Decode(DecodeWorker),
+    /// Prefill only: no generate endpoint.
+    Prefill(PrefillWorker),
+}
+
+/// The router of a worker in `role`.
+pub fn app(role: Role) -> Router {
+    let r = Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/stats", get(stats));
+    let r = match role {
+        Role::Prefill(_) => r.route("/admin/abort", post(admin_abort)),
+        _ => r.route("/v1/generate", post(generate)),
+    };
+    r.with_state(role)
+}
+
+/// A generate request body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GenerateBody {
+    /// A user message, rendered with the chat template.
+    prompt: Option<String>,
+    /// Raw text, tokenized as is.
+    raw: Option<String>,
+    /// Token ids, used as is.
+    tokens: Option<Vec<u32>>,
+    #[serde(default = "default_max_tokens")]
+    max_tokens: usize,
+    #[serde(default)]
+    temperature: f32,
+    #[serde(default = "one")]
+    top_p: f32,
+    #[serde(default)]
+    top_k: usize,
+    #[serde(default = "one")]
+    repetition_penalty: f32,
+    #[serde(default)]
+    seed: u64,
+    #[serde(default)]
+    stop: Vec<String>,
+    #[serde(default)]
+    ignore_eos: bool,
+}
+
+fn default_max_tokens() -> usize {
+    256
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+/// An error in the API's own format.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+impl ApiError {
+    fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<AdmissionError> for ApiError {
+    fn from(e: AdmissionError) -> Self {
+        let code = match e {
+            AdmissionError::ContextWindowExceeded { .. }
+            | AdmissionError::PoolCapacityExceeded { .. } => "context_length_exceeded",
+            _ => "invalid_request",
+        };
+        ApiError::bad(code, e.to_string())
+    }
+}
+
+/// The client-facing classification of an engine error (once, here).
+fn engine_error(e: &EngineError) -> ApiError {
+    let (status, code) = match e {
+        EngineError::Rejected(a) => return ApiError::from(a.clone()),
+        EngineError::Transfer(_) => (StatusCode::BAD_GATEWAY, "kv_transfer_failed"),
+        EngineError::Integrity(_) => (StatusCode::INTERNAL_SERVER_ERROR, "kv_integrity"),
+        EngineError::Unavailable(_) | EngineError::Shutdown => {
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+        }
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    ApiError {
+        status,
+        code,
+        message: e.to_string(),
+    }
+}
+
+fn tenant(headers: &HeaderMap) -> Result<TenantId, ApiError> {
+    headers
+        .get("x-bulkhead-tenant")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(TenantId::new)
+        .ok_or_else(|| {
+            ApiError::bad(
+                "missing_tenant",
+                "the x-bulkhead-tenant header must hold a tenant number",
+            )
+        })
+}
+
+async fn generate(
+    State(role): State<Role>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let tenant = tenant(&headers)?;
+    let body: GenerateBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad("invalid_request", format!("invalid JSON body: {e}")))?;
+    let engine = match &role {
+        Role::Colocated(e) => Arc::clone(e),
+        Role::Decode(d) => Arc::clone(d.engine()),
+        Role::Prefill(_) => return Err(ApiError::bad("invalid_request", "not a decode worker")),
+    };
+    let prompt = match (&body.prompt, &body.raw, &body.tokens) {
+        (Some(p), None, None) => {
+            let template = engine.model().chat_template().ok_or_else(|| {
+                ApiError::bad("invalid_request", "the model has no chat template: use raw")
+            })?;
+            let text = template
+                .render(&[ChatMessage {
+                    role: "user".into(),
+                    content: p.clone(),
+                }])
+                .map_err(|e| ApiError::bad("invalid_request", e.to_string()))?;
+            encode(&engine, &text)?
+        }
+        (None, Some(r), None) => encode(&engine, r)?,
+        (None, None, Some(t)) => {
+            let vocab = engine.info().model.vocab;
+            if t.iter().any(|id| *id as usize >= vocab) {
+                return Err(ApiError::bad(
+                    "invalid_request",
+                    format!("token ids must be below the vocabulary size {vocab}"),
+                ));
+            }
+            t.clone()
+        }
+        _ => {
+            return Err(ApiError::bad(
+                "invalid_request",
+                "give exactly one of prompt, raw and tokens",
+            ));
+        }
+    };
+    let request = GenerateRequest {
+        prompt,
+        sampling: SamplingParams {
+            max_tokens: body.max_tokens,
+            temperature: body.temperature,
+            top_p: body.top_p,
+            top_k: body.top_k,
+            repetition_penalty: body.repetition_penalty,
+            seed: body.seed,
+        },
+        stop: body.stop,
+        ignore_eos: body.ignore_eos,
+    };
+    let mut handle = match &role {
+        Role::Colocated(e) => e.submit(tenant, request)?,
+        Role::Decode(d) => d.submit(tenant, request).map_err(|e| match e {
+            SubmitError::Rejected(a) => ApiError::from(a),
+            SubmitError::Unavailable => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "unavailable",
+                message: e.to_string(),
+            },
+        })?,
+        Role::Prefill(_) => return Err(ApiError::bad("invalid_request", "not a decode worker")),
+    };
+    // The first event decides the status: a late rejection is still a 4xx.
+    let first = handle.next().await;
+    if let Some(SeqEvent::Failed(e)) = &first {
+        return Err(engine_error(e));
+    }
+    let lines = UnboundedReceiverStream::new(forward(first, handle)).map(Ok::<_, Infallible>);
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response())
+}
+
+fn encode(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
+    engine
+        .tokenizer()
+        .encode(text)
+        .map_err(|e| ApiError::bad("invalid_request", e.to_string()))
+}
+
+/// The NDJSON lines of a request's events, from a task that owns the
+/// handle. When the client goes away the task ends and dropping the handle
+/// cancels the request.
+fn forward(first: Option<SeqEvent>, mut handle: RequestHandle) -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut next = first;
+        while let Some(ev) = next {
+            let (line, end) = event_line(&ev);
+            if end || tx.send(line.clone()).is_err() {
+                let _ = tx.send(line);
+                return;
+            }
+            next = tokio::select! {
+                ev = handle.next() => ev,
+                () = tx.closed() => return,
+            };
+        }
+    });
+    rx
+}
+
+fn event_line(ev: &SeqEvent) -> (String, bool) {
+    let (v, end): (Value, bool) = match ev {
+        SeqEvent::Token { id, text } => (json!({"token": id, "text": text}), false),
+        SeqEvent::Finished {
+            reason,
+            text,
+            usage,
+        } => (
+            json!({"finish_reason": reason.as_str(), "text": text,
+                   "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}}),
+            true,
+        ),
+        SeqEvent::Failed(e) => {
+            let a = engine_error(e);
+            (
+                json!({"error": {"code": a.code, "message": a.message}}),
+                true,
+            )
+        }
+    };
+    (format!("{v}\n"), end)
+}
+
+async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> {
+    let engine = match &role {
+        Role::Colocated(e) => Arc::clone(e),
+        Role::Decode(d) => Arc::clone(d.engine()),
+        Role::Prefill(p) => Arc::clone(p.engine()),
+    };
+    let s = tokio::task::spawn_blocking(move || engine.stats())
+        .await
+        .ok()
+        .flatten()
+        .ok_or(ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "unavailable",
+            message: "the engine has shut down".into(),
+        })?;
+    let p = s.pool;
+    let mut v = json!({
+        "pool": {
+            "total_pages": p.total_pages, "free_pages": p.free_pages,
+            "allocated_pages": p.allocated_pages, "quarantined_pages": p.quarantined_pages,
+            "receiving_pages": p.receiving_pages, "allocations": p.allocations,
+            "releases": p.releases, "owner_violations": p.owner_violations,
+        },
+        "engine": {
+            "running": s.running, "waiting": s.waiting,
+            "draining_transfers": s.draining_transfers, "held_transfers": s.held_transfers,
+        },
+    });
+    match &role {
+        Role::Decode(d) => {
+            let c = d.counters();
+            v["transfer"] = json!({
+                "started": c.started, "committed": c.committed, "rejected": c.rejected,
+                "failed": c.failed, "checksum_mismatches": c.checksum_mismatches,
+                "slot_mismatches": c.slot_mismatches, "duplicate_pages": c.duplicate_pages,
+                "incomplete": c.incomplete, "dropped_frames": c.dropped_frames,
+                "aborts_sent": c.aborts_sent, "aborts_received": c.aborts_received,
+                "acks_sent": c.acks_sent, "acks_received": c.acks_received,
+                "timeouts": c.timeouts, "connection_losses": c.connection_losses,
+            });
+        }
+        Role::Prefill(w) => {
+            let c = w.counters();
+            let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+            v["transfer"] = json!({
+                "requests": g(&c.requests), "rejected": g(&c.rejected),
+                "pages_sent": g(&c.pages_sent), "completed": g(&c.completed),
+                "released": g(&c.released), "aborts_sent": g(&c.aborts_sent),
+                "aborts_received": g(&c.aborts_received), "acks_sent": g(&c.acks_sent),
+                "acks_received": g(&c.acks_received), "dropped_frames": g(&c.dropped_frames),
+                "connection_losses": g(&c.connection_losses),
+            });
+        }
+        Role::Colocated(_) => {}
+    }
+    Ok(axum::Json(v))
+}
+
+async fn admin_abort(State(role): State<Role>) -> StatusCode {
+    if let Role::Prefill(w) = role {
+        w.admin(AdminCommand::AbortAll);
+    }
+    StatusCode::ACCEPTED
+}

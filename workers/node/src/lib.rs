@@ -1,0 +1,19 @@
+//! Bulkhead worker processes: the colocated, prefill and decode roles and
+//! the HTTP API they serve.
+//!
+//! - [`prefill`]: accepts decode workers, admits at its own door, sends
+//!   pages into granted slots.
+//! - [`decode`]: admits against the pair's limits, lands and verifies
+//!   transfers, generates.
+//! - [`hello`]: what workers tell each other, and compatibility.
+//! - [`http`]: `fn app(role) -> Router`.
+
+pub mod decode;
+pub mod hello;
+pub mod http;
+pub mod prefill;
+
+pub use decode::{DecodeOptions, DecodeWorker, SubmitError};
+pub use hello::{hello, model_fingerprint};
+pub use http::{Role, app};
+pub use prefill::{AdminCommand, PrefillOptions, PrefillWorker};

@@ -1,0 +1,379 @@
+//! The prefill role: accepts decode workers' connections, admits each
+//! prefill request at its own door, computes the prompt and writes the
+//! pages into the granted slots.
+//!
+//! Per connection, a reader task parses frames and a writer task owns the
+//! transport and every transfer's sending state (one owner, fed by a
+//! closed enum; control events take priority over page data, so an abort
+//! is handled between two page writes and acknowledged once the write in
+//! flight is done). Source pages stay held in the engine until the decode
+//! worker releases or aborts the transfer, or the connection is gone.
+
+use crate::hello::{HelloCheck, check_peer};
+use bulkhead_engine::{Engine, PrefillEvent};
+use bulkhead_kv::{Generation, TenantId, TransferId};
+use bulkhead_transfer::checksum::transfer_digest;
+use bulkhead_transfer::{
+    Checksums, Done, Grant, Hello, Message, PrefillRequest, SlowTransport, TcpTransport, Transport,
+};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{broadcast, mpsc};
+
+/// How a prefill worker sends.
+#[derive(Debug, Clone)]
+pub struct PrefillOptions {
+    /// Longest a single frame write may block on a peer that does not read.
+    pub write_timeout: Duration,
+    /// Testing: wait this long before every page (a deliberately slow link).
+    pub page_delay: Option<Duration>,
+}
+
+/// Counters of a prefill worker.
+#[derive(Debug, Default)]
+pub struct PrefillCounters {
+    /// Prefill requests received.
+    pub requests: AtomicU64,
+    /// Requests refused by admission (nothing allocated or sent).
+    pub rejected: AtomicU64,
+    /// Pages written.
+    pub pages_sent: AtomicU64,
+    /// Transfers finished with a `Done` frame.
+    pub completed: AtomicU64,
+    /// Transfers released by the decode worker.
+    pub released: AtomicU64,
+    /// Aborts sent / received, and acknowledgements sent / received.
+    pub aborts_sent: AtomicU64,
+    /// Aborts received.
+    pub aborts_received: AtomicU64,
+    /// Acknowledgements sent.
+    pub acks_sent: AtomicU64,
+    /// Acknowledgements received.
+    pub acks_received: AtomicU64,
+    /// Frames for finished or unknown transfers, dropped.
+    pub dropped_frames: AtomicU64,
+    /// Connections whose loss released their transfers.
+    pub connection_losses: AtomicU64,
+}
+
+/// An operator command for every connection.
+#[derive(Debug, Clone, Copy)]
+pub enum AdminCommand {
+    /// Abort every transfer in flight (drain before maintenance).
+    AbortAll,
+}
+
+/// A running prefill worker's shared handles.
+#[derive(Debug, Clone)]
+pub struct PrefillWorker {
+    engine: Arc<Engine>,
+    hello: Hello,
+    options: PrefillOptions,
+    counters: Arc<PrefillCounters>,
+    admin: broadcast::Sender<AdminCommand>,
+}
+
+impl PrefillWorker {
+    /// A worker around `engine`, introducing itself with `hello`.
+    pub fn new(engine: Arc<Engine>, hello: Hello, options: PrefillOptions) -> Self {
+        PrefillWorker {
+            engine,
+            hello,
+            options,
+            counters: Arc::default(),
+            admin: broadcast::channel(16).0,
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> &PrefillCounters {
+        &self.counters
+    }
+
+    /// Sends an operator command to every connection.
+    pub fn admin(&self, cmd: AdminCommand) {
+        let _ = self.admin.send(cmd);
+    }
+
+    /// Accepts decode workers on `listener` until it fails.
+    pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        loop {
+            let (sock, _) = listener.accept().await?;
+            let _ = sock.set_nodelay(true);
+            tokio::spawn(self.clone().connection(sock));
+        }
+    }
+
+    async fn connection(self, sock: TcpStream) {
+        let (mut rd, wr) = sock.into_split();
+        let mut transport = TcpTransport::new(wr, Checksums::On, self.options.write_timeout);
+        if transport.send(&Message::Hello(self.hello)).await.is_err() {
+            return;
+        }
+        let peer = match tokio::time::timeout(Duration::from_secs(10), Message::read(&mut rd)).await
+        {
+            Ok(Ok(Message::Hello(h))) => h,
+            _ => return,
+        };
+        if check_peer(&self.hello, &peer) != HelloCheck::Compatible {
+            return;
+        }
+        let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel();
+        let (data_tx, data_rx) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(read_loop(
+            rd,
+            self.clone(),
+            ctrl_tx.clone(),
+            data_tx,
+        ));
+        let admin = self.admin.subscribe();
+        match self.options.page_delay {
+            Some(d) => {
+                let t = SlowTransport::new(transport, d);
+                write_loop(t, self.clone(), ctrl_rx, data_rx, admin).await;
+            }
+            None => write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await,
+        }
+        reader.abort();
+    }
+}
+
+/// Control events for a connection's writer (handled before page data).
+#[derive(Debug)]
+enum Ctrl {
+    Open(Grant, u64),
+    Reject(TransferId, bulkhead_kv::AdmissionError),
+    PeerAbort(TransferId),
+    AbortAck(TransferId),
+    Release(TransferId),
+    Closed,
+}
+
+/// Page data and results from the engine, per transfer.
+#[derive(Debug)]
+struct Data(TransferId, PrefillEvent);
+
+async fn read_loop(
+    mut rd: tokio::net::tcp::OwnedReadHalf,
+    w: PrefillWorker,
+    ctrl: mpsc::UnboundedSender<Ctrl>,
+    data: mpsc::UnboundedSender<Data>,
+) {
+    loop {
+        let msg = match Message::read(&mut rd).await {
+            Ok(m) => m,
+            Err(_) => {
+                let _ = ctrl.send(Ctrl::Closed);
+                return;
+            }
+        };
+        match msg {
+            Message::Prefill(req) => w.admit(req, &ctrl, &data),
+            Message::Abort { transfer } => {
+                let _ = ctrl.send(Ctrl::PeerAbort(transfer));
+            }
+            Message::AbortAck { transfer } => {
+                let _ = ctrl.send(Ctrl::AbortAck(transfer));
+            }
+            Message::Release { transfer } => {
+                let _ = ctrl.send(Ctrl::Release(transfer));
+            }
+            // Frames only a prefill worker sends: a confused or hostile peer.
+            _ => {
+                let _ = ctrl.send(Ctrl::Closed);
+                return;
+            }
+        }
+    }
+}
+
+impl PrefillWorker {
+    /// Admission at the prefill door, before any allocation: the request
+    /// must fit this worker's limits and carry exactly the slots its prompt
+    /// fills. A rejection is answered at once and is terminal.
+    fn admit(
+        &self,
+        req: PrefillRequest,
+        ctrl: &mpsc::UnboundedSender<Ctrl>,
+        data: &mpsc::UnboundedSender<Data>,
+    ) {
+        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let page_size = self.hello.page_size as usize;
+        let transfer = req.transfer;
+        let max_tokens = usize::try_from(req.max_tokens).unwrap_or(usize::MAX);
+        let tokens = req.prompt.len() as u64;
+        if req.slots.len() != req.prompt.len().div_ceil(page_size.max(1)) {
+            // A grant that does not match the prompt: a broken or hostile
+            // peer. Drop the connection; nothing was allocated.
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            let _ = ctrl.send(Ctrl::Closed);
+            return;
+        }
+        let grant = Grant::new(transfer, req.slots);
+        match self.engine.submit_prefill(
+            TenantId::new(req.tenant),
+            req.prompt,
+            max_tokens,
+            transfer,
+        ) {
+            Err(e) => {
+                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                let _ = ctrl.send(Ctrl::Reject(transfer, e));
+            }
+            Ok(mut events) => {
+                let _ = ctrl.send(Ctrl::Open(grant, tokens));
+                let data = data.clone();
+                tokio::spawn(async move {
+                    while let Some(ev) = events.recv().await {
+                        if data.send(Data(transfer, ev)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Sending {
+    grant: Grant,
+    tokens: u64,
+    sent: Vec<(Generation, u64)>,
+    /// `Done` was sent; waiting for the release.
+    done: bool,
+    /// We aborted; waiting for the acknowledgement.
+    aborting: bool,
+}
+
+async fn write_loop<T: Transport>(
+    mut t: T,
+    w: PrefillWorker,
+    mut ctrl: mpsc::UnboundedReceiver<Ctrl>,
+    mut data: mpsc::UnboundedReceiver<Data>,
+    mut admin: broadcast::Receiver<AdminCommand>,
+) {
+    let c = &w.counters;
+    let mut live: HashMap<TransferId, Sending> = HashMap::new();
+    let mut dead: HashSet<TransferId> = HashSet::new();
+    let ok = loop {
+        tokio::select! {
+            biased;
+            ev = ctrl.recv() => {
+                let Some(ev) = ev else { break false };
+                let sent = match ev {
+                    Ctrl::Open(grant, tokens) => {
+                        live.insert(grant.transfer(), Sending { sent: Vec::with_capacity(grant.len()), grant, tokens, done: false, aborting: false });
+                        Ok(())
+                    }
+                    Ctrl::Reject(transfer, error) => {
+                        dead.insert(transfer);
+                        t.send(&Message::Rejected { transfer, error }).await
+                    }
+                    Ctrl::PeerAbort(transfer) => {
+                        if live.remove(&transfer).is_some() {
+                            dead.insert(transfer);
+                            c.aborts_received.fetch_add(1, Ordering::Relaxed);
+                            w.engine.release_source(transfer);
+                            c.acks_sent.fetch_add(1, Ordering::Relaxed);
+                            // Every write for it is behind us: acknowledge once.
+                            t.send(&Message::AbortAck { transfer }).await
+                        } else {
+                            c.dropped_frames.fetch_add(1, Ordering::Relaxed);
+                            Ok(())
+                        }
+                    }
+                    Ctrl::AbortAck(transfer) => {
+                        match live.get(&transfer) {
+                            Some(s) if s.aborting => {
+                                live.remove(&transfer);
+                                dead.insert(transfer);
+                                c.acks_received.fetch_add(1, Ordering::Relaxed);
+                            }
+                            _ => { c.dropped_frames.fetch_add(1, Ordering::Relaxed); }
+                        }
+                        Ok(())
+                    }
+                    Ctrl::Release(transfer) => {
+                        match live.get(&transfer) {
+                            Some(s) if s.done => {
+                                live.remove(&transfer);
+                                dead.insert(transfer);
+                                c.released.fetch_add(1, Ordering::Relaxed);
+                                w.engine.release_source(transfer);
+                            }
+                            _ => { c.dropped_frames.fetch_add(1, Ordering::Relaxed); }
+                        }
+                        Ok(())
+                    }
+                    Ctrl::Closed => break false,
+                };
+                if sent.is_err() { break false; }
+            }
+            cmd = admin.recv() => {
+                if let Ok(AdminCommand::AbortAll) = cmd {
+                    let mut failed = false;
+                    for (transfer, s) in &mut live {
+                        if !s.aborting && !s.done {
+                            s.aborting = true;
+                            w.engine.release_source(*transfer);
+                            c.aborts_sent.fetch_add(1, Ordering::Relaxed);
+                            failed |= t.send(&Message::Abort { transfer: *transfer }).await.is_err();
+                        }
+                    }
+                    if failed { break false; }
+                }
+            }
+            d = data.recv() => {
+                let Some(Data(transfer, ev)) = d else { break false };
+                let Some(s) = live.get_mut(&transfer).filter(|s| !s.aborting && !s.done) else {
+                    continue;
+                };
+                let r = match ev {
+                    PrefillEvent::Page { slot, bytes } => match s.grant.slot(slot) {
+                        Some(slot) => t.write_page(slot, &bytes).await.map(|sum| {
+                            s.sent.push((slot.generation(), sum));
+                            c.pages_sent.fetch_add(1, Ordering::Relaxed);
+                        }),
+                        None => {
+                            // The engine made more pages than were granted:
+                            // never write past the grant; abort instead.
+                            s.aborting = true;
+                            w.engine.release_source(transfer);
+                            c.aborts_sent.fetch_add(1, Ordering::Relaxed);
+                            t.send(&Message::Abort { transfer }).await
+                        }
+                    },
+                    PrefillEvent::Computed { logits } => {
+                        let digest = transfer_digest(&s.sent, s.tokens, &logits);
+                        s.done = true;
+                        c.completed.fetch_add(1, Ordering::Relaxed);
+                        t.send(&Message::Done(Done { transfer, tokens: s.tokens, digest, logits })).await
+                    }
+                    PrefillEvent::Failed(_) => {
+                        s.aborting = true;
+                        c.aborts_sent.fetch_add(1, Ordering::Relaxed);
+                        t.send(&Message::Abort { transfer }).await
+                    }
+                };
+                if r.is_err() { break false; }
+            }
+        }
+    };
+    let _ = ok;
+    // The connection is gone: nothing more can be written or acknowledged.
+    if !live.is_empty() {
+        c.connection_losses.fetch_add(1, Ordering::Relaxed);
+    }
+    for transfer in live.keys() {
+        w.engine.release_source(*transfer);
+    }
+}
