@@ -37,7 +37,7 @@ pub(crate) struct PrefillArgs {
     /// Longest one frame write may block on a decode worker that does not read.
     #[arg(long, default_value_t = 30_000)]
     write_timeout_ms: u64,
-    /// Testing only: wait this long before every page frame (a slow link).
+    /// Testing only: wait this long before every frame sent (a slow link).
     #[arg(long, hide = true)]
     page_delay_ms: Option<u64>,
     #[command(flatten)]

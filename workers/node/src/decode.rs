@@ -307,7 +307,7 @@ impl Link {
             LinkEvent::Tick => {
                 let now = Instant::now();
                 for t in self.ledger.expired(now) {
-                    self.abort(t, TransferFault::Timeout);
+                    self.aborted(t, TransferFault::Timeout);
                 }
                 let overdue = self
                     .aborting_since
@@ -331,10 +331,16 @@ impl Link {
 
     fn abort(&mut self, t: TransferId, fault: TransferFault) {
         if self.ledger.abort(t) {
-            self.engine.fail_transfer(t, fault);
-            self.aborting_since.push((t, Instant::now()));
-            self.send(Message::Abort { transfer: t });
+            self.aborted(t, fault);
         }
+    }
+
+    /// After the ledger moved `t` to aborting: fail the request (pages stay
+    /// held) and tell the peer.
+    fn aborted(&mut self, t: TransferId, fault: TransferFault) {
+        self.engine.fail_transfer(t, fault);
+        self.aborting_since.push((t, Instant::now()));
+        self.send(Message::Abort { transfer: t });
     }
 
     fn on_frame(&mut self, m: Message) {

@@ -28,7 +28,7 @@ use tokio::sync::{broadcast, mpsc};
 pub struct PrefillOptions {
     /// Longest a single frame write may block on a peer that does not read.
     pub write_timeout: Duration,
-    /// Testing: wait this long before every page (a deliberately slow link).
+    /// Testing: wait this long before every frame (a deliberately slow link).
     pub page_delay: Option<Duration>,
 }
 

@@ -157,7 +157,7 @@ impl<W: AsyncWrite + Unpin + Send> Transport for TcpTransport<W> {
     }
 }
 
-/// A transport that waits `delay` before every page: a deliberately slow
+/// A transport that waits `delay` before every frame: a deliberately slow
 /// link, for tests of aborts and crashes in the middle of a transfer.
 #[derive(Debug)]
 pub struct SlowTransport<T> {
@@ -179,6 +179,7 @@ impl<T: Transport> Transport for SlowTransport<T> {
     }
 
     async fn send(&mut self, msg: &Message) -> Result<(), TransportError> {
+        tokio::time::sleep(self.delay).await;
         self.inner.send(msg).await
     }
 }

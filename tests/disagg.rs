@@ -1,0 +1,318 @@
+//! Prefill and decode as separate OS processes over TCP: identical output
+//! to the colocated engine, and every way a transfer can go wrong leaves no
+//! page behind and decodes nothing from a page it should not.
+
+mod support;
+
+use bulkhead_transfer::Message;
+use serde_json::json;
+use std::time::Duration;
+use support::*;
+
+#[test]
+fn disaggregated_greedy_output_is_token_identical_to_colocated() {
+    let p = prefill(&[]);
+    let d = decode(&p.addr("transfer"), &[]);
+    let c = colocated();
+    let cases = [
+        json!({"prompt": "What is the capital of France?", "max_tokens": 24}),
+        json!({"prompt": "Write a haiku about the sea.", "max_tokens": 32}),
+        json!({"raw": "The quick brown fox", "max_tokens": 16}),
+        // 600 tokens: two prefill steps, pages sent in two batches.
+        json!({"tokens": tokens(600), "max_tokens": 12, "ignore_eos": true}),
+        // Exactly one page, and sampling with a seed.
+        json!({"tokens": tokens(16), "max_tokens": 8, "temperature": 0.8, "seed": 7, "ignore_eos": true}),
+    ];
+    for (i, case) in cases.iter().enumerate() {
+        let dis = generate(&d.addr("http"), 1 + i as u64, case);
+        let col = generate(&c.addr("http"), 1 + i as u64, case);
+        assert_eq!(dis.status, 200, "{}", dis.body);
+        assert_eq!(col.status, 200, "{}", col.body);
+        let (dt, dl) = dis.tokens();
+        let (ct, cl) = col.tokens();
+        assert!(!dt.is_empty());
+        assert_eq!(dt, ct, "case {i}: {case}");
+        assert_eq!(dl["finish_reason"], cl["finish_reason"]);
+        assert_eq!(dl["usage"], cl["usage"]);
+    }
+    let s = stats(&d.addr("http"));
+    assert_eq!(s["transfer"]["committed"], cases.len());
+    assert_eq!(s["transfer"]["failed"], 0);
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
+    let ps = stats(&p.addr("http"));
+    assert_eq!(ps["transfer"]["released"], cases.len());
+}
+
+#[test]
+fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
+    let p = prefill(&[]);
+    let d = decode(&p.addr("transfer"), &[]);
+    // 64 MiB of f16 pages hold 182 pages = 2,912 tokens.
+    let r = generate(
+        &d.addr("http"),
+        1,
+        &json!({"tokens": tokens(2_900), "max_tokens": 100}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    let ds = stats(&d.addr("http"));
+    assert_eq!(ds["pool"]["allocations"], 0);
+    assert_eq!(ds["transfer"]["started"], 0);
+    let ps = stats(&p.addr("http"));
+    assert_eq!(ps["transfer"]["requests"], 0);
+    assert_eq!(ps["pool"]["allocations"], 0);
+
+    // The prefill door refuses on its own too, for a peer that asks anyway.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let reply = rt.block_on(async {
+        use tokio::io::AsyncWriteExt;
+        let mut s = tokio::net::TcpStream::connect(p.addr("transfer")).await.unwrap();
+        let Message::Hello(h) = Message::read(&mut s).await.unwrap() else {
+            panic!("hello first")
+        };
+        s.write_all(&Message::Hello(h).encode()).await.unwrap();
+        let t = bulkhead_kv::TransferId::new(42);
+        let req = bulkhead_transfer::PrefillRequest {
+            transfer: t,
+            tenant: 9,
+            max_tokens: 100,
+            prompt: tokens(2_900),
+            slots: (0..2_900usize.div_ceil(16))
+                .map(|i| bulkhead_kv::Generation::from_wire(i as u64 + 1))
+                .collect(),
+        };
+        s.write_all(&Message::Prefill(req).encode()).await.unwrap();
+        Message::read(&mut s).await.unwrap()
+    });
+    assert!(
+        matches!(reply, Message::Rejected { error: bulkhead_kv::AdmissionError::PoolCapacityExceeded { .. }, .. }),
+        "{reply:?}"
+    );
+    let ps = stats(&p.addr("http"));
+    assert_eq!(ps["transfer"]["rejected"], 1);
+    assert_eq!(ps["pool"]["allocations"], 0);
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
+}
+
+/// Runs one request through a tampering proxy and checks it fails cleanly.
+fn tampered(tamper: Tamper, expect_counter: &str) {
+    let p = prefill(&[]);
+    let via = proxy(p.addr("transfer"), tamper);
+    let d = decode(&via, &[]);
+    let r = generate(
+        &d.addr("http"),
+        5,
+        &json!({"tokens": tokens(100), "max_tokens": 8}),
+    );
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("kv_transfer_failed"), "{}", r.body);
+    assert!(!r.body.contains("\"token\""), "no token may be produced");
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
+    let ds = stats(&d.addr("http"));
+    assert_eq!(ds["transfer"][expect_counter], 1, "{ds}");
+    assert_eq!(ds["transfer"]["committed"], 0);
+    // Decode aborted; prefill acknowledged exactly once.
+    assert_eq!(ds["transfer"]["aborts_sent"], 1);
+    assert_eq!(ds["transfer"]["acks_received"], 1);
+    let ps = stats(&p.addr("http"));
+    assert_eq!(ps["transfer"]["acks_sent"], 1);
+    // A clean request afterwards works on the same pair.
+    let ok = generate(&d.addr("http"), 5, &json!({"raw": "Hello", "max_tokens": 4}));
+    assert_eq!(ok.status, 200, "{}", ok.body);
+}
+
+#[test]
+fn a_corrupted_page_frame_fails_the_transfer() {
+    let mut n = 0;
+    tampered(
+        Box::new(move |m| match m {
+            Message::Page(h, mut payload) => {
+                n += 1;
+                if n == 3 {
+                    payload[1000] ^= 0x40;
+                }
+                vec![Message::Page(h, payload)]
+            }
+            m => vec![m],
+        }),
+        "checksum_mismatches",
+    );
+}
+
+#[test]
+fn a_page_with_a_forged_checksum_still_cannot_land_in_another_slot() {
+    let mut n = 0;
+    tampered(
+        Box::new(move |m| match m {
+            Message::Page(mut h, payload) => {
+                n += 1;
+                if n == 2 {
+                    h.slot += 1; // aim at the next slot, generation left as is
+                }
+                vec![Message::Page(h, payload)]
+            }
+            m => vec![m],
+        }),
+        "slot_mismatches",
+    );
+}
+
+#[test]
+fn a_truncated_transfer_fails() {
+    let mut n = 0;
+    tampered(
+        Box::new(move |m| match m {
+            Message::Page(h, payload) => {
+                n += 1;
+                if n == 7 { vec![] } else { vec![Message::Page(h, payload)] }
+            }
+            m => vec![m],
+        }),
+        "incomplete",
+    );
+}
+
+#[test]
+fn duplicate_and_late_frames_are_dropped_and_counted() {
+    // Within a live transfer a slot written twice fails it...
+    let mut first: Option<Message> = None;
+    tampered(
+        Box::new(move |m| match m {
+            Message::Page(h, payload) => {
+                let m = Message::Page(h, payload);
+                if first.is_none() {
+                    first = Some(m.clone());
+                    vec![m.clone(), m]
+                } else {
+                    vec![m]
+                }
+            }
+            m => vec![m],
+        }),
+        "duplicate_pages",
+    );
+    // ...and once it is finished, its frames are dropped by the tombstone.
+    let p = prefill(&[]);
+    let mut kept: Vec<Message> = Vec::new();
+    let via = proxy(
+        p.addr("transfer"),
+        Box::new(move |m| match m {
+            Message::Page(..) => {
+                kept.push(m.clone());
+                vec![m]
+            }
+            Message::Done(d) => {
+                // Done, then a duplicate page, then the Done again, late.
+                let mut out = vec![Message::Done(d.clone())];
+                out.extend(kept.drain(..1));
+                out.push(Message::Done(d));
+                out
+            }
+            m => vec![m],
+        }),
+    );
+    let d = decode(&via, &[]);
+    let c = colocated();
+    let body = json!({"tokens": tokens(40), "max_tokens": 6, "ignore_eos": true});
+    let r = generate(&d.addr("http"), 2, &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.tokens().0, generate(&c.addr("http"), 2, &body).tokens().0);
+    let ds = wait_stats(&d.addr("http"), |s| s["transfer"]["dropped_frames"] == 2);
+    assert_eq!(ds["transfer"]["dropped_frames"], 2, "{ds}");
+    assert_eq!(ds["transfer"]["committed"], 1);
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
+}
+
+#[test]
+fn decode_aborts_mid_transfer_and_keeps_its_pages_until_prefill_drains() {
+    // 8 pages at 400 ms each; decode gives up after 1 s.
+    let p = prefill(&["--page-delay-ms", "400"]);
+    let d = decode(&p.addr("transfer"), &["--transfer-timeout-ms", "1000"]);
+    let r = generate(
+        &d.addr("http"),
+        3,
+        &json!({"tokens": tokens(128), "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("timed out"), "{}", r.body);
+    // The client has its answer, but prefill's write in flight is not
+    // drained yet: the landing pages are still held, not reused.
+    let held = stats(&d.addr("http"));
+    assert_eq!(held["engine"]["draining_transfers"], 1, "{held}");
+    assert!(held["pool"]["allocated_pages"].as_u64().unwrap() > 0);
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
+    let ds = stats(&d.addr("http"));
+    assert_eq!(ds["transfer"]["timeouts"], 1);
+    assert_eq!(ds["transfer"]["acks_received"], 1);
+    let ps = stats(&p.addr("http"));
+    assert_eq!(ps["transfer"]["aborts_received"], 1);
+    assert_eq!(ps["transfer"]["acks_sent"], 1);
+}
+
+#[test]
+fn prefill_aborts_mid_transfer_and_gets_exactly_one_ack() {
+    let p = prefill(&["--page-delay-ms", "300"]);
+    let d = decode(&p.addr("transfer"), &[]);
+    let daddr = d.addr("http");
+    let client = std::thread::spawn(move || {
+        generate(&daddr, 4, &json!({"tokens": tokens(160), "max_tokens": 4}))
+    });
+    wait_stats(&p.addr("http"), |s| s["transfer"]["pages_sent"].as_u64() >= Some(2));
+    let a = http(&p.addr("http"), "POST", "/admin/abort", None, "");
+    assert_eq!(a.status, 202);
+    let r = client.join().unwrap();
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("aborted"), "{}", r.body);
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
+    let ds = stats(&d.addr("http"));
+    assert_eq!(ds["transfer"]["aborts_received"], 1);
+    assert_eq!(ds["transfer"]["acks_sent"], 1);
+    let ps = wait_stats(&p.addr("http"), |s| s["transfer"]["acks_received"] == 1);
+    assert_eq!(ps["transfer"]["aborts_sent"], 1);
+    assert_eq!(ps["transfer"]["acks_received"], 1);
+}
+
+#[test]
+fn kill_9_of_decode_mid_transfer_releases_prefill_pages() {
+    let p = prefill(&["--page-delay-ms", "300"]);
+    let mut d = decode(&p.addr("transfer"), &[]);
+    let daddr = d.addr("http");
+    std::thread::spawn(move || {
+        let _ = std::panic::catch_unwind(|| {
+            generate(&daddr, 6, &json!({"tokens": tokens(160), "max_tokens": 4}))
+        });
+    });
+    wait_stats(&p.addr("http"), |s| s["transfer"]["pages_sent"].as_u64() >= Some(2));
+    let during = stats(&p.addr("http"));
+    assert!(during["pool"]["allocated_pages"].as_u64().unwrap() > 0);
+    d.kill9();
+    assert_baseline(&[&p.addr("http")]);
+    let ps = stats(&p.addr("http"));
+    assert_eq!(ps["transfer"]["connection_losses"], 1);
+    assert_eq!(ps["transfer"]["completed"], 0);
+}
+
+#[test]
+fn kill_9_of_prefill_mid_transfer_fails_the_request_and_frees_decode_pages() {
+    let mut p = prefill(&["--page-delay-ms", "300"]);
+    let d = decode(&p.addr("transfer"), &[]);
+    let daddr = d.addr("http");
+    let client = std::thread::spawn(move || {
+        generate(&daddr, 7, &json!({"tokens": tokens(160), "max_tokens": 4}))
+    });
+    wait_stats(&d.addr("http"), |s| s["pool"]["receiving_pages"].as_u64() > Some(0));
+    std::thread::sleep(Duration::from_millis(700));
+    p.kill9();
+    let r = client.join().unwrap();
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("connection"), "{}", r.body);
+    assert!(!r.body.contains("\"token\""));
+    assert_baseline(&[&d.addr("http")]);
+    let ds = stats(&d.addr("http"));
+    assert_eq!(ds["transfer"]["connection_losses"], 1);
+    assert_eq!(ds["transfer"]["committed"], 0);
+}
