@@ -241,10 +241,10 @@ fn timed_batch(
 }
 
 /// Deterministic benchmark prompts: distinct texts cut to exact token counts.
-struct Prompts(Vec<Vec<u32>>);
+pub(crate) struct Prompts(Vec<Vec<u32>>);
 
 impl Prompts {
-    fn new(model: &ModelFile, tokens: usize, count: usize) -> anyhow::Result<Self> {
+    pub(crate) fn new(model: &ModelFile, tokens: usize, count: usize) -> anyhow::Result<Self> {
         let subjects = [
             "harbor",
             "orchard",
@@ -285,7 +285,7 @@ impl Prompts {
         Ok(Prompts(all))
     }
 
-    fn get(&self, i: usize, len: usize) -> Vec<u32> {
+    pub(crate) fn get(&self, i: usize, len: usize) -> Vec<u32> {
         self.0[i % self.0.len()][..len].to_vec()
     }
 }

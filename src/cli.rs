@@ -46,6 +46,9 @@ enum BenchCommand {
     /// Prefill, decode and owner-check figures of the engine, with llama.cpp
     /// side by side when llama-cpp-python is importable.
     Engine(crate::bench::EngineBenchArgs),
+    /// KV transfer throughput against a raw loopback copy, and time to first
+    /// token disaggregated against colocated.
+    Transfer(crate::bench_transfer::TransferBenchArgs),
 }
 
 /// Model and engine flags shared by the subcommands that run the model.
@@ -107,5 +110,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Engine(args),
         } => crate::bench::run_engine(&args),
+        Command::Bench {
+            command: BenchCommand::Transfer(args),
+        } => crate::bench_transfer::run(&args),
     }
 }

@@ -2,6 +2,7 @@
 //! hands off to the subcommand's module.
 
 mod bench;
+mod bench_transfer;
 mod cli;
 mod generate;
 mod serve;

@@ -1,0 +1,386 @@
+//! `bulkhead bench transfer`: KV transfer throughput over loopback TCP with
+//! and without checksums against a raw socket copy of the same bytes, and
+//! time to first token disaggregated against colocated, in one run.
+
+use crate::bench::Prompts;
+use crate::cli::ModelArgs;
+use anyhow::{Context, bail};
+use bulkhead_engine::{Engine, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
+use bulkhead_kv::{
+    Generation, KvDtype, KvGeometry, KvPool, Limits, Owner, PageTable, RequestId, TenantId,
+    TransferId,
+};
+use bulkhead_node::{DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, hello};
+use bulkhead_transfer::checksum::transfer_digest;
+use bulkhead_transfer::{
+    Checksums, Done, DoneVerdict, Grant, Ledger, Message, PageVerdict, TcpTransport, Transport,
+};
+use clap::Args;
+use serde_json::json;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Args)]
+pub(crate) struct TransferBenchArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Pages per throughput run (368,640 bytes each for the default model).
+    #[arg(long, default_value_t = 256)]
+    pages: usize,
+    /// Prompt tokens of the time-to-first-token comparison.
+    #[arg(long, default_value_t = 500)]
+    prompt_tokens: usize,
+    /// Repetitions; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
+    let path = args.model.path()?;
+    let model =
+        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let c = model.config();
+    let geometry = KvGeometry {
+        layers: c.layers,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        page_size: args.model.page_size,
+        dtype: KvDtype::F16,
+    };
+    let rounds = args.rounds.max(1);
+    let pages = args.pages.max(1);
+    let bytes = pages * geometry.bytes_per_page();
+    let (mut src, table) = filled_pool(geometry, pages);
+    let mut raw = Vec::new();
+    let mut on = Vec::new();
+    let mut off = Vec::new();
+    for _ in 0..rounds {
+        raw.push(raw_copy(bytes, geometry.bytes_per_page())?);
+        on.push(protocol_copy(&mut src, &table, Checksums::On)?);
+        off.push(protocol_copy(&mut src, &table, Checksums::OffForBenchmark)?);
+    }
+    let (raw_s, on_s, off_s) = (median(&raw), median(&on), median(&off));
+    let gbps = |s: f64| bytes as f64 / s / 1e9;
+
+    let (colocated, disagg) = ttft(&model, args, rounds)?;
+    let (col_s, dis_s) = (median(&colocated), median(&disagg));
+    let v = json!({
+        "pages": pages,
+        "bytes": bytes,
+        "raw_gb_s": gbps(raw_s),
+        "transfer_gb_s": gbps(on_s),
+        "transfer_no_checksum_gb_s": gbps(off_s),
+        "transfer_ratio_to_raw": raw_s / on_s,
+        "transfer_ratio_to_raw_no_checksum": raw_s / off_s,
+        "prompt_tokens": args.prompt_tokens,
+        "ttft_colocated_ms": col_s * 1e3,
+        "ttft_disaggregated_ms": dis_s * 1e3,
+        "ttft_ratio_disagg_to_colocated": dis_s / col_s,
+    });
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(
+            out,
+            "KV transfer, {pages} pages ({:.1} MB) over loopback TCP, median of {rounds}:",
+            bytes as f64 / 1e6
+        )?;
+        writeln!(out, "  raw socket copy        {:>7.2} GB/s", gbps(raw_s))?;
+        writeln!(
+            out,
+            "  transfer, checksums    {:>7.2} GB/s   {:.2}x raw",
+            gbps(on_s),
+            raw_s / on_s
+        )?;
+        writeln!(
+            out,
+            "  transfer, no checksums {:>7.2} GB/s   {:.2}x raw",
+            gbps(off_s),
+            raw_s / off_s
+        )?;
+        writeln!(
+            out,
+            "Time to first token, {}-token prompt: colocated {:.1} ms, disaggregated {:.1} ms ({:.3}x)",
+            args.prompt_tokens,
+            col_s * 1e3,
+            dis_s * 1e3,
+            dis_s / col_s
+        )?;
+    }
+    Ok(())
+}
+
+/// A pool of `pages` pages, all owned by one sequence and written.
+fn filled_pool(geometry: KvGeometry, pages: usize) -> (KvPool, PageTable) {
+    let mut pool = KvPool::new(geometry, pages, false);
+    let limits = Limits {
+        context_window: usize::MAX,
+        pool_tokens: pool.capacity_tokens(),
+        page_size: geometry.page_size,
+    };
+    let owner = Owner {
+        tenant: TenantId::new(1),
+        request: RequestId::new(1),
+    };
+    let tokens = pages * geometry.page_size;
+    let admitted = limits
+        .admit(owner, tokens, 1, ())
+        .or_else(|_| limits.admit(owner, tokens - 1, 1, ()))
+        .expect("fits by construction");
+    let table = pool.allocate(&admitted).expect("fits by construction");
+    let width = geometry.kv_heads * geometry.head_dim;
+    for pos in 0..table.pages().len() * geometry.page_size {
+        let k: Vec<f32> = (0..width).map(|i| ((pos * 31 + i) % 997) as f32 * 1e-3).collect();
+        for layer in 0..geometry.layers {
+            let _ = pool.write_token(&table, layer, pos, &k, &k);
+        }
+    }
+    (pool, table)
+}
+
+/// Seconds to move `bytes` through a plain loopback socket, `chunk` at a time.
+fn raw_copy(bytes: usize, chunk: usize) -> anyhow::Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let reader = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        let mut buf = vec![0u8; chunk];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(chunk);
+            s.read_exact(&mut buf[..n])?;
+            left -= n;
+        }
+        s.write_all(&[1])?;
+        Ok(())
+    });
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let buf = vec![7u8; chunk];
+    let start = Instant::now();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk);
+        s.write_all(&buf[..n])?;
+        left -= n;
+    }
+    let mut done = [0u8; 1];
+    s.read_exact(&mut done)?;
+    let t = start.elapsed().as_secs_f64();
+    reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reader panicked"))??;
+    Ok(t)
+}
+
+/// Seconds to move every page of `table` from `src` into a second pool
+/// through the real protocol: export, frame (checksummed or not), loopback
+/// TCP, ledger verification, import, digest check and commit.
+fn protocol_copy(src: &mut KvPool, table: &PageTable, checksums: Checksums) -> anyhow::Result<f64> {
+    let geometry = src.geometry();
+    let n = table.pages().len();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    // The receiver: a pool with landing slots, fed by the ledger.
+    let receiver = std::thread::spawn(move || -> anyhow::Result<Vec<Generation>> {
+        let (s, _) = listener.accept()?;
+        s.set_nonblocking(true)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let mut s = tokio::net::TcpStream::from_std(s)?;
+            let mut dst = KvPool::new(geometry, n, false);
+            let limits = Limits {
+                context_window: usize::MAX,
+                pool_tokens: dst.capacity_tokens(),
+                page_size: geometry.page_size,
+            };
+            let owner = Owner {
+                tenant: TenantId::new(2),
+                request: RequestId::new(2),
+            };
+            let tokens = n * geometry.page_size - 1;
+            let admitted = limits.admit(owner, tokens, 1, ())?;
+            let t = TransferId::new(1);
+            let landing = dst.allocate_receiving(&admitted, t)?;
+            let gens: Vec<Generation> = landing.pages().iter().map(|r| r.generation()).collect();
+            // The grant goes back to the sender first.
+            {
+                use tokio::io::AsyncWriteExt;
+                let mut g = Vec::with_capacity(gens.len() * 8);
+                for x in &gens {
+                    g.extend_from_slice(&x.get().to_le_bytes());
+                }
+                s.write_all(&g).await?;
+            }
+            let mut ledger = Ledger::new(checksums);
+            let far = Instant::now() + Duration::from_secs(3600);
+            ledger.open_transfer(
+                t,
+                gens.clone(),
+                tokens as u64,
+                geometry.bytes_per_page(),
+                far,
+            );
+            loop {
+                match Message::read(&mut s).await? {
+                    Message::Page(h, payload) => match ledger.on_page(&h, &payload) {
+                        PageVerdict::Write {
+                            slot, generation, ..
+                        } => dst.import_page(&landing, t, slot, generation, &payload)?,
+                        v => bail!("page refused: {v:?}"),
+                    },
+                    Message::Done(d) => match ledger.on_done(&d) {
+                        DoneVerdict::Commit(_) => {
+                            dst.commit_received(&landing, t);
+                            use tokio::io::AsyncWriteExt;
+                            s.write_all(&[1]).await?;
+                            return Ok(gens);
+                        }
+                        v => bail!("transfer refused: {v:?}"),
+                    },
+                    m => bail!("unexpected frame {m:?}"),
+                }
+            }
+        })
+    });
+    let elapsed = rt.block_on(async {
+        use tokio::io::AsyncReadExt;
+        let s = tokio::net::TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let (mut rd, wr) = s.into_split();
+        let mut g = vec![0u8; n * 8];
+        rd.read_exact(&mut g).await?;
+        let gens: Vec<Generation> = g
+            .chunks_exact(8)
+            .map(|c| Generation::from_wire(u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))
+            .collect();
+        let grant = Grant::new(TransferId::new(1), gens);
+        let mut t = TcpTransport::new(wr, checksums, Duration::from_secs(30));
+        let start = Instant::now();
+        let mut buf = Vec::with_capacity(geometry.bytes_per_page());
+        let mut sent = Vec::with_capacity(n);
+        for (i, r) in table.pages().iter().enumerate() {
+            buf.clear();
+            src.export_page(table.owner(), *r, &mut buf)?;
+            let slot = grant.slot(i).context("slot granted")?;
+            let sum = t.write_page(slot, &buf).await?;
+            sent.push((slot.generation(), sum));
+        }
+        let tokens = (n * geometry.page_size - 1) as u64;
+        let logits = vec![0.0f32; 16];
+        let digest = transfer_digest(&sent, tokens, &logits);
+        t.send(&Message::Done(Done {
+            transfer: TransferId::new(1),
+            tokens,
+            digest,
+            logits,
+        }))
+        .await?;
+        let mut ack = [0u8; 1];
+        rd.read_exact(&mut ack).await?;
+        anyhow::Ok(start.elapsed().as_secs_f64())
+    })?;
+    receiver
+        .join()
+        .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
+    Ok(elapsed)
+}
+
+/// Time to first token, colocated and disaggregated (prefill and decode
+/// engines in this process, talking over loopback TCP), `rounds` each.
+fn ttft(
+    model: &Arc<ModelFile>,
+    args: &TransferBenchArgs,
+    rounds: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let mut config = args.model.engine_config();
+    config.kv_budget_bytes = config.kv_budget_bytes.min(256 << 20);
+    let fingerprint = bulkhead_node::model_fingerprint(&args.model.path()?)?;
+    let colocated = Engine::start(Arc::clone(model), &config)?;
+    let prefill_engine = Arc::new(Engine::start(Arc::clone(model), &config)?);
+    let decode_engine = Arc::new(Engine::start(Arc::clone(model), &config)?);
+    let prompts = Prompts::new(model, args.prompt_tokens, rounds)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let p_hello = hello(prefill_engine.info(), fingerprint, 2);
+        let prefill = PrefillWorker::new(
+            prefill_engine,
+            p_hello,
+            PrefillOptions {
+                write_timeout: Duration::from_secs(30),
+                page_delay: None,
+            },
+        );
+        tokio::spawn(prefill.serve(listener));
+        let d_hello = hello(decode_engine.info(), fingerprint, 2);
+        let decode = DecodeWorker::start(
+            decode_engine,
+            d_hello,
+            DecodeOptions {
+                prefill: addr,
+                transfer_timeout: Duration::from_secs(60),
+                ack_timeout: Duration::from_secs(10),
+            },
+        );
+        if !decode.ready(Duration::from_secs(10)).await {
+            bail!("the in-process prefill worker did not answer");
+        }
+        let request = |i: usize| GenerateRequest {
+            prompt: prompts.get(i, args.prompt_tokens),
+            sampling: SamplingParams::greedy(1),
+            stop: Vec::new(),
+            ignore_eos: true,
+        };
+        // One warm-up each, then alternate.
+        let (mut col, mut dis) = (Vec::new(), Vec::new());
+        for i in 0..=rounds {
+            let start = Instant::now();
+            let mut h = colocated.submit(TenantId::new(1), request(i % rounds))?;
+            first_token(h.next().await)?;
+            let c = start.elapsed().as_secs_f64();
+            drop(h);
+            let start = Instant::now();
+            let mut h = decode
+                .submit(TenantId::new(1), request(i % rounds))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            first_token(h.next().await)?;
+            let d = start.elapsed().as_secs_f64();
+            drop(h);
+            if i > 0 {
+                col.push(c);
+                dis.push(d);
+            }
+        }
+        Ok((col, dis))
+    })
+}
+
+fn first_token(ev: Option<SeqEvent>) -> anyhow::Result<()> {
+    match ev {
+        Some(SeqEvent::Token { .. } | SeqEvent::Finished { .. }) => Ok(()),
+        Some(SeqEvent::Failed(e)) => bail!("request failed: {e}"),
+        None => bail!("the engine stopped"),
+    }
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
