@@ -136,7 +136,9 @@ fn filled_pool(geometry: KvGeometry, pages: usize) -> (KvPool, PageTable) {
     let table = pool.allocate(&admitted).expect("fits by construction");
     let width = geometry.kv_heads * geometry.head_dim;
     for pos in 0..table.pages().len() * geometry.page_size {
-        let k: Vec<f32> = (0..width).map(|i| ((pos * 31 + i) % 997) as f32 * 1e-3).collect();
+        let k: Vec<f32> = (0..width)
+            .map(|i| ((pos * 31 + i) % 997) as f32 * 1e-3)
+            .collect();
         for layer in 0..geometry.layers {
             let _ = pool.write_token(&table, layer, pos, &k, &k);
         }

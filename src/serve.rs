@@ -6,8 +6,7 @@ use crate::cli::ModelArgs;
 use anyhow::Context;
 use bulkhead_engine::{Engine, ModelFile};
 use bulkhead_node::{
-    DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, app, hello,
-    model_fingerprint,
+    DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, app, hello, model_fingerprint,
 };
 use clap::Args;
 use std::io::Write;
@@ -96,7 +95,10 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let (engine, _) = load(&args.model)?;
     runtime()?.block_on(async {
         let http = bind(&args.http).await?;
-        announce(&format!("bulkhead serve: listening http={}", http.local_addr()?));
+        announce(&format!(
+            "bulkhead serve: listening http={}",
+            http.local_addr()?
+        ));
         axum::serve(http, app(Role::Colocated(engine))).await?;
         Ok(())
     })
@@ -142,7 +144,10 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
                 args.prefill
             );
         }
-        announce(&format!("bulkhead decode: listening http={}", http.local_addr()?));
+        announce(&format!(
+            "bulkhead decode: listening http={}",
+            http.local_addr()?
+        ));
         axum::serve(http, app(Role::Decode(worker))).await?;
         Ok(())
     })

@@ -70,7 +70,9 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
         .unwrap();
     let reply = rt.block_on(async {
         use tokio::io::AsyncWriteExt;
-        let mut s = tokio::net::TcpStream::connect(p.addr("transfer")).await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(p.addr("transfer"))
+            .await
+            .unwrap();
         let Message::Hello(h) = Message::read(&mut s).await.unwrap() else {
             panic!("hello first")
         };
@@ -89,7 +91,13 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
         Message::read(&mut s).await.unwrap()
     });
     assert!(
-        matches!(reply, Message::Rejected { error: bulkhead_kv::AdmissionError::PoolCapacityExceeded { .. }, .. }),
+        matches!(
+            reply,
+            Message::Rejected {
+                error: bulkhead_kv::AdmissionError::PoolCapacityExceeded { .. },
+                ..
+            }
+        ),
         "{reply:?}"
     );
     let ps = stats(&p.addr("http"));
@@ -121,7 +129,11 @@ fn tampered(tamper: Tamper, expect_counter: &str) {
     let ps = stats(&p.addr("http"));
     assert_eq!(ps["transfer"]["acks_sent"], 1);
     // A clean request afterwards works on the same pair.
-    let ok = generate(&d.addr("http"), 5, &json!({"raw": "Hello", "max_tokens": 4}));
+    let ok = generate(
+        &d.addr("http"),
+        5,
+        &json!({"raw": "Hello", "max_tokens": 4}),
+    );
     assert_eq!(ok.status, 200, "{}", ok.body);
 }
 
@@ -168,7 +180,11 @@ fn a_truncated_transfer_fails() {
         Box::new(move |m| match m {
             Message::Page(h, payload) => {
                 n += 1;
-                if n == 7 { vec![] } else { vec![Message::Page(h, payload)] }
+                if n == 7 {
+                    vec![]
+                } else {
+                    vec![Message::Page(h, payload)]
+                }
             }
             m => vec![m],
         }),
@@ -261,7 +277,9 @@ fn prefill_aborts_mid_transfer_and_gets_exactly_one_ack() {
     let client = std::thread::spawn(move || {
         generate(&daddr, 4, &json!({"tokens": tokens(160), "max_tokens": 4}))
     });
-    wait_stats(&p.addr("http"), |s| s["transfer"]["pages_sent"].as_u64() >= Some(2));
+    wait_stats(&p.addr("http"), |s| {
+        s["transfer"]["pages_sent"].as_u64() >= Some(2)
+    });
     let a = http(&p.addr("http"), "POST", "/admin/abort", None, "");
     assert_eq!(a.status, 202);
     let r = client.join().unwrap();
@@ -286,7 +304,9 @@ fn kill_9_of_decode_mid_transfer_releases_prefill_pages() {
             generate(&daddr, 6, &json!({"tokens": tokens(160), "max_tokens": 4}))
         });
     });
-    wait_stats(&p.addr("http"), |s| s["transfer"]["pages_sent"].as_u64() >= Some(2));
+    wait_stats(&p.addr("http"), |s| {
+        s["transfer"]["pages_sent"].as_u64() >= Some(2)
+    });
     let during = stats(&p.addr("http"));
     assert!(during["pool"]["allocated_pages"].as_u64().unwrap() > 0);
     d.kill9();
@@ -304,7 +324,9 @@ fn kill_9_of_prefill_mid_transfer_fails_the_request_and_frees_decode_pages() {
     let client = std::thread::spawn(move || {
         generate(&daddr, 7, &json!({"tokens": tokens(160), "max_tokens": 4}))
     });
-    wait_stats(&d.addr("http"), |s| s["pool"]["receiving_pages"].as_u64() > Some(0));
+    wait_stats(&d.addr("http"), |s| {
+        s["pool"]["receiving_pages"].as_u64() > Some(0)
+    });
     std::thread::sleep(Duration::from_millis(700));
     p.kill9();
     let r = client.join().unwrap();

@@ -68,7 +68,13 @@ impl Drop for Worker {
 pub const POOL: &[&str] = &["--kv-budget-mib", "64", "--threads", "1"];
 
 pub fn prefill(extra: &[&str]) -> Worker {
-    let mut args = vec!["prefill", "--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"];
+    let mut args = vec![
+        "prefill",
+        "--listen",
+        "127.0.0.1:0",
+        "--http",
+        "127.0.0.1:0",
+    ];
     args.extend_from_slice(POOL);
     args.extend_from_slice(extra);
     Worker::start(&args)
@@ -135,7 +141,13 @@ pub fn http(addr: &str, method: &str, path: &str, tenant: Option<u64>, body: &st
 }
 
 pub fn generate(addr: &str, tenant: u64, body: &Value) -> Response {
-    http(addr, "POST", "/v1/generate", Some(tenant), &body.to_string())
+    http(
+        addr,
+        "POST",
+        "/v1/generate",
+        Some(tenant),
+        &body.to_string(),
+    )
 }
 
 pub fn stats(addr: &str) -> Value {
@@ -200,7 +212,9 @@ pub fn proxy(prefill_addr: String, tamper: Tamper) -> String {
             let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
             let mut tamper = Some(tamper);
             loop {
-                let Ok((down, _)) = listener.accept().await else { return };
+                let Ok((down, _)) = listener.accept().await else {
+                    return;
+                };
                 let Ok(up) = tokio::net::TcpStream::connect(&prefill_addr).await else {
                     return;
                 };

@@ -206,7 +206,11 @@ impl Link {
         };
         let _ = sock.set_nodelay(true);
         let (mut rd, mut wr) = sock.into_split();
-        if wr.write_all(&Message::Hello(self.hello).encode()).await.is_err() {
+        if wr
+            .write_all(&Message::Hello(self.hello).encode())
+            .await
+            .is_err()
+        {
             return false;
         }
         let peer = match tokio::time::timeout(Duration::from_secs(10), Message::read(&mut rd)).await
@@ -309,10 +313,9 @@ impl Link {
                 for t in self.ledger.expired(now) {
                     self.aborted(t, TransferFault::Timeout);
                 }
-                let overdue = self
-                    .aborting_since
-                    .iter()
-                    .any(|(t, since)| self.ledger.is_open(*t) && now - *since > self.options.ack_timeout);
+                let overdue = self.aborting_since.iter().any(|(t, since)| {
+                    self.ledger.is_open(*t) && now - *since > self.options.ack_timeout
+                });
                 if overdue {
                     // The peer does not acknowledge: closing the connection
                     // is the fence that makes release safe.

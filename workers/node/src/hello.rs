@@ -53,9 +53,19 @@ pub fn check_peer(ours: &Hello, peer: &Hello) -> HelloCheck {
         HelloCheck::Version
     } else if peer.model != ours.model {
         HelloCheck::Model
-    } else if (peer.layers, peer.kv_heads, peer.head_dim, peer.page_size, peer.dtype_bytes)
-        != (ours.layers, ours.kv_heads, ours.head_dim, ours.page_size, ours.dtype_bytes)
-    {
+    } else if (
+        peer.layers,
+        peer.kv_heads,
+        peer.head_dim,
+        peer.page_size,
+        peer.dtype_bytes,
+    ) != (
+        ours.layers,
+        ours.kv_heads,
+        ours.head_dim,
+        ours.page_size,
+        ours.dtype_bytes,
+    ) {
         HelloCheck::Layout
     } else {
         HelloCheck::Compatible

@@ -128,12 +128,7 @@ impl PrefillWorker {
         }
         let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel();
         let (data_tx, data_rx) = mpsc::unbounded_channel();
-        let reader = tokio::spawn(read_loop(
-            rd,
-            self.clone(),
-            ctrl_tx.clone(),
-            data_tx,
-        ));
+        let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx.clone(), data_tx));
         let admin = self.admin.subscribe();
         match self.options.page_delay {
             Some(d) => {

@@ -29,5 +29,5 @@ pub mod wire;
 
 pub use checksum::Checksums;
 pub use ledger::{DoneVerdict, Fault, Ledger, PageVerdict, TransferCounters};
-pub use transport::{Grant, SlowTransport, Slot, TcpTransport, Transport, TransportError};
+pub use transport::{Grant, Slot, SlowTransport, TcpTransport, Transport, TransportError};
 pub use wire::{Done, Hello, Message, PageHeader, PrefillRequest, WireError};

@@ -145,8 +145,12 @@ impl<W: AsyncWrite + Unpin + Send> Transport for TcpTransport<W> {
             generation: slot.generation,
             checksum,
         };
-        self.write_all(&header.encode(page.len())).await?;
-        self.write_all(page).await?;
+        // Header and payload in one vectored write: one syscall per page.
+        let head = header.encode(page.len());
+        let mut frame = bytes::Buf::chain(&head[..], page);
+        tokio::time::timeout(self.timeout, self.writer.write_all_buf(&mut frame))
+            .await
+            .map_err(|_| TransportError::Timeout(self.timeout))??;
         Ok(checksum)
     }
 

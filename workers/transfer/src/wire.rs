@@ -265,8 +265,16 @@ impl Message {
                 generation: Generation::from_wire(c.u64()?),
                 checksum: c.u64()?,
             };
-            let mut payload = vec![0u8; len - 1 - head.len()];
-            r.read_exact(&mut payload).await?;
+            // Read into spare capacity: no zero-fill of a buffer about to be
+            // overwritten.
+            let n = len - 1 - head.len();
+            let mut payload = Vec::with_capacity(n);
+            while payload.len() < n {
+                let mut limited = (&mut *r).take((n - payload.len()) as u64);
+                if limited.read_buf(&mut payload).await? == 0 {
+                    return Err(WireError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+                }
+            }
             return Ok(Message::Page(h, payload));
         }
         let mut body = vec![0u8; len - 1];
