@@ -15,8 +15,8 @@ use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
 use bulkhead_kv::{
-    AdmissionError, Admitted, Generation, KvDtype, KvGeometry, KvPool, Limits, Owner, OwnerChecks,
-    PageTable, PoolCounters, RequestId, TransferId,
+    AdmissionError, Admitted, Generation, Home, KvDtype, KvGeometry, KvPool, LentPage, Limits,
+    Owner, OwnerChecks, PageTable, PoolCounters, RequestId, TransferId,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -97,18 +97,14 @@ pub enum LogitsError {
 }
 
 /// What a prefill-only sequence hands to the transfer layer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub enum PrefillEvent {
-    /// The bytes of one finished prompt page (see
-    /// [`KvPool::export_page`]), in slot order.
-    Page {
-        /// Index of the page in the prompt (the transfer slot).
-        slot: usize,
-        /// The page's bytes.
-        bytes: Vec<u8>,
-    },
-    /// The prompt is computed: the last position's logits. The source pages
-    /// stay held until [`EngineCore::release_source`].
+    /// The computed prompt pages, lent in slot order: the sender reads them
+    /// in place. They come home when dropped; the pages themselves stay
+    /// held until [`EngineCore::release_source`] (and until they are home).
+    Pages(Vec<LentPage>),
+    /// The prompt is computed: the last position's logits (sent after
+    /// [`PrefillEvent::Pages`]).
     Computed {
         /// Logits of the last prompt position.
         logits: Vec<f32>,
@@ -118,11 +114,15 @@ pub enum PrefillEvent {
 }
 
 /// Landing slots granted for a transfer: the generation of each prompt
-/// page, in slot order. Physical page ids never leave the engine.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// page, in slot order, and the pages' memory, lent to the receiver so it
+/// can read the wire straight into them. Physical page ids never leave the
+/// engine; the memory comes home when the receiver drops it.
+#[derive(Debug)]
 pub struct Grant {
     /// Generations of the landing pages, slot by slot.
     pub generations: Vec<Generation>,
+    /// The landing pages, slot by slot.
+    pub pages: Vec<LentPage>,
 }
 
 /// Engine-wide counters beyond the pool's.
@@ -187,7 +187,6 @@ enum Role {
     Prefill {
         transfer: TransferId,
         events: PrefillSink,
-        exported: usize,
     },
 }
 
@@ -205,7 +204,6 @@ struct Generator {
 #[derive(Debug)]
 struct Landing {
     transfer: TransferId,
-    landed: Vec<bool>,
     /// The client went away: finish as cancelled once the transfer ends
     /// (a disconnect never aborts a transfer mid-flight).
     cancel_after: bool,
@@ -226,6 +224,8 @@ pub struct EngineCore {
     draining: HashMap<TransferId, PageTable>,
     /// Source pages of prefilled transfers, held until acknowledged.
     held: HashMap<TransferId, PageTable>,
+    /// Where lent pages go when dropped (the engine's command channel).
+    home: Option<Home>,
     buffers: Buffers,
 }
 
@@ -272,6 +272,7 @@ impl EngineCore {
             running: Vec::new(),
             draining: HashMap::new(),
             held: HashMap::new(),
+            home: None,
             buffers: Buffers::default(),
         })
     }
@@ -355,48 +356,26 @@ impl EngineCore {
         self.waiting.push_back(admitted.map(Pending::Prefill));
     }
 
-    /// Writes one verified page into landing slot `slot` of `transfer`.
-    /// A page the grant does not allow fails the transfer.
-    pub fn import_page(
-        &mut self,
-        transfer: TransferId,
-        slot: usize,
-        generation: Generation,
-        bytes: &[u8],
-    ) {
-        let Some(i) = self.landing_index(transfer) else {
-            return;
-        };
-        let seq = &mut self.running[i];
-        match self
-            .pool
-            .import_page(&seq.table, transfer, slot, generation, bytes)
-        {
-            Ok(()) => {
-                if let Role::Generate(Generator {
-                    landing: Some(l), ..
-                }) = &mut seq.role
-                {
-                    l.landed[slot] = true;
-                }
-            }
-            Err(_) => self.fail_transfer(transfer, TransferFault::Slot),
-        }
+    /// Where lent pages return when their holder drops them.
+    pub fn set_home(&mut self, home: Home) {
+        self.home = Some(home);
+    }
+
+    /// Takes a lent page's memory back.
+    pub fn restore(&mut self, page: LentPage) {
+        self.pool.restore(page);
     }
 
     /// Makes a verified transfer's pages readable and samples the first
     /// token from the prefill worker's `logits`. Refused (and the transfer
-    /// failed) unless every landing slot was written.
+    /// failed) unless every landing page is back home.
     pub fn commit_transfer(&mut self, transfer: TransferId, logits: &mut [f32]) {
         let Some(i) = self.landing_index(transfer) else {
             return;
         };
-        let complete = match &self.running[i].role {
-            Role::Generate(Generator {
-                landing: Some(l), ..
-            }) => l.landed.iter().all(|x| *x) && logits.len() == self.model.config.vocab,
-            _ => false,
-        };
+        let seq = &self.running[i];
+        let complete =
+            self.pool.landing_home(&seq.table, transfer) && logits.len() == self.model.config.vocab;
         if !complete {
             self.fail_transfer(transfer, TransferFault::Incomplete);
             return;
@@ -596,7 +575,8 @@ impl EngineCore {
         }
         for &(i, _, len) in &plan {
             self.running[i].computed += len;
-            self.running[i].export_pages(&self.pool);
+            let home = self.home.clone();
+            self.running[i].lend_pages(&mut self.pool, home);
         }
         let tokenizer = model.tokenizer();
         let vocab = model.config.vocab;
@@ -690,7 +670,6 @@ impl EngineCore {
                     role: Role::Prefill {
                         transfer: p.transfer,
                         events: p.events,
-                        exported: 0,
                     },
                 },
                 Pending::Generate(PendingRequest {
@@ -705,14 +684,17 @@ impl EngineCore {
                                 .iter()
                                 .map(|r| r.generation())
                                 .collect();
-                            if granted.send(Grant { generations }).is_err() {
+                            let pages = self.pool.lend_landing(&table, transfer, self.home.clone());
+                            if let Err(grant) = granted.send(Grant { generations, pages }) {
                                 // The caller is gone before anything was sent.
                                 self.pool.release(table);
+                                for p in grant.pages {
+                                    self.pool.restore(p);
+                                }
                                 continue;
                             }
                             Some(Landing {
                                 transfer,
-                                landed: vec![false; prompt_pages],
                                 cancel_after: false,
                             })
                         }
@@ -831,44 +813,37 @@ impl Sequence {
         self.done = true;
     }
 
-    /// Prefill role: sends every page the computed prefix has finished
-    /// (the last, partial page once the whole prompt is computed).
-    fn export_pages(&mut self, pool: &KvPool) {
-        if self.done {
+    /// Prefill role, once the whole prompt is computed: lends every prompt
+    /// page to the sender, in slot order (the logits follow).
+    fn lend_pages(&mut self, pool: &mut KvPool, home: Option<Home>) {
+        if self.done || self.computed < self.prompt_len {
             return;
         }
-        let page_size = pool.geometry().page_size;
-        let Role::Prefill {
-            events, exported, ..
-        } = &mut self.role
-        else {
+        let Role::Prefill { events, .. } = &self.role else {
             return;
         };
-        let ready = if self.computed >= self.prompt_len {
-            self.prompt_len.div_ceil(page_size)
-        } else {
-            self.computed / page_size
-        };
-        while *exported < ready {
-            let mut bytes = Vec::new();
-            let r = self.table.pages()[*exported];
-            if let Err(v) = pool.export_page(self.owner, r, &mut bytes) {
-                let _ = events.send(PrefillEvent::Failed(EngineError::Integrity(v)));
-                self.done = true;
-                return;
+        let mut pages = Vec::with_capacity(self.table.pages().len());
+        for (slot, r) in self.table.pages().iter().enumerate() {
+            match pool.lend_source(self.owner, *r, slot, home.clone()) {
+                Ok(p) => pages.push(p),
+                Err(v) => {
+                    for p in pages {
+                        pool.restore(p);
+                    }
+                    let _ = events.send(PrefillEvent::Failed(EngineError::Integrity(v)));
+                    self.done = true;
+                    return;
+                }
             }
-            if events
-                .send(PrefillEvent::Page {
-                    slot: *exported,
-                    bytes,
-                })
-                .is_err()
-            {
-                // The connection is gone: stop and free the pages.
-                self.done = true;
-                return;
+        }
+        if let Err(e) = events.send(PrefillEvent::Pages(pages)) {
+            // The connection is gone: take the memory back, free the pages.
+            if let PrefillEvent::Pages(pages) = e.0 {
+                for p in pages {
+                    pool.restore(p);
+                }
             }
-            *exported += 1;
+            self.done = true;
         }
     }
 

@@ -11,7 +11,7 @@ use crate::forward::Numerics;
 use crate::gguf::{ModelConfig, ModelFile};
 use crate::tokenizer::Tokenizer;
 use bulkhead_kv::{
-    AdmissionError, Admitted, Generation, Limits, Owner, OwnerChecks, PoolCounters, RequestId,
+    AdmissionError, Admitted, LentPage, Limits, Owner, OwnerChecks, PoolCounters, RequestId,
     TenantId, TransferId,
 };
 use std::sync::Arc;
@@ -72,12 +72,7 @@ enum Command {
     Submit(Admitted<PendingRequest>),
     Prefill(Admitted<PendingPrefill>),
     Cancel(RequestId),
-    Import {
-        transfer: TransferId,
-        slot: usize,
-        generation: Generation,
-        bytes: Vec<u8>,
-    },
+    Returned(LentPage),
     Commit {
         transfer: TransferId,
         logits: Vec<f32>,
@@ -107,7 +102,7 @@ impl std::fmt::Debug for Command {
             Command::Submit(_) => "Submit",
             Command::Prefill(_) => "Prefill",
             Command::Cancel(_) => "Cancel",
-            Command::Import { .. } => "Import",
+            Command::Returned(_) => "Returned",
             Command::Commit { .. } => "Commit",
             Command::Fail(..) => "Fail",
             Command::Reject(..) => "Reject",
@@ -148,6 +143,12 @@ impl Engine {
             .build()
             .expect("compute threads");
         let (tx, rx) = mpsc::channel::<Command>();
+        // Lent pages come home through the command channel, in order with
+        // every other command.
+        let home_tx = tx.clone();
+        core.set_home(bulkhead_kv::Home::new(move |page| {
+            let _ = home_tx.send(Command::Returned(page));
+        }));
         let thread = std::thread::Builder::new()
             .name("bulkhead-engine".into())
             .spawn(move || run(&mut core, &pool, &rx))
@@ -280,22 +281,6 @@ impl Engine {
         Ok(rx)
     }
 
-    /// Decode side: writes a verified page into a landing slot.
-    pub fn import_page(
-        &self,
-        transfer: TransferId,
-        slot: usize,
-        generation: Generation,
-        bytes: Vec<u8>,
-    ) {
-        let _ = self.commands.send(Command::Import {
-            transfer,
-            slot,
-            generation,
-            bytes,
-        });
-    }
-
     /// Decode side: the transfer was verified whole; decode from it.
     pub fn commit_transfer(&self, transfer: TransferId, logits: Vec<f32>) {
         let _ = self.commands.send(Command::Commit { transfer, logits });
@@ -408,12 +393,7 @@ fn apply(core: &mut EngineCore, cmd: Command) -> bool {
         Command::Submit(a) => core.submit(a),
         Command::Prefill(a) => core.submit_prefill(a),
         Command::Cancel(id) => core.cancel(id),
-        Command::Import {
-            transfer,
-            slot,
-            generation,
-            bytes,
-        } => core.import_page(transfer, slot, generation, &bytes),
+        Command::Returned(page) => core.restore(page),
         Command::Commit {
             transfer,
             mut logits,

@@ -5,8 +5,10 @@ use crate::ids::{Generation, Owner, PageId, TransferId};
 use half::f16;
 
 mod exchange;
+mod lend;
 
 pub use exchange::ImportError;
+pub use lend::{Home, LentPage};
 
 /// Shape of the KV memory: what one page holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,16 +43,24 @@ pub enum KvData<'a> {
     F32(&'a [f32]),
 }
 
-/// Page memory of every layer, keys and values, in one element type.
+/// Page memory: one contiguous block per page, `[layer][keys | values]`,
+/// so a page moves in and out (and is lent) as a whole. A lent page's
+/// block is out of the pool, held by its [`LentPage`].
 #[derive(Debug)]
 enum Planes {
-    F16 {
-        keys: Vec<Vec<f16>>,
-        values: Vec<Vec<f16>>,
-    },
-    F32 {
-        keys: Vec<Vec<f32>>,
-        values: Vec<Vec<f32>>,
+    F16(Vec<Box<[f16]>>),
+    F32(Vec<Box<[f32]>>),
+}
+
+/// Where a page's memory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Whereabouts {
+    Home,
+    /// Lent out; on return it stays with its owner.
+    Lent,
+    /// Lent out and released meanwhile: freed (zeroed if `scrub`) on return.
+    LentThenFree {
+        scrub: bool,
     },
 }
 
@@ -167,6 +177,9 @@ pub struct PoolCounters {
     /// Pages granted to a KV transfer and not yet committed (a subset of
     /// `allocated_pages`).
     pub receiving_pages: usize,
+    /// Pages whose memory is lent to a transfer (a subset of
+    /// `allocated_pages`: a lent page is never free).
+    pub lent_pages: usize,
 }
 
 /// A worker's KV pool. Owned by one thread (the engine loop); shared
@@ -180,6 +193,7 @@ pub struct KvPool {
     /// Owned pages to quarantine when their owner releases them.
     pending_quarantine: Vec<PageId>,
     planes: Planes,
+    whereabouts: Vec<Whereabouts>,
     scrub_on_free: bool,
     checks: OwnerChecks,
     allocations: u64,
@@ -197,8 +211,10 @@ pub struct PageReader<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct PageView<'a> {
     pool: &'a KvPool,
-    layer: usize,
+    page: usize,
+    /// Offset of the layer's keys in the page; values follow after `n`.
     base: usize,
+    n: usize,
     head_floats: usize,
 }
 
@@ -210,7 +226,7 @@ impl KvPool {
     /// If `pages` does not fit a `u32` page id.
     pub fn new(geometry: KvGeometry, pages: usize, scrub_on_free: bool) -> Self {
         assert!(u32::try_from(pages).is_ok(), "too many pages");
-        let floats = pages * geometry.floats_per_layer_page();
+        let floats = geometry.layers * 2 * geometry.floats_per_layer_page();
         KvPool {
             geometry,
             tags: vec![PageTag::Free; pages],
@@ -219,19 +235,18 @@ impl KvPool {
             next_generation: Generation::FIRST,
             pending_quarantine: Vec::new(),
             planes: match geometry.dtype {
-                KvDtype::F16 => Planes::F16 {
-                    keys: (0..geometry.layers)
-                        .map(|_| vec![f16::ZERO; floats])
+                KvDtype::F16 => Planes::F16(
+                    (0..pages)
+                        .map(|_| vec![f16::ZERO; floats].into_boxed_slice())
                         .collect(),
-                    values: (0..geometry.layers)
-                        .map(|_| vec![f16::ZERO; floats])
+                ),
+                KvDtype::F32 => Planes::F32(
+                    (0..pages)
+                        .map(|_| vec![0.0; floats].into_boxed_slice())
                         .collect(),
-                },
-                KvDtype::F32 => Planes::F32 {
-                    keys: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
-                    values: (0..geometry.layers).map(|_| vec![0.0; floats]).collect(),
-                },
+                ),
             },
+            whereabouts: vec![Whereabouts::Home; pages],
             scrub_on_free,
             checks: OwnerChecks::Enforced,
             allocations: 0,
@@ -363,6 +378,11 @@ impl KvPool {
     }
 
     fn free_page(&mut self, page: PageId, scrub: bool) {
+        if self.whereabouts[page.index()] != Whereabouts::Home {
+            // The memory is out: the page is freed when it comes back.
+            self.whereabouts[page.index()] = Whereabouts::LentThenFree { scrub };
+            return;
+        }
         if let Some(at) = self.pending_quarantine.iter().position(|p| *p == page) {
             self.pending_quarantine.swap_remove(at);
             self.tags[page.index()] = PageTag::Quarantined;
@@ -392,6 +412,12 @@ impl KvPool {
             .iter()
             .filter(|t| matches!(t, PageTag::Receiving { .. }))
             .count();
+        let lent = self
+            .whereabouts
+            .iter()
+            .filter(|w| **w != Whereabouts::Home)
+            .count();
+
         PoolCounters {
             total_pages: self.tags.len(),
             free_pages: self.free.len(),
@@ -401,6 +427,7 @@ impl KvPool {
             releases: self.releases,
             owner_violations: self.owner_violations,
             receiving_pages: receiving,
+            lent_pages: lent,
         }
     }
 
@@ -419,29 +446,15 @@ impl KvPool {
         self.check(table.owner, r)?;
         let slot = pos % g.page_size;
         let n = g.floats_per_layer_page();
-        let base = r.page.index() * n;
+        let at = layer * 2 * n;
         match &mut self.planes {
-            Planes::F16 { keys, values } => {
-                scatter(
-                    &mut keys[layer][base..base + n],
-                    &mut values[layer][base..base + n],
-                    g,
-                    slot,
-                    k,
-                    v,
-                    f16::from_f32,
-                );
+            Planes::F16(pages) => {
+                let (keys, values) = pages[r.page.index()][at..at + 2 * n].split_at_mut(n);
+                scatter(keys, values, g, slot, k, v, f16::from_f32);
             }
-            Planes::F32 { keys, values } => {
-                scatter(
-                    &mut keys[layer][base..base + n],
-                    &mut values[layer][base..base + n],
-                    g,
-                    slot,
-                    k,
-                    v,
-                    |x| x,
-                );
+            Planes::F32(pages) => {
+                let (keys, values) = pages[r.page.index()][at..at + 2 * n].split_at_mut(n);
+                scatter(keys, values, g, slot, k, v, |x| x);
             }
         }
         Ok(())
@@ -479,7 +492,8 @@ impl KvPool {
     }
 
     fn check(&self, owner: Owner, r: PageRef) -> Result<(), OwnerViolation> {
-        if self.checks == OwnerChecks::OffForBenchmark || self.tag_matches(owner, r) {
+        let home = self.whereabouts.get(r.page.index()) == Some(&Whereabouts::Home);
+        if home && (self.checks == OwnerChecks::OffForBenchmark || self.tag_matches(owner, r)) {
             Ok(())
         } else {
             Err(OwnerViolation {
@@ -490,19 +504,9 @@ impl KvPool {
     }
 
     fn scrub(&mut self, page: PageId) {
-        let n = self.geometry.floats_per_layer_page();
-        let base = page.index() * n;
         match &mut self.planes {
-            Planes::F16 { keys, values } => {
-                for layer in keys.iter_mut().chain(values.iter_mut()) {
-                    layer[base..base + n].fill(f16::ZERO);
-                }
-            }
-            Planes::F32 { keys, values } => {
-                for layer in keys.iter_mut().chain(values.iter_mut()) {
-                    layer[base..base + n].fill(0.0);
-                }
-            }
+            Planes::F16(pages) => pages[page.index()].fill(f16::ZERO),
+            Planes::F32(pages) => pages[page.index()].fill(0.0),
         }
     }
 }
@@ -543,10 +547,12 @@ impl<'a> PageReader<'a> {
     ) -> Result<PageView<'a>, OwnerViolation> {
         self.pool.check(owner, r)?;
         let g = self.pool.geometry;
+        let n = g.floats_per_layer_page();
         Ok(PageView {
             pool: self.pool,
-            layer,
-            base: r.page.index() * g.floats_per_layer_page(),
+            page: r.page.index(),
+            base: layer * 2 * n,
+            n,
             head_floats: g.head_dim * g.page_size,
         })
     }
@@ -558,18 +564,18 @@ impl<'a> PageView<'a> {
         let at =
             self.base + kv_head * self.head_floats..self.base + (kv_head + 1) * self.head_floats;
         match &self.pool.planes {
-            Planes::F16 { keys, .. } => KvData::F16(&keys[self.layer][at]),
-            Planes::F32 { keys, .. } => KvData::F32(&keys[self.layer][at]),
+            Planes::F16(pages) => KvData::F16(&pages[self.page][at]),
+            Planes::F32(pages) => KvData::F32(&pages[self.page][at]),
         }
     }
 
     /// Values of `kv_head`, token-major: `[page_size][head_dim]`.
     pub fn values(&self, kv_head: usize) -> KvData<'a> {
-        let at =
-            self.base + kv_head * self.head_floats..self.base + (kv_head + 1) * self.head_floats;
+        let base = self.base + self.n;
+        let at = base + kv_head * self.head_floats..base + (kv_head + 1) * self.head_floats;
         match &self.pool.planes {
-            Planes::F16 { values, .. } => KvData::F16(&values[self.layer][at]),
-            Planes::F32 { values, .. } => KvData::F32(&values[self.layer][at]),
+            Planes::F16(pages) => KvData::F16(&pages[self.page][at]),
+            Planes::F32(pages) => KvData::F32(&pages[self.page][at]),
         }
     }
 }

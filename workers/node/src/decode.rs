@@ -1,26 +1,33 @@
 //! The decode role: admits requests against the pair's limits, lands their
 //! prompt KV from a prefill worker, and generates.
 //!
-//! One link task owns the connection to the prefill worker and the
-//! [`Ledger`] of its transfers, fed by a closed enum of events (frames from
-//! the reader task, transfers to open, a timer tick). It verifies every
-//! frame before the engine sees it, commits a transfer only when it is
-//! whole, and releases landing pages only once no write for them can
-//! arrive: after the peer's acknowledgement, or when the connection is gone.
+//! Two owners per connection to the prefill worker:
+//! - the link task owns the connection's lifecycle, the writer and every
+//!   transfer's deadline, fed by a closed enum of events;
+//! - the receiver task owns the [`Ledger`] and the landing pages, lent by
+//!   the engine: it reads each page frame's payload straight into its slot
+//!   (after checking the header against the grant), verifies it, and gives
+//!   the pages back only when no write for them can arrive any more (the
+//!   transfer committed, the peer acknowledged an abort, or the connection
+//!   is gone). A landing page is never readable before the whole transfer
+//!   is verified, and never reused while it is out.
 
 use crate::hello::{HelloCheck, check_peer, peer_limits};
 use bulkhead_engine::{Engine, GenerateRequest, RequestHandle, TransferFault};
-use bulkhead_kv::{AdmissionError, Limits, TenantId, TransferId};
+use bulkhead_kv::{AdmissionError, LentPage, Limits, TenantId, TransferId};
 use bulkhead_transfer::{
-    Checksums, DoneVerdict, Fault, Hello, Ledger, Message, PageVerdict, PrefillRequest,
-    TransferCounters,
+    Checksums, DoneVerdict, Fault, Head, Hello, Ledger, Message, PageVerdict, PrefillRequest,
+    TransferCounters, read_payload,
 };
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
 /// How a decode worker talks to its prefill worker.
 #[derive(Debug, Clone)]
@@ -61,11 +68,29 @@ enum LinkEvent {
         tenant: TenantId,
         prompt: Vec<u32>,
         max_tokens: usize,
-        grant: Grant,
+        grant: bulkhead_engine::Grant,
     },
-    Frame(u64, Message),
+    /// The receiver aborted a transfer after a failed check.
+    Aborting(u64, TransferId),
+    /// The receiver finished with a transfer (its pages are home).
+    Ended(u64, TransferId),
+    /// The receiver saw the connection end.
     Closed(u64),
     Tick,
+}
+
+/// What the link tells a connection's receiver.
+#[derive(Debug)]
+enum Inbox {
+    Open {
+        transfer: TransferId,
+        pages: Vec<LentPage>,
+        generations: Vec<bulkhead_kv::Generation>,
+        tokens: u64,
+    },
+    /// The deadline passed; the link already failed the request and sent
+    /// the abort. Drop frames for it until the acknowledgement.
+    Expire(TransferId),
 }
 
 impl DecodeWorker {
@@ -82,8 +107,7 @@ impl DecodeWorker {
             events: tx.clone(),
             conn: None,
             epoch: 0,
-            ledger: Ledger::new(Checksums::On),
-            aborting_since: Vec::new(),
+            open: HashMap::new(),
             peer: peer_tx,
             counters: counters_tx,
         };
@@ -111,7 +135,7 @@ impl DecodeWorker {
         &self.engine
     }
 
-    /// Transfer counters.
+    /// Transfer counters (all connections so far).
     pub fn counters(&self) -> TransferCounters {
         *self.counters.borrow()
     }
@@ -149,13 +173,13 @@ impl DecodeWorker {
         let link = self.link.clone();
         tokio::spawn(async move {
             // No grant means the request ended before its pages existed.
-            if let Ok(g) = grant.await {
+            if let Ok(grant) = grant.await {
                 let _ = link.send(LinkEvent::Open {
                     transfer,
                     tenant,
                     prompt,
                     max_tokens,
-                    grant: bulkhead_transfer::Grant::new(transfer, g.generations),
+                    grant,
                 });
             }
         });
@@ -163,11 +187,17 @@ impl DecodeWorker {
     }
 }
 
-/// A grant as the transfer layer sees it.
-type Grant = bulkhead_transfer::Grant;
-
 struct Conn {
     writer: mpsc::UnboundedSender<Message>,
+    inbox: mpsc::UnboundedSender<Inbox>,
+    receiver: JoinHandle<()>,
+}
+
+#[derive(Debug)]
+struct Deadline {
+    until: Instant,
+    /// When this side aborted it (waiting for the acknowledgement).
+    aborting_since: Option<Instant>,
 }
 
 struct Link {
@@ -177,8 +207,8 @@ struct Link {
     events: mpsc::UnboundedSender<LinkEvent>,
     conn: Option<Conn>,
     epoch: u64,
-    ledger: Ledger,
-    aborting_since: Vec<(TransferId, Instant)>,
+    /// Transfers open on the current connection.
+    open: HashMap<TransferId, Deadline>,
     peer: watch::Sender<Option<Limits>>,
     counters: watch::Sender<TransferCounters>,
 }
@@ -188,7 +218,6 @@ impl Link {
         self.connect().await;
         while let Some(ev) = rx.recv().await {
             self.handle(ev).await;
-            let _ = self.counters.send(self.ledger.counters());
         }
     }
 
@@ -230,22 +259,6 @@ impl Link {
         let _ = self.peer.send(Some(peer_limits(&peer)));
         self.epoch += 1;
         let epoch = self.epoch;
-        let events = self.events.clone();
-        tokio::spawn(async move {
-            loop {
-                match Message::read(&mut rd).await {
-                    Ok(m) => {
-                        if events.send(LinkEvent::Frame(epoch, m)).is_err() {
-                            return;
-                        }
-                    }
-                    Err(_) => {
-                        let _ = events.send(LinkEvent::Closed(epoch));
-                        return;
-                    }
-                }
-            }
-        });
         let (wtx, mut wrx) = mpsc::unbounded_channel::<Message>();
         let events = self.events.clone();
         tokio::spawn(async move {
@@ -256,14 +269,26 @@ impl Link {
                 }
             }
         });
-        self.conn = Some(Conn { writer: wtx });
+        let (inbox, inbox_rx) = mpsc::unbounded_channel();
+        let receiver = Receiver {
+            epoch,
+            engine: Arc::clone(&self.engine),
+            ledger: Ledger::new(Checksums::On),
+            landing: HashMap::new(),
+            inbox: inbox_rx,
+            writer: wtx.clone(),
+            events: self.events.clone(),
+            counters: self.counters.clone(),
+            base: *self.counters.borrow(),
+            page_bytes: page_bytes(&self.hello),
+        };
+        let receiver = tokio::spawn(receiver.run(rd));
+        self.conn = Some(Conn {
+            writer: wtx,
+            inbox,
+            receiver,
+        });
         true
-    }
-
-    fn send(&self, m: Message) {
-        if let Some(c) = &self.conn {
-            let _ = c.writer.send(m);
-        }
     }
 
     async fn handle(&mut self, ev: LinkEvent) {
@@ -276,27 +301,32 @@ impl Link {
                 grant,
             } => {
                 if !self.connect().await {
-                    // Nothing was sent: no write can be in flight.
+                    drop(grant); // the landing pages go home first
                     self.engine
                         .fence_transfer(transfer, TransferFault::ConnectionLost);
                     return;
                 }
-                let slots: Vec<_> = (0..grant.len())
-                    .filter_map(|i| grant.slot(i).map(|s| s.generation()))
-                    .collect();
-                let page_bytes = self.page_bytes();
-                let deadline = Instant::now() + self.options.transfer_timeout;
-                if !self.ledger.open_transfer(
+                let Some(conn) = &self.conn else { return };
+                let slots = grant.generations.clone();
+                let opened = conn.inbox.send(Inbox::Open {
                     transfer,
-                    slots.clone(),
-                    prompt.len() as u64,
-                    page_bytes,
-                    deadline,
-                ) {
-                    self.engine.fence_transfer(transfer, TransferFault::Slot);
+                    pages: grant.pages,
+                    generations: grant.generations,
+                    tokens: prompt.len() as u64,
+                });
+                if opened.is_err() {
+                    self.engine
+                        .fence_transfer(transfer, TransferFault::ConnectionLost);
                     return;
                 }
-                self.send(Message::Prefill(PrefillRequest {
+                self.open.insert(
+                    transfer,
+                    Deadline {
+                        until: Instant::now() + self.options.transfer_timeout,
+                        aborting_since: None,
+                    },
+                );
+                let _ = conn.writer.send(Message::Prefill(PrefillRequest {
                     transfer,
                     tenant: tenant.get(),
                     max_tokens: max_tokens as u64,
@@ -304,101 +334,245 @@ impl Link {
                     slots,
                 }));
             }
-            LinkEvent::Frame(epoch, m) if epoch == self.epoch => self.on_frame(m),
-            LinkEvent::Frame(..) => {}
-            LinkEvent::Closed(epoch) if epoch == self.epoch => self.lost(),
-            LinkEvent::Closed(_) => {}
-            LinkEvent::Tick => {
-                let now = Instant::now();
-                for t in self.ledger.expired(now) {
-                    self.aborted(t, TransferFault::Timeout);
+            LinkEvent::Aborting(epoch, t) if epoch == self.epoch => {
+                if let Some(d) = self.open.get_mut(&t) {
+                    d.aborting_since = Some(Instant::now());
                 }
-                let overdue = self.aborting_since.iter().any(|(t, since)| {
-                    self.ledger.is_open(*t) && now - *since > self.options.ack_timeout
-                });
-                if overdue {
-                    // The peer does not acknowledge: closing the connection
-                    // is the fence that makes release safe.
-                    self.lost();
+            }
+            LinkEvent::Ended(epoch, t) if epoch == self.epoch => {
+                self.open.remove(&t);
+            }
+            LinkEvent::Closed(epoch) if epoch == self.epoch => self.close().await,
+            LinkEvent::Aborting(..) | LinkEvent::Ended(..) | LinkEvent::Closed(_) => {}
+            LinkEvent::Tick => self.tick().await,
+        }
+    }
+
+    async fn tick(&mut self) {
+        let now = Instant::now();
+        let Some(conn) = &self.conn else { return };
+        let mut overdue = false;
+        for (t, d) in &mut self.open {
+            match d.aborting_since {
+                None if d.until <= now => {
+                    // Fail the client now; the pages stay out (held) until
+                    // the peer acknowledges or the connection is gone.
+                    d.aborting_since = Some(now);
+                    self.engine.fail_transfer(*t, TransferFault::Timeout);
+                    let _ = conn.inbox.send(Inbox::Expire(*t));
+                    let _ = conn.writer.send(Message::Abort { transfer: *t });
                 }
-                let ledger = &self.ledger;
-                self.aborting_since.retain(|(t, _)| ledger.is_open(*t));
+                Some(since) if now - since > self.options.ack_timeout => overdue = true,
+                _ => {}
+            }
+        }
+        if overdue {
+            // The peer does not acknowledge: closing the connection is the
+            // fence that makes release safe.
+            self.close().await;
+        }
+    }
+
+    /// Ends the current connection: the receiver (and every landing page it
+    /// holds) is dropped first, then every transfer still open is fenced.
+    async fn close(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        self.epoch += 1;
+        conn.receiver.abort();
+        let _ = conn.receiver.await;
+        for (t, _) in self.open.drain() {
+            self.engine.fence_transfer(t, TransferFault::ConnectionLost);
+        }
+    }
+}
+
+/// The receiving half of one connection.
+struct Receiver {
+    epoch: u64,
+    engine: Arc<Engine>,
+    ledger: Ledger,
+    landing: HashMap<TransferId, Vec<LentPage>>,
+    inbox: mpsc::UnboundedReceiver<Inbox>,
+    writer: mpsc::UnboundedSender<Message>,
+    events: mpsc::UnboundedSender<LinkEvent>,
+    counters: watch::Sender<TransferCounters>,
+    /// Counters of earlier connections, added to this ledger's.
+    base: TransferCounters,
+    page_bytes: usize,
+}
+
+impl Receiver {
+    async fn run(mut self, mut rd: OwnedReadHalf) {
+        let mut scratch = Vec::new();
+        loop {
+            let head = Message::read_head(&mut rd).await;
+            // Transfers opened before this frame was sent are in the inbox.
+            self.drain_inbox();
+            let ok = match head {
+                Ok(Head::Page(h, len)) => self.page(&mut rd, &h, len, &mut scratch).await,
+                Ok(Head::Message(m)) => self.message(m),
+                Err(_) => false,
+            };
+            self.publish();
+            if !ok {
+                break;
+            }
+        }
+        // The connection is gone: no write can arrive. Pages go home, then
+        // every open transfer is fenced.
+        self.landing.clear();
+        for t in self.ledger.connection_lost() {
+            self.engine.fence_transfer(t, TransferFault::ConnectionLost);
+            let _ = self.events.send(LinkEvent::Ended(self.epoch, t));
+        }
+        self.publish();
+        let _ = self.events.send(LinkEvent::Closed(self.epoch));
+    }
+
+    fn publish(&self) {
+        let c = self.ledger.counters();
+        let b = self.base;
+        let _ = self.counters.send(TransferCounters {
+            started: b.started + c.started,
+            committed: b.committed + c.committed,
+            rejected: b.rejected + c.rejected,
+            failed: b.failed + c.failed,
+            checksum_mismatches: b.checksum_mismatches + c.checksum_mismatches,
+            slot_mismatches: b.slot_mismatches + c.slot_mismatches,
+            duplicate_pages: b.duplicate_pages + c.duplicate_pages,
+            incomplete: b.incomplete + c.incomplete,
+            dropped_frames: b.dropped_frames + c.dropped_frames,
+            aborts_sent: b.aborts_sent + c.aborts_sent,
+            aborts_received: b.aborts_received + c.aborts_received,
+            acks_sent: b.acks_sent + c.acks_sent,
+            acks_received: b.acks_received + c.acks_received,
+            timeouts: b.timeouts + c.timeouts,
+            connection_losses: b.connection_losses + c.connection_losses,
+        });
+    }
+
+    fn drain_inbox(&mut self) {
+        while let Ok(m) = self.inbox.try_recv() {
+            match m {
+                Inbox::Open {
+                    transfer,
+                    pages,
+                    generations,
+                    tokens,
+                } => {
+                    if self
+                        .ledger
+                        .open_transfer(transfer, generations, tokens, self.page_bytes)
+                    {
+                        self.landing.insert(transfer, pages);
+                    }
+                }
+                Inbox::Expire(t) => {
+                    self.ledger.expire(t);
+                }
             }
         }
     }
 
-    fn page_bytes(&self) -> usize {
-        let h = &self.hello;
-        (h.layers * 2 * h.kv_heads * h.head_dim * h.page_size) as usize * h.dtype_bytes as usize
-    }
-
-    fn abort(&mut self, t: TransferId, fault: TransferFault) {
-        if self.ledger.abort(t) {
-            self.aborted(t, fault);
+    /// A page frame: into its landing slot if the header fits the grant,
+    /// else into scratch memory; then the ledger rules.
+    async fn page(
+        &mut self,
+        rd: &mut OwnedReadHalf,
+        h: &bulkhead_transfer::PageHeader,
+        len: usize,
+        scratch: &mut Vec<u8>,
+    ) -> bool {
+        let slot = self.ledger.landing_slot(h, len);
+        let target = slot.and_then(|slot| {
+            self.landing
+                .get_mut(&h.transfer)
+                .and_then(|pages| pages.iter_mut().find(|p| p.slot() == slot))
+        });
+        let verdict = match target {
+            Some(page) => {
+                if read_payload(rd, page.bytes_mut()).await.is_err() {
+                    return false;
+                }
+                self.ledger.on_page(h, page.bytes())
+            }
+            None => {
+                scratch.resize(len, 0);
+                if read_payload(rd, scratch).await.is_err() {
+                    return false;
+                }
+                self.ledger.on_page(h, scratch)
+            }
+        };
+        match verdict {
+            PageVerdict::Write { .. } | PageVerdict::Dropped => {}
+            PageVerdict::Fail(t, fault) => self.abort(t, fault_of(fault)),
         }
+        true
     }
 
-    /// After the ledger moved `t` to aborting: fail the request (pages stay
-    /// held) and tell the peer.
-    fn aborted(&mut self, t: TransferId, fault: TransferFault) {
-        self.engine.fail_transfer(t, fault);
-        self.aborting_since.push((t, Instant::now()));
-        self.send(Message::Abort { transfer: t });
-    }
-
-    fn on_frame(&mut self, m: Message) {
+    fn message(&mut self, m: Message) -> bool {
         match m {
-            Message::Page(h, payload) => match self.ledger.on_page(&h, &payload) {
-                PageVerdict::Write {
-                    transfer,
-                    slot,
-                    generation,
-                } => self.engine.import_page(transfer, slot, generation, payload),
-                PageVerdict::Dropped => {}
-                PageVerdict::Fail(t, fault) => self.abort(t, fault_of(fault)),
-            },
             Message::Done(d) => match self.ledger.on_done(&d) {
                 DoneVerdict::Commit(t) => {
+                    // Pages home first, then the commit (same channel, in order).
+                    self.landing.remove(&t);
                     self.engine.commit_transfer(t, d.logits);
-                    self.send(Message::Release { transfer: t });
+                    let _ = self.writer.send(Message::Release { transfer: t });
+                    let _ = self.events.send(LinkEvent::Ended(self.epoch, t));
                 }
                 DoneVerdict::Dropped => {}
                 DoneVerdict::Fail(t, fault) => self.abort(t, fault_of(fault)),
             },
             Message::Rejected { transfer, error } => {
                 if self.ledger.on_rejected(transfer) {
+                    self.landing.remove(&transfer);
                     self.engine.reject_transfer(transfer, error);
+                    let _ = self.events.send(LinkEvent::Ended(self.epoch, transfer));
                 }
             }
             Message::Abort { transfer } => {
                 if self.ledger.on_peer_abort(transfer) {
                     // The peer wrote its last frame for it before this.
+                    self.landing.remove(&transfer);
                     self.engine
                         .fence_transfer(transfer, TransferFault::PeerAborted);
-                    self.send(Message::AbortAck { transfer });
+                    let _ = self.writer.send(Message::AbortAck { transfer });
+                    let _ = self.events.send(LinkEvent::Ended(self.epoch, transfer));
                 }
             }
             Message::AbortAck { transfer } => {
                 if self.ledger.on_abort_ack(transfer) {
+                    self.landing.remove(&transfer);
                     self.engine
                         .fence_transfer(transfer, TransferFault::PeerAborted);
+                    let _ = self.events.send(LinkEvent::Ended(self.epoch, transfer));
                 }
             }
             // A prefill worker never sends these: drop the connection.
-            Message::Hello(_) | Message::Prefill(_) | Message::Release { .. } => self.lost(),
+            Message::Hello(_)
+            | Message::Prefill(_)
+            | Message::Release { .. }
+            | Message::Page(..) => {
+                return false;
+            }
         }
+        true
     }
 
-    /// The connection is gone (or we closed it): every open transfer is
-    /// fenced, failed if still landing, and its pages released.
-    fn lost(&mut self) {
-        self.conn = None;
-        self.epoch += 1;
-        for t in self.ledger.connection_lost() {
-            self.engine.fence_transfer(t, TransferFault::ConnectionLost);
+    /// A check failed: fail the request now, keep the pages until the peer
+    /// acknowledges the abort.
+    fn abort(&mut self, t: TransferId, fault: TransferFault) {
+        if self.ledger.abort(t) {
+            self.engine.fail_transfer(t, fault);
+            let _ = self.writer.send(Message::Abort { transfer: t });
+            let _ = self.events.send(LinkEvent::Aborting(self.epoch, t));
         }
-        self.aborting_since.clear();
     }
+}
+
+fn page_bytes(h: &Hello) -> usize {
+    (h.layers * 2 * h.kv_heads * h.head_dim * h.page_size) as usize * h.dtype_bytes as usize
 }
 
 fn fault_of(f: Fault) -> TransferFault {

@@ -11,7 +11,7 @@
 
 use crate::hello::{HelloCheck, check_peer};
 use bulkhead_engine::{Engine, PrefillEvent};
-use bulkhead_kv::{Generation, TenantId, TransferId};
+use bulkhead_kv::{Generation, LentPage, TenantId, TransferId};
 use bulkhead_transfer::checksum::transfer_digest;
 use bulkhead_transfer::{
     Checksums, Done, Grant, Hello, Message, PrefillRequest, SlowTransport, TcpTransport, Transport,
@@ -154,7 +154,15 @@ enum Ctrl {
 
 /// Page data and results from the engine, per transfer.
 #[derive(Debug)]
-struct Data(TransferId, PrefillEvent);
+struct Data(TransferId, Item);
+
+#[derive(Debug)]
+enum Item {
+    /// A computed page, lent by the engine: written in place.
+    Page(LentPage),
+    Computed(Vec<f32>),
+    Failed,
+}
 
 async fn read_loop(
     mut rd: tokio::net::tcp::OwnedReadHalf,
@@ -228,8 +236,17 @@ impl PrefillWorker {
                 let data = data.clone();
                 tokio::spawn(async move {
                     while let Some(ev) = events.recv().await {
-                        if data.send(Data(transfer, ev)).is_err() {
-                            return;
+                        let items = match ev {
+                            PrefillEvent::Pages(pages) => {
+                                pages.into_iter().map(Item::Page).collect()
+                            }
+                            PrefillEvent::Computed { logits } => vec![Item::Computed(logits)],
+                            PrefillEvent::Failed(_) => vec![Item::Failed],
+                        };
+                        for item in items {
+                            if data.send(Data(transfer, item)).is_err() {
+                                return;
+                            }
                         }
                     }
                 });
@@ -243,6 +260,9 @@ struct Sending {
     grant: Grant,
     tokens: u64,
     sent: Vec<(Generation, u64)>,
+    /// The source pages written so far, held until the decode worker
+    /// releases or aborts the transfer (dropping them sends them home).
+    pages: Vec<LentPage>,
     /// `Done` was sent; waiting for the release.
     done: bool,
     /// We aborted; waiting for the acknowledgement.
@@ -266,7 +286,7 @@ async fn write_loop<T: Transport>(
                 let Some(ev) = ev else { break false };
                 let sent = match ev {
                     Ctrl::Open(grant, tokens) => {
-                        live.insert(grant.transfer(), Sending { sent: Vec::with_capacity(grant.len()), grant, tokens, done: false, aborting: false });
+                        live.insert(grant.transfer(), Sending { sent: Vec::with_capacity(grant.len()), pages: Vec::new(), grant, tokens, done: false, aborting: false });
                         Ok(())
                     }
                     Ctrl::Reject(transfer, error) => {
@@ -333,11 +353,15 @@ async fn write_loop<T: Transport>(
                     continue;
                 };
                 let r = match ev {
-                    PrefillEvent::Page { slot, bytes } => match s.grant.slot(slot) {
-                        Some(slot) => t.write_page(slot, &bytes).await.map(|sum| {
-                            s.sent.push((slot.generation(), sum));
-                            c.pages_sent.fetch_add(1, Ordering::Relaxed);
-                        }),
+                    Item::Page(page) => match s.grant.slot(page.slot()) {
+                        Some(slot) => {
+                            let r = t.write_page(slot, page.bytes()).await.map(|sum| {
+                                s.sent.push((slot.generation(), sum));
+                                c.pages_sent.fetch_add(1, Ordering::Relaxed);
+                            });
+                            s.pages.push(page);
+                            r
+                        }
                         None => {
                             // The engine made more pages than were granted:
                             // never write past the grant; abort instead.
@@ -347,13 +371,13 @@ async fn write_loop<T: Transport>(
                             t.send(&Message::Abort { transfer }).await
                         }
                     },
-                    PrefillEvent::Computed { logits } => {
+                    Item::Computed(logits) => {
                         let digest = transfer_digest(&s.sent, s.tokens, &logits);
                         s.done = true;
                         c.completed.fetch_add(1, Ordering::Relaxed);
                         t.send(&Message::Done(Done { transfer, tokens: s.tokens, digest, logits })).await
                     }
-                    PrefillEvent::Failed(_) => {
+                    Item::Failed => {
                         s.aborting = true;
                         c.aborts_sent.fetch_add(1, Ordering::Relaxed);
                         t.send(&Message::Abort { transfer }).await
@@ -368,7 +392,8 @@ async fn write_loop<T: Transport>(
     if !live.is_empty() {
         c.connection_losses.fetch_add(1, Ordering::Relaxed);
     }
-    for transfer in live.keys() {
-        w.engine.release_source(*transfer);
+    for (transfer, sending) in live {
+        drop(sending);
+        w.engine.release_source(transfer);
     }
 }

@@ -13,7 +13,6 @@ use crate::checksum::{Checksums, page_checksum, transfer_digest};
 use crate::wire::{Done, PageHeader};
 use bulkhead_kv::{Generation, TransferId};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::time::Instant;
 
 /// How many finished ids are remembered.
 const TOMBSTONES: usize = 65_536;
@@ -108,7 +107,6 @@ struct Expectation {
     received: Vec<Option<u64>>,
     tokens: u64,
     page_bytes: usize,
-    deadline: Instant,
     state: State,
 }
 
@@ -157,7 +155,6 @@ impl Ledger {
         generations: Vec<Generation>,
         tokens: u64,
         page_bytes: usize,
-        deadline: Instant,
     ) -> bool {
         if self.live.contains_key(&transfer) || self.tombstones.contains(&transfer) {
             return false;
@@ -171,11 +168,25 @@ impl Ledger {
                 received,
                 tokens,
                 page_bytes,
-                deadline,
                 state: State::Live,
             },
         );
         true
+    }
+
+    /// Where a page frame with header `h` and `len` payload bytes may be read
+    /// to: its landing slot, if the transfer is live and the slot granted at
+    /// that generation and length and not yet written. Otherwise the payload
+    /// goes to scratch memory and [`Ledger::on_page`] rules on it.
+    pub fn landing_slot(&self, h: &PageHeader, len: usize) -> Option<usize> {
+        let e = self.live.get(&h.transfer)?;
+        let slot = h.slot as usize;
+        (matches!(e.state, State::Live)
+            && slot < e.generations.len()
+            && e.generations[slot] == h.generation
+            && len == e.page_bytes
+            && e.received[slot].is_none())
+        .then_some(slot)
     }
 
     /// Checks one page frame.
@@ -296,20 +307,15 @@ impl Ledger {
         }
     }
 
-    /// Live transfers past their deadline (each reported once: they move
-    /// to aborting).
-    pub fn expired(&mut self, now: Instant) -> Vec<TransferId> {
-        let ids: Vec<TransferId> = self
-            .live
-            .iter()
-            .filter(|(_, e)| matches!(e.state, State::Live) && e.deadline <= now)
-            .map(|(t, _)| *t)
-            .collect();
-        for t in &ids {
+    /// This side gave up on `transfer` (its deadline passed) and already
+    /// told the peer: frames for it are dropped from now on. Returns whether
+    /// it was live.
+    pub fn expire(&mut self, transfer: TransferId) -> bool {
+        let live = self.abort(transfer);
+        if live {
             self.counters.timeouts += 1;
-            self.abort(*t);
         }
-        ids
+        live
     }
 
     /// The connection is gone: no write can arrive. Every open transfer
@@ -339,7 +345,6 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn header(t: u64, slot: u32, g: u64, payload: &[u8]) -> PageHeader {
         PageHeader {
@@ -352,8 +357,7 @@ mod tests {
 
     fn open(l: &mut Ledger, t: u64) {
         let gens = vec![Generation::from_wire(10), Generation::from_wire(11)];
-        let far = Instant::now() + Duration::from_secs(60);
-        assert!(l.open_transfer(TransferId::new(t), gens, 20, 4, far));
+        assert!(l.open_transfer(TransferId::new(t), gens, 20, 4));
     }
 
     fn done(t: u64, pages: &[(u64, &[u8])], tokens: u64) -> Done {
@@ -374,6 +378,9 @@ mod tests {
         let mut l = Ledger::new(Checksums::On);
         open(&mut l, 1);
         let (a, b) = ([1u8; 4], [2u8; 4]);
+        assert_eq!(l.landing_slot(&header(1, 1, 11, &b), 4), Some(1));
+        assert_eq!(l.landing_slot(&header(1, 1, 12, &b), 4), None);
+        assert_eq!(l.landing_slot(&header(1, 1, 11, &b), 3), None);
         assert!(matches!(
             l.on_page(&header(1, 0, 10, &a), &a),
             PageVerdict::Write { slot: 0, .. }
@@ -389,8 +396,7 @@ mod tests {
         assert_eq!(l.on_done(&d), DoneVerdict::Dropped);
         assert_eq!(l.counters().dropped_frames, 2);
         // The id cannot be opened again.
-        let far = Instant::now() + Duration::from_secs(60);
-        assert!(!l.open_transfer(TransferId::new(1), vec![], 0, 4, far));
+        assert!(!l.open_transfer(TransferId::new(1), vec![], 0, 4));
     }
 
     #[test]
@@ -456,9 +462,11 @@ mod tests {
         assert_eq!(l.counters().acks_sent, 1);
 
         open(&mut l, 3);
-        let past = Instant::now() + Duration::from_secs(3600);
-        assert_eq!(l.expired(past), vec![TransferId::new(3)]);
-        assert!(l.expired(past).is_empty());
+        assert!(l.expire(TransferId::new(3)));
+        assert!(!l.expire(TransferId::new(3)));
+        let p = [1u8; 4];
+        let h = header(3, 0, 10, &p);
+        assert_eq!(l.landing_slot(&h, 4), None);
         open(&mut l, 4);
         let lost = l.connection_lost();
         assert_eq!(lost.len(), 2);

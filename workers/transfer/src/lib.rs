@@ -12,7 +12,7 @@
 //! anything becomes readable.
 //!
 //! - [`wire`]: frames and their encoding.
-//! - [`checksum`]: xxh3 page checksums and the transfer digest.
+//! - [`checksum`]: CRC-32C page checksums and the xxh3 transfer digest.
 //! - [`transport`]: the [`Transport`] trait, grants and slots, TCP.
 //! - [`ledger`]: the decode side's verification, aborts and tombstones.
 //! - `rdma` (feature `rdma`): the ibverbs transport.
@@ -30,4 +30,4 @@ pub mod wire;
 pub use checksum::Checksums;
 pub use ledger::{DoneVerdict, Fault, Ledger, PageVerdict, TransferCounters};
 pub use transport::{Grant, Slot, SlowTransport, TcpTransport, Transport, TransportError};
-pub use wire::{Done, Hello, Message, PageHeader, PrefillRequest, WireError};
+pub use wire::{Done, Head, Hello, Message, PageHeader, PrefillRequest, WireError, read_payload};

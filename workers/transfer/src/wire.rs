@@ -61,7 +61,7 @@ pub struct PageHeader {
     pub slot: u32,
     /// The slot's granted generation, echoed.
     pub generation: Generation,
-    /// xxh3-64 of the payload (0 only when checksums are off for a benchmark).
+    /// CRC-32C of the payload (0 only when checksums are off for a benchmark).
     pub checksum: u64,
 }
 
@@ -112,6 +112,26 @@ pub enum Message {
         /// The transfer.
         transfer: TransferId,
     },
+}
+
+/// The start of a frame: a whole control frame, or a page frame's header
+/// with its payload still on the wire (read it with [`read_payload`]).
+#[derive(Debug)]
+pub enum Head {
+    /// A page header; `len` payload bytes follow.
+    Page(PageHeader, usize),
+    /// Any other frame, read whole.
+    Message(Message),
+}
+
+/// Reads a page payload announced by [`Head::Page`] into `dst` (exactly its
+/// length): the receiver chooses where it lands.
+pub async fn read_payload<R: AsyncRead + Unpin>(
+    r: &mut R,
+    dst: &mut [u8],
+) -> Result<(), WireError> {
+    r.read_exact(dst).await?;
+    Ok(())
 }
 
 /// A frame that could not be read.
@@ -245,8 +265,20 @@ impl Message {
         w.0
     }
 
-    /// Reads one frame.
+    /// Reads one frame, a page payload into a new buffer.
     pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, WireError> {
+        match Self::read_head(r).await? {
+            Head::Message(m) => Ok(m),
+            Head::Page(h, n) => {
+                let mut payload = vec![0u8; n];
+                read_payload(r, &mut payload).await?;
+                Ok(Message::Page(h, payload))
+            }
+        }
+    }
+
+    /// Reads a whole control frame, or a page frame up to its payload.
+    pub async fn read_head<R: AsyncRead + Unpin>(r: &mut R) -> Result<Head, WireError> {
         let len = r.read_u32_le().await? as usize;
         if len == 0 || len > MAX_FRAME {
             return Err(WireError::Malformed("frame length out of range"));
@@ -265,17 +297,7 @@ impl Message {
                 generation: Generation::from_wire(c.u64()?),
                 checksum: c.u64()?,
             };
-            // Read into spare capacity: no zero-fill of a buffer about to be
-            // overwritten.
-            let n = len - 1 - head.len();
-            let mut payload = Vec::with_capacity(n);
-            while payload.len() < n {
-                let mut limited = (&mut *r).take((n - payload.len()) as u64);
-                if limited.read_buf(&mut payload).await? == 0 {
-                    return Err(WireError::Io(std::io::ErrorKind::UnexpectedEof.into()));
-                }
-            }
-            return Ok(Message::Page(h, payload));
+            return Ok(Head::Page(h, len - 1 - head.len()));
         }
         let mut body = vec![0u8; len - 1];
         r.read_exact(&mut body).await?;
@@ -362,7 +384,7 @@ impl Message {
         if !c.0.is_empty() {
             return Err(WireError::Malformed("trailing bytes"));
         }
-        Ok(m)
+        Ok(Head::Message(m))
     }
 }
 

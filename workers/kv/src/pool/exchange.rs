@@ -1,7 +1,8 @@
 //! Moving whole pages in and out of the pool for KV transfers.
 //!
 //! A page leaves and enters the pool as bytes in one fixed, layout-free
-//! order: for each layer, that page's keys then its values, little-endian.
+//! order: for each layer, that page's keys then its values, little-endian
+//! (the pool's own page-major layout, so a page is one contiguous block).
 //! Export reads only a page the caller owns; import writes only a landing
 //! slot of the caller's own transfer, at the generation it was granted; a
 //! landed page becomes readable only through [`KvPool::commit_received`].
@@ -56,21 +57,12 @@ impl KvPool {
         out: &mut Vec<u8>,
     ) -> Result<(), OwnerViolation> {
         self.check(owner, r)?;
-        let n = self.geometry.floats_per_layer_page();
-        let base = r.page.index() * n;
-        out.reserve(self.geometry.bytes_per_page());
         match &self.planes {
-            Planes::F16 { keys, values } => {
-                for (k, v) in keys.iter().zip(values) {
-                    out.extend_from_slice(bytemuck::cast_slice(&k[base..base + n]));
-                    out.extend_from_slice(bytemuck::cast_slice(&v[base..base + n]));
-                }
+            Planes::F16(pages) => {
+                out.extend_from_slice(bytemuck::cast_slice(&pages[r.page.index()]))
             }
-            Planes::F32 { keys, values } => {
-                for (k, v) in keys.iter().zip(values) {
-                    out.extend_from_slice(bytemuck::cast_slice(&k[base..base + n]));
-                    out.extend_from_slice(bytemuck::cast_slice(&v[base..base + n]));
-                }
+            Planes::F32(pages) => {
+                out.extend_from_slice(bytemuck::cast_slice(&pages[r.page.index()]))
             }
         }
         Ok(())
@@ -96,7 +88,10 @@ impl KvPool {
         let Some(r) = table.pages.get(slot).copied() else {
             return Err(ImportError::SlotOutOfRange { slot, granted });
         };
-        if r.generation != generation || !self.lands(table, transfer, r) {
+        if r.generation != generation
+            || !self.lands(table, transfer, r)
+            || self.whereabouts[r.page.index()] != super::Whereabouts::Home
+        {
             return Err(refused);
         }
         let expected = self.geometry.bytes_per_page();
@@ -106,24 +101,9 @@ impl KvPool {
                 expected,
             });
         }
-        let n = self.geometry.floats_per_layer_page();
-        let base = r.page.index() * n;
-        let mut chunks = bytes.chunks_exact(expected / (2 * self.geometry.layers));
         match &mut self.planes {
-            Planes::F16 { keys, values } => {
-                for (k, v) in keys.iter_mut().zip(values.iter_mut()) {
-                    let (kb, vb) = (chunks.next(), chunks.next());
-                    copy_le(&mut k[base..base + n], kb);
-                    copy_le(&mut v[base..base + n], vb);
-                }
-            }
-            Planes::F32 { keys, values } => {
-                for (k, v) in keys.iter_mut().zip(values.iter_mut()) {
-                    let (kb, vb) = (chunks.next(), chunks.next());
-                    copy_le(&mut k[base..base + n], kb);
-                    copy_le(&mut v[base..base + n], vb);
-                }
-            }
+            Planes::F16(pages) => copy_le(&mut pages[r.page.index()], bytes),
+            Planes::F32(pages) => copy_le(&mut pages[r.page.index()], bytes),
         }
         Ok(())
     }
@@ -150,7 +130,7 @@ impl KvPool {
             .count()
     }
 
-    fn lands(&self, table: &PageTable, transfer: TransferId, r: PageRef) -> bool {
+    pub(super) fn lands(&self, table: &PageTable, transfer: TransferId, r: PageRef) -> bool {
         self.tags.get(r.page.index())
             == Some(&PageTag::Receiving {
                 owner: table.owner,
@@ -160,9 +140,10 @@ impl KvPool {
     }
 }
 
-fn copy_le<T: bytemuck::Pod>(dst: &mut [T], src: Option<&[u8]>) {
-    if let Some(src) = src {
-        bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(src);
+fn copy_le<T: bytemuck::Pod>(dst: &mut [T], src: &[u8]) {
+    let dst = bytemuck::cast_slice_mut::<T, u8>(dst);
+    if dst.len() == src.len() {
+        dst.copy_from_slice(src);
     }
 }
 
