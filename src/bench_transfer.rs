@@ -397,17 +397,19 @@ fn ttft(
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
-        let p_hello = hello(prefill_engine.info(), fingerprint, 2);
+        let tcp = bulkhead_node::TransportKind::Tcp;
+        let p_hello = hello(prefill_engine.info(), fingerprint, 2, &tcp);
         let prefill = PrefillWorker::new(
             prefill_engine,
             p_hello,
             PrefillOptions {
                 write_timeout: Duration::from_secs(30),
                 page_delay: None,
+                transport: tcp.clone(),
             },
         );
         tokio::spawn(prefill.serve(listener));
-        let d_hello = hello(decode_engine.info(), fingerprint, 2);
+        let d_hello = hello(decode_engine.info(), fingerprint, 2, &tcp);
         let decode = DecodeWorker::start(
             decode_engine,
             d_hello,
@@ -415,6 +417,7 @@ fn ttft(
                 prefill: addr,
                 transfer_timeout: Duration::from_secs(60),
                 ack_timeout: Duration::from_secs(10),
+                transport: tcp.clone(),
             },
         );
         if !decode.ready(Duration::from_secs(10)).await {

@@ -6,7 +6,8 @@ use crate::cli::ModelArgs;
 use anyhow::Context;
 use bulkhead_engine::{Engine, ModelFile};
 use bulkhead_node::{
-    DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, app, hello, model_fingerprint,
+    DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, TransportKind, app, hello,
+    model_fingerprint,
 };
 use clap::Args;
 use std::io::Write;
@@ -24,6 +25,32 @@ pub(crate) struct ServeArgs {
     model: ModelArgs,
 }
 
+/// How KV pages travel between prefill and decode workers.
+#[derive(Debug, Args)]
+pub(crate) struct TransportArgs {
+    /// `tcp` (default) or `rdma` (needs a build with `--features rdma` and an RDMA device).
+    #[arg(long, default_value = "tcp", value_parser = ["tcp", "rdma"])]
+    transport: String,
+    /// RDMA device name (default: the first one).
+    #[arg(long)]
+    rdma_device: Option<String>,
+}
+
+impl TransportArgs {
+    /// The transport, checked against this build and host before any port is bound.
+    fn kind(&self) -> anyhow::Result<TransportKind> {
+        let kind = match self.transport.as_str() {
+            "rdma" => TransportKind::Rdma {
+                device: self.rdma_device.clone(),
+            },
+            _ => TransportKind::Tcp,
+        };
+        kind.check()
+            .map_err(|e| anyhow::anyhow!("--transport rdma: {e}"))?;
+        Ok(kind)
+    }
+}
+
 /// Flags of `bulkhead prefill`.
 #[derive(Debug, Args)]
 pub(crate) struct PrefillArgs {
@@ -39,6 +66,8 @@ pub(crate) struct PrefillArgs {
     /// Testing only: wait this long before every frame sent (a slow link).
     #[arg(long, hide = true)]
     page_delay_ms: Option<u64>,
+    #[command(flatten)]
+    transport: TransportArgs,
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -58,6 +87,8 @@ pub(crate) struct DecodeArgs {
     /// Longest to wait for an abort's acknowledgement before closing the connection.
     #[arg(long, default_value_t = 10_000)]
     ack_timeout_ms: u64,
+    #[command(flatten)]
+    transport: TransportArgs,
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -105,11 +136,13 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
+    let transport = args.transport.kind()?;
     let (engine, fingerprint) = load(&args.model)?;
-    let hello = hello(engine.info(), fingerprint, 2);
+    let hello = hello(engine.info(), fingerprint, 2, &transport);
     let options = PrefillOptions {
         write_timeout: Duration::from_millis(args.write_timeout_ms.max(1)),
         page_delay: args.page_delay_ms.map(Duration::from_millis),
+        transport,
     };
     let worker = PrefillWorker::new(engine, hello, options);
     runtime()?.block_on(async {
@@ -128,12 +161,14 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
+    let transport = args.transport.kind()?;
     let (engine, fingerprint) = load(&args.model)?;
-    let hello = hello(engine.info(), fingerprint, 2);
+    let hello = hello(engine.info(), fingerprint, 2, &transport);
     let options = DecodeOptions {
         prefill: args.prefill.clone(),
         transfer_timeout: Duration::from_millis(args.transfer_timeout_ms.max(1)),
         ack_timeout: Duration::from_millis(args.ack_timeout_ms.max(1)),
+        transport,
     };
     runtime()?.block_on(async {
         let worker = DecodeWorker::start(engine, hello, options);

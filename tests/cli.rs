@@ -112,3 +112,19 @@ fn bad_input_gets_a_clear_error() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("exceeds the context window"));
 }
+
+#[test]
+fn rdma_without_the_feature_or_a_device_is_a_clear_error() {
+    for role in ["prefill", "decode"] {
+        let out = bulkhead(&[role, "--transport", "rdma", "--kv-budget-mib", "64"]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--transport rdma:"), "{err}");
+        // Either this build lacks the feature, or this host lacks a device.
+        assert!(
+            err.contains("rebuild with `cargo build --features rdma`") || err.contains("RDMA"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

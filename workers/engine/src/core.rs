@@ -575,8 +575,7 @@ impl EngineCore {
         }
         for &(i, _, len) in &plan {
             self.running[i].computed += len;
-            let home = self.home.clone();
-            self.running[i].lend_pages(&mut self.pool, home);
+            self.running[i].lend_pages(&mut self.pool, self.home.as_ref());
         }
         let tokenizer = model.tokenizer();
         let vocab = model.config.vocab;
@@ -684,7 +683,8 @@ impl EngineCore {
                                 .iter()
                                 .map(|r| r.generation())
                                 .collect();
-                            let pages = self.pool.lend_landing(&table, transfer, self.home.clone());
+                            let pages =
+                                self.pool.lend_landing(&table, transfer, self.home.as_ref());
                             if let Err(grant) = granted.send(Grant { generations, pages }) {
                                 // The caller is gone before anything was sent.
                                 self.pool.release(table);
@@ -815,7 +815,7 @@ impl Sequence {
 
     /// Prefill role, once the whole prompt is computed: lends every prompt
     /// page to the sender, in slot order (the logits follow).
-    fn lend_pages(&mut self, pool: &mut KvPool, home: Option<Home>) {
+    fn lend_pages(&mut self, pool: &mut KvPool, home: Option<&Home>) {
         if self.done || self.computed < self.prompt_len {
             return;
         }
@@ -824,7 +824,7 @@ impl Sequence {
         };
         let mut pages = Vec::with_capacity(self.table.pages().len());
         for (slot, r) in self.table.pages().iter().enumerate() {
-            match pool.lend_source(self.owner, *r, slot, home.clone()) {
+            match pool.lend_source(self.owner, *r, slot, home.cloned()) {
                 Ok(p) => pages.push(p),
                 Err(v) => {
                     for p in pages {

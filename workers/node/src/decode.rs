@@ -39,6 +39,17 @@ pub struct DecodeOptions {
     /// Longest to wait for an abort's acknowledgement before the connection
     /// is closed (closing fences every write on it).
     pub ack_timeout: Duration,
+    /// How pages travel.
+    pub transport: crate::TransportKind,
+}
+
+/// Where a connection's inbound frames come from.
+enum Source {
+    /// Frames on the TCP connection; page payloads read in place.
+    Tcp(OwnedReadHalf),
+    /// Frames as RDMA receives; the TCP half only tells that the peer is gone.
+    #[cfg(feature = "rdma")]
+    Rdma(bulkhead_transfer::rdma::RdmaReceiver, OwnedReadHalf),
 }
 
 /// Why a request could not be started.
@@ -233,20 +244,20 @@ impl Link {
         else {
             return false;
         };
+        let mut sock = sock;
         let _ = sock.set_nodelay(true);
-        let (mut rd, mut wr) = sock.into_split();
-        if wr
+        if sock
             .write_all(&Message::Hello(self.hello).encode())
             .await
             .is_err()
         {
             return false;
         }
-        let peer = match tokio::time::timeout(Duration::from_secs(10), Message::read(&mut rd)).await
-        {
-            Ok(Ok(Message::Hello(h))) => h,
-            _ => return false,
-        };
+        let peer =
+            match tokio::time::timeout(Duration::from_secs(10), Message::read(&mut sock)).await {
+                Ok(Ok(Message::Hello(h))) => h,
+                _ => return false,
+            };
         let check = check_peer(&self.hello, &peer);
         if check != HelloCheck::Compatible {
             eprintln!(
@@ -256,6 +267,23 @@ impl Link {
             );
             return false;
         }
+        let (source, mut wr) = match &self.options.transport {
+            #[cfg(feature = "rdma")]
+            crate::TransportKind::Rdma { device } => {
+                let logits = self.engine.info().model.vocab * 4 + 64;
+                let frame = (page_bytes(&self.hello) + bulkhead_transfer::wire::PAGE_HEADER_LEN)
+                    .max(logits);
+                let Ok((sock, r)) = crate::rdma::receiver(sock, device.clone(), frame).await else {
+                    return false;
+                };
+                let (rd, wr) = sock.into_split();
+                (Source::Rdma(r, rd), wr)
+            }
+            _ => {
+                let (rd, wr) = sock.into_split();
+                (Source::Tcp(rd), wr)
+            }
+        };
         let _ = self.peer.send(Some(peer_limits(&peer)));
         self.epoch += 1;
         let epoch = self.epoch;
@@ -282,7 +310,7 @@ impl Link {
             base: *self.counters.borrow(),
             page_bytes: page_bytes(&self.hello),
         };
-        let receiver = tokio::spawn(receiver.run(rd));
+        let receiver = tokio::spawn(receiver.run(source));
         self.conn = Some(Conn {
             writer: wtx,
             inbox,
@@ -402,16 +430,34 @@ struct Receiver {
 }
 
 impl Receiver {
-    async fn run(mut self, mut rd: OwnedReadHalf) {
+    async fn run(mut self, mut source: Source) {
         let mut scratch = Vec::new();
         loop {
-            let head = Message::read_head(&mut rd).await;
-            // Transfers opened before this frame was sent are in the inbox.
-            self.drain_inbox();
-            let ok = match head {
-                Ok(Head::Page(h, len)) => self.page(&mut rd, &h, len, &mut scratch).await,
-                Ok(Head::Message(m)) => self.message(m),
-                Err(_) => false,
+            let ok = match &mut source {
+                Source::Tcp(rd) => {
+                    let head = Message::read_head(rd).await;
+                    // Transfers opened before this frame was sent are in the inbox.
+                    self.drain_inbox();
+                    match head {
+                        Ok(Head::Page(h, len)) => self.page(rd, &h, len, &mut scratch).await,
+                        Ok(Head::Message(m)) => self.message(m),
+                        Err(_) => false,
+                    }
+                }
+                #[cfg(feature = "rdma")]
+                Source::Rdma(frames, control) => {
+                    use tokio::io::AsyncReadExt;
+                    let frame = tokio::select! {
+                        f = frames.next() => f,
+                        _ = control.read_u8() => None,
+                    };
+                    self.drain_inbox();
+                    match frame {
+                        Some(Ok(Message::Page(h, payload))) => self.received_page(&h, &payload),
+                        Some(Ok(m)) => self.message(m),
+                        _ => false,
+                    }
+                }
             };
             self.publish();
             if !ok {
@@ -507,6 +553,29 @@ impl Receiver {
         match verdict {
             PageVerdict::Write { .. } | PageVerdict::Dropped => {}
             PageVerdict::Fail(t, fault) => self.abort(t, fault_of(fault)),
+        }
+        true
+    }
+
+    /// A page that arrived whole (RDMA): copied into its landing slot if
+    /// the header fits the grant, then the ledger rules.
+    #[cfg(feature = "rdma")]
+    fn received_page(&mut self, h: &bulkhead_transfer::PageHeader, payload: &[u8]) -> bool {
+        let slot = self.ledger.landing_slot(h, payload.len());
+        let target = slot.and_then(|slot| {
+            self.landing
+                .get_mut(&h.transfer)
+                .and_then(|pages| pages.iter_mut().find(|p| p.slot() == slot))
+        });
+        let verdict = match target {
+            Some(page) => {
+                page.bytes_mut().copy_from_slice(payload);
+                self.ledger.on_page(h, page.bytes())
+            }
+            None => self.ledger.on_page(h, payload),
+        };
+        if let PageVerdict::Fail(t, fault) = verdict {
+            self.abort(t, fault_of(fault));
         }
         true
     }

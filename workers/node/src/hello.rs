@@ -18,6 +18,54 @@ pub enum HelloCheck {
     Model,
     /// A different page layout (layers, heads, head size, page size, dtype).
     Layout,
+    /// The other end moves pages over another transport.
+    Transport,
+}
+
+/// How a worker moves KV pages.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TransportKind {
+    /// Frames on the TCP connection (the default).
+    #[default]
+    Tcp,
+    /// RDMA SENDs over ibverbs on `device` (or the first one); needs the
+    /// `rdma` cargo feature and an RDMA device.
+    Rdma {
+        /// The device name.
+        device: Option<String>,
+    },
+}
+
+impl TransportKind {
+    /// Checks, before any port is bound, that this transport can work here.
+    /// RDMA without the feature or without a device is a clear error.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            TransportKind::Tcp => Ok(()),
+            #[cfg(feature = "rdma")]
+            TransportKind::Rdma { device } => {
+                let names = bulkhead_transfer::rdma::devices().map_err(|e| e.to_string())?;
+                match device {
+                    None if names.is_empty() => Err("no RDMA device found on this host".into()),
+                    Some(d) if !names.contains(d) => Err(format!(
+                        "RDMA device {d:?} not found (devices here: {names:?})"
+                    )),
+                    _ => Ok(()),
+                }
+            }
+            #[cfg(not(feature = "rdma"))]
+            TransportKind::Rdma { .. } => Err(
+                "this build has no RDMA support: rebuild with `cargo build --features rdma`".into(),
+            ),
+        }
+    }
+
+    fn wire(&self) -> u8 {
+        match self {
+            TransportKind::Tcp => bulkhead_transfer::wire::TRANSPORT_TCP,
+            TransportKind::Rdma { .. } => bulkhead_transfer::wire::TRANSPORT_RDMA,
+        }
+    }
 }
 
 impl HelloCheck {
@@ -28,12 +76,14 @@ impl HelloCheck {
             HelloCheck::Version => "the peer speaks another protocol version",
             HelloCheck::Model => "the peer serves a different model file",
             HelloCheck::Layout => "the peer's KV page layout differs",
+            HelloCheck::Transport => "the peer moves pages over another transport (tcp or rdma)",
         }
     }
 }
 
-/// The hello of a worker serving `info` from a model file with fingerprint `model`.
-pub fn hello(info: &EngineInfo, model: u64, dtype_bytes: u8) -> Hello {
+/// The hello of a worker serving `info` from a model file with fingerprint
+/// `model`, moving pages over `transport`.
+pub fn hello(info: &EngineInfo, model: u64, dtype_bytes: u8, transport: &TransportKind) -> Hello {
     Hello {
         version: VERSION,
         model,
@@ -44,6 +94,7 @@ pub fn hello(info: &EngineInfo, model: u64, dtype_bytes: u8) -> Hello {
         dtype_bytes,
         context_window: info.limits.context_window as u64,
         pool_tokens: info.limits.pool_tokens as u64,
+        transport: transport.wire(),
     }
 }
 

@@ -12,8 +12,10 @@ pub mod decode;
 pub mod hello;
 pub mod http;
 pub mod prefill;
+#[cfg(feature = "rdma")]
+mod rdma;
 
 pub use decode::{DecodeOptions, DecodeWorker, SubmitError};
-pub use hello::{hello, model_fingerprint};
+pub use hello::{TransportKind, hello, model_fingerprint};
 pub use http::{Role, app};
 pub use prefill::{AdminCommand, PrefillOptions, PrefillWorker};

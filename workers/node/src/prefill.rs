@@ -30,6 +30,8 @@ pub struct PrefillOptions {
     pub write_timeout: Duration,
     /// Testing: wait this long before every frame (a deliberately slow link).
     pub page_delay: Option<Duration>,
+    /// How pages travel.
+    pub transport: crate::TransportKind,
 }
 
 /// Counters of a prefill worker.
@@ -112,24 +114,40 @@ impl PrefillWorker {
         }
     }
 
-    async fn connection(self, sock: TcpStream) {
-        let (mut rd, wr) = sock.into_split();
-        let mut transport = TcpTransport::new(wr, Checksums::On, self.options.write_timeout);
-        if transport.send(&Message::Hello(self.hello)).await.is_err() {
+    async fn connection(self, mut sock: TcpStream) {
+        use tokio::io::AsyncWriteExt;
+        if sock
+            .write_all(&Message::Hello(self.hello).encode())
+            .await
+            .is_err()
+        {
             return;
         }
-        let peer = match tokio::time::timeout(Duration::from_secs(10), Message::read(&mut rd)).await
-        {
-            Ok(Ok(Message::Hello(h))) => h,
-            _ => return,
-        };
+        let peer =
+            match tokio::time::timeout(Duration::from_secs(10), Message::read(&mut sock)).await {
+                Ok(Ok(Message::Hello(h))) => h,
+                _ => return,
+            };
         if check_peer(&self.hello, &peer) != HelloCheck::Compatible {
             return;
         }
         let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel();
         let (data_tx, data_rx) = mpsc::unbounded_channel();
-        let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx.clone(), data_tx));
         let admin = self.admin.subscribe();
+        #[cfg(feature = "rdma")]
+        if let crate::TransportKind::Rdma { device } = &self.options.transport {
+            let Ok((sock, transport)) = crate::rdma::sender(sock, device.clone()).await else {
+                return;
+            };
+            let (rd, _wr) = sock.into_split();
+            let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx, data_tx));
+            write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await;
+            reader.abort();
+            return;
+        }
+        let (rd, wr) = sock.into_split();
+        let transport = TcpTransport::new(wr, Checksums::On, self.options.write_timeout);
+        let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx, data_tx));
         match self.options.page_delay {
             Some(d) => {
                 let t = SlowTransport::new(transport, d);

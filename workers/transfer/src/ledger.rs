@@ -333,10 +333,10 @@ impl Ledger {
         self.live.remove(&transfer);
         if self.tombstones.insert(transfer) {
             self.order.push_back(transfer);
-            if self.order.len() > TOMBSTONES {
-                if let Some(old) = self.order.pop_front() {
-                    self.tombstones.remove(&old);
-                }
+            if self.order.len() > TOMBSTONES
+                && let Some(old) = self.order.pop_front()
+            {
+                self.tombstones.remove(&old);
             }
         }
     }

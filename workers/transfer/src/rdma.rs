@@ -259,7 +259,7 @@ impl RdmaReceiver {
                         let len = complete(cq, next as u64).map_err(TransportError::Io)?;
                         let at = next * frame_bytes;
                         let mut bytes = &mr[at..at + len.min(frame_bytes)];
-                        let msg = futures_lite_read(&mut bytes);
+                        let msg = decode_frame(&mut bytes);
                         if tx.send(msg).is_err() {
                             return Ok(());
                         }
@@ -295,21 +295,26 @@ impl RdmaReceiver {
 impl Drop for RdmaReceiver {
     fn drop(&mut self) {
         self.frames.close();
-        if let Some(t) = self.thread.take() {
-            if t.is_finished() {
-                let _ = t.join();
-            }
+        if let Some(t) = self.thread.take()
+            && t.is_finished()
+        {
+            let _ = t.join();
         }
     }
 }
 
-/// Parses one frame from received bytes (the same decoder as TCP).
-fn futures_lite_read(bytes: &mut &[u8]) -> Result<Message, TransportError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map_err(TransportError::Io)?;
-    rt.block_on(Message::read(bytes))
-        .map_err(|e| TransportError::Unavailable(format!("bad RDMA frame: {e}")))
+/// Parses one frame from received bytes with the same decoder as TCP (on a
+/// byte slice it never waits, so one poll finishes it).
+fn decode_frame(bytes: &mut &[u8]) -> Result<Message, TransportError> {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    let mut read = std::pin::pin!(Message::read(bytes));
+    match read.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(r) => {
+            r.map_err(|e| TransportError::Unavailable(format!("bad RDMA frame: {e}")))
+        }
+        Poll::Pending => Err(TransportError::Unavailable("truncated RDMA frame".into())),
+    }
 }
 
 #[cfg(test)]

@@ -34,7 +34,15 @@ pub struct Hello {
     pub context_window: u64,
     /// Tokens this worker's pool holds.
     pub pool_tokens: u64,
+    /// How pages travel: [`TRANSPORT_TCP`] or [`TRANSPORT_RDMA`]; both ends
+    /// must agree.
+    pub transport: u8,
 }
+
+/// Pages travel in frames on the TCP connection.
+pub const TRANSPORT_TCP: u8 = 0;
+/// Pages travel as RDMA SENDs; control frames from decode stay on TCP.
+pub const TRANSPORT_RDMA: u8 = 1;
 
 /// Decode asks prefill to compute a prompt into granted landing slots.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,6 +200,7 @@ impl Message {
                 w.u8(h.dtype_bytes);
                 w.u64(h.context_window);
                 w.u64(h.pool_tokens);
+                w.u8(h.transport);
             }
             Message::Prefill(p) => {
                 w.u8(PREFILL);
@@ -313,6 +322,7 @@ impl Message {
                 dtype_bytes: c.u8()?,
                 context_window: c.u64()?,
                 pool_tokens: c.u64()?,
+                transport: c.u8()?,
             }),
             PREFILL => {
                 let transfer = TransferId::new(c.u64()?);
@@ -464,6 +474,7 @@ mod tests {
                 dtype_bytes: 2,
                 context_window: 8192,
                 pool_tokens: 46_592,
+                transport: TRANSPORT_TCP,
             }),
             Message::Prefill(PrefillRequest {
                 transfer: t,

@@ -122,14 +122,14 @@ impl KvPool {
         &mut self,
         table: &PageTable,
         transfer: TransferId,
-        home: Option<Home>,
+        home: Option<&Home>,
     ) -> Vec<LentPage> {
         let mut out = Vec::new();
         for (slot, r) in table.pages.iter().enumerate() {
             if self.lands(table, transfer, *r)
                 && self.whereabouts[r.page.index()] == Whereabouts::Home
             {
-                out.push(self.take(*r, slot, home.clone()));
+                out.push(self.take(*r, slot, home.cloned()));
             }
         }
         out
@@ -211,7 +211,7 @@ mod tests {
         let returned: Arc<Mutex<Vec<LentPage>>> = Arc::default();
         let sink = Arc::clone(&returned);
         let home = super::Home::new(move |p| sink.lock().unwrap().push(p));
-        let mut lent = pool.lend_landing(&table, t, Some(home));
+        let mut lent = pool.lend_landing(&table, t, Some(&home));
         assert_eq!(lent.len(), 2);
         lent[1].bytes_mut().fill(9);
         // Lent landing pages are unreadable and cannot be written through the pool.
