@@ -289,17 +289,7 @@ impl EngineCore {
         request: GenerateRequest,
         sink: Sink,
     ) -> Result<Admitted<PendingRequest>, AdmissionError> {
-        let (prompt, max) = (request.prompt.len(), request.sampling.max_tokens);
-        limits.admit(
-            owner,
-            prompt,
-            max,
-            PendingRequest {
-                request,
-                sink,
-                landing: None,
-            },
-        )
+        Self::admit_with(limits, owner, request, sink, None)
     }
 
     /// Admits a request whose prompt KV will arrive through `transfer`:
@@ -313,17 +303,23 @@ impl EngineCore {
         transfer: TransferId,
         granted: oneshot::Sender<Grant>,
     ) -> Result<Admitted<PendingRequest>, AdmissionError> {
+        Self::admit_with(limits, owner, request, sink, Some((transfer, granted)))
+    }
+
+    fn admit_with(
+        limits: &Limits,
+        owner: Owner,
+        request: GenerateRequest,
+        sink: Sink,
+        landing: Option<(TransferId, oneshot::Sender<Grant>)>,
+    ) -> Result<Admitted<PendingRequest>, AdmissionError> {
         let (prompt, max) = (request.prompt.len(), request.sampling.max_tokens);
-        limits.admit(
-            owner,
-            prompt,
-            max,
-            PendingRequest {
-                request,
-                sink,
-                landing: Some((transfer, granted)),
-            },
-        )
+        let pending = PendingRequest {
+            request,
+            sink,
+            landing,
+        };
+        limits.admit(owner, prompt, max, pending)
     }
 
     /// Admits a prefill-only job: `max_tokens` counts against the limits

@@ -585,37 +585,33 @@ impl Receiver {
             Message::Done(d) => match self.ledger.on_done(&d) {
                 DoneVerdict::Commit(t) => {
                     // Pages home first, then the commit (same channel, in order).
-                    self.landing.remove(&t);
+                    self.end(t);
                     self.engine.commit_transfer(t, d.logits);
                     let _ = self.writer.send(Message::Release { transfer: t });
-                    let _ = self.events.send(LinkEvent::Ended(self.epoch, t));
                 }
                 DoneVerdict::Dropped => {}
                 DoneVerdict::Fail(t, fault) => self.abort(t, fault_of(fault)),
             },
             Message::Rejected { transfer, error } => {
                 if self.ledger.on_rejected(transfer) {
-                    self.landing.remove(&transfer);
+                    self.end(transfer);
                     self.engine.reject_transfer(transfer, error);
-                    let _ = self.events.send(LinkEvent::Ended(self.epoch, transfer));
                 }
             }
             Message::Abort { transfer } => {
                 if self.ledger.on_peer_abort(transfer) {
                     // The peer wrote its last frame for it before this.
-                    self.landing.remove(&transfer);
+                    self.end(transfer);
                     self.engine
                         .fence_transfer(transfer, TransferFault::PeerAborted);
                     let _ = self.writer.send(Message::AbortAck { transfer });
-                    let _ = self.events.send(LinkEvent::Ended(self.epoch, transfer));
                 }
             }
             Message::AbortAck { transfer } => {
                 if self.ledger.on_abort_ack(transfer) {
-                    self.landing.remove(&transfer);
+                    self.end(transfer);
                     self.engine
                         .fence_transfer(transfer, TransferFault::PeerAborted);
-                    let _ = self.events.send(LinkEvent::Ended(self.epoch, transfer));
                 }
             }
             // A prefill worker never sends these: drop the connection.
@@ -627,6 +623,14 @@ impl Receiver {
             }
         }
         true
+    }
+
+    /// No write for `t` can arrive any more: its landing pages go home
+    /// (before whatever the caller tells the engine next) and the link
+    /// forgets its deadline.
+    fn end(&mut self, t: TransferId) {
+        self.landing.remove(&t);
+        let _ = self.events.send(LinkEvent::Ended(self.epoch, t));
     }
 
     /// A check failed: fail the request now, keep the pages until the peer

@@ -254,9 +254,8 @@ fn forward(first: Option<SeqEvent>, mut handle: RequestHandle) -> mpsc::Unbounde
         let mut next = first;
         while let Some(ev) = next {
             let (line, end) = event_line(&ev);
-            if end || tx.send(line.clone()).is_err() {
-                let _ = tx.send(line);
-                return;
+            if tx.send(line).is_err() || end {
+                return; // client gone (dropping `handle` cancels) or done
             }
             next = tokio::select! {
                 ev = handle.next() => ev,
