@@ -338,3 +338,33 @@ fn kill_9_of_prefill_mid_transfer_fails_the_request_and_frees_decode_pages() {
     assert_eq!(ds["transfer"]["connection_losses"], 1);
     assert_eq!(ds["transfer"]["committed"], 0);
 }
+
+#[test]
+fn a_client_disconnect_never_aborts_a_transfer_mid_flight() {
+    let p = prefill(&["--page-delay-ms", "200"]);
+    let d = decode(&p.addr("transfer"), &[]);
+    // Send the request, then hang up while the pages are on the wire.
+    {
+        use std::io::Write;
+        let body = json!({"tokens": tokens(100), "max_tokens": 50}).to_string();
+        let mut s = std::net::TcpStream::connect(d.addr("http")).unwrap();
+        write!(
+            s,
+            "POST /v1/generate HTTP/1.0\r\nx-bulkhead-tenant: 8\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        wait_stats(&p.addr("http"), |s| {
+            s["transfer"]["pages_sent"].as_u64() >= Some(2)
+        });
+    }
+    // The transfer runs to its end and is released; then the request is
+    // cancelled and every page comes back. Nothing was aborted.
+    let ps = wait_stats(&p.addr("http"), |s| s["transfer"]["released"] == 1);
+    assert_eq!(ps["transfer"]["released"], 1, "{ps}");
+    assert_eq!(ps["transfer"]["aborts_received"], 0);
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
+    let ds = stats(&d.addr("http"));
+    assert_eq!(ds["transfer"]["committed"], 1);
+    assert_eq!(ds["transfer"]["aborts_sent"], 0);
+}
