@@ -88,8 +88,19 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
                 .collect(),
         };
         s.write_all(&Message::Prefill(req).encode()).await.unwrap();
-        Message::read(&mut s).await.unwrap()
+        let over_long = Message::read(&mut s).await.unwrap();
+        // A token id outside the vocabulary is refused too, and prefill lives on.
+        let wild = bulkhead_transfer::PrefillRequest {
+            transfer: bulkhead_kv::TransferId::new(43),
+            tenant: 9,
+            max_tokens: 4,
+            prompt: vec![1, 2, 4_000_000_000],
+            slots: vec![bulkhead_kv::Generation::from_wire(1)],
+        };
+        s.write_all(&Message::Prefill(wild).encode()).await.unwrap();
+        (over_long, Message::read(&mut s).await.unwrap())
     });
+    let (reply, wild) = reply;
     assert!(
         matches!(
             reply,
@@ -100,8 +111,18 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
         ),
         "{reply:?}"
     );
+    assert!(
+        matches!(
+            wild,
+            Message::Rejected {
+                error: bulkhead_kv::AdmissionError::TokenOutOfRange { .. },
+                ..
+            }
+        ),
+        "{wild:?}"
+    );
     let ps = stats(&p.addr("http"));
-    assert_eq!(ps["transfer"]["rejected"], 1);
+    assert_eq!(ps["transfer"]["rejected"], 2);
     assert_eq!(ps["pool"]["allocations"], 0);
     assert_baseline(&[&d.addr("http"), &p.addr("http")]);
 }

@@ -367,13 +367,19 @@ impl EngineCore {
     /// failed) unless every landing page is back home.
     pub fn commit_transfer(&mut self, transfer: TransferId, logits: &mut [f32]) {
         let Some(i) = self.landing_index(transfer) else {
+            // Failed meanwhile (a deadline): the receiver is done with the
+            // pages, so no write can arrive; free them.
+            if let Some(table) = self.draining.remove(&transfer) {
+                self.pool.release_scrubbed(table);
+            }
             return;
         };
         let seq = &self.running[i];
         let complete =
             self.pool.landing_home(&seq.table, transfer) && logits.len() == self.model.config.vocab;
         if !complete {
-            self.fail_transfer(transfer, TransferFault::Incomplete);
+            // The receiver has finished with the pages: fail and free at once.
+            self.fence_transfer(transfer, TransferFault::Incomplete);
             return;
         }
         let seq = &mut self.running[i];
@@ -401,12 +407,17 @@ impl EngineCore {
         if let Role::Generate(g) = &seq.role {
             let _ = g.sink.send(SeqEvent::Failed(EngineError::Transfer(fault)));
         }
-        self.draining.insert(transfer, seq.table);
+        if let Some(old) = self.draining.insert(transfer, seq.table) {
+            self.pool.release_scrubbed(old);
+        }
     }
 
     /// Fails a transfer the prefill side refused at its own admission.
     pub fn reject_transfer(&mut self, transfer: TransferId, error: AdmissionError) {
         let Some(i) = self.landing_index(transfer) else {
+            if let Some(table) = self.draining.remove(&transfer) {
+                self.pool.release_scrubbed(table);
+            }
             return;
         };
         let seq = self.running.swap_remove(i);
@@ -587,8 +598,10 @@ impl EngineCore {
             let s = &self.running[i];
             if !s.done && matches!(s.role, Role::Prefill { .. }) && s.computed == s.prompt_len {
                 let seq = self.running.swap_remove(i);
-                if let Role::Prefill { transfer, .. } = seq.role {
-                    self.held.insert(transfer, seq.table);
+                if let Role::Prefill { transfer, .. } = seq.role
+                    && let Some(old) = self.held.insert(transfer, seq.table)
+                {
+                    self.pool.release(old);
                 }
             } else {
                 i += 1;

@@ -177,6 +177,19 @@ impl Engine {
         &self.model
     }
 
+    /// Every prompt token must be in the vocabulary (ids come from clients
+    /// and peers; the embedding lookup must never see a wild one).
+    fn check_tokens(&self, prompt: &[u32]) -> Result<(), AdmissionError> {
+        let vocab = self.info.model.vocab;
+        match prompt.iter().find(|t| **t as usize >= vocab) {
+            Some(t) => Err(AdmissionError::TokenOutOfRange {
+                token: *t as usize,
+                vocab,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Admits and queues a request for `tenant`. A rejected request is
     /// returned as an error here, before anything reaches the engine thread.
     pub fn submit(
@@ -184,6 +197,7 @@ impl Engine {
         tenant: TenantId,
         request: GenerateRequest,
     ) -> Result<RequestHandle, AdmissionError> {
+        self.check_tokens(&request.prompt)?;
         let id = RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed));
         let owner = Owner {
             tenant,
@@ -229,6 +243,7 @@ impl Engine {
         peer: &Limits,
         transfer: TransferId,
     ) -> Result<(RequestHandle, oneshot::Receiver<Grant>), AdmissionError> {
+        self.check_tokens(&request.prompt)?;
         let limits = self.info.limits.intersect(peer).unwrap_or(Limits {
             pool_tokens: 0,
             ..self.info.limits
@@ -263,6 +278,7 @@ impl Engine {
         max_tokens: usize,
         transfer: TransferId,
     ) -> Result<UnboundedReceiver<PrefillEvent>, AdmissionError> {
+        self.check_tokens(&prompt)?;
         let id = RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed));
         let owner = Owner {
             tenant,
@@ -361,8 +377,11 @@ impl Drop for RequestHandle {
 }
 
 fn run(core: &mut EngineCore, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Command>) {
+    // Block for a command when there is nothing to do, or when the last step
+    // could do nothing (requests waiting for pages held by transfers).
+    let mut stalled = true;
     loop {
-        if core.is_idle() {
+        if stalled || core.is_idle() {
             match rx.recv() {
                 Ok(cmd) => {
                     if !apply(core, cmd) {
@@ -383,7 +402,7 @@ fn run(core: &mut EngineCore, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Comm
                 Err(mpsc::TryRecvError::Disconnected) => return,
             }
         }
-        pool.install(|| core.step());
+        stalled = !pool.install(|| core.step());
     }
 }
 

@@ -23,6 +23,14 @@ pub enum AdmissionError {
     /// `max_tokens` is zero.
     #[error("max_tokens must be at least 1")]
     NoOutputTokens,
+    /// A prompt token id is not in the model's vocabulary.
+    #[error("token id {token} is outside the vocabulary of {vocab} tokens")]
+    TokenOutOfRange {
+        /// The offending id.
+        token: usize,
+        /// The vocabulary size.
+        vocab: usize,
+    },
     /// Prompt plus output exceed the model's context window.
     #[error(
         "the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the context window of {limit} tokens"

@@ -100,24 +100,15 @@ pub fn hello(info: &EngineInfo, model: u64, dtype_bytes: u8, transport: &Transpo
 
 /// Compares a peer's hello with ours.
 pub fn check_peer(ours: &Hello, peer: &Hello) -> HelloCheck {
+    let layout = |h: &Hello| (h.layers, h.kv_heads, h.head_dim, h.page_size, h.dtype_bytes);
     if peer.version != ours.version {
         HelloCheck::Version
     } else if peer.model != ours.model {
         HelloCheck::Model
-    } else if (
-        peer.layers,
-        peer.kv_heads,
-        peer.head_dim,
-        peer.page_size,
-        peer.dtype_bytes,
-    ) != (
-        ours.layers,
-        ours.kv_heads,
-        ours.head_dim,
-        ours.page_size,
-        ours.dtype_bytes,
-    ) {
+    } else if layout(peer) != layout(ours) {
         HelloCheck::Layout
+    } else if peer.transport != ours.transport {
+        HelloCheck::Transport
     } else {
         HelloCheck::Compatible
     }

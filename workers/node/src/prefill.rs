@@ -141,21 +141,25 @@ impl PrefillWorker {
             };
             let (rd, _wr) = sock.into_split();
             let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx, data_tx));
-            write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await;
+            let ctrl = write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await;
             reader.abort();
+            let _ = reader.await;
+            release_unopened(&self, ctrl);
             return;
         }
         let (rd, wr) = sock.into_split();
         let transport = TcpTransport::new(wr, Checksums::On, self.options.write_timeout);
         let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx, data_tx));
-        match self.options.page_delay {
+        let ctrl = match self.options.page_delay {
             Some(d) => {
                 let t = SlowTransport::new(transport, d);
-                write_loop(t, self.clone(), ctrl_rx, data_rx, admin).await;
+                write_loop(t, self.clone(), ctrl_rx, data_rx, admin).await
             }
             None => write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await,
-        }
+        };
         reader.abort();
+        let _ = reader.await;
+        release_unopened(&self, ctrl);
     }
 }
 
@@ -188,6 +192,8 @@ async fn read_loop(
     ctrl: mpsc::UnboundedSender<Ctrl>,
     data: mpsc::UnboundedSender<Data>,
 ) {
+    // Transfer ids this connection has used: one request, one transfer.
+    let mut seen = HashSet::new();
     loop {
         let msg = match Message::read(&mut rd).await {
             Ok(m) => m,
@@ -197,7 +203,14 @@ async fn read_loop(
             }
         };
         match msg {
-            Message::Prefill(req) => w.admit(req, &ctrl, &data),
+            Message::Prefill(req) => {
+                if !seen.insert(req.transfer) {
+                    // A reused id is a broken or hostile peer.
+                    let _ = ctrl.send(Ctrl::Closed);
+                    return;
+                }
+                w.admit(req, &ctrl, &data);
+            }
             Message::Abort { transfer } => {
                 let _ = ctrl.send(Ctrl::PeerAbort(transfer));
             }
@@ -293,10 +306,9 @@ async fn write_loop<T: Transport>(
     mut ctrl: mpsc::UnboundedReceiver<Ctrl>,
     mut data: mpsc::UnboundedReceiver<Data>,
     mut admin: broadcast::Receiver<AdminCommand>,
-) {
+) -> mpsc::UnboundedReceiver<Ctrl> {
     let c = &w.counters;
     let mut live: HashMap<TransferId, Sending> = HashMap::new();
-    let mut dead: HashSet<TransferId> = HashSet::new();
     let ok = loop {
         tokio::select! {
             biased;
@@ -308,12 +320,10 @@ async fn write_loop<T: Transport>(
                         Ok(())
                     }
                     Ctrl::Reject(transfer, error) => {
-                        dead.insert(transfer);
                         t.send(&Message::Rejected { transfer, error }).await
                     }
                     Ctrl::PeerAbort(transfer) => {
                         if live.remove(&transfer).is_some() {
-                            dead.insert(transfer);
                             c.aborts_received.fetch_add(1, Ordering::Relaxed);
                             w.engine.release_source(transfer);
                             c.acks_sent.fetch_add(1, Ordering::Relaxed);
@@ -328,7 +338,6 @@ async fn write_loop<T: Transport>(
                         match live.get(&transfer) {
                             Some(s) if s.aborting => {
                                 live.remove(&transfer);
-                                dead.insert(transfer);
                                 c.acks_received.fetch_add(1, Ordering::Relaxed);
                             }
                             _ => { c.dropped_frames.fetch_add(1, Ordering::Relaxed); }
@@ -339,7 +348,6 @@ async fn write_loop<T: Transport>(
                         match live.get(&transfer) {
                             Some(s) if s.done => {
                                 live.remove(&transfer);
-                                dead.insert(transfer);
                                 c.released.fetch_add(1, Ordering::Relaxed);
                                 w.engine.release_source(transfer);
                             }
@@ -413,5 +421,17 @@ async fn write_loop<T: Transport>(
     for (transfer, sending) in live {
         drop(sending);
         w.engine.release_source(transfer);
+    }
+    ctrl
+}
+
+/// After the writer stopped and the reader is gone: transfers admitted but
+/// never opened by the writer release their source pages too.
+fn release_unopened(w: &PrefillWorker, mut ctrl: mpsc::UnboundedReceiver<Ctrl>) {
+    ctrl.close();
+    while let Ok(c) = ctrl.try_recv() {
+        if let Ctrl::Open(grant, _) = c {
+            w.engine.release_source(grant.transfer());
+        }
     }
 }

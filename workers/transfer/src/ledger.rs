@@ -297,7 +297,8 @@ impl Ledger {
 
     /// The peer refused the request at admission; nothing was written.
     pub fn on_rejected(&mut self, transfer: TransferId) -> bool {
-        if matches!(self.live.get(&transfer), Some(e) if matches!(e.state, State::Live)) {
+        // Also when we were aborting it: prefill wrote nothing and will not.
+        if self.live.contains_key(&transfer) {
             self.counters.rejected += 1;
             self.bury(transfer);
             true

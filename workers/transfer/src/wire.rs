@@ -232,6 +232,7 @@ impl Message {
                         max_tokens,
                         limit,
                     } => (4, prompt_tokens, max_tokens, limit),
+                    AdmissionError::TokenOutOfRange { token, vocab } => (5, token, vocab, 0),
                     _ => (0, 0, 0, 0),
                 };
                 w.u8(code);
@@ -360,6 +361,10 @@ impl Message {
                         prompt_tokens,
                         max_tokens,
                         limit,
+                    },
+                    5 => AdmissionError::TokenOutOfRange {
+                        token: prompt_tokens,
+                        vocab: max_tokens,
                     },
                     _ => return Err(WireError::Malformed("unknown rejection code")),
                 };
