@@ -385,7 +385,6 @@ fn ttft(
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let mut config = args.model.engine_config();
     config.kv_budget_bytes = config.kv_budget_bytes.min(256 << 20);
-    let fingerprint = bulkhead_node::model_fingerprint(&args.model.path()?)?;
     let colocated = Engine::start(Arc::clone(model), &config)?;
     let prefill_engine = Arc::new(Engine::start(Arc::clone(model), &config)?);
     let decode_engine = Arc::new(Engine::start(Arc::clone(model), &config)?);
@@ -398,7 +397,7 @@ fn ttft(
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         let tcp = bulkhead_node::TransportKind::Tcp;
-        let p_hello = hello(prefill_engine.info(), fingerprint, 2, &tcp);
+        let p_hello = hello(&prefill_engine, &tcp);
         let prefill = PrefillWorker::new(
             prefill_engine,
             p_hello,
@@ -409,7 +408,7 @@ fn ttft(
             },
         );
         tokio::spawn(prefill.serve(listener));
-        let d_hello = hello(decode_engine.info(), fingerprint, 2, &tcp);
+        let d_hello = hello(&decode_engine, &tcp);
         let decode = DecodeWorker::start(
             decode_engine,
             d_hello,

@@ -7,7 +7,6 @@ use anyhow::Context;
 use bulkhead_engine::{Engine, ModelFile};
 use bulkhead_node::{
     DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, TransportKind, app, hello,
-    model_fingerprint,
 };
 use clap::Args;
 use std::io::Write;
@@ -93,14 +92,11 @@ pub(crate) struct DecodeArgs {
     model: ModelArgs,
 }
 
-fn load(model: &ModelArgs) -> anyhow::Result<(Arc<Engine>, u64)> {
+fn load(model: &ModelArgs) -> anyhow::Result<Arc<Engine>> {
     let path = model.path()?;
     let file =
         Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
-    let fingerprint =
-        model_fingerprint(&path).with_context(|| format!("reading {}", path.display()))?;
-    let engine = Engine::start(file, &model.engine_config())?;
-    Ok((Arc::new(engine), fingerprint))
+    Ok(Arc::new(Engine::start(file, &model.engine_config())?))
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -123,7 +119,7 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
 }
 
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let (engine, _) = load(&args.model)?;
+    let engine = load(&args.model)?;
     runtime()?.block_on(async {
         let http = bind(&args.http).await?;
         announce(&format!(
@@ -137,8 +133,8 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 
 pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
     let transport = args.transport.kind()?;
-    let (engine, fingerprint) = load(&args.model)?;
-    let hello = hello(engine.info(), fingerprint, 2, &transport);
+    let engine = load(&args.model)?;
+    let hello = hello(&engine, &transport);
     let options = PrefillOptions {
         write_timeout: Duration::from_millis(args.write_timeout_ms.max(1)),
         page_delay: args.page_delay_ms.map(Duration::from_millis),
@@ -162,8 +158,8 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
 
 pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
     let transport = args.transport.kind()?;
-    let (engine, fingerprint) = load(&args.model)?;
-    let hello = hello(engine.info(), fingerprint, 2, &transport);
+    let engine = load(&args.model)?;
+    let hello = hello(&engine, &transport);
     let options = DecodeOptions {
         prefill: args.prefill.clone(),
         transfer_timeout: Duration::from_millis(args.transfer_timeout_ms.max(1)),

@@ -98,9 +98,23 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             slots: vec![bulkhead_kv::Generation::from_wire(1)],
         };
         s.write_all(&Message::Prefill(wild).encode()).await.unwrap();
-        (over_long, Message::read(&mut s).await.unwrap())
+        let wild = Message::read(&mut s).await.unwrap();
+        // Reusing a transfer id (42 was refused above) closes the connection.
+        let again = bulkhead_transfer::PrefillRequest {
+            transfer: bulkhead_kv::TransferId::new(42),
+            tenant: 9,
+            max_tokens: 4,
+            prompt: vec![1, 2, 3],
+            slots: vec![bulkhead_kv::Generation::from_wire(1)],
+        };
+        s.write_all(&Message::Prefill(again).encode())
+            .await
+            .unwrap();
+        let closed = Message::read(&mut s).await.is_err();
+        (over_long, wild, closed)
     });
-    let (reply, wild) = reply;
+    let (reply, wild, closed) = reply;
+    assert!(closed, "a reused transfer id must close the connection");
     assert!(
         matches!(
             reply,
@@ -123,6 +137,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
     );
     let ps = stats(&p.addr("http"));
     assert_eq!(ps["transfer"]["rejected"], 2);
+    assert_eq!(ps["transfer"]["requests"], 2);
     assert_eq!(ps["pool"]["allocations"], 0);
     assert_baseline(&[&d.addr("http"), &p.addr("http")]);
 }
@@ -388,4 +403,37 @@ fn a_client_disconnect_never_aborts_a_transfer_mid_flight() {
     let ds = stats(&d.addr("http"));
     assert_eq!(ds["transfer"]["committed"], 1);
     assert_eq!(ds["transfer"]["aborts_sent"], 0);
+}
+
+#[test]
+fn logits_of_the_wrong_length_fail_the_request_even_with_a_valid_digest() {
+    // A peer that recomputes the digest over truncated logits passes the
+    // ledger; the engine still refuses to sample from them.
+    let p = prefill(&[]);
+    let mut sums = Vec::new();
+    let via = proxy(
+        p.addr("transfer"),
+        Box::new(move |m| match m {
+            Message::Page(h, payload) => {
+                sums.push((h.generation, h.checksum));
+                vec![Message::Page(h, payload)]
+            }
+            Message::Done(mut d) => {
+                d.logits.truncate(100);
+                d.digest = bulkhead_transfer::checksum::transfer_digest(&sums, d.tokens, &d.logits);
+                vec![Message::Done(d)]
+            }
+            m => vec![m],
+        }),
+    );
+    let d = decode(&via, &[]);
+    let r = generate(
+        &d.addr("http"),
+        5,
+        &json!({"tokens": tokens(40), "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("kv_transfer_failed"), "{}", r.body);
+    assert!(!r.body.contains("\"token\""));
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
 }

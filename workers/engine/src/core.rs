@@ -292,21 +292,10 @@ impl EngineCore {
         Self::admit_with(limits, owner, request, sink, None)
     }
 
-    /// Admits a request whose prompt KV will arrive through `transfer`:
-    /// once its pages fit, the prompt pages become landing slots and their
-    /// generations are sent on `granted`.
-    pub fn admit_landing(
-        limits: &Limits,
-        owner: Owner,
-        request: GenerateRequest,
-        sink: Sink,
-        transfer: TransferId,
-        granted: oneshot::Sender<Grant>,
-    ) -> Result<Admitted<PendingRequest>, AdmissionError> {
-        Self::admit_with(limits, owner, request, sink, Some((transfer, granted)))
-    }
-
-    fn admit_with(
+    /// Admits a request; with `landing`, its prompt KV will arrive through
+    /// that transfer: once its pages fit, the prompt pages become landing
+    /// slots and are lent out on the grant channel.
+    pub(crate) fn admit_with(
         limits: &Limits,
         owner: Owner,
         request: GenerateRequest,

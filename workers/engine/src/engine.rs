@@ -66,6 +66,8 @@ pub struct EngineInfo {
     pub limits: Limits,
     /// Pages in the pool.
     pub total_pages: usize,
+    /// Element type of the pool's pages.
+    pub kv_dtype: bulkhead_kv::KvDtype,
 }
 
 enum Command {
@@ -136,6 +138,7 @@ impl Engine {
             model: model.config().clone(),
             limits: core.limits(),
             total_pages: core.counters().total_pages,
+            kv_dtype: core.pool().geometry().dtype,
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.threads.max(1))
@@ -197,16 +200,23 @@ impl Engine {
         tenant: TenantId,
         request: GenerateRequest,
     ) -> Result<RequestHandle, AdmissionError> {
+        self.submit_generate(tenant, request, &self.info.limits, None)
+    }
+
+    /// Both generate doors: token check, admission, handle, queue.
+    fn submit_generate(
+        &self,
+        tenant: TenantId,
+        request: GenerateRequest,
+        limits: &Limits,
+        landing: Option<(TransferId, oneshot::Sender<Grant>)>,
+    ) -> Result<RequestHandle, AdmissionError> {
         self.check_tokens(&request.prompt)?;
-        let id = RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed));
-        let owner = Owner {
-            tenant,
-            request: id,
-        };
+        let owner = self.next_owner(tenant);
         let (sink, events) = unbounded_channel();
-        let admitted = EngineCore::admit(&self.info.limits, owner, request, sink)?;
+        let admitted = EngineCore::admit_with(limits, owner, request, sink, landing)?;
         let mut handle = RequestHandle {
-            id,
+            id: owner.request,
             events,
             commands: self.commands.clone(),
             ended: false,
@@ -215,6 +225,14 @@ impl Engine {
             handle.ended = true;
         }
         Ok(handle)
+    }
+
+    /// A fresh request id for `tenant`.
+    fn next_owner(&self, tenant: TenantId) -> Owner {
+        Owner {
+            tenant,
+            request: RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed)),
+        }
     }
 
     /// Current pool counters (waits for the engine thread).
@@ -243,28 +261,14 @@ impl Engine {
         peer: &Limits,
         transfer: TransferId,
     ) -> Result<(RequestHandle, oneshot::Receiver<Grant>), AdmissionError> {
-        self.check_tokens(&request.prompt)?;
+        // Hellos refuse a peer with another page size, so the pair always
+        // intersects; if not, nothing fits.
         let limits = self.info.limits.intersect(peer).unwrap_or(Limits {
             pool_tokens: 0,
             ..self.info.limits
         });
-        let id = RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed));
-        let owner = Owner {
-            tenant,
-            request: id,
-        };
-        let (sink, events) = unbounded_channel();
         let (granted, grant) = oneshot::channel();
-        let admitted = EngineCore::admit_landing(&limits, owner, request, sink, transfer, granted)?;
-        let mut handle = RequestHandle {
-            id,
-            events,
-            commands: self.commands.clone(),
-            ended: false,
-        };
-        if self.commands.send(Command::Submit(admitted)).is_err() {
-            handle.ended = true;
-        }
+        let handle = self.submit_generate(tenant, request, &limits, Some((transfer, granted)))?;
         Ok((handle, grant))
     }
 
@@ -279,11 +283,7 @@ impl Engine {
         transfer: TransferId,
     ) -> Result<UnboundedReceiver<PrefillEvent>, AdmissionError> {
         self.check_tokens(&prompt)?;
-        let id = RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed));
-        let owner = Owner {
-            tenant,
-            request: id,
-        };
+        let owner = self.next_owner(tenant);
         let (events, rx) = unbounded_channel();
         let admitted = EngineCore::admit_prefill(
             &self.info.limits,

@@ -74,6 +74,7 @@ pub struct ModelFile {
     pub(crate) weights: Weights,
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
+    fingerprint: u64,
 }
 
 impl std::fmt::Debug for ModelFile {
@@ -124,7 +125,14 @@ impl ModelFile {
             weights,
             tokenizer,
             chat_template,
+            fingerprint: xxhash_rust::xxh3::xxh3_64(bytes),
         })
+    }
+
+    /// xxh3-64 of the file's bytes: workers that hand KV pages to each other
+    /// must serve the same file.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// Hyperparameters.

@@ -25,6 +25,6 @@ mod pool;
 pub use admission::{AdmissionError, Admitted, Limits};
 pub use ids::{Generation, Owner, PageId, RequestId, TenantId, TransferId};
 pub use pool::{
-    Home, ImportError, KvData, KvDtype, KvGeometry, KvPool, LentPage, OwnerChecks, OwnerViolation,
-    PageReader, PageRef, PageTable, PageTag, PageView, PoolCounters, PoolExhausted,
+    Home, KvData, KvDtype, KvGeometry, KvPool, LentPage, OwnerChecks, OwnerViolation, PageReader,
+    PageRef, PageTable, PageTag, PageView, PoolCounters, PoolExhausted,
 };

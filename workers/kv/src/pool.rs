@@ -4,10 +4,8 @@ use crate::admission::Admitted;
 use crate::ids::{Generation, Owner, PageId, TransferId};
 use half::f16;
 
-mod exchange;
 mod lend;
 
-pub use exchange::ImportError;
 pub use lend::{Home, LentPage};
 
 /// Shape of the KV memory: what one page holds.
@@ -614,12 +612,13 @@ impl PageTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::admission::Limits;
     use crate::ids::{RequestId, TenantId};
 
-    const GEO: KvGeometry = KvGeometry {
+    /// Two layers, one head of four, two tokens a page.
+    pub(crate) const GEO: KvGeometry = KvGeometry {
         layers: 2,
         kv_heads: 1,
         head_dim: 4,
@@ -627,18 +626,18 @@ mod tests {
         dtype: KvDtype::F32,
     };
 
-    fn owner(t: u64, r: u64) -> Owner {
+    pub(crate) fn owner(t: u64, r: u64) -> Owner {
         Owner {
             tenant: TenantId::new(t),
             request: RequestId::new(r),
         }
     }
 
-    fn limits(pool: &KvPool) -> Limits {
+    pub(crate) fn limits(pool: &KvPool) -> Limits {
         Limits {
             context_window: 64,
             pool_tokens: pool.capacity_tokens(),
-            page_size: GEO.page_size,
+            page_size: pool.geometry().page_size,
         }
     }
 

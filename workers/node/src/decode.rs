@@ -529,13 +529,7 @@ impl Receiver {
         len: usize,
         scratch: &mut Vec<u8>,
     ) -> bool {
-        let slot = self.ledger.landing_slot(h, len);
-        let target = slot.and_then(|slot| {
-            self.landing
-                .get_mut(&h.transfer)
-                .and_then(|pages| pages.iter_mut().find(|p| p.slot() == slot))
-        });
-        let verdict = match target {
+        let verdict = match Self::landing_page(&self.ledger, &mut self.landing, h, len) {
             Some(page) => {
                 if read_payload(rd, page.bytes_mut()).await.is_err() {
                     return false;
@@ -550,33 +544,43 @@ impl Receiver {
                 self.ledger.on_page(h, scratch)
             }
         };
-        match verdict {
-            PageVerdict::Write { .. } | PageVerdict::Dropped => {}
-            PageVerdict::Fail(t, fault) => self.abort(t, fault_of(fault)),
-        }
+        self.rule(verdict);
         true
+    }
+
+    /// The lent landing page a frame with header `h` and `len` payload bytes
+    /// may be read into, if the ledger says its header fits the grant.
+    fn landing_page<'a>(
+        ledger: &Ledger,
+        landing: &'a mut HashMap<TransferId, Vec<LentPage>>,
+        h: &bulkhead_transfer::PageHeader,
+        len: usize,
+    ) -> Option<&'a mut LentPage> {
+        let slot = ledger.landing_slot(h, len)?;
+        landing
+            .get_mut(&h.transfer)?
+            .iter_mut()
+            .find(|p| p.slot() == slot)
+    }
+
+    fn rule(&mut self, verdict: PageVerdict) {
+        if let PageVerdict::Fail(t, fault) = verdict {
+            self.abort(t, fault_of(fault));
+        }
     }
 
     /// A page that arrived whole (RDMA): copied into its landing slot if
     /// the header fits the grant, then the ledger rules.
     #[cfg(feature = "rdma")]
     fn received_page(&mut self, h: &bulkhead_transfer::PageHeader, payload: &[u8]) -> bool {
-        let slot = self.ledger.landing_slot(h, payload.len());
-        let target = slot.and_then(|slot| {
-            self.landing
-                .get_mut(&h.transfer)
-                .and_then(|pages| pages.iter_mut().find(|p| p.slot() == slot))
-        });
-        let verdict = match target {
+        let verdict = match Self::landing_page(&self.ledger, &mut self.landing, h, payload.len()) {
             Some(page) => {
                 page.bytes_mut().copy_from_slice(payload);
                 self.ledger.on_page(h, page.bytes())
             }
             None => self.ledger.on_page(h, payload),
         };
-        if let PageVerdict::Fail(t, fault) = verdict {
-            self.abort(t, fault_of(fault));
-        }
+        self.rule(verdict);
         true
     }
 

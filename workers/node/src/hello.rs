@@ -1,11 +1,10 @@
 //! What a worker tells its peer about itself, and whether two workers can
 //! hand KV pages to each other.
 
-use bulkhead_engine::EngineInfo;
-use bulkhead_kv::Limits;
+use bulkhead_engine::Engine;
+use bulkhead_kv::{KvDtype, Limits};
 use bulkhead_transfer::Hello;
 use bulkhead_transfer::wire::VERSION;
-use std::path::Path;
 
 /// Whether a peer's hello matches ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,17 +80,20 @@ impl HelloCheck {
     }
 }
 
-/// The hello of a worker serving `info` from a model file with fingerprint
-/// `model`, moving pages over `transport`.
-pub fn hello(info: &EngineInfo, model: u64, dtype_bytes: u8, transport: &TransportKind) -> Hello {
+/// The hello of a worker serving `engine`, moving pages over `transport`.
+pub fn hello(engine: &Engine, transport: &TransportKind) -> Hello {
+    let info = engine.info();
     Hello {
         version: VERSION,
-        model,
+        model: engine.model().fingerprint(),
         layers: info.model.layers as u32,
         kv_heads: info.model.kv_heads as u32,
         head_dim: info.model.head_dim as u32,
         page_size: info.limits.page_size as u32,
-        dtype_bytes,
+        dtype_bytes: match info.kv_dtype {
+            KvDtype::F16 => 2,
+            KvDtype::F32 => 4,
+        },
         context_window: info.limits.context_window as u64,
         pool_tokens: info.limits.pool_tokens as u64,
         transport: transport.wire(),
@@ -123,8 +125,72 @@ pub fn peer_limits(peer: &Hello) -> Limits {
     }
 }
 
-/// xxh3-64 of a model file: both roles must load the same bytes.
-pub fn model_fingerprint(path: &Path) -> std::io::Result<u64> {
-    let bytes = std::fs::read(path)?;
-    Ok(xxhash_rust::xxh3::xxh3_64(&bytes))
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bulkhead_transfer::wire::{TRANSPORT_RDMA, TRANSPORT_TCP};
+
+    #[test]
+    fn every_difference_that_breaks_a_transfer_is_refused() {
+        let ours = Hello {
+            version: VERSION,
+            model: 7,
+            layers: 30,
+            kv_heads: 3,
+            head_dim: 64,
+            page_size: 16,
+            dtype_bytes: 2,
+            context_window: 8192,
+            pool_tokens: 46_592,
+            transport: TRANSPORT_TCP,
+        };
+        // Capacity may differ (admission takes the smaller one).
+        let smaller = Hello {
+            pool_tokens: 1_024,
+            context_window: 2_048,
+            ..ours
+        };
+        assert_eq!(check_peer(&ours, &smaller), HelloCheck::Compatible);
+        let cases = [
+            (
+                Hello {
+                    version: VERSION + 1,
+                    ..ours
+                },
+                HelloCheck::Version,
+            ),
+            (Hello { model: 8, ..ours }, HelloCheck::Model),
+            (
+                Hello {
+                    page_size: 32,
+                    ..ours
+                },
+                HelloCheck::Layout,
+            ),
+            (
+                Hello {
+                    dtype_bytes: 4,
+                    ..ours
+                },
+                HelloCheck::Layout,
+            ),
+            (
+                Hello {
+                    kv_heads: 4,
+                    ..ours
+                },
+                HelloCheck::Layout,
+            ),
+            (
+                Hello {
+                    transport: TRANSPORT_RDMA,
+                    ..ours
+                },
+                HelloCheck::Transport,
+            ),
+        ];
+        for (peer, want) in cases {
+            assert_eq!(check_peer(&ours, &peer), want, "{peer:?}");
+        }
+    }
 }

@@ -16,6 +16,6 @@ pub mod prefill;
 mod rdma;
 
 pub use decode::{DecodeOptions, DecodeWorker, SubmitError};
-pub use hello::{TransportKind, hello, model_fingerprint};
+pub use hello::{TransportKind, hello};
 pub use http::{Role, app};
 pub use prefill::{AdminCommand, PrefillOptions, PrefillWorker};

@@ -1,5 +1,10 @@
-//! Lending a page's memory out of the pool for a transfer, and taking it
-//! back.
+//! KV transfers on the pool side: landing slots, lending a page's memory
+//! out of the pool, and taking it back.
+//!
+//! A page's memory is one contiguous block in the pool's own page-major
+//! layout (`[layer][keys | values]`, little-endian); that block is what
+//! travels. A landing page (`PageTag::Receiving`) becomes readable only
+//! through [`KvPool::commit_received`], once the whole transfer is verified.
 //!
 //! A KV transfer moves a page's memory, not a copy: the prefill side lends
 //! its finished prompt pages to the sender, and the decode side lends its
@@ -17,6 +22,9 @@ use crate::ids::{Generation, Owner, PageId, TransferId};
 use crate::pool::OwnerViolation;
 use half::f16;
 use std::sync::Arc;
+
+#[cfg(target_endian = "big")]
+compile_error!("KV page bytes are little-endian on the wire; big-endian hosts are not supported");
 
 /// Where a dropped [`LentPage`] goes: back to the pool's owner.
 #[derive(Clone)]
@@ -152,6 +160,28 @@ impl KvPool {
         }
     }
 
+    /// Makes every landing slot of `transfer` in `table` an ordinary owned,
+    /// readable page. Call only after the whole transfer was verified.
+    pub fn commit_received(&mut self, table: &PageTable, transfer: TransferId) {
+        for r in &table.pages {
+            if self.lands(table, transfer, *r) {
+                self.tags[r.page.index()] = PageTag::Owned {
+                    owner: table.owner,
+                    generation: r.generation,
+                };
+            }
+        }
+    }
+
+    fn lands(&self, table: &PageTable, transfer: TransferId, r: PageRef) -> bool {
+        self.tags.get(r.page.index())
+            == Some(&PageTag::Receiving {
+                owner: table.owner,
+                generation: r.generation,
+                transfer,
+            })
+    }
+
     /// Whether every landing page of `transfer` in `table` is home.
     pub fn landing_home(&self, table: &PageTable, transfer: TransferId) -> bool {
         table.pages.iter().all(|r| {
@@ -180,42 +210,105 @@ impl KvPool {
 
 #[cfg(test)]
 mod tests {
-    use crate::admission::Limits;
-    use crate::ids::{Owner, RequestId, TenantId, TransferId};
-    use crate::pool::{KvDtype, KvGeometry, KvPool, LentPage};
+    use crate::ids::TransferId;
+    use crate::pool::tests::{GEO, limits, owner};
+    use crate::pool::{Home, KvDtype, KvGeometry, KvPool, LentPage, OwnerChecks, PageTag};
     use std::sync::{Arc, Mutex};
 
-    const GEO: KvGeometry = KvGeometry {
-        layers: 2,
-        kv_heads: 1,
-        head_dim: 4,
-        page_size: 2,
+    const F16: KvGeometry = KvGeometry {
         dtype: KvDtype::F16,
+        ..GEO
     };
+
+    /// A home that collects returned pages.
+    fn collector() -> (Home, Arc<Mutex<Vec<LentPage>>>) {
+        let returned: Arc<Mutex<Vec<LentPage>>> = Arc::default();
+        let sink = Arc::clone(&returned);
+        (Home::new(move |p| sink.lock().unwrap().push(p)), returned)
+    }
+
+    #[test]
+    fn pages_travel_whole_and_land_unreadable_until_committed() {
+        let mut src = KvPool::new(F16, 4, false);
+        let a = limits(&src).admit(owner(1, 1), 3, 1, ()).unwrap();
+        let st = src.allocate(&a.prompt_only()).unwrap();
+        assert_eq!(st.pages().len(), 2);
+        for pos in 0..3 {
+            for layer in 0..2 {
+                let x = (pos * 10 + layer) as f32;
+                src.write_token(&st, layer, pos, &[x; 4], &[-x; 4]).unwrap();
+            }
+        }
+        let mut dst = KvPool::new(F16, 4, false);
+        let t = TransferId::new(77);
+        let d = limits(&dst).admit(owner(5, 9), 3, 1, ()).unwrap();
+        let dt = dst.allocate_receiving(&d, t).unwrap();
+        assert_eq!(dst.counters().receiving_pages, 2);
+        // Landing pages refuse reads and token writes, even with checks off.
+        assert!(dst.reader().page(0, dt.owner(), dt.pages()[0]).is_err());
+        assert!(dst.write_token(&dt, 0, 0, &[0.0; 4], &[0.0; 4]).is_err());
+        dst.set_owner_checks(OwnerChecks::OffForBenchmark);
+        assert!(dst.reader().page(0, dt.owner(), dt.pages()[0]).is_err());
+        dst.set_owner_checks(OwnerChecks::Enforced);
+        // A stranger cannot borrow the source pages.
+        assert!(
+            src.lend_source(owner(2, 2), st.pages()[0], 0, None)
+                .is_err()
+        );
+
+        let sent: Vec<LentPage> = (0..2)
+            .map(|i| src.lend_source(st.owner(), st.pages()[i], i, None).unwrap())
+            .collect();
+        // Another transfer's grant lends nothing.
+        assert!(dst.lend_landing(&dt, TransferId::new(78), None).is_empty());
+        let mut landing = dst.lend_landing(&dt, t, None);
+        assert_eq!(landing.len(), 2);
+        for (l, s) in landing.iter_mut().zip(&sent) {
+            assert_eq!(l.slot(), s.slot());
+            l.bytes_mut().copy_from_slice(s.bytes());
+        }
+        assert!(!dst.landing_home(&dt, t));
+        for p in landing {
+            dst.restore(p);
+        }
+        assert!(dst.landing_home(&dt, t));
+        // Home but not committed: still unreadable.
+        assert!(dst.reader().page(0, dt.owner(), dt.pages()[1]).is_err());
+        dst.commit_received(&dt, t);
+        assert!(matches!(
+            dst.tag(dt.pages()[1].page()),
+            Some(PageTag::Owned { .. })
+        ));
+        for layer in 0..2 {
+            let got = dst.reader().page(layer, dt.owner(), dt.pages()[1]).unwrap();
+            // Token 2 is slot 0 of page 1: its first key element.
+            let want = half::f16::from_f32((20 + layer) as f32);
+            match got.keys(0) {
+                crate::KvData::F16(k) => assert_eq!(k[0], want),
+                crate::KvData::F32(_) => unreachable!(),
+            }
+        }
+        for p in sent {
+            src.restore(p);
+        }
+        dst.release(dt);
+        src.release(st);
+        for p in [&src, &dst] {
+            let c = p.counters();
+            assert_eq!((c.free_pages, c.receiving_pages, c.lent_pages), (4, 0, 0));
+        }
+    }
 
     #[test]
     fn a_page_released_while_lent_is_freed_only_when_it_comes_back() {
-        let mut pool = KvPool::new(GEO, 3, false);
-        let limits = Limits {
-            context_window: 64,
-            pool_tokens: pool.capacity_tokens(),
-            page_size: 2,
-        };
-        let owner = Owner {
-            tenant: TenantId::new(1),
-            request: RequestId::new(1),
-        };
+        let mut pool = KvPool::new(F16, 3, false);
         let t = TransferId::new(5);
-        let a = limits.admit(owner, 3, 1, ()).unwrap();
+        let a = limits(&pool).admit(owner(1, 1), 3, 1, ()).unwrap();
         let table = pool.allocate_receiving(&a, t).unwrap();
-        let returned: Arc<Mutex<Vec<LentPage>>> = Arc::default();
-        let sink = Arc::clone(&returned);
-        let home = super::Home::new(move |p| sink.lock().unwrap().push(p));
+        let (home, returned) = collector();
         let mut lent = pool.lend_landing(&table, t, Some(&home));
         assert_eq!(lent.len(), 2);
         lent[1].bytes_mut().fill(9);
-        // Lent landing pages are unreadable and cannot be written through the pool.
-        assert!(pool.reader().page(0, owner, table.pages()[1]).is_err());
         assert!(!pool.landing_home(&table, t));
         // The request ends while the memory is out: nothing is freed yet.
         pool.release_scrubbed(table);
