@@ -1,0 +1,455 @@
+//! Request and response bodies of the admin API.
+
+use crate::{ComponentStatus, Impact, IncidentStatus, ModelSlug, NodeRole, Role, Visibility};
+use serde::{Deserialize, Serialize};
+
+pub use crate::time::Timestamp;
+
+/// The error body of every admin API failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// A machine-readable code and a human message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// Stable code such as `config_does_not_fit`.
+    pub code: String,
+    /// Human message; never carries internals.
+    pub message: String,
+}
+
+/// Who the caller's token belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Whoami {
+    /// Operator name.
+    pub name: String,
+    /// Operator role.
+    pub role: Role,
+}
+
+/// A model's serving limits, from its active config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Properties {
+    /// Longest prompt, in tokens.
+    pub context_window: u64,
+    /// Most tokens one request may generate.
+    pub max_output: u64,
+}
+
+impl Properties {
+    /// Tokens a node's KV pool must hold for one request at the limits.
+    pub fn required_tokens(&self) -> u64 {
+        self.context_window.saturating_add(self.max_output)
+    }
+}
+
+/// KV memory budget per role, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvBudget {
+    /// Prefill workers.
+    pub prefill_bytes: u64,
+    /// Decode (and colocated) workers.
+    pub decode_bytes: u64,
+}
+
+/// How a model is split across devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Parallelism {
+    /// Tensor-parallel degree.
+    pub tensor: u32,
+    /// Pipeline-parallel degree.
+    pub pipeline: u32,
+}
+
+impl Default for Parallelism {
+    fn default() -> Self {
+        Parallelism {
+            tensor: 1,
+            pipeline: 1,
+        }
+    }
+}
+
+/// One config version's content, as an admin submits it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigSpec {
+    /// Serving limits.
+    #[serde(flatten)]
+    pub properties: Properties,
+    /// Weights file name.
+    pub weights_file: String,
+    /// Its sha256, 64 lowercase hex digits.
+    pub weights_sha256: String,
+    /// Weight quantization, e.g. `q4_1`.
+    pub quantization: String,
+    /// Tokens per KV page.
+    pub page_size: u32,
+    /// KV memory per role.
+    pub kv_budget: KvBudget,
+    /// Device split.
+    #[serde(default)]
+    pub parallelism: Parallelism,
+}
+
+/// A stored config version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigView {
+    /// 1, 2, … per model.
+    pub version: u32,
+    /// The content.
+    #[serde(flatten)]
+    pub spec: ConfigSpec,
+    /// Operator who added it.
+    pub created_by: String,
+    /// When it was added.
+    pub created_at: Timestamp,
+    /// When it was last activated, if ever.
+    pub activated_at: Option<Timestamp>,
+    /// Whether it is the model's active config.
+    pub active: bool,
+}
+
+/// `POST /admin/v1/models`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateModel {
+    /// `@cf/org/name`.
+    pub slug: ModelSlug,
+    /// Workers AI task, e.g. `Text Generation`.
+    pub task: String,
+    /// One line for catalogues.
+    #[serde(default)]
+    pub description: String,
+    /// Starting visibility.
+    pub visibility: Visibility,
+    /// A first config, activated at once (subject to the pool check).
+    #[serde(default)]
+    pub config: Option<ConfigSpec>,
+}
+
+/// A model as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelView {
+    /// `@cf/org/name`.
+    pub slug: ModelSlug,
+    /// Workers AI task.
+    pub task: String,
+    /// One line for catalogues.
+    pub description: String,
+    /// Who may call it.
+    pub visibility: Visibility,
+    /// Accounts that may call it while private.
+    pub allowlist: Vec<String>,
+    /// Limits of the active config; `None` before any config is active.
+    pub properties: Option<Properties>,
+    /// Active config version.
+    pub active_config: Option<u32>,
+    /// Its status-page component status.
+    pub component_status: ComponentStatus,
+    /// Created.
+    pub created_at: Timestamp,
+    /// Last changed.
+    pub updated_at: Timestamp,
+}
+
+/// `POST /admin/v1/models/{slug}/visibility`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetVisibility {
+    /// The new visibility.
+    pub visibility: Visibility,
+    /// Why; goes into the audit log. Must not be empty.
+    pub reason: String,
+}
+
+/// `POST /admin/v1/models/{slug}/allowlist`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetAllowlist {
+    /// The account.
+    pub account_id: String,
+    /// Add (`true`) or remove (`false`).
+    pub allowed: bool,
+    /// Why; goes into the audit log. Must not be empty.
+    pub reason: String,
+}
+
+/// The result of a visibility or allowlist change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelChange {
+    /// The model after the change.
+    pub model: ModelView,
+    /// The audit entry written for it; `None` when nothing changed.
+    pub audit: Option<AuditEntry>,
+}
+
+/// One append-only audit log entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Increasing.
+    pub id: i64,
+    /// When.
+    pub at: Timestamp,
+    /// Operator name.
+    pub actor: String,
+    /// `model.visibility`, `model.allowlist`, `config.activate`, …
+    pub action: String,
+    /// What it acted on, e.g. a model slug.
+    pub subject: String,
+    /// The operator's reason.
+    pub reason: String,
+    /// State before.
+    pub before: String,
+    /// State after.
+    pub after: String,
+}
+
+/// `POST /admin/v1/accounts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAccount {
+    /// Display name.
+    pub name: String,
+}
+
+/// A tenant account.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountView {
+    /// 32 lowercase hex digits, as in Workers AI URLs.
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// Created.
+    pub created_at: Timestamp,
+}
+
+/// `POST /admin/v1/operators`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateOperator {
+    /// Unique name; the audit log's actor.
+    pub name: String,
+    /// What the token may do.
+    pub role: Role,
+}
+
+/// An operator token's metadata (never the token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorView {
+    /// Id.
+    pub id: i64,
+    /// Name.
+    pub name: String,
+    /// Role.
+    pub role: Role,
+    /// Created.
+    pub created_at: Timestamp,
+    /// Revoked, if it was.
+    pub revoked_at: Option<Timestamp>,
+}
+
+/// A new operator and its token, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorCreated {
+    /// Metadata.
+    pub operator: OperatorView,
+    /// The bearer token; only its hash is stored.
+    pub token: String,
+}
+
+/// `POST /admin/v1/nodes`: a worker announces itself after loading weights.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterNode {
+    /// Unique node name; re-registering under it replaces the old record.
+    pub name: String,
+    /// What it does.
+    pub role: NodeRole,
+    /// The model it serves.
+    pub model: ModelSlug,
+    /// Its HTTP address.
+    pub address: String,
+    /// Its KV transfer address (prefill workers).
+    #[serde(default)]
+    pub transfer_address: Option<String>,
+    /// Tokens its KV pool holds, measured after loading weights.
+    pub kv_pool_tokens: u64,
+    /// sha256 of the weights it loaded.
+    pub weights_sha256: String,
+    /// Their quantization.
+    pub quantization: String,
+    /// Tokens per KV page.
+    pub page_size: u32,
+    /// KV memory it was given.
+    pub kv_budget_bytes: u64,
+    /// Its device split.
+    #[serde(default)]
+    pub parallelism: Parallelism,
+}
+
+/// `POST /admin/v1/nodes/{id}/heartbeat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Heartbeat {
+    /// Current load, for routing.
+    #[serde(default)]
+    pub load: Option<NodeLoad>,
+}
+
+/// A node's load as it last reported it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeLoad {
+    /// Free KV pages.
+    pub free_pages: u64,
+    /// All KV pages.
+    pub total_pages: u64,
+    /// Requests waiting.
+    pub queue_depth: u64,
+}
+
+/// A registered worker and whether requests may be routed to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    /// Id.
+    pub id: i64,
+    /// What it registered.
+    #[serde(flatten)]
+    pub registration: RegisterNode,
+    /// Last reported load.
+    pub load: Option<NodeLoad>,
+    /// First registration under this name.
+    pub registered_at: Timestamp,
+    /// Last registration or heartbeat.
+    pub last_seen_at: Timestamp,
+    /// Whether the gateway may send it requests.
+    pub routable: bool,
+    /// Why not, when it may not.
+    pub unroutable_reason: Option<String>,
+}
+
+/// Reply to a registration or heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// The node as stored.
+    pub node: NodeView,
+    /// Send a heartbeat at least this often.
+    pub heartbeat_interval_ms: u64,
+}
+
+/// A component (model) status change an incident update makes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComponentChange {
+    /// The model.
+    pub model: ModelSlug,
+    /// Its new status.
+    pub status: ComponentStatus,
+}
+
+/// `POST /admin/v1/incidents`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenIncident {
+    /// Title.
+    pub name: String,
+    /// First status; default `investigating`.
+    #[serde(default = "investigating")]
+    pub status: IncidentStatus,
+    /// Impact.
+    pub impact: Impact,
+    /// First update's text.
+    pub body: String,
+    /// Affected models and their statuses.
+    #[serde(default)]
+    pub components: Vec<ComponentChange>,
+}
+
+fn investigating() -> IncidentStatus {
+    IncidentStatus::Investigating
+}
+
+/// `POST /admin/v1/incidents/{id}/updates`. A `resolved` update with no
+/// component changes sets every affected model back to operational.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateIncident {
+    /// New status.
+    pub status: IncidentStatus,
+    /// Update text.
+    pub body: String,
+    /// New impact, if it changed.
+    #[serde(default)]
+    pub impact: Option<Impact>,
+    /// Component changes.
+    #[serde(default)]
+    pub components: Vec<ComponentChange>,
+    /// Postmortem text (only with `resolved`); publishes it and moves the
+    /// incident to `postmortem`.
+    #[serde(default)]
+    pub postmortem: Option<String>,
+}
+
+/// An incident with its timeline, newest update first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncidentView {
+    /// Id.
+    pub id: i64,
+    /// Title.
+    pub name: String,
+    /// Current status.
+    pub status: IncidentStatus,
+    /// Current impact.
+    pub impact: Impact,
+    /// Opened.
+    pub created_at: Timestamp,
+    /// Last update.
+    pub updated_at: Timestamp,
+    /// First `monitoring` update.
+    pub monitoring_at: Option<Timestamp>,
+    /// Resolution.
+    pub resolved_at: Option<Timestamp>,
+    /// Postmortem, if published.
+    pub postmortem_body: Option<String>,
+    /// When it was published.
+    pub postmortem_published_at: Option<Timestamp>,
+    /// Every model any update touched.
+    pub components: Vec<ModelSlug>,
+    /// Timeline, newest first.
+    pub updates: Vec<IncidentUpdateView>,
+}
+
+/// One timestamped incident update.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncidentUpdateView {
+    /// Id.
+    pub id: i64,
+    /// Status it set.
+    pub status: IncidentStatus,
+    /// Text.
+    pub body: String,
+    /// When.
+    pub created_at: Timestamp,
+    /// Operator name.
+    pub actor: String,
+    /// Component changes it made.
+    pub affected_components: Vec<AffectedComponent>,
+}
+
+/// One component change within an update.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AffectedComponent {
+    /// The model.
+    pub model: ModelSlug,
+    /// Before.
+    pub old_status: ComponentStatus,
+    /// After.
+    pub new_status: ComponentStatus,
+}

@@ -1,0 +1,51 @@
+//! The control plane's typed errors. The HTTP edge (`http::error`) is the one
+//! place they become status codes; database details never reach a client.
+
+use crate::db::DbError;
+
+/// Why a control-plane operation did not happen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The named thing does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The request is malformed or out of range.
+    #[error("{0}")]
+    Invalid(String),
+    /// It conflicts with the current state (duplicate name, closed incident).
+    #[error("{0}")]
+    Conflict(String),
+    /// A config's limits do not fit a node's measured KV pool.
+    #[error(
+        "config {version} of {model} needs context window {context_window} + max output {max_output} \
+         = {required} tokens of KV pool, but node `{node}` ({role}) measured {pool} tokens"
+    )]
+    ConfigDoesNotFit {
+        /// The model.
+        model: String,
+        /// The refused version.
+        version: crate::ConfigVersion,
+        /// The first node it does not fit.
+        node: String,
+        /// That node's role.
+        role: bulkhead_control_api::NodeRole,
+        /// That node's measured pool, in tokens.
+        pool: u64,
+        /// Context window of the config.
+        context_window: u64,
+        /// Max output of the config.
+        max_output: u64,
+        /// Their sum.
+        required: u64,
+    },
+    /// The database failed.
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        Error::Db(DbError::Query(e))
+    }
+}

@@ -1,0 +1,58 @@
+//! The control plane's HTTP surface: `fn app(state) -> Router`, tested with
+//! `oneshot`. Two parts share one listener:
+//!
+//! - `/admin/v1/...`: the admin API, bearer operator tokens with roles
+//!   (`http::admin`, `http::auth`);
+//! - `/`, `/incidents/{id}`, `/api/v2/*.json`, `/history.atom`,
+//!   `/history.rss`: the public, read-only status page and feeds
+//!   (`http::public`, rendered by `crate::status`).
+
+mod admin;
+mod auth;
+mod error;
+mod public;
+
+use crate::Db;
+use axum::Router;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the HTTP surface needs besides the database; parsed once at start.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Status page title, e.g. "Bulkhead".
+    pub page_name: String,
+    /// The URL the status page is reachable at, without a trailing slash;
+    /// links in the feeds and `page.url` use it.
+    pub public_url: String,
+    /// A node not heard from for this long is unroutable and does not count
+    /// in config activation checks.
+    pub node_ttl: Duration,
+    /// How often nodes are told to send heartbeats.
+    pub heartbeat_interval: Duration,
+}
+
+/// Shared state of every handler; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    db: Db,
+    settings: Arc<Settings>,
+}
+
+impl AppState {
+    /// State over an open database.
+    pub fn new(db: Db, settings: Settings) -> AppState {
+        AppState {
+            db,
+            settings: Arc::new(settings),
+        }
+    }
+}
+
+/// The whole router.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .nest("/admin/v1", admin::routes())
+        .merge(public::routes())
+        .with_state(state)
+}

@@ -1,0 +1,437 @@
+//! The admin API under `/admin/v1`. Every route authenticates a [`Caller`]
+//! and checks its role before touching the database; writes run in one
+//! transaction with their audit entries.
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::{ApiError, AppJson, AppPath, AppQuery, OptionalJson};
+use crate::store::{accounts, audit, configs, incidents, models, nodes, operators};
+use crate::{ConfigVersion, IncidentId, NodeId, OperatorId};
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use bulkhead_control_api::{
+    AccountView, AuditEntry, ConfigSpec, ConfigView, CreateAccount, CreateModel, CreateOperator,
+    Heartbeat, IncidentView, ModelChange, ModelSlug, ModelView, NodeStatus, NodeView, OpenIncident,
+    OperatorCreated, OperatorView, RegisterNode, Role, SetAllowlist, SetVisibility, Timestamp,
+    UpdateIncident, Whoami,
+};
+use serde::Deserialize;
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/whoami", get(whoami))
+        .route("/models", get(list_models).post(create_model))
+        .route("/models/{slug}", get(get_model))
+        .route("/models/{slug}/visibility", post(set_visibility))
+        .route("/models/{slug}/allowlist", post(set_allowlist))
+        .route("/models/{slug}/configs", get(list_configs).post(add_config))
+        .route(
+            "/models/{slug}/configs/{version}/activate",
+            post(activate_config),
+        )
+        .route("/accounts", get(list_accounts).post(create_account))
+        .route("/operators", get(list_operators).post(create_operator))
+        .route("/operators/{id}", axum::routing::delete(revoke_operator))
+        .route("/nodes", get(list_nodes).post(register_node))
+        .route("/nodes/{id}", axum::routing::delete(remove_node))
+        .route("/nodes/{id}/heartbeat", post(heartbeat))
+        .route("/incidents", get(list_incidents).post(open_incident))
+        .route("/incidents/{id}", get(get_incident))
+        .route("/incidents/{id}/updates", post(update_incident))
+        .route("/audit", get(list_audit))
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+fn slug(raw: &str) -> Result<ModelSlug, ApiError> {
+    raw.parse()
+        .map_err(|e: bulkhead_control_api::SlugError| ApiError::bad_request(e.to_string()))
+}
+
+async fn whoami(caller: Caller) -> Json<Whoami> {
+    Json(Whoami {
+        name: caller.0.name,
+        role: caller.0.role,
+    })
+}
+
+// === models ===
+
+async fn list_models(State(s): State<AppState>, caller: Caller) -> ApiResult<Vec<ModelView>> {
+    caller.require(Role::Responder)?;
+    let mut conn = s.db.pool().acquire().await?;
+    let mut out = Vec::new();
+    for m in models::list(&mut conn).await? {
+        out.push(models::view(&mut conn, &m).await?);
+    }
+    Ok(Json(out))
+}
+
+async fn get_model(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(raw): AppPath<String>,
+) -> ApiResult<ModelView> {
+    caller.require(Role::Responder)?;
+    let slug = slug(&raw)?;
+    let mut conn = s.db.pool().acquire().await?;
+    let m = models::find(&mut conn, &slug).await?;
+    Ok(Json(models::view(&mut conn, &m).await?))
+}
+
+async fn create_model(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppJson(req): AppJson<CreateModel>,
+) -> Result<(StatusCode, Json<ModelView>), ApiError> {
+    let op = caller.require(Role::Admin)?;
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let mut m = models::create(&mut tx, &req, now).await?;
+    if let Some(spec) = &req.config {
+        let v = configs::add(&mut tx, &m, spec, &op.name, now).await?;
+        configs::activate(
+            &mut tx,
+            &m,
+            v,
+            &op.name,
+            "first config",
+            now,
+            s.settings.node_ttl,
+        )
+        .await?;
+        m = models::find(&mut tx, &req.slug).await?;
+    }
+    let view = models::view(&mut tx, &m).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+async fn set_visibility(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(raw): AppPath<String>,
+    AppJson(req): AppJson<SetVisibility>,
+) -> ApiResult<ModelChange> {
+    let op = caller.require(Role::Responder)?;
+    let slug = slug(&raw)?;
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let audit =
+        models::set_visibility(&mut tx, &slug, req.visibility, &op.name, &req.reason, now).await?;
+    let m = models::find(&mut tx, &slug).await?;
+    let model = models::view(&mut tx, &m).await?;
+    tx.commit().await?;
+    Ok(Json(ModelChange { model, audit }))
+}
+
+async fn set_allowlist(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(raw): AppPath<String>,
+    AppJson(req): AppJson<SetAllowlist>,
+) -> ApiResult<ModelChange> {
+    let op = caller.require(Role::Responder)?;
+    let slug = slug(&raw)?;
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let account = accounts::find(&mut tx, &req.account_id).await?;
+    let audit = models::set_allowed(
+        &mut tx,
+        &slug,
+        &account,
+        req.allowed,
+        &op.name,
+        &req.reason,
+        now,
+    )
+    .await?;
+    let m = models::find(&mut tx, &slug).await?;
+    let model = models::view(&mut tx, &m).await?;
+    tx.commit().await?;
+    Ok(Json(ModelChange { model, audit }))
+}
+
+// === configs ===
+
+async fn list_configs(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(raw): AppPath<String>,
+) -> ApiResult<Vec<ConfigView>> {
+    caller.require(Role::Responder)?;
+    let slug = slug(&raw)?;
+    let mut conn = s.db.pool().acquire().await?;
+    let m = models::find(&mut conn, &slug).await?;
+    let rows = configs::list(&mut conn, &m).await?;
+    Ok(Json(rows.iter().map(|c| c.view(m.active_config)).collect()))
+}
+
+async fn add_config(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(raw): AppPath<String>,
+    AppJson(spec): AppJson<ConfigSpec>,
+) -> Result<(StatusCode, Json<ConfigView>), ApiError> {
+    let op = caller.require(Role::Admin)?;
+    let slug = slug(&raw)?;
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let m = models::find(&mut tx, &slug).await?;
+    let v = configs::add(&mut tx, &m, &spec, &op.name, now).await?;
+    let row = configs::get(&mut tx, &m, v).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(row.view(m.active_config))))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Activate {
+    #[serde(default)]
+    reason: String,
+}
+
+async fn activate_config(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath((raw, version)): AppPath<(String, u32)>,
+    OptionalJson(body): OptionalJson<Activate>,
+) -> ApiResult<ConfigView> {
+    let op = caller.require(Role::Admin)?;
+    let slug = slug(&raw)?;
+    let reason = body.reason;
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let m = models::find(&mut tx, &slug).await?;
+    let v = ConfigVersion::new(version);
+    configs::activate(&mut tx, &m, v, &op.name, &reason, now, s.settings.node_ttl).await?;
+    let row = configs::get(&mut tx, &m, v).await?;
+    tx.commit().await?;
+    Ok(Json(row.view(Some(v))))
+}
+
+// === accounts and operators ===
+
+async fn list_accounts(State(s): State<AppState>, caller: Caller) -> ApiResult<Vec<AccountView>> {
+    caller.require(Role::Responder)?;
+    let mut conn = s.db.pool().acquire().await?;
+    Ok(Json(accounts::list(&mut conn).await?))
+}
+
+async fn create_account(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppJson(req): AppJson<CreateAccount>,
+) -> Result<(StatusCode, Json<AccountView>), ApiError> {
+    caller.require(Role::Admin)?;
+    let mut conn = s.db.pool().acquire().await?;
+    let a = accounts::create(&mut conn, &req.name, Timestamp::now()).await?;
+    Ok((StatusCode::CREATED, Json(a)))
+}
+
+async fn list_operators(State(s): State<AppState>, caller: Caller) -> ApiResult<Vec<OperatorView>> {
+    caller.require(Role::Admin)?;
+    let mut conn = s.db.pool().acquire().await?;
+    Ok(Json(operators::list(&mut conn).await?))
+}
+
+async fn create_operator(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppJson(req): AppJson<CreateOperator>,
+) -> Result<(StatusCode, Json<OperatorCreated>), ApiError> {
+    let op = caller.require(Role::Admin)?;
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let created = operators::create(&mut tx, &req.name, req.role, now).await?;
+    let entry = audit::NewEntry {
+        actor: &op.name,
+        action: "operator.create",
+        subject: &req.name,
+        reason: "",
+        before: "absent",
+        after: req.role.as_str(),
+    };
+    audit::append(&mut tx, entry, now).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+async fn revoke_operator(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(id): AppPath<i64>,
+) -> ApiResult<OperatorView> {
+    let op = caller.require(Role::Admin)?;
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let revoked = operators::revoke(&mut tx, OperatorId::from_db(id), now).await?;
+    let entry = audit::NewEntry {
+        actor: &op.name,
+        action: "operator.revoke",
+        subject: &revoked.name,
+        reason: "",
+        before: revoked.role.as_str(),
+        after: "revoked",
+    };
+    audit::append(&mut tx, entry, now).await?;
+    tx.commit().await?;
+    Ok(Json(revoked))
+}
+
+// === nodes ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeFilter {
+    model: Option<String>,
+}
+
+async fn list_nodes(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppQuery(f): AppQuery<NodeFilter>,
+) -> ApiResult<Vec<NodeView>> {
+    caller.require(Role::Responder)?;
+    let mut conn = s.db.pool().acquire().await?;
+    let model = match &f.model {
+        Some(raw) => Some(models::find(&mut conn, &slug(raw)?).await?.id),
+        None => None,
+    };
+    let rows = nodes::list(&mut conn, model).await?;
+    Ok(Json(
+        nodes::views(&mut conn, rows, Timestamp::now(), s.settings.node_ttl).await?,
+    ))
+}
+
+async fn node_status(
+    s: &AppState,
+    conn: &mut crate::store::Conn,
+    id: NodeId,
+    now: Timestamp,
+) -> Result<NodeStatus, ApiError> {
+    let row = nodes::get(conn, id).await?;
+    let node = nodes::views(conn, vec![row], now, s.settings.node_ttl)
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::from(crate::Error::NotFound(format!("node {id}"))))?;
+    Ok(NodeStatus {
+        node,
+        heartbeat_interval_ms: u64::try_from(s.settings.heartbeat_interval.as_millis())
+            .unwrap_or(u64::MAX),
+    })
+}
+
+async fn register_node(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppJson(req): AppJson<RegisterNode>,
+) -> ApiResult<NodeStatus> {
+    caller.require(Role::Node)?;
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let id = nodes::register(&mut tx, &req, now).await?;
+    let status = node_status(&s, &mut tx, id, now).await?;
+    tx.commit().await?;
+    Ok(Json(status))
+}
+
+async fn heartbeat(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(id): AppPath<i64>,
+    OptionalJson(beat): OptionalJson<Heartbeat>,
+) -> ApiResult<NodeStatus> {
+    caller.require(Role::Node)?;
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let id = NodeId::from_db(id);
+    nodes::heartbeat(&mut tx, id, &beat, now).await?;
+    let status = node_status(&s, &mut tx, id, now).await?;
+    tx.commit().await?;
+    Ok(Json(status))
+}
+
+async fn remove_node(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(id): AppPath<i64>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(Role::Admin)?;
+    let mut conn = s.db.pool().acquire().await?;
+    nodes::remove(&mut conn, NodeId::from_db(id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// === incidents ===
+
+async fn list_incidents(State(s): State<AppState>, caller: Caller) -> ApiResult<Vec<IncidentView>> {
+    caller.require(Role::Responder)?;
+    let mut conn = s.db.pool().acquire().await?;
+    Ok(Json(incidents::list(&mut conn, 50, false).await?))
+}
+
+async fn get_incident(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(id): AppPath<i64>,
+) -> ApiResult<IncidentView> {
+    caller.require(Role::Responder)?;
+    let mut conn = s.db.pool().acquire().await?;
+    Ok(Json(
+        incidents::get(&mut conn, IncidentId::from_db(id)).await?,
+    ))
+}
+
+async fn open_incident(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppJson(req): AppJson<OpenIncident>,
+) -> Result<(StatusCode, Json<IncidentView>), ApiError> {
+    let op = caller.require(Role::Responder)?;
+    let mut tx = s.db.begin().await?;
+    let id = incidents::open(&mut tx, &req, &op.name, Timestamp::now()).await?;
+    let view = incidents::get(&mut tx, id).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+async fn update_incident(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppPath(id): AppPath<i64>,
+    AppJson(req): AppJson<UpdateIncident>,
+) -> ApiResult<IncidentView> {
+    let op = caller.require(Role::Responder)?;
+    let id = IncidentId::from_db(id);
+    let mut tx = s.db.begin().await?;
+    incidents::update(&mut tx, id, &req, &op.name, Timestamp::now()).await?;
+    let view = incidents::get(&mut tx, id).await?;
+    tx.commit().await?;
+    Ok(Json(view))
+}
+
+// === audit ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditFilter {
+    subject: Option<String>,
+    limit: Option<u32>,
+}
+
+async fn list_audit(
+    State(s): State<AppState>,
+    caller: Caller,
+    AppQuery(f): AppQuery<AuditFilter>,
+) -> ApiResult<Vec<AuditEntry>> {
+    caller.require(Role::Responder)?;
+    let limit = f.limit.unwrap_or(100).clamp(1, 1000);
+    let mut conn = s.db.pool().acquire().await?;
+    Ok(Json(
+        audit::list(&mut conn, f.subject.as_deref(), limit).await?,
+    ))
+}

@@ -1,0 +1,164 @@
+//! The one place errors become HTTP responses: `{"error":{"code","message"}}`.
+//! Database failures are logged here and reach the client only as
+//! `internal_error`.
+
+use crate::{DbError, Error};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bulkhead_control_api::{ErrorBody, ErrorDetail};
+use serde::de::DeserializeOwned;
+
+/// An admin API failure.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    pub(crate) fn new(
+        status: StatusCode,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn unauthorized() -> ApiError {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid operator token is required (Authorization: Bearer ...)",
+        )
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> ApiError {
+        match e {
+            Error::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string()),
+            Error::Invalid(_) => ApiError::bad_request(e.to_string()),
+            Error::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string()),
+            Error::ConfigDoesNotFit { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "config_does_not_fit", e.to_string())
+            }
+            Error::Db(db) => internal(&db),
+        }
+    }
+}
+
+impl From<DbError> for ApiError {
+    fn from(e: DbError) -> ApiError {
+        internal(&e)
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> ApiError {
+        internal(&DbError::Query(e))
+    }
+}
+
+fn internal(e: &DbError) -> ApiError {
+    eprintln!("bulkhead control-plane: {e}");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal_error",
+        "internal error",
+    )
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
+        let mut resp = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+/// `Json` whose rejections are [`ApiError`]s in the API's own shape.
+#[derive(Debug)]
+pub(crate) struct AppJson<T>(pub(crate) T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AppJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(AppJson(v)),
+            Err(r) => Err(ApiError::bad_request(r.body_text())),
+        }
+    }
+}
+
+/// An optional JSON body: empty means `T::default()`.
+#[derive(Debug)]
+pub(crate) struct OptionalJson<T>(pub(crate) T);
+
+impl<T: DeserializeOwned + Default, S: Send + Sync> FromRequest<S> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|r| ApiError::bad_request(r.body_text()))?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(OptionalJson(T::default()));
+        }
+        serde_json::from_slice(&bytes)
+            .map(OptionalJson)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}
+
+/// `Path` whose rejections are [`ApiError`]s.
+#[derive(Debug)]
+pub(crate) struct AppPath<T>(pub(crate) T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for AppPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(AppPath(v)),
+            Err(r) => Err(ApiError::bad_request(r.body_text())),
+        }
+    }
+}
+
+/// `Query` whose rejections are [`ApiError`]s.
+#[derive(Debug)]
+pub(crate) struct AppQuery<T>(pub(crate) T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for AppQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(AppQuery(v)),
+            Err(r) => Err(ApiError::bad_request(r.body_text())),
+        }
+    }
+}

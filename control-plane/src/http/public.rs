@@ -1,0 +1,117 @@
+//! Public, unauthenticated, read-only routes: the status page, one page per
+//! incident, the Statuspage v2 JSON and the Atom and RSS feeds. Nothing here
+//! writes, and nothing here names a model that was never public.
+
+use super::AppState;
+use super::error::{ApiError, AppPath};
+use crate::IncidentId;
+use crate::status::{Snapshot, feeds, html, statuspage};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::Value;
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/", get(index))
+        .route("/incidents/{id}", get(incident_page))
+        .route(
+            "/api/v2/summary.json",
+            get(|s| json(s, statuspage::summary)),
+        )
+        .route(
+            "/api/v2/status.json",
+            get(|s| json(s, statuspage::status_json)),
+        )
+        .route(
+            "/api/v2/components.json",
+            get(|s| json(s, statuspage::components_json)),
+        )
+        .route(
+            "/api/v2/incidents.json",
+            get(|s| json(s, |s| statuspage::incidents_json(s, false))),
+        )
+        .route(
+            "/api/v2/incidents/unresolved.json",
+            get(|s| json(s, |s| statuspage::incidents_json(s, true))),
+        )
+        .route(
+            "/api/v2/scheduled-maintenances.json",
+            get(|s| json(s, statuspage::maintenances_json)),
+        )
+        .route(
+            "/api/v2/scheduled-maintenances/upcoming.json",
+            get(|s| json(s, statuspage::maintenances_json)),
+        )
+        .route(
+            "/api/v2/scheduled-maintenances/active.json",
+            get(|s| json(s, statuspage::maintenances_json)),
+        )
+        .route(
+            "/history.atom",
+            get(|s| text(s, "application/atom+xml; charset=utf-8", feeds::atom)),
+        )
+        .route(
+            "/history.rss",
+            get(|s| text(s, "application/rss+xml; charset=utf-8", feeds::rss)),
+        )
+}
+
+async fn snapshot(s: &AppState) -> Result<Snapshot, ApiError> {
+    let mut conn = s.db.pool().acquire().await?;
+    Ok(Snapshot::load(&mut conn, &s.settings.page_name, &s.settings.public_url).await?)
+}
+
+async fn json(
+    State(s): State<AppState>,
+    render: fn(&Snapshot) -> Value,
+) -> Result<Response, ApiError> {
+    let snap = snapshot(&s).await?;
+    let mut resp = axum::Json(render(&snap)).into_response();
+    // Status widgets on other sites fetch these from the browser.
+    resp.headers_mut().insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    Ok(resp)
+}
+
+async fn text(
+    State(s): State<AppState>,
+    content_type: &'static str,
+    render: fn(&Snapshot) -> String,
+) -> Result<Response, ApiError> {
+    let snap = snapshot(&s).await?;
+    Ok(([(header::CONTENT_TYPE, content_type)], render(&snap)).into_response())
+}
+
+async fn index(State(s): State<AppState>) -> Result<Response, ApiError> {
+    let snap = snapshot(&s).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        html::page(&snap),
+    )
+        .into_response())
+}
+
+async fn incident_page(
+    State(s): State<AppState>,
+    AppPath(id): AppPath<i64>,
+) -> Result<Response, ApiError> {
+    let snap = snapshot(&s).await?;
+    let id = IncidentId::from_db(id);
+    match snap.incidents.iter().find(|i| i.id == id.get()) {
+        Some(i) => Ok((
+            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+            html::incident(&snap, i),
+        )
+            .into_response()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such incident",
+        )),
+    }
+}

@@ -1,0 +1,105 @@
+//! Whether a registered worker may receive requests: a pure function of what
+//! it registered, its model's active config and the time of its last
+//! heartbeat. Computed on every read, so a node that re-registers with a
+//! smaller pool is unroutable from that moment, with the reason spelled out.
+
+use crate::store::configs::ConfigRow;
+use crate::store::nodes::NodeRow;
+use bulkhead_control_api::{Properties, Timestamp};
+use std::time::Duration;
+
+/// The verdict on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Routability {
+    /// Requests may go to it.
+    Routable,
+    /// They may not, and why (every reason, `; `-separated).
+    Unroutable(String),
+}
+
+/// Whether a KV pool of `pool_tokens` holds one request at `p`'s limits
+/// (context window + max output).
+pub fn check_fits(p: &Properties, pool_tokens: u64) -> bool {
+    pool_tokens >= p.required_tokens()
+}
+
+/// Whether `node` was seen within `ttl` of `now`.
+pub(crate) fn is_live(node: &NodeRow, now: Timestamp, ttl: Duration) -> bool {
+    let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
+    now.millis().saturating_sub(node.last_seen_at.millis()) <= ttl_ms
+}
+
+pub(crate) fn evaluate(
+    node: &NodeRow,
+    active: Option<&ConfigRow>,
+    now: Timestamp,
+    ttl: Duration,
+) -> Routability {
+    let mut reasons = Vec::new();
+    if !is_live(node, now, ttl) {
+        let silent = now.millis().saturating_sub(node.last_seen_at.millis()) / 1000;
+        reasons.push(format!(
+            "no heartbeat for {silent} s (limit {} s)",
+            ttl.as_secs()
+        ));
+    }
+    let r = &node.registration;
+    match active {
+        None => reasons.push("its model has no active config".to_owned()),
+        Some(c) => {
+            let p = &c.spec.properties;
+            if !check_fits(p, r.kv_pool_tokens) {
+                reasons.push(format!(
+                    "measured KV pool of {} tokens is smaller than context window {} + max output {} = {} tokens of config {}",
+                    r.kv_pool_tokens,
+                    p.context_window,
+                    p.max_output,
+                    p.required_tokens(),
+                    c.version
+                ));
+            }
+            if !r
+                .weights_sha256
+                .eq_ignore_ascii_case(&c.spec.weights_sha256)
+            {
+                reasons.push(format!(
+                    "serves weights sha256 {} but config {} names {}",
+                    short(&r.weights_sha256),
+                    c.version,
+                    short(&c.spec.weights_sha256)
+                ));
+            }
+            if !r.quantization.eq_ignore_ascii_case(&c.spec.quantization) {
+                reasons.push(format!(
+                    "serves quantization {} but config {} names {}",
+                    r.quantization, c.version, c.spec.quantization
+                ));
+            }
+            if r.page_size != c.spec.page_size {
+                reasons.push(format!(
+                    "uses {}-token KV pages but config {} names {}",
+                    r.page_size, c.version, c.spec.page_size
+                ));
+            }
+            if r.parallelism != c.spec.parallelism {
+                reasons.push(format!(
+                    "runs tensor×pipeline {}×{} but config {} names {}×{}",
+                    r.parallelism.tensor,
+                    r.parallelism.pipeline,
+                    c.version,
+                    c.spec.parallelism.tensor,
+                    c.spec.parallelism.pipeline
+                ));
+            }
+        }
+    }
+    if reasons.is_empty() {
+        Routability::Routable
+    } else {
+        Routability::Unroutable(reasons.join("; "))
+    }
+}
+
+fn short(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
+}

@@ -1,0 +1,144 @@
+//! The public status page: what the world is told. One read of the database
+//! ([`Snapshot::load`]) feeds pure renderers for the Statuspage v2 JSON
+//! (`statuspage`), the Atom and RSS feeds (`feeds`) and the HTML page
+//! (`html`).
+//!
+//! Architecture invariant: only models that have been public at least once
+//! are components here; a model created private is never named on the
+//! public page, not even through an incident that touched it.
+
+pub(crate) mod feeds;
+pub(crate) mod html;
+pub(crate) mod statuspage;
+
+use crate::Error;
+use crate::store::models::ModelRow;
+use crate::store::{Conn, incidents, models};
+use bulkhead_control_api::{Impact, IncidentView, ModelSlug, Timestamp};
+use std::collections::BTreeMap;
+
+/// How many incidents the feeds and `incidents.json` carry.
+pub(crate) const RECENT_INCIDENTS: u32 = 50;
+
+/// Everything the status renderers read.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    /// Page title.
+    pub(crate) name: String,
+    /// Base URL, no trailing slash.
+    pub(crate) url: String,
+    /// Listed models by slug; their position is their index + 1.
+    pub(crate) components: Vec<ModelRow>,
+    /// Recent incidents, newest first, limited to listed components.
+    pub(crate) incidents: Vec<IncidentView>,
+    /// When it was read.
+    pub(crate) now: Timestamp,
+}
+
+impl Snapshot {
+    /// Reads the listed models and recent incidents.
+    pub(crate) async fn load(conn: &mut Conn, name: &str, url: &str) -> Result<Snapshot, Error> {
+        let components: Vec<ModelRow> = models::list(conn)
+            .await?
+            .into_iter()
+            .filter(|m| m.listed)
+            .collect();
+        let mut recent = incidents::list(conn, RECENT_INCIDENTS, false).await?;
+        let listed: BTreeMap<&ModelSlug, ()> = components.iter().map(|m| (&m.slug, ())).collect();
+        for i in &mut recent {
+            i.components.retain(|s| listed.contains_key(s));
+            for u in &mut i.updates {
+                u.affected_components
+                    .retain(|a| listed.contains_key(&a.model));
+            }
+        }
+        Ok(Snapshot {
+            name: name.to_owned(),
+            url: url.trim_end_matches('/').to_owned(),
+            components,
+            incidents: recent,
+            now: Timestamp::now(),
+        })
+    }
+
+    /// The page's id: its name in lowercase letters and digits.
+    pub(crate) fn page_id(&self) -> String {
+        let id: String = self
+            .name
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        if id.is_empty() {
+            "status".to_owned()
+        } else {
+            id
+        }
+    }
+
+    /// The latest change anywhere on the page.
+    pub(crate) fn updated_at(&self) -> Timestamp {
+        self.components
+            .iter()
+            .map(|m| m.updated_at)
+            .chain(self.incidents.iter().map(|i| i.updated_at))
+            .max()
+            .unwrap_or(self.now)
+    }
+
+    /// Statuspage's roll-up: the worst component status and open incident impact.
+    pub(crate) fn indicator(&self) -> Impact {
+        self.components
+            .iter()
+            .map(|m| m.component_status.indicator())
+            .chain(
+                self.incidents
+                    .iter()
+                    .filter(|i| !i.status.is_closed())
+                    .map(|i| i.impact),
+            )
+            .max()
+            .unwrap_or(Impact::None)
+    }
+
+    /// A listed model by slug.
+    pub(crate) fn component(&self, slug: &ModelSlug) -> Option<(usize, &ModelRow)> {
+        self.components
+            .iter()
+            .enumerate()
+            .find(|(_, m)| &m.slug == slug)
+    }
+
+    /// An incident's public URL.
+    pub(crate) fn incident_url(&self, id: i64) -> String {
+        format!("{}/incidents/{id}", self.url)
+    }
+
+    /// The URL's host, for Atom `tag:` ids.
+    pub(crate) fn host(&self) -> &str {
+        let rest = self
+            .url
+            .split_once("://")
+            .map_or(self.url.as_str(), |(_, r)| r);
+        rest.split('/').next().unwrap_or(rest)
+    }
+}
+
+/// Escapes text for HTML and XML character data and attribute values.
+pub(crate) fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            // Characters XML 1.0 forbids are dropped, not escaped.
+            c if (c as u32) < 0x20 && !matches!(c, '\t' | '\n' | '\r') => {}
+            '\u{FFFE}' | '\u{FFFF}' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}

@@ -1,0 +1,237 @@
+//! Config versions of a model, and activation: a version becomes active only
+//! if context window + max output fits the measured KV pool of every live
+//! node registered for the model.
+
+use super::audit::{self, NewEntry};
+use super::models::{self, ModelRow};
+use super::{Conn, get_opt_time, get_time, get_u64, nodes, to_i64};
+use crate::routability::{check_fits, is_live};
+use crate::{ConfigVersion, Error};
+use bulkhead_control_api::{
+    AuditEntry, ConfigSpec, ConfigView, KvBudget, Parallelism, Properties, Timestamp,
+};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+use std::time::Duration;
+
+/// A stored config version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigRow {
+    /// Version.
+    pub version: ConfigVersion,
+    /// Content.
+    pub spec: ConfigSpec,
+    /// Who added it.
+    pub created_by: String,
+    /// When.
+    pub created_at: Timestamp,
+    /// Last activation.
+    pub activated_at: Option<Timestamp>,
+}
+
+impl ConfigRow {
+    /// The admin API's view.
+    pub fn view(&self, active: Option<ConfigVersion>) -> ConfigView {
+        ConfigView {
+            version: self.version.get(),
+            spec: self.spec.clone(),
+            created_by: self.created_by.clone(),
+            created_at: self.created_at,
+            activated_at: self.activated_at,
+            active: active == Some(self.version),
+        }
+    }
+}
+
+macro_rules! config_columns {
+    () => {
+        "version, context_window, max_output, weights_file, weights_sha256, quantization, \
+     page_size, prefill_kv_bytes, decode_kv_bytes, tensor_parallel, pipeline_parallel, created_by, created_at, activated_at"
+    };
+}
+
+/// Stores a new version (not active yet).
+pub async fn add(
+    conn: &mut Conn,
+    model: &ModelRow,
+    spec: &ConfigSpec,
+    actor: &str,
+    now: Timestamp,
+) -> Result<ConfigVersion, Error> {
+    validate(spec)?;
+    let last: Option<i64> =
+        sqlx::query("SELECT MAX(version) AS v FROM model_configs WHERE model_id = $1")
+            .bind(model.id.get())
+            .fetch_one(&mut *conn)
+            .await?
+            .try_get("v")?;
+    let next = u32::try_from(last.unwrap_or(0) + 1)
+        .map_err(|_| Error::Conflict("too many config versions".to_owned()))?;
+    let p = &spec.properties;
+    sqlx::query(
+        "INSERT INTO model_configs (model_id, version, context_window, max_output, weights_file, weights_sha256, \
+         quantization, page_size, prefill_kv_bytes, decode_kv_bytes, tensor_parallel, pipeline_parallel, \
+         created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+    )
+    .bind(model.id.get())
+    .bind(i64::from(next))
+    .bind(to_i64(p.context_window, "context_window")?)
+    .bind(to_i64(p.max_output, "max_output")?)
+    .bind(spec.weights_file.as_str())
+    .bind(spec.weights_sha256.to_ascii_lowercase())
+    .bind(spec.quantization.as_str())
+    .bind(i64::from(spec.page_size))
+    .bind(to_i64(spec.kv_budget.prefill_bytes, "kv_budget.prefill_bytes")?)
+    .bind(to_i64(spec.kv_budget.decode_bytes, "kv_budget.decode_bytes")?)
+    .bind(i64::from(spec.parallelism.tensor))
+    .bind(i64::from(spec.parallelism.pipeline))
+    .bind(actor)
+    .bind(now.millis())
+    .execute(&mut *conn)
+    .await?;
+    Ok(ConfigVersion::new(next))
+}
+
+/// One version of a model's config.
+pub async fn get(
+    conn: &mut Conn,
+    model: &ModelRow,
+    version: ConfigVersion,
+) -> Result<ConfigRow, Error> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        config_columns!(),
+        " FROM model_configs WHERE model_id = $1 AND version = $2"
+    ))
+    .bind(model.id.get())
+    .bind(i64::from(version.get()))
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref()
+        .map(config_row)
+        .transpose()?
+        .ok_or_else(|| Error::NotFound(format!("config {version} of {}", model.slug)))
+}
+
+/// The model's active config, if any.
+pub async fn active(conn: &mut Conn, model: &ModelRow) -> Result<Option<ConfigRow>, Error> {
+    match model.active_config {
+        Some(v) => Ok(Some(get(conn, model, v).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Every version, oldest first.
+pub async fn list(conn: &mut Conn, model: &ModelRow) -> Result<Vec<ConfigRow>, Error> {
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        config_columns!(),
+        " FROM model_configs WHERE model_id = $1 ORDER BY version"
+    ))
+    .bind(model.id.get())
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(config_row).collect()
+}
+
+/// Makes `version` the active config after checking it against every node
+/// seen within `node_ttl`; the refusal names the first node it does not fit
+/// and both numbers. Appends a `config.activate` audit entry.
+pub async fn activate(
+    conn: &mut Conn,
+    model: &ModelRow,
+    version: ConfigVersion,
+    actor: &str,
+    reason: &str,
+    now: Timestamp,
+    node_ttl: Duration,
+) -> Result<AuditEntry, Error> {
+    let config = get(conn, model, version).await?;
+    let p = config.spec.properties;
+    for node in nodes::list(conn, Some(model.id)).await? {
+        let r = &node.registration;
+        if is_live(&node, now, node_ttl) && !check_fits(&p, r.kv_pool_tokens) {
+            return Err(Error::ConfigDoesNotFit {
+                model: model.slug.to_string(),
+                version,
+                node: r.name.clone(),
+                role: r.role,
+                pool: r.kv_pool_tokens,
+                context_window: p.context_window,
+                max_output: p.max_output,
+                required: p.required_tokens(),
+            });
+        }
+    }
+    models::set_active_config(conn, model.id, version, now).await?;
+    sqlx::query("UPDATE model_configs SET activated_at = $1 WHERE model_id = $2 AND version = $3")
+        .bind(now.millis())
+        .bind(model.id.get())
+        .bind(i64::from(version.get()))
+        .execute(&mut *conn)
+        .await?;
+    let before = model
+        .active_config
+        .map_or_else(|| "none".to_owned(), |v| v.to_string());
+    let entry = NewEntry {
+        actor,
+        action: "config.activate",
+        subject: model.slug.as_str(),
+        reason,
+        before: &before,
+        after: &version.to_string(),
+    };
+    audit::append(conn, entry, now).await
+}
+
+fn validate(spec: &ConfigSpec) -> Result<(), Error> {
+    let p = &spec.properties;
+    let bad = |m: &str| Err(Error::Invalid(m.to_owned()));
+    if p.context_window == 0 || p.max_output == 0 {
+        return bad("context_window and max_output must be at least 1");
+    }
+    if spec.weights_sha256.len() != 64
+        || !spec.weights_sha256.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return bad("weights_sha256 must be 64 hex digits");
+    }
+    super::require_text("weights_file", &spec.weights_file, 500)?;
+    super::require_text("quantization", &spec.quantization, 50)?;
+    if spec.page_size == 0 || spec.parallelism.tensor == 0 || spec.parallelism.pipeline == 0 {
+        return bad("page_size and parallelism degrees must be at least 1");
+    }
+    if spec.kv_budget.prefill_bytes == 0 || spec.kv_budget.decode_bytes == 0 {
+        return bad("kv_budget bytes must be at least 1");
+    }
+    Ok(())
+}
+
+fn config_row(r: &AnyRow) -> Result<ConfigRow, Error> {
+    let small = |col: &str| -> Result<u32, Error> {
+        u32::try_from(get_u64(r, col)?).map_err(|e| Error::from(sqlx::Error::Decode(e.into())))
+    };
+    Ok(ConfigRow {
+        version: ConfigVersion::new(small("version")?),
+        spec: ConfigSpec {
+            properties: Properties {
+                context_window: get_u64(r, "context_window")?,
+                max_output: get_u64(r, "max_output")?,
+            },
+            weights_file: r.try_get("weights_file")?,
+            weights_sha256: r.try_get("weights_sha256")?,
+            quantization: r.try_get("quantization")?,
+            page_size: small("page_size")?,
+            kv_budget: KvBudget {
+                prefill_bytes: get_u64(r, "prefill_kv_bytes")?,
+                decode_bytes: get_u64(r, "decode_kv_bytes")?,
+            },
+            parallelism: Parallelism {
+                tensor: small("tensor_parallel")?,
+                pipeline: small("pipeline_parallel")?,
+            },
+        },
+        created_by: r.try_get("created_by")?,
+        created_at: get_time(r, "created_at")?,
+        activated_at: get_opt_time(r, "activated_at")?,
+    })
+}

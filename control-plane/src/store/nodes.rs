@@ -1,0 +1,232 @@
+//! Registered workers: what each measured after loading weights, and when it
+//! was last heard from. Routability is computed from these rows on read
+//! (`crate::routability`), never stored, so it cannot go stale.
+
+use super::{Conn, configs, get_enum, get_time, get_u64, models, to_i64};
+use crate::routability::{self, Routability};
+use crate::{Error, ModelId, NodeId};
+use bulkhead_control_api::{
+    Heartbeat, ModelSlug, NodeLoad, NodeView, Parallelism, RegisterNode, Timestamp,
+};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// A registered worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRow {
+    /// Id.
+    pub id: NodeId,
+    /// Its model.
+    pub model_id: ModelId,
+    /// What it registered last.
+    pub registration: RegisterNode,
+    /// Its last reported load.
+    pub load: Option<NodeLoad>,
+    /// First registration.
+    pub registered_at: Timestamp,
+    /// Last registration or heartbeat.
+    pub last_seen_at: Timestamp,
+}
+
+macro_rules! node_columns {
+    () => {
+        "n.id, n.model_id, m.slug, n.name, n.role, n.address, n.transfer_address, n.kv_pool_tokens, \
+     n.weights_sha256, n.quantization, n.page_size, n.kv_budget_bytes, n.tensor_parallel, n.pipeline_parallel, \
+     n.free_pages, n.total_pages, n.queue_depth, n.registered_at, n.last_seen_at"
+    };
+}
+
+/// Registers a worker, or replaces the record of one with the same name
+/// (after a restart with other weights, quantization or memory budget).
+pub async fn register(
+    conn: &mut Conn,
+    reg: &RegisterNode,
+    now: Timestamp,
+) -> Result<NodeId, Error> {
+    super::require_text("node name", &reg.name, 200)?;
+    super::require_text("address", &reg.address, 200)?;
+    super::require_text("quantization", &reg.quantization, 50)?;
+    if reg.page_size == 0 || reg.parallelism.tensor == 0 || reg.parallelism.pipeline == 0 {
+        return Err(Error::Invalid(
+            "page_size and parallelism degrees must be at least 1".to_owned(),
+        ));
+    }
+    let model = models::find(conn, &reg.model).await?;
+    let row = sqlx::query(
+        "INSERT INTO nodes (name, role, model_id, address, transfer_address, kv_pool_tokens, weights_sha256, \
+         quantization, page_size, kv_budget_bytes, tensor_parallel, pipeline_parallel, registered_at, last_seen_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13) \
+         ON CONFLICT (name) DO UPDATE SET role = excluded.role, model_id = excluded.model_id, \
+         address = excluded.address, transfer_address = excluded.transfer_address, \
+         kv_pool_tokens = excluded.kv_pool_tokens, weights_sha256 = excluded.weights_sha256, \
+         quantization = excluded.quantization, page_size = excluded.page_size, \
+         kv_budget_bytes = excluded.kv_budget_bytes, tensor_parallel = excluded.tensor_parallel, \
+         pipeline_parallel = excluded.pipeline_parallel, free_pages = NULL, total_pages = NULL, \
+         queue_depth = NULL, last_seen_at = excluded.last_seen_at \
+         RETURNING id",
+    )
+    .bind(reg.name.as_str())
+    .bind(reg.role.as_str())
+    .bind(model.id.get())
+    .bind(reg.address.as_str())
+    .bind(reg.transfer_address.as_deref())
+    .bind(to_i64(reg.kv_pool_tokens, "kv_pool_tokens")?)
+    .bind(reg.weights_sha256.to_ascii_lowercase())
+    .bind(reg.quantization.as_str())
+    .bind(i64::from(reg.page_size))
+    .bind(to_i64(reg.kv_budget_bytes, "kv_budget_bytes")?)
+    .bind(i64::from(reg.parallelism.tensor))
+    .bind(i64::from(reg.parallelism.pipeline))
+    .bind(now.millis())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(NodeId::from_db(row.try_get("id")?))
+}
+
+/// Records a heartbeat and the load it carries.
+pub async fn heartbeat(
+    conn: &mut Conn,
+    id: NodeId,
+    beat: &Heartbeat,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let load = beat.load;
+    let opt =
+        |f: fn(&NodeLoad) -> u64, what: &str| load.as_ref().map(|l| to_i64(f(l), what)).transpose();
+    let n = sqlx::query(
+        "UPDATE nodes SET last_seen_at = $1, free_pages = $2, total_pages = $3, queue_depth = $4 WHERE id = $5",
+    )
+    .bind(now.millis())
+    .bind(opt(|l| l.free_pages, "free_pages")?)
+    .bind(opt(|l| l.total_pages, "total_pages")?)
+    .bind(opt(|l| l.queue_depth, "queue_depth")?)
+    .bind(id.get())
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if n == 0 {
+        return Err(Error::NotFound(format!("node {id}")));
+    }
+    Ok(())
+}
+
+/// One node.
+pub async fn get(conn: &mut Conn, id: NodeId) -> Result<NodeRow, Error> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        node_columns!(),
+        " FROM nodes n JOIN models m ON m.id = n.model_id WHERE n.id = $1"
+    ))
+    .bind(id.get())
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref()
+        .map(node_row)
+        .transpose()?
+        .ok_or_else(|| Error::NotFound(format!("node {id}")))
+}
+
+/// Every node, or those of one model, by name.
+pub async fn list(conn: &mut Conn, model: Option<ModelId>) -> Result<Vec<NodeRow>, Error> {
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        node_columns!(),
+        " FROM nodes n JOIN models m ON m.id = n.model_id \
+         WHERE ($1 = 0 OR n.model_id = $1) ORDER BY n.name"
+    ))
+    .bind(model.map_or(0, ModelId::get))
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(node_row).collect()
+}
+
+/// Removes a node's record (a worker taken out of service for good).
+pub async fn remove(conn: &mut Conn, id: NodeId) -> Result<(), Error> {
+    let n = sqlx::query("DELETE FROM nodes WHERE id = $1")
+        .bind(id.get())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if n == 0 {
+        return Err(Error::NotFound(format!("node {id}")));
+    }
+    Ok(())
+}
+
+/// The admin API's views of `rows`, each with its routability now.
+pub async fn views(
+    conn: &mut Conn,
+    rows: Vec<NodeRow>,
+    now: Timestamp,
+    ttl: Duration,
+) -> Result<Vec<NodeView>, Error> {
+    let mut active = HashMap::new();
+    let mut out = Vec::with_capacity(rows.len());
+    for node in rows {
+        if !active.contains_key(&node.model_id) {
+            let model = models::get(conn, node.model_id).await?;
+            active.insert(node.model_id, configs::active(conn, &model).await?);
+        }
+        let config = active.get(&node.model_id).and_then(Option::as_ref);
+        let (routable, unroutable_reason) = match routability::evaluate(&node, config, now, ttl) {
+            Routability::Routable => (true, None),
+            Routability::Unroutable(why) => (false, Some(why)),
+        };
+        out.push(NodeView {
+            id: node.id.get(),
+            registration: node.registration,
+            load: node.load,
+            registered_at: node.registered_at,
+            last_seen_at: node.last_seen_at,
+            routable,
+            unroutable_reason,
+        });
+    }
+    Ok(out)
+}
+
+fn node_row(r: &AnyRow) -> Result<NodeRow, Error> {
+    let small = |col: &str| -> Result<u32, Error> {
+        u32::try_from(get_u64(r, col)?).map_err(|e| Error::from(sqlx::Error::Decode(e.into())))
+    };
+    let slug: String = r.try_get("slug")?;
+    let load = match (
+        r.try_get::<Option<i64>, _>("free_pages")?,
+        r.try_get::<Option<i64>, _>("total_pages")?,
+        r.try_get::<Option<i64>, _>("queue_depth")?,
+    ) {
+        (Some(f), Some(t), Some(q)) => Some(NodeLoad {
+            free_pages: u64::try_from(f).unwrap_or(0),
+            total_pages: u64::try_from(t).unwrap_or(0),
+            queue_depth: u64::try_from(q).unwrap_or(0),
+        }),
+        _ => None,
+    };
+    Ok(NodeRow {
+        id: NodeId::from_db(r.try_get("id")?),
+        model_id: ModelId::from_db(r.try_get("model_id")?),
+        registration: RegisterNode {
+            name: r.try_get("name")?,
+            role: get_enum(r, "role")?,
+            model: slug
+                .parse::<ModelSlug>()
+                .map_err(|e| sqlx::Error::Decode(e.into()))?,
+            address: r.try_get("address")?,
+            transfer_address: r.try_get("transfer_address")?,
+            kv_pool_tokens: get_u64(r, "kv_pool_tokens")?,
+            weights_sha256: r.try_get("weights_sha256")?,
+            quantization: r.try_get("quantization")?,
+            page_size: small("page_size")?,
+            kv_budget_bytes: get_u64(r, "kv_budget_bytes")?,
+            parallelism: Parallelism {
+                tensor: small("tensor_parallel")?,
+                pipeline: small("pipeline_parallel")?,
+            },
+        },
+        load,
+        registered_at: get_time(r, "registered_at")?,
+        last_seen_at: get_time(r, "last_seen_at")?,
+    })
+}
