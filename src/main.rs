@@ -4,7 +4,10 @@
 mod bench;
 mod bench_transfer;
 mod cli;
+mod control_plane;
 mod generate;
+mod ops;
+mod register;
 mod serve;
 
 use clap::Parser;

@@ -3,13 +3,16 @@
 //! is bound; each prints one `listening ...` line once it accepts.
 
 use crate::cli::ModelArgs;
+use crate::register::{Announcement, RegisterArgs};
 use anyhow::Context;
+use bulkhead_control_api::NodeRole;
 use bulkhead_engine::{Engine, ModelFile};
 use bulkhead_node::{
     DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, TransportKind, app, hello,
 };
 use clap::Args;
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -20,6 +23,8 @@ pub(crate) struct ServeArgs {
     /// HTTP address of the worker API.
     #[arg(long, default_value = "127.0.0.1:8081")]
     http: String,
+    #[command(flatten)]
+    register: RegisterArgs,
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -68,6 +73,8 @@ pub(crate) struct PrefillArgs {
     #[command(flatten)]
     transport: TransportArgs,
     #[command(flatten)]
+    register: RegisterArgs,
+    #[command(flatten)]
     model: ModelArgs,
 }
 
@@ -89,14 +96,21 @@ pub(crate) struct DecodeArgs {
     #[command(flatten)]
     transport: TransportArgs,
     #[command(flatten)]
+    register: RegisterArgs,
+    #[command(flatten)]
     model: ModelArgs,
 }
 
-fn load(model: &ModelArgs) -> anyhow::Result<Arc<Engine>> {
+/// A started engine and the weights file it loaded.
+fn load(model: &ModelArgs) -> anyhow::Result<(Arc<Engine>, PathBuf)> {
     let path = model.path()?;
     let file =
         Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
-    Ok(Arc::new(Engine::start(file, &model.engine_config())?))
+    Ok((Arc::new(Engine::start(file, &model.engine_config())?), path))
+}
+
+fn budget_bytes(model: &ModelArgs) -> u64 {
+    (model.kv_budget_mib as u64) << 20
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -119,9 +133,19 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
 }
 
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let engine = load(&args.model)?;
+    let (engine, weights) = load(&args.model)?;
     runtime()?.block_on(async {
         let http = bind(&args.http).await?;
+        args.register
+            .register(Announcement {
+                role: NodeRole::Colocated,
+                engine: &engine,
+                weights: &weights,
+                kv_budget_bytes: budget_bytes(&args.model),
+                address: http.local_addr()?.to_string(),
+                transfer_address: None,
+            })
+            .await?;
         announce(&format!(
             "bulkhead serve: listening http={}",
             http.local_addr()?
@@ -133,17 +157,27 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 
 pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
     let transport = args.transport.kind()?;
-    let engine = load(&args.model)?;
+    let (engine, weights) = load(&args.model)?;
     let hello = hello(&engine, &transport);
     let options = PrefillOptions {
         write_timeout: Duration::from_millis(args.write_timeout_ms.max(1)),
         page_delay: args.page_delay_ms.map(Duration::from_millis),
         transport,
     };
-    let worker = PrefillWorker::new(engine, hello, options);
+    let worker = PrefillWorker::new(Arc::clone(&engine), hello, options);
     runtime()?.block_on(async {
         let listen = bind(&args.listen).await?;
         let http = bind(&args.http).await?;
+        args.register
+            .register(Announcement {
+                role: NodeRole::Prefill,
+                engine: &engine,
+                weights: &weights,
+                kv_budget_bytes: budget_bytes(&args.model),
+                address: http.local_addr()?.to_string(),
+                transfer_address: Some(listen.local_addr()?.to_string()),
+            })
+            .await?;
         announce(&format!(
             "bulkhead prefill: listening transfer={} http={}",
             listen.local_addr()?,
@@ -158,7 +192,7 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
 
 pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
     let transport = args.transport.kind()?;
-    let engine = load(&args.model)?;
+    let (engine, weights) = load(&args.model)?;
     let hello = hello(&engine, &transport);
     let options = DecodeOptions {
         prefill: args.prefill.clone(),
@@ -167,7 +201,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
         transport,
     };
     runtime()?.block_on(async {
-        let worker = DecodeWorker::start(engine, hello, options);
+        let worker = DecodeWorker::start(Arc::clone(&engine), hello, options);
         let http = bind(&args.http).await?;
         if !worker.ready(Duration::from_secs(30)).await {
             anyhow::bail!(
@@ -175,6 +209,16 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
                 args.prefill
             );
         }
+        args.register
+            .register(Announcement {
+                role: NodeRole::Decode,
+                engine: &engine,
+                weights: &weights,
+                kv_budget_bytes: budget_bytes(&args.model),
+                address: http.local_addr()?.to_string(),
+                transfer_address: None,
+            })
+            .await?;
         announce(&format!(
             "bulkhead decode: listening http={}",
             http.local_addr()?

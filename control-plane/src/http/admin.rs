@@ -3,7 +3,7 @@
 //! transaction with their audit entries.
 
 use super::AppState;
-use super::auth::Caller;
+use super::auth::{Admin, Caller, NodeAgent, Responder};
 use super::error::{ApiError, AppJson, AppPath, AppQuery, OptionalJson};
 use crate::store::{accounts, audit, configs, incidents, models, nodes, operators};
 use crate::{ConfigVersion, IncidentId, NodeId, OperatorId};
@@ -15,7 +15,7 @@ use axum::routing::{get, post};
 use bulkhead_control_api::{
     AccountView, AuditEntry, ConfigSpec, ConfigView, CreateAccount, CreateModel, CreateOperator,
     Heartbeat, IncidentView, ModelChange, ModelSlug, ModelView, NodeStatus, NodeView, OpenIncident,
-    OperatorCreated, OperatorView, RegisterNode, Role, SetAllowlist, SetVisibility, Timestamp,
+    OperatorCreated, OperatorView, RegisterNode, SetAllowlist, SetVisibility, Timestamp,
     UpdateIncident, Whoami,
 };
 use serde::Deserialize;
@@ -60,8 +60,7 @@ async fn whoami(caller: Caller) -> Json<Whoami> {
 
 // === models ===
 
-async fn list_models(State(s): State<AppState>, caller: Caller) -> ApiResult<Vec<ModelView>> {
-    caller.require(Role::Responder)?;
+async fn list_models(State(s): State<AppState>, _: Responder) -> ApiResult<Vec<ModelView>> {
     let mut conn = s.db.pool().acquire().await?;
     let mut out = Vec::new();
     for m in models::list(&mut conn).await? {
@@ -72,10 +71,9 @@ async fn list_models(State(s): State<AppState>, caller: Caller) -> ApiResult<Vec
 
 async fn get_model(
     State(s): State<AppState>,
-    caller: Caller,
+    _: Responder,
     AppPath(raw): AppPath<String>,
 ) -> ApiResult<ModelView> {
-    caller.require(Role::Responder)?;
     let slug = slug(&raw)?;
     let mut conn = s.db.pool().acquire().await?;
     let m = models::find(&mut conn, &slug).await?;
@@ -84,10 +82,9 @@ async fn get_model(
 
 async fn create_model(
     State(s): State<AppState>,
-    caller: Caller,
+    Admin(op): Admin,
     AppJson(req): AppJson<CreateModel>,
 ) -> Result<(StatusCode, Json<ModelView>), ApiError> {
-    let op = caller.require(Role::Admin)?;
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let mut m = models::create(&mut tx, &req, now).await?;
@@ -112,11 +109,10 @@ async fn create_model(
 
 async fn set_visibility(
     State(s): State<AppState>,
-    caller: Caller,
+    Responder(op): Responder,
     AppPath(raw): AppPath<String>,
     AppJson(req): AppJson<SetVisibility>,
 ) -> ApiResult<ModelChange> {
-    let op = caller.require(Role::Responder)?;
     let slug = slug(&raw)?;
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
@@ -130,11 +126,10 @@ async fn set_visibility(
 
 async fn set_allowlist(
     State(s): State<AppState>,
-    caller: Caller,
+    Responder(op): Responder,
     AppPath(raw): AppPath<String>,
     AppJson(req): AppJson<SetAllowlist>,
 ) -> ApiResult<ModelChange> {
-    let op = caller.require(Role::Responder)?;
     let slug = slug(&raw)?;
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
@@ -159,10 +154,9 @@ async fn set_allowlist(
 
 async fn list_configs(
     State(s): State<AppState>,
-    caller: Caller,
+    _: Responder,
     AppPath(raw): AppPath<String>,
 ) -> ApiResult<Vec<ConfigView>> {
-    caller.require(Role::Responder)?;
     let slug = slug(&raw)?;
     let mut conn = s.db.pool().acquire().await?;
     let m = models::find(&mut conn, &slug).await?;
@@ -172,11 +166,10 @@ async fn list_configs(
 
 async fn add_config(
     State(s): State<AppState>,
-    caller: Caller,
+    Admin(op): Admin,
     AppPath(raw): AppPath<String>,
     AppJson(spec): AppJson<ConfigSpec>,
 ) -> Result<(StatusCode, Json<ConfigView>), ApiError> {
-    let op = caller.require(Role::Admin)?;
     let slug = slug(&raw)?;
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
@@ -196,11 +189,10 @@ struct Activate {
 
 async fn activate_config(
     State(s): State<AppState>,
-    caller: Caller,
+    Admin(op): Admin,
     AppPath((raw, version)): AppPath<(String, u32)>,
     OptionalJson(body): OptionalJson<Activate>,
 ) -> ApiResult<ConfigView> {
-    let op = caller.require(Role::Admin)?;
     let slug = slug(&raw)?;
     let reason = body.reason;
     let now = Timestamp::now();
@@ -215,35 +207,31 @@ async fn activate_config(
 
 // === accounts and operators ===
 
-async fn list_accounts(State(s): State<AppState>, caller: Caller) -> ApiResult<Vec<AccountView>> {
-    caller.require(Role::Responder)?;
+async fn list_accounts(State(s): State<AppState>, _: Responder) -> ApiResult<Vec<AccountView>> {
     let mut conn = s.db.pool().acquire().await?;
     Ok(Json(accounts::list(&mut conn).await?))
 }
 
 async fn create_account(
     State(s): State<AppState>,
-    caller: Caller,
+    _: Admin,
     AppJson(req): AppJson<CreateAccount>,
 ) -> Result<(StatusCode, Json<AccountView>), ApiError> {
-    caller.require(Role::Admin)?;
     let mut conn = s.db.pool().acquire().await?;
     let a = accounts::create(&mut conn, &req.name, Timestamp::now()).await?;
     Ok((StatusCode::CREATED, Json(a)))
 }
 
-async fn list_operators(State(s): State<AppState>, caller: Caller) -> ApiResult<Vec<OperatorView>> {
-    caller.require(Role::Admin)?;
+async fn list_operators(State(s): State<AppState>, _: Admin) -> ApiResult<Vec<OperatorView>> {
     let mut conn = s.db.pool().acquire().await?;
     Ok(Json(operators::list(&mut conn).await?))
 }
 
 async fn create_operator(
     State(s): State<AppState>,
-    caller: Caller,
+    Admin(op): Admin,
     AppJson(req): AppJson<CreateOperator>,
 ) -> Result<(StatusCode, Json<OperatorCreated>), ApiError> {
-    let op = caller.require(Role::Admin)?;
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let created = operators::create(&mut tx, &req.name, req.role, now).await?;
@@ -262,10 +250,9 @@ async fn create_operator(
 
 async fn revoke_operator(
     State(s): State<AppState>,
-    caller: Caller,
+    Admin(op): Admin,
     AppPath(id): AppPath<i64>,
 ) -> ApiResult<OperatorView> {
-    let op = caller.require(Role::Admin)?;
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let revoked = operators::revoke(&mut tx, OperatorId::from_db(id), now).await?;
@@ -292,10 +279,9 @@ struct NodeFilter {
 
 async fn list_nodes(
     State(s): State<AppState>,
-    caller: Caller,
+    _: Responder,
     AppQuery(f): AppQuery<NodeFilter>,
 ) -> ApiResult<Vec<NodeView>> {
-    caller.require(Role::Responder)?;
     let mut conn = s.db.pool().acquire().await?;
     let model = match &f.model {
         Some(raw) => Some(models::find(&mut conn, &slug(raw)?).await?.id),
@@ -327,10 +313,9 @@ async fn node_status(
 
 async fn register_node(
     State(s): State<AppState>,
-    caller: Caller,
+    _: NodeAgent,
     AppJson(req): AppJson<RegisterNode>,
 ) -> ApiResult<NodeStatus> {
-    caller.require(Role::Node)?;
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let id = nodes::register(&mut tx, &req, now).await?;
@@ -341,11 +326,10 @@ async fn register_node(
 
 async fn heartbeat(
     State(s): State<AppState>,
-    caller: Caller,
+    _: NodeAgent,
     AppPath(id): AppPath<i64>,
     OptionalJson(beat): OptionalJson<Heartbeat>,
 ) -> ApiResult<NodeStatus> {
-    caller.require(Role::Node)?;
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let id = NodeId::from_db(id);
@@ -357,10 +341,9 @@ async fn heartbeat(
 
 async fn remove_node(
     State(s): State<AppState>,
-    caller: Caller,
+    _: Admin,
     AppPath(id): AppPath<i64>,
 ) -> Result<StatusCode, ApiError> {
-    caller.require(Role::Admin)?;
     let mut conn = s.db.pool().acquire().await?;
     nodes::remove(&mut conn, NodeId::from_db(id)).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -368,18 +351,16 @@ async fn remove_node(
 
 // === incidents ===
 
-async fn list_incidents(State(s): State<AppState>, caller: Caller) -> ApiResult<Vec<IncidentView>> {
-    caller.require(Role::Responder)?;
+async fn list_incidents(State(s): State<AppState>, _: Responder) -> ApiResult<Vec<IncidentView>> {
     let mut conn = s.db.pool().acquire().await?;
     Ok(Json(incidents::list(&mut conn, 50, false).await?))
 }
 
 async fn get_incident(
     State(s): State<AppState>,
-    caller: Caller,
+    _: Responder,
     AppPath(id): AppPath<i64>,
 ) -> ApiResult<IncidentView> {
-    caller.require(Role::Responder)?;
     let mut conn = s.db.pool().acquire().await?;
     Ok(Json(
         incidents::get(&mut conn, IncidentId::from_db(id)).await?,
@@ -388,10 +369,9 @@ async fn get_incident(
 
 async fn open_incident(
     State(s): State<AppState>,
-    caller: Caller,
+    Responder(op): Responder,
     AppJson(req): AppJson<OpenIncident>,
 ) -> Result<(StatusCode, Json<IncidentView>), ApiError> {
-    let op = caller.require(Role::Responder)?;
     let mut tx = s.db.begin().await?;
     let id = incidents::open(&mut tx, &req, &op.name, Timestamp::now()).await?;
     let view = incidents::get(&mut tx, id).await?;
@@ -401,11 +381,10 @@ async fn open_incident(
 
 async fn update_incident(
     State(s): State<AppState>,
-    caller: Caller,
+    Responder(op): Responder,
     AppPath(id): AppPath<i64>,
     AppJson(req): AppJson<UpdateIncident>,
 ) -> ApiResult<IncidentView> {
-    let op = caller.require(Role::Responder)?;
     let id = IncidentId::from_db(id);
     let mut tx = s.db.begin().await?;
     incidents::update(&mut tx, id, &req, &op.name, Timestamp::now()).await?;
@@ -425,10 +404,9 @@ struct AuditFilter {
 
 async fn list_audit(
     State(s): State<AppState>,
-    caller: Caller,
+    _: Responder,
     AppQuery(f): AppQuery<AuditFilter>,
 ) -> ApiResult<Vec<AuditEntry>> {
-    caller.require(Role::Responder)?;
     let limit = f.limit.unwrap_or(100).clamp(1, 1000);
     let mut conn = s.db.pool().acquire().await?;
     Ok(Json(

@@ -14,24 +14,6 @@ use bulkhead_control_api::Role;
 #[derive(Debug, Clone)]
 pub(crate) struct Caller(pub(crate) Operator);
 
-impl Caller {
-    /// Refuses with 403 unless the caller's role allows `needed`.
-    pub(crate) fn require(&self, needed: Role) -> Result<&Operator, ApiError> {
-        if self.0.role.allows(needed) {
-            Ok(&self.0)
-        } else {
-            Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                format!(
-                    "this needs the {needed} role; the token's role is {}",
-                    self.0.role
-                ),
-            ))
-        }
-    }
-}
-
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
@@ -52,3 +34,47 @@ impl FromRequestParts<AppState> for Caller {
         }
     }
 }
+
+/// Extractors that authenticate and check the role before the handler (and
+/// before its body is even parsed), so an under-privileged call cannot reach
+/// a handler's code.
+macro_rules! role_extractor {
+    ($(#[$meta:meta])* $name:ident, $role:expr) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone)]
+        pub(crate) struct $name(#[allow(dead_code, reason = "not every route needs the caller's name")] pub(crate) Operator);
+
+        impl FromRequestParts<AppState> for $name {
+            type Rejection = ApiError;
+
+            async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<$name, ApiError> {
+                let Caller(op) = Caller::from_request_parts(parts, state).await?;
+                if op.role.allows($role) {
+                    Ok($name(op))
+                } else {
+                    Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "forbidden",
+                        format!("this needs the {} role; the token's role is {}", $role, op.role),
+                    ))
+                }
+            }
+        }
+    };
+}
+
+role_extractor!(
+    /// A caller with the admin role.
+    Admin,
+    Role::Admin
+);
+role_extractor!(
+    /// A caller allowed responder work (responder or admin).
+    Responder,
+    Role::Responder
+);
+role_extractor!(
+    /// A caller allowed to register workers (node or admin).
+    NodeAgent,
+    Role::Node
+);

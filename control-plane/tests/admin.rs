@@ -1,0 +1,742 @@
+//! The admin API through the real router, on SQLite and on PostgreSQL:
+//! config activation against measured pools, node routability, visibility
+//! flips and their audit log, and who may call what.
+
+mod support;
+
+use axum::http::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::{SLUG, SLUG_PATH, config, each_backend, each_backend_with, node};
+
+async fn create_model(h: &support::Harness, visibility: &str) -> anyhow::Result<Value> {
+    h.ok(
+        Method::POST,
+        "/admin/v1/models",
+        &h.admin,
+        Some(json!({
+            "slug": SLUG,
+            "task": "Text Generation",
+            "description": "SmolLM2 135M Instruct",
+            "visibility": visibility
+        })),
+        StatusCode::CREATED,
+    )
+    .await
+}
+
+fn nodes_by_name(v: &Value) -> std::collections::BTreeMap<String, Value> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| (n["name"].as_str().unwrap_or("").to_owned(), n.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_config_that_does_not_fit_a_nodes_measured_pool_is_refused_naming_the_node() {
+    each_backend(|h| async move {
+        create_model(&h, "public").await?;
+        // The incident's numbers: a prefill pool of 681,280 tokens under a
+        // 1,048,576-token context window.
+        h.ok(
+            Method::POST,
+            "/admin/v1/nodes",
+            &h.node,
+            Some(node("prefill-0", "prefill", 681_280)),
+            StatusCode::OK,
+        )
+        .await?;
+        h.ok(
+            Method::POST,
+            "/admin/v1/nodes",
+            &h.node,
+            Some(node("decode-0", "decode", 2_000_000)),
+            StatusCode::OK,
+        )
+        .await?;
+        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
+        let v = h
+            .ok(
+                Method::POST,
+                &path,
+                &h.admin,
+                Some(config(1_048_576, 4096)),
+                StatusCode::CREATED,
+            )
+            .await?;
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["active"], false);
+
+        let (status, err) = h
+            .call(
+                Method::POST,
+                &format!("{path}/1/activate"),
+                Some(&h.admin),
+                Some(json!({"reason": "long context"})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{err}");
+        assert_eq!(err["error"]["code"], "config_does_not_fit");
+        let msg = err["error"]["message"].as_str().unwrap_or_default();
+        for needle in ["`prefill-0`", "681280", "1048576", "4096", "1052672"] {
+            assert!(msg.contains(needle), "{needle} missing from: {msg}");
+        }
+        assert!(!msg.contains("decode-0"), "{msg}");
+        // Nothing changed: no active config, no audit entry.
+        let m = h
+            .ok(
+                Method::GET,
+                &format!("/admin/v1/models/{SLUG_PATH}"),
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(m["active_config"], Value::Null);
+        let audit = h
+            .ok(
+                Method::GET,
+                "/admin/v1/audit",
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
+            .await?;
+        assert!(
+            audit
+                .as_array()
+                .is_some_and(|a| a.iter().all(|e| e["action"] != "config.activate"))
+        );
+
+        // A config that fits both is accepted and becomes the model's limits.
+        h.ok(
+            Method::POST,
+            &path,
+            &h.admin,
+            Some(config(600_000, 8192)),
+            StatusCode::CREATED,
+        )
+        .await?;
+        let v = h
+            .ok(
+                Method::POST,
+                &format!("{path}/2/activate"),
+                &h.admin,
+                None,
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(v["active"], true);
+        let m = h
+            .ok(
+                Method::GET,
+                &format!("/admin/v1/models/{SLUG_PATH}"),
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(m["active_config"], 2);
+        assert_eq!(
+            m["properties"],
+            json!({"context_window": 600_000, "max_output": 8192})
+        );
+        // Exactly at the limit fits: 681,280 = 677,184 + 4,096.
+        h.ok(
+            Method::POST,
+            &path,
+            &h.admin,
+            Some(config(677_184, 4096)),
+            StatusCode::CREATED,
+        )
+        .await?;
+        h.ok(
+            Method::POST,
+            &format!("{path}/3/activate"),
+            &h.admin,
+            None,
+            StatusCode::OK,
+        )
+        .await?;
+        h.ok(
+            Method::POST,
+            &path,
+            &h.admin,
+            Some(config(677_185, 4096)),
+            StatusCode::CREATED,
+        )
+        .await?;
+        let (status, _) = h
+            .call(
+                Method::POST,
+                &format!("{path}/4/activate"),
+                Some(&h.admin),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_node_that_re_registers_with_a_smaller_pool_becomes_unroutable_with_the_reason() {
+    each_backend(|h| async move {
+        create_model(&h, "public").await?;
+        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
+        h.ok(
+            Method::POST,
+            &path,
+            &h.admin,
+            Some(config(2048, 512)),
+            StatusCode::CREATED,
+        )
+        .await?;
+        h.ok(
+            Method::POST,
+            &format!("{path}/1/activate"),
+            &h.admin,
+            None,
+            StatusCode::OK,
+        )
+        .await?;
+
+        let v = h
+            .ok(
+                Method::POST,
+                "/admin/v1/nodes",
+                &h.node,
+                Some(node("decode-0", "decode", 4096)),
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(v["node"]["routable"], true, "{v}");
+        assert_eq!(v["heartbeat_interval_ms"], 5000);
+        let id = v["node"]["id"].as_i64().unwrap_or_default();
+        h.ok(
+            Method::POST,
+            "/admin/v1/nodes",
+            &h.node,
+            Some(node("prefill-0", "prefill", 4096)),
+            StatusCode::OK,
+        )
+        .await?;
+
+        // Restarted with a smaller memory budget: same name, smaller pool.
+        let v = h
+            .ok(
+                Method::POST,
+                "/admin/v1/nodes",
+                &h.node,
+                Some(node("decode-0", "decode", 2559)),
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(
+            v["node"]["id"].as_i64(),
+            Some(id),
+            "re-registration keeps the node's id"
+        );
+        assert_eq!(v["node"]["routable"], false);
+        let reason = v["node"]["unroutable_reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        for needle in ["2559", "2048", "512", "2560", "v1"] {
+            assert!(reason.contains(needle), "{needle} missing from: {reason}");
+        }
+        // Visible to responders, and a heartbeat does not clear it.
+        let beat = json!({"load": {"free_pages": 100, "total_pages": 160, "queue_depth": 0}});
+        let v = h
+            .ok(
+                Method::POST,
+                &format!("/admin/v1/nodes/{id}/heartbeat"),
+                &h.node,
+                Some(beat),
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(v["node"]["routable"], false);
+        assert_eq!(v["node"]["load"]["free_pages"], 100);
+        let all = nodes_by_name(
+            &h.ok(
+                Method::GET,
+                "/admin/v1/nodes",
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
+            .await?,
+        );
+        assert_eq!(all["decode-0"]["routable"], false);
+        assert_eq!(
+            all["decode-0"]["unroutable_reason"].as_str(),
+            Some(reason.as_str())
+        );
+        assert_eq!(all["prefill-0"]["routable"], true);
+
+        // Other changes of what a node runs are reasons too.
+        let mut other = node("prefill-0", "prefill", 4096);
+        other["weights_sha256"] = json!("b".repeat(64));
+        other["quantization"] = json!("q8_0");
+        other["parallelism"] = json!({"tensor": 2, "pipeline": 1});
+        let v = h
+            .ok(
+                Method::POST,
+                "/admin/v1/nodes",
+                &h.node,
+                Some(other),
+                StatusCode::OK,
+            )
+            .await?;
+        let reason = v["node"]["unroutable_reason"].as_str().unwrap_or_default();
+        for needle in ["weights", "q8_0", "2×1"] {
+            assert!(reason.contains(needle), "{needle} missing from: {reason}");
+        }
+        // Back at full size and the right weights: routable again.
+        let v = h
+            .ok(
+                Method::POST,
+                "/admin/v1/nodes",
+                &h.node,
+                Some(node("decode-0", "decode", 2560)),
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(v["node"]["routable"], true, "{v}");
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn silent_nodes_become_unroutable_and_stop_blocking_activation() {
+    each_backend_with(Duration::from_millis(300), |h| async move {
+        create_model(&h, "public").await?;
+        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
+        h.ok(
+            Method::POST,
+            &path,
+            &h.admin,
+            Some(config(2048, 512)),
+            StatusCode::CREATED,
+        )
+        .await?;
+        h.ok(
+            Method::POST,
+            &format!("{path}/1/activate"),
+            &h.admin,
+            None,
+            StatusCode::OK,
+        )
+        .await?;
+        h.ok(
+            Method::POST,
+            "/admin/v1/nodes",
+            &h.node,
+            Some(node("small-0", "decode", 3000)),
+            StatusCode::OK,
+        )
+        .await?;
+        h.ok(
+            Method::POST,
+            &path,
+            &h.admin,
+            Some(config(4096, 512)),
+            StatusCode::CREATED,
+        )
+        .await?;
+        let (status, _) = h
+            .call(
+                Method::POST,
+                &format!("{path}/2/activate"),
+                Some(&h.admin),
+                None,
+            )
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::CONFLICT,
+            "a live node that does not fit blocks activation"
+        );
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let all = nodes_by_name(
+            &h.ok(
+                Method::GET,
+                "/admin/v1/nodes",
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
+            .await?,
+        );
+        assert_eq!(all["small-0"]["routable"], false);
+        let reason = all["small-0"]["unroutable_reason"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(reason.contains("no heartbeat"), "{reason}");
+        h.ok(
+            Method::POST,
+            &format!("{path}/2/activate"),
+            &h.admin,
+            None,
+            StatusCode::OK,
+        )
+        .await?;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_private_flip_is_in_the_append_only_audit_log_with_actor_and_reason() {
+    each_backend(|h| async move {
+        create_model(&h, "public").await?;
+        let vis = format!("/admin/v1/models/{SLUG_PATH}/visibility");
+        let v = h
+            .ok(
+                Method::POST,
+                &vis,
+                &h.responder,
+                Some(json!({"visibility": "private", "reason": "INC-7: stale KV pages suspected"})),
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(v["model"]["visibility"], "private");
+        let entry = &v["audit"];
+        assert_eq!(entry["actor"], "rita-responder");
+        assert_eq!(entry["action"], "model.visibility");
+        assert_eq!(entry["subject"], SLUG);
+        assert_eq!(entry["reason"], "INC-7: stale KV pages suspected");
+        assert_eq!((entry["before"].as_str(), entry["after"].as_str()), (Some("public"), Some("private")));
+        assert!(entry["at"].as_str().is_some_and(|t| t.ends_with('Z')));
+
+        // Flipping to the state it is in changes nothing and logs nothing.
+        let v = h
+            .ok(Method::POST, &vis, &h.responder, Some(json!({"visibility": "private", "reason": "again"})), StatusCode::OK)
+            .await?;
+        assert_eq!(v["audit"], Value::Null);
+        // A reason is required.
+        let (status, err) = h
+            .call(Method::POST, &vis, Some(&h.responder), Some(json!({"visibility": "public", "reason": "  "})))
+            .await;
+        assert_eq!((status, err["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
+
+        // Allowlisted accounts are part of visibility, and audited too.
+        let acct = h.ok(Method::POST, "/admin/v1/accounts", &h.admin, Some(json!({"name": "acme"})), StatusCode::CREATED).await?;
+        let acct_id = acct["id"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(acct_id.len(), 32);
+        let allow = format!("/admin/v1/models/{SLUG_PATH}/allowlist");
+        let v = h
+            .ok(
+                Method::POST,
+                &allow,
+                &h.responder,
+                Some(json!({"account_id": acct_id, "allowed": true, "reason": "acme verifies the fix"})),
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(v["model"]["allowlist"], json!([acct_id]));
+        let (status, _) = h
+            .call(
+                Method::POST,
+                &allow,
+                Some(&h.responder),
+                Some(json!({"account_id": "0".repeat(32), "allowed": true, "reason": "x"})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        h.ok(Method::POST, &vis, &h.responder, Some(json!({"visibility": "public", "reason": "fixed"})), StatusCode::OK)
+            .await?;
+
+        let log = h.ok(Method::GET, "/admin/v1/audit", &h.responder, None, StatusCode::OK).await?;
+        let actions: Vec<(&str, &str, &str)> = log
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| (e["action"].as_str().unwrap_or(""), e["after"].as_str().unwrap_or(""), e["actor"].as_str().unwrap_or("")))
+            .collect();
+        assert_eq!(
+            actions,
+            vec![
+                ("model.visibility", "public", "rita-responder"),
+                ("model.allowlist", "allowed", "rita-responder"),
+                ("model.visibility", "private", "rita-responder"),
+            ],
+            "newest first"
+        );
+        let by_subject = h
+            .ok(Method::GET, &format!("/admin/v1/audit?subject={SLUG_PATH}&limit=1"), &h.responder, None, StatusCode::OK)
+            .await?;
+        assert_eq!(by_subject.as_array().map(Vec::len), Some(1));
+
+        // No API path alters the log: every other method on it is refused.
+        for method in [Method::PUT, Method::PATCH, Method::DELETE, Method::POST] {
+            for path in ["/admin/v1/audit", "/admin/v1/audit/1"] {
+                let (status, _) = h.call(method.clone(), path, Some(&h.admin), Some(json!({}))).await;
+                assert!(
+                    status == StatusCode::METHOD_NOT_ALLOWED || status == StatusCode::NOT_FOUND,
+                    "{method} {path}: {status}"
+                );
+            }
+        }
+        // And the database itself refuses, whoever asks.
+        let mut conn = h.db.pool().acquire().await?;
+        for sql in ["UPDATE audit_log SET reason = 'nothing happened'", "DELETE FROM audit_log"] {
+            let err = sqlx::query(sql).execute(&mut *conn).await.expect_err(sql);
+            assert!(err.to_string().contains("append-only"), "{sql}: {err}");
+        }
+        drop(conn);
+        let after = h.ok(Method::GET, "/admin/v1/audit", &h.responder, None, StatusCode::OK).await?;
+        assert_eq!(after, log);
+        Ok(())
+    })
+    .await;
+}
+
+/// One row per refused call: method, path, which token, expected status.
+const REFUSALS: &[(&str, &str, &str, u16)] = &[
+    ("GET", "/admin/v1/models", "none", 401),
+    ("GET", "/admin/v1/models", "garbage", 401),
+    ("GET", "/admin/v1/models", "revoked", 401),
+    ("GET", "/admin/v1/models", "basic", 401),
+    ("GET", "/admin/v1/models", "unknown-bho", 401),
+    ("GET", "/admin/v1/models", "node", 403),
+    ("POST", "/admin/v1/models/{slug}/visibility", "none", 401),
+    ("POST", "/admin/v1/models/{slug}/visibility", "node", 403),
+    ("POST", "/admin/v1/models", "responder", 403),
+    ("POST", "/admin/v1/models/{slug}/configs", "responder", 403),
+    (
+        "POST",
+        "/admin/v1/models/{slug}/configs/1/activate",
+        "responder",
+        403,
+    ),
+    ("POST", "/admin/v1/accounts", "responder", 403),
+    ("POST", "/admin/v1/operators", "responder", 403),
+    ("GET", "/admin/v1/operators", "responder", 403),
+    ("DELETE", "/admin/v1/operators/1", "responder", 403),
+    ("POST", "/admin/v1/nodes", "responder", 403),
+    ("DELETE", "/admin/v1/nodes/1", "responder", 403),
+    ("POST", "/admin/v1/incidents", "node", 403),
+    ("POST", "/admin/v1/incidents", "none", 401),
+    ("GET", "/admin/v1/audit", "none", 401),
+    ("GET", "/admin/v1/audit", "node", 403),
+];
+
+#[tokio::test]
+async fn unauthenticated_or_under_privileged_admin_calls_are_refused() {
+    each_backend(|h| async move {
+        create_model(&h, "public").await?;
+        let created = h
+            .ok(
+                Method::POST,
+                "/admin/v1/operators",
+                &h.admin,
+                Some(json!({"name": "leaver", "role": "admin"})),
+                StatusCode::CREATED,
+            )
+            .await?;
+        let revoked = created["token"].as_str().unwrap_or_default().to_owned();
+        assert!(revoked.starts_with("bho_"));
+        let id = created["operator"]["id"].as_i64().unwrap_or_default();
+        h.ok(
+            Method::GET,
+            "/admin/v1/whoami",
+            &revoked,
+            None,
+            StatusCode::OK,
+        )
+        .await?;
+        h.ok(
+            Method::DELETE,
+            &format!("/admin/v1/operators/{id}"),
+            &h.admin,
+            None,
+            StatusCode::OK,
+        )
+        .await?;
+        // The stored hash is not the token, and the token is nowhere in the database.
+        let mut conn = h.db.pool().acquire().await?;
+        let hits: i64 = sqlx::Row::try_get(
+            &sqlx::query("SELECT COUNT(*) AS n FROM operators WHERE token_sha256 = $1")
+                .bind(revoked.as_str())
+                .fetch_one(&mut *conn)
+                .await?,
+            "n",
+        )?;
+        assert_eq!(hits, 0);
+        drop(conn);
+
+        for &(method, path, who, expected) in REFUSALS {
+            let path = path.replace("{slug}", SLUG_PATH);
+            let method: Method = method.parse()?;
+            let header = match who {
+                "none" => None,
+                "garbage" => Some("Bearer not-a-token".to_owned()),
+                "revoked" => Some(format!("Bearer {revoked}")),
+                "basic" => Some(format!("Basic {}", h.admin)),
+                "unknown-bho" => Some(format!("Bearer bho_{}", "0".repeat(64))),
+                "node" => Some(format!("Bearer {}", h.node)),
+                "responder" => Some(format!("Bearer {}", h.responder)),
+                other => anyhow::bail!("unknown token kind {other}"),
+            };
+            let mut req = axum::http::Request::builder()
+                .method(method.clone())
+                .uri(&path);
+            if let Some(v) = &header {
+                req = req.header("authorization", v);
+            }
+            let req = req
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from("{}"))?;
+            let resp = tower::ServiceExt::oneshot(h.app.clone(), req).await?;
+            let status = resp.status().as_u16();
+            let www = resp.headers().get("www-authenticate").is_some();
+            let bytes = http_body_util::BodyExt::collect(resp.into_body())
+                .await?
+                .to_bytes();
+            let body: Value = serde_json::from_slice(&bytes)?;
+            assert_eq!(status, expected, "{method} {path} as {who}: {body}");
+            let code = if expected == 401 {
+                "unauthorized"
+            } else {
+                "forbidden"
+            };
+            assert_eq!(body["error"]["code"], code, "{method} {path} as {who}");
+            assert_eq!(www, expected == 401, "WWW-Authenticate on 401 only");
+        }
+        // Refused calls changed nothing.
+        let m = h
+            .ok(
+                Method::GET,
+                &format!("/admin/v1/models/{SLUG_PATH}"),
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
+            .await?;
+        assert_eq!(m["visibility"], "public");
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_error_in_the_api_format() {
+    each_backend(|h| async move {
+        create_model(&h, "public").await?;
+        let cases: Vec<(Method, String, Value, u16, &str)> = vec![
+            (
+                Method::POST,
+                "/admin/v1/models".into(),
+                json!({"slug": "no-at/x", "task": "t", "visibility": "public"}),
+                400,
+                "invalid_request",
+            ),
+            (
+                Method::POST,
+                "/admin/v1/models".into(),
+                json!({"slug": SLUG, "task": "t", "visibility": "public"}),
+                409,
+                "conflict",
+            ),
+            (
+                Method::POST,
+                "/admin/v1/models".into(),
+                json!({"slug": "@cf/a/b", "task": "t", "visibility": "hidden"}),
+                400,
+                "invalid_request",
+            ),
+            (
+                Method::GET,
+                "/admin/v1/models/%40cf%2Fno%2Fsuch".into(),
+                Value::Null,
+                404,
+                "not_found",
+            ),
+            (
+                Method::GET,
+                "/admin/v1/models/not-a-slug".into(),
+                Value::Null,
+                400,
+                "invalid_request",
+            ),
+            (
+                Method::POST,
+                format!("/admin/v1/models/{SLUG_PATH}/configs"),
+                json!({"context_window": 1}),
+                400,
+                "invalid_request",
+            ),
+            (
+                Method::POST,
+                format!("/admin/v1/models/{SLUG_PATH}/configs/9/activate"),
+                Value::Null,
+                404,
+                "not_found",
+            ),
+            (
+                Method::POST,
+                format!("/admin/v1/models/{SLUG_PATH}/configs/x/activate"),
+                Value::Null,
+                400,
+                "invalid_request",
+            ),
+            (
+                Method::POST,
+                "/admin/v1/nodes/77/heartbeat".into(),
+                Value::Null,
+                404,
+                "not_found",
+            ),
+            (
+                Method::GET,
+                "/admin/v1/audit?limit=many".into(),
+                Value::Null,
+                400,
+                "invalid_request",
+            ),
+            (
+                Method::POST,
+                "/admin/v1/incidents".into(),
+                json!({"name": "x", "impact": "apocalyptic", "body": "b"}),
+                400,
+                "invalid_request",
+            ),
+            (
+                Method::POST,
+                "/admin/v1/incidents/5/updates".into(),
+                json!({"status": "identified", "body": "b"}),
+                404,
+                "not_found",
+            ),
+        ];
+        let mut bad_config = config(0, 10);
+        bad_config["weights_sha256"] = json!("xyz");
+        let mut all = cases;
+        all.push((
+            Method::POST,
+            format!("/admin/v1/models/{SLUG_PATH}/configs"),
+            bad_config,
+            400,
+            "invalid_request",
+        ));
+        for (method, path, body, status, code) in all {
+            let body = (!body.is_null()).then_some(body);
+            let (got, v) = h.call(method.clone(), &path, Some(&h.admin), body).await;
+            assert_eq!(got.as_u16(), status, "{method} {path}: {v}");
+            assert_eq!(v["error"]["code"], code, "{method} {path}: {v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty() && !m.contains("sqlx")),
+                "{v}"
+            );
+        }
+        Ok(())
+    })
+    .await;
+}

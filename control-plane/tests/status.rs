@@ -1,0 +1,440 @@
+//! The public status page and feeds, on SQLite and on PostgreSQL: an
+//! incident's timeline in the Statuspage JSON, Atom and RSS in order; the
+//! feeds are well-formed XML (parsed with roxmltree); the JSON carries
+//! Statuspage v2's field names and enumerations.
+
+mod support;
+
+use axum::http::{Method, StatusCode};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use support::{Harness, SLUG, SLUG_PATH, each_backend};
+
+const HIDDEN: &str = "@cf/secret/never-public";
+
+async fn setup(h: &Harness) -> anyhow::Result<()> {
+    for (slug, vis) in [(SLUG, "public"), (HIDDEN, "private")] {
+        h.ok(
+            Method::POST,
+            "/admin/v1/models",
+            &h.admin,
+            Some(json!({"slug": slug, "task": "Text Generation", "visibility": vis})),
+            StatusCode::CREATED,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Opens an incident and walks it to resolved; returns its admin view.
+async fn timeline(h: &Harness) -> anyhow::Result<Value> {
+    let v = h
+        .ok(
+            Method::POST,
+            "/admin/v1/incidents",
+            &h.responder,
+            Some(json!({
+                "name": "Wrong answers from <SmolLM2> & friends",
+                "impact": "major",
+                "body": "Some responses may contain \"other\" data; model made private.",
+                "components": [
+                    {"model": SLUG, "status": "major_outage"},
+                    {"model": HIDDEN, "status": "partial_outage"}
+                ]
+            })),
+            StatusCode::CREATED,
+        )
+        .await?;
+    let id = v["id"].as_i64().unwrap_or_default();
+    let path = format!("/admin/v1/incidents/{id}/updates");
+    for (status, body) in [
+        (
+            "identified",
+            "KV pool smaller than the context window on prefill-3.",
+        ),
+        ("monitoring", "Config v2 rolled out."),
+    ] {
+        h.ok(
+            Method::POST,
+            &path,
+            &h.responder,
+            Some(json!({"status": status, "body": body})),
+            StatusCode::OK,
+        )
+        .await?;
+    }
+    let (code, err) = h
+        .call(
+            Method::POST,
+            &path,
+            Some(&h.responder),
+            Some(json!({"status": "postmortem", "body": "x"})),
+        )
+        .await;
+    assert_eq!(
+        (code, err["error"]["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_request"))
+    );
+    let resolved = h
+        .ok(
+            Method::POST,
+            &path,
+            &h.responder,
+            Some(json!({"status": "resolved", "body": "Fixed.", "postmortem": "Two faults lined up."})),
+            StatusCode::OK,
+        )
+        .await?;
+    // A closed incident takes no more updates.
+    let (code, _) = h
+        .call(
+            Method::POST,
+            &path,
+            Some(&h.responder),
+            Some(json!({"status": "identified", "body": "x"})),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CONFLICT);
+    Ok(resolved)
+}
+
+const ORDER: [&str; 4] = ["resolved", "monitoring", "identified", "investigating"];
+const LABELS: [&str; 4] = ["Resolved", "Monitoring", "Identified", "Investigating"];
+
+#[tokio::test]
+async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() {
+    each_backend(|h| async move {
+        setup(&h).await?;
+        let view = timeline(&h).await?;
+        assert_eq!(view["status"], "postmortem");
+        assert!(view["resolved_at"].is_string() && view["monitoring_at"].is_string());
+
+        // JSON: newest update first, statuses in order, component changes kept.
+        let (s, v) = h
+            .call(Method::GET, "/api/v2/incidents.json", None, None)
+            .await;
+        assert_eq!(s, StatusCode::OK);
+        let inc = &v["incidents"][0];
+        let statuses: Vec<&str> = inc["incident_updates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|u| u["status"].as_str())
+            .collect();
+        assert_eq!(statuses, ORDER);
+        let times: Vec<&str> = inc["incident_updates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|u| u["created_at"].as_str())
+            .collect();
+        assert!(times.windows(2).all(|w| w[0] >= w[1]), "{times:?}");
+        let first = &inc["incident_updates"][3];
+        assert_eq!(first["affected_components"][0]["name"], SLUG);
+        assert_eq!(first["affected_components"][0]["old_status"], "operational");
+        assert_eq!(
+            first["affected_components"][0]["new_status"],
+            "major_outage"
+        );
+        let last = &inc["incident_updates"][0];
+        assert_eq!(
+            last["affected_components"][0]["new_status"], "operational",
+            "resolving restores components"
+        );
+        assert_eq!(inc["postmortem_body"], "Two faults lined up.");
+        assert_eq!(
+            inc["shortlink"],
+            format!("http://status.test:8788/incidents/{}", view["id"])
+        );
+        // The model that was never public appears nowhere on the public side.
+        assert!(!v.to_string().contains("never-public"), "{v}");
+
+        // Atom: one entry; its HTML lists the same updates in the same order.
+        let (s, ctype, atom) = h.raw(Method::GET, "/history.atom", None, None).await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(ctype.starts_with("application/atom+xml"), "{ctype}");
+        let doc = roxmltree::Document::parse(&atom)?;
+        let ns = "http://www.w3.org/2005/Atom";
+        let root = doc.root_element();
+        assert!(root.has_tag_name((ns, "feed")));
+        assert_eq!(
+            child_text(root, ns, "title"),
+            Some("Bulkhead Status - Incident History")
+        );
+        assert_eq!(
+            child_text(root, ns, "id"),
+            Some("tag:status.test:8788,2005:/history")
+        );
+        let entries: Vec<_> = root
+            .children()
+            .filter(|n| n.has_tag_name((ns, "entry")))
+            .collect();
+        assert_eq!(entries.len(), 1);
+        let e = entries[0];
+        assert_eq!(
+            child_text(e, ns, "title"),
+            Some("Wrong answers from <SmolLM2> & friends")
+        );
+        assert_eq!(
+            child_text(e, ns, "id").map(|s| s.ends_with(&format!("Incident/{}", view["id"]))),
+            Some(true)
+        );
+        let content = e
+            .children()
+            .find(|n| n.has_tag_name((ns, "content")))
+            .ok_or_else(|| anyhow::anyhow!("no content"))?;
+        assert_eq!(content.attribute("type"), Some("html"));
+        assert_in_order(content.text().unwrap_or(""), &LABELS)?;
+        assert!(
+            content
+                .text()
+                .unwrap_or("")
+                .contains("&quot;other&quot; data"),
+            "body HTML-escaped inside the feed"
+        );
+        assert!(!atom.contains("never-public"));
+
+        // RSS: same.
+        let (s, ctype, rss) = h.raw(Method::GET, "/history.rss", None, None).await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(ctype.starts_with("application/rss+xml"), "{ctype}");
+        let doc = roxmltree::Document::parse(&rss)?;
+        let rss_el = doc.root_element();
+        assert!(rss_el.has_tag_name("rss") && rss_el.attribute("version") == Some("2.0"));
+        let channel = rss_el
+            .children()
+            .find(|n| n.has_tag_name("channel"))
+            .ok_or_else(|| anyhow::anyhow!("no channel"))?;
+        assert_eq!(child_text(channel, "", "description"), Some("Statuspage"));
+        let items: Vec<_> = channel
+            .children()
+            .filter(|n| n.has_tag_name("item"))
+            .collect();
+        assert_eq!(items.len(), 1);
+        assert_in_order(
+            child_text(items[0], "", "description").unwrap_or(""),
+            &LABELS,
+        )?;
+        let pub_date = child_text(items[0], "", "pubDate").unwrap_or("");
+        assert!(
+            pub_date.ends_with(" +0000") && pub_date.as_bytes().get(3) == Some(&b','),
+            "RFC 822: {pub_date}"
+        );
+        assert!(!rss.contains("never-public"));
+
+        // The HTML page shows it too, escaped.
+        let (s, ctype, html) = h.raw(Method::GET, "/", None, None).await;
+        assert_eq!(s, StatusCode::OK);
+        assert!(ctype.starts_with("text/html"));
+        assert!(html.contains("Wrong answers from &lt;SmolLM2&gt; &amp; friends"));
+        assert!(!html.contains("<SmolLM2>") && !html.contains("never-public"));
+        let id = view["id"].as_i64().unwrap_or_default();
+        let (s, _, page) = h
+            .raw(Method::GET, &format!("/incidents/{id}"), None, None)
+            .await;
+        assert_eq!(s, StatusCode::OK);
+        assert_in_order(&page, &LABELS)?;
+        assert!(page.contains("Two faults lined up."));
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn open_incidents_and_components_drive_summary_status_and_unresolved() {
+    each_backend(|h| async move {
+        setup(&h).await?;
+        let (_, v) = h.call(Method::GET, "/api/v2/status.json", None, None).await;
+        assert_eq!(v["status"], json!({"indicator": "none", "description": "All Systems Operational"}));
+        let opened = h
+            .ok(
+                Method::POST,
+                "/admin/v1/incidents",
+                &h.responder,
+                Some(json!({"name": "Degraded", "impact": "minor", "body": "Slow.", "components": [{"model": SLUG, "status": "partial_outage"}]})),
+                StatusCode::CREATED,
+            )
+            .await?;
+        let (_, v) = h.call(Method::GET, "/api/v2/summary.json", None, None).await;
+        assert_eq!(v["status"]["indicator"], "major", "partial_outage rolls up to major: {v}");
+        assert_eq!(v["status"]["description"], "Partial System Outage");
+        assert_eq!(v["components"][0]["status"], "partial_outage");
+        assert_eq!(v["incidents"].as_array().map(Vec::len), Some(1));
+        let (_, v) = h.call(Method::GET, "/api/v2/incidents/unresolved.json", None, None).await;
+        assert_eq!(v["incidents"].as_array().map(Vec::len), Some(1));
+
+        let id = opened["id"].as_i64().unwrap_or_default();
+        h.ok(
+            Method::POST,
+            &format!("/admin/v1/incidents/{id}/updates"),
+            &h.responder,
+            Some(json!({"status": "resolved", "body": "Done."})),
+            StatusCode::OK,
+        )
+        .await?;
+        let (_, v) = h.call(Method::GET, "/api/v2/summary.json", None, None).await;
+        assert_eq!(v["status"]["indicator"], "none");
+        assert_eq!(v["components"][0]["status"], "operational");
+        assert_eq!(v["incidents"], json!([]));
+        let (_, v) = h.call(Method::GET, "/api/v2/incidents/unresolved.json", None, None).await;
+        assert_eq!(v["incidents"], json!([]));
+        let (_, v) = h.call(Method::GET, "/api/v2/incidents.json", None, None).await;
+        assert_eq!(v["incidents"][0]["status"], "resolved");
+
+        // A model flipped private stays listed (the public is told about it);
+        // one that was never public is never listed.
+        h.ok(
+            Method::POST,
+            &format!("/admin/v1/models/{SLUG_PATH}/visibility"),
+            &h.responder,
+            Some(json!({"visibility": "private", "reason": "drill"})),
+            StatusCode::OK,
+        )
+        .await?;
+        let (_, v) = h.call(Method::GET, "/api/v2/components.json", None, None).await;
+        let names: Vec<&str> = v["components"].as_array().into_iter().flatten().filter_map(|c| c["name"].as_str()).collect();
+        assert_eq!(names, vec![SLUG]);
+        // Public routes write nothing.
+        let (s, _) = h.call(Method::POST, "/api/v2/incidents.json", None, Some(json!({}))).await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+        Ok(())
+    })
+    .await;
+}
+
+fn keys(v: &Value) -> BTreeSet<&str> {
+    v.as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn set(names: &[&'static str]) -> BTreeSet<&'static str> {
+    names.iter().copied().collect()
+}
+
+#[tokio::test]
+async fn the_json_carries_statuspage_v2_field_names_and_enumerations() {
+    each_backend(|h| async move {
+        setup(&h).await?;
+        timeline(&h).await?;
+        h.ok(
+            Method::POST,
+            "/admin/v1/incidents",
+            &h.responder,
+            Some(json!({"name": "Open one", "impact": "critical", "status": "identified", "body": "b", "components": [{"model": SLUG, "status": "major_outage"}]})),
+            StatusCode::CREATED,
+        )
+        .await?;
+        let page = set(&["id", "name", "url", "time_zone", "updated_at"]);
+        let component = set(&[
+            "id", "name", "status", "created_at", "updated_at", "position", "description", "showcase", "start_date",
+            "group_id", "page_id", "group", "only_show_if_degraded",
+        ]);
+        let incident = set(&[
+            "id", "name", "status", "created_at", "updated_at", "monitoring_at", "resolved_at", "impact", "shortlink",
+            "started_at", "page_id", "incident_updates", "components", "reminder_intervals", "postmortem_body",
+            "postmortem_published_at",
+        ]);
+        let update = set(&[
+            "id", "status", "body", "incident_id", "created_at", "updated_at", "display_at", "affected_components",
+            "deliver_notifications", "custom_tweet", "tweet_id",
+        ]);
+        let affected = set(&["code", "name", "old_status", "new_status"]);
+
+        let (_, summary) = h.call(Method::GET, "/api/v2/summary.json", None, None).await;
+        assert_eq!(keys(&summary), set(&["page", "components", "incidents", "scheduled_maintenances", "status"]));
+        assert_eq!(keys(&summary["page"]), page);
+        assert_eq!(summary["page"]["time_zone"], "Etc/UTC");
+        assert_eq!(keys(&summary["status"]), set(&["indicator", "description"]));
+        assert_eq!(summary["status"]["indicator"], "critical");
+        assert_eq!(summary["status"]["description"], "Major Service Outage");
+        let (_, status) = h.call(Method::GET, "/api/v2/status.json", None, None).await;
+        assert_eq!(keys(&status), set(&["page", "status"]));
+        let (_, comps) = h.call(Method::GET, "/api/v2/components.json", None, None).await;
+        assert_eq!(keys(&comps), set(&["page", "components"]));
+        for c in comps["components"].as_array().into_iter().flatten() {
+            assert_eq!(keys(c), component);
+            assert!(["operational", "degraded_performance", "partial_outage", "major_outage", "under_maintenance"]
+                .contains(&c["status"].as_str().unwrap_or("")));
+        }
+        let (_, all) = h.call(Method::GET, "/api/v2/incidents.json", None, None).await;
+        assert_eq!(keys(&all), set(&["page", "incidents"]));
+        let incidents = all["incidents"].as_array().cloned().unwrap_or_default();
+        assert_eq!(incidents.len(), 2);
+        assert_eq!(incidents[0]["name"], "Open one", "newest first");
+        for i in &incidents {
+            assert_eq!(keys(i), incident);
+            assert!(["investigating", "identified", "monitoring", "resolved", "postmortem"].contains(&i["status"].as_str().unwrap_or("")));
+            assert!(["none", "minor", "major", "critical"].contains(&i["impact"].as_str().unwrap_or("")));
+            for c in i["components"].as_array().into_iter().flatten() {
+                assert_eq!(keys(c), component);
+            }
+            for u in i["incident_updates"].as_array().into_iter().flatten() {
+                assert_eq!(keys(u), update);
+                assert_eq!(u["incident_id"], i["id"]);
+                for a in u["affected_components"].as_array().into_iter().flatten() {
+                    assert_eq!(keys(a), affected);
+                }
+            }
+        }
+        let (_, unresolved) = h.call(Method::GET, "/api/v2/incidents/unresolved.json", None, None).await;
+        assert_eq!(unresolved["incidents"].as_array().map(Vec::len), Some(1));
+        for path in ["/api/v2/scheduled-maintenances.json", "/api/v2/scheduled-maintenances/upcoming.json", "/api/v2/scheduled-maintenances/active.json"] {
+            let (s, v) = h.call(Method::GET, path, None, None).await;
+            assert_eq!(s, StatusCode::OK);
+            assert_eq!(keys(&v), set(&["page", "scheduled_maintenances"]));
+        }
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn feeds_stay_well_formed_xml_whatever_responders_type() {
+    each_backend(|h| async move {
+        setup(&h).await?;
+        let nasty = "]]> <![CDATA[ </content> &amp; &#0; \u{1} \u{7f} \u{fffe} 'quotes' \"double\" <script>alert(1)</script> é 漢字 🚨";
+        h.ok(
+            Method::POST,
+            "/admin/v1/incidents",
+            &h.responder,
+            Some(json!({"name": nasty, "impact": "minor", "body": nasty})),
+            StatusCode::CREATED,
+        )
+        .await?;
+        for path in ["/history.atom", "/history.rss"] {
+            let (_, _, xml) = h.raw(Method::GET, path, None, None).await;
+            let doc = roxmltree::Document::parse(&xml).map_err(|e| anyhow::anyhow!("{path}: {e}\n{xml}"))?;
+            let text: String = doc.descendants().filter_map(|n| n.text()).collect();
+            assert!(text.contains("<script>alert(1)</script>") || text.contains("&lt;script&gt;"), "{path}");
+            assert!(text.contains("漢字 🚨"));
+        }
+        let (_, _, html) = h.raw(Method::GET, "/", None, None).await;
+        assert!(!html.contains("<script>"), "HTML page escapes responder text");
+        Ok(())
+    })
+    .await;
+}
+
+fn child_text<'a>(node: roxmltree::Node<'a, 'a>, ns: &str, name: &str) -> Option<&'a str> {
+    node.children()
+        .find(|n| {
+            if ns.is_empty() {
+                n.has_tag_name(name)
+            } else {
+                n.has_tag_name((ns, name))
+            }
+        })
+        .and_then(|n| n.text())
+}
+
+fn assert_in_order(haystack: &str, needles: &[&str]) -> anyhow::Result<()> {
+    let mut at = 0;
+    for n in needles {
+        let strong = format!("<strong>{n}</strong>");
+        let found = haystack[at..]
+            .find(&strong)
+            .ok_or_else(|| anyhow::anyhow!("{strong} not found after byte {at} in {haystack}"))?;
+        at += found + strong.len();
+    }
+    Ok(())
+}

@@ -1,0 +1,275 @@
+//! Test harness: every scenario runs once per backend, on a fresh SQLite
+//! file and on a fresh schema of the PostgreSQL server (`DATABASE_URL` when
+//! it names one, else `postgres://postgres@127.0.0.1:5432/test`). With
+//! `CI=true` an unreachable PostgreSQL fails the test instead of skipping it.
+
+#![allow(dead_code, unreachable_pub)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use bulkhead_control_api::{Role, Timestamp};
+use bulkhead_control_plane::{AppState, Backend, Db, Settings, app, store};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use sqlx::Connection;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tower::ServiceExt;
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        Timestamp::now().millis() % 1_000_000
+    )
+}
+
+/// One database for one scenario, removed afterwards.
+pub struct TestDb {
+    pub db: Db,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    File(PathBuf),
+    Schema { base: String, schema: String },
+}
+
+impl TestDb {
+    pub fn label(&self) -> String {
+        self.db.backend().to_string()
+    }
+
+    async fn remove(self) {
+        self.db.close().await;
+        match self.cleanup {
+            Cleanup::File(p) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
+                }
+            }
+            Cleanup::Schema { base, schema } => {
+                if let Ok(mut c) = sqlx::PgConnection::connect(&base).await {
+                    let _ =
+                        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+                            .execute(&mut c)
+                            .await;
+                }
+            }
+        }
+    }
+}
+
+pub fn postgres_base_url() -> String {
+    match std::env::var("DATABASE_URL") {
+        Ok(u) if u.starts_with("postgres") => u,
+        _ => "postgres://postgres@127.0.0.1:5432/test".to_owned(),
+    }
+}
+
+/// A fresh SQLite database and, when reachable, a fresh PostgreSQL schema.
+pub async fn backends() -> Vec<TestDb> {
+    let mut out = Vec::new();
+    let path = std::env::temp_dir().join(format!("{}.db", unique("bulkhead_cp")));
+    let db = Db::connect(&Db::sqlite_url(&path))
+        .await
+        .expect("open SQLite");
+    assert_eq!(db.backend(), Backend::Sqlite);
+    out.push(TestDb {
+        db,
+        cleanup: Cleanup::File(path),
+    });
+    let base = postgres_base_url();
+    match sqlx::PgConnection::connect(&base).await {
+        Ok(mut c) => {
+            let schema = unique("bh_test");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&mut c)
+                .await
+                .expect("create a test schema");
+            let sep = if base.contains('?') { '&' } else { '?' };
+            let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+            let db = Db::connect(&url).await.expect("open PostgreSQL");
+            assert_eq!(db.backend(), Backend::Postgres);
+            out.push(TestDb {
+                db,
+                cleanup: Cleanup::Schema { base, schema },
+            });
+        }
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true but PostgreSQL at {base} is unreachable: {e}")
+        }
+        Err(e) => {
+            eprintln!("note: PostgreSQL at {base} unreachable ({e}); this run covers SQLite only")
+        }
+    }
+    out
+}
+
+/// Runs `scenario` once per backend; a failure names the backend.
+pub async fn each_backend<F, Fut>(scenario: F)
+where
+    F: Fn(Harness) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    each_backend_with(Duration::from_secs(60), scenario).await
+}
+
+/// As [`each_backend`], with a given node liveness limit.
+pub async fn each_backend_with<F, Fut>(node_ttl: Duration, scenario: F)
+where
+    F: Fn(Harness) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    for t in backends().await {
+        let label = t.label();
+        let h = Harness::new(t.db.clone(), node_ttl).await;
+        let result = scenario(h).await;
+        t.remove().await;
+        if let Err(e) = result {
+            panic!("[{label}] {e:?}");
+        }
+    }
+}
+
+/// The router over one database, with one token per role.
+pub struct Harness {
+    pub db: Db,
+    pub app: Router,
+    pub admin: String,
+    pub responder: String,
+    pub node: String,
+}
+
+impl Harness {
+    async fn new(db: Db, node_ttl: Duration) -> Harness {
+        let now = Timestamp::now();
+        let mut conn = db.pool().acquire().await.expect("connection");
+        let mut token = async |name: &str, role: Role| {
+            store::operators::create(&mut conn, name, role, now)
+                .await
+                .expect("operator")
+                .token
+        };
+        let admin = token("ada-admin", Role::Admin).await;
+        let responder = token("rita-responder", Role::Responder).await;
+        let node = token("worker-fleet", Role::Node).await;
+        drop(conn);
+        let settings = Settings {
+            page_name: "Bulkhead".to_owned(),
+            public_url: "http://status.test:8788".to_owned(),
+            node_ttl,
+            heartbeat_interval: Duration::from_secs(5),
+        };
+        Harness {
+            app: app(AppState::new(db.clone(), settings)),
+            db,
+            admin,
+            responder,
+            node,
+        }
+    }
+
+    /// One request through the real router; the body parsed as JSON (or
+    /// `Value::String` when it is not JSON).
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let (status, _, text) = self.raw(method, path, token, body).await;
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, v)
+    }
+
+    /// One request; status, content type and body text.
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, String, String) {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let body = match body {
+            Some(v) => {
+                req = req.header("content-type", "application/json");
+                Body::from(v.to_string())
+            }
+            None => Body::empty(),
+        };
+        let resp = self
+            .app
+            .clone()
+            .oneshot(req.body(body).expect("request"))
+            .await
+            .expect("router");
+        let status = resp.status();
+        let ctype = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, ctype, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// `call` that insists on `expected`.
+    pub async fn ok(
+        &self,
+        method: Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+        expected: StatusCode,
+    ) -> anyhow::Result<Value> {
+        let (status, v) = self.call(method.clone(), path, Some(token), body).await;
+        anyhow::ensure!(status == expected, "{method} {path}: {status} {v}");
+        Ok(v)
+    }
+}
+
+/// A config spec with the given limits.
+pub fn config(context_window: u64, max_output: u64) -> Value {
+    serde_json::json!({
+        "context_window": context_window,
+        "max_output": max_output,
+        "weights_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "weights_sha256": SHA,
+        "quantization": "q4_1",
+        "page_size": 16,
+        "kv_budget": { "prefill_bytes": 1u64 << 30, "decode_bytes": 1u64 << 30 },
+        "parallelism": { "tensor": 1, "pipeline": 1 }
+    })
+}
+
+pub const SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+pub const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
+pub const SLUG_PATH: &str = "%40cf%2Fhuggingfacetb%2Fsmollm2-135m-instruct";
+
+/// A node registration body.
+pub fn node(name: &str, role: &str, pool: u64) -> Value {
+    serde_json::json!({
+        "name": name,
+        "role": role,
+        "model": SLUG,
+        "address": format!("127.0.0.1:{}", 9000 + name.len()),
+        "kv_pool_tokens": pool,
+        "weights_sha256": SHA,
+        "quantization": "q4_1",
+        "page_size": 16,
+        "kv_budget_bytes": 1u64 << 30
+    })
+}

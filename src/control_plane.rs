@@ -1,0 +1,183 @@
+//! `bulkhead control-plane`: runs the control plane (admin API, status page
+//! and feeds) over SQLite in the data directory, or PostgreSQL when
+//! `DATABASE_URL` names one; and `bulkhead control-plane token create`, which
+//! mints an operator token straight in the database (the first admin token
+//! has no one to ask for it).
+
+use anyhow::Context;
+use bulkhead_control_api::{Role, Timestamp};
+use bulkhead_control_plane::{AppState, Db, Settings, app, store};
+use clap::{Args, Subcommand};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Flags of `bulkhead control-plane`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub(crate) struct ControlPlaneArgs {
+    #[command(subcommand)]
+    command: Option<ControlPlaneCommand>,
+    #[command(flatten)]
+    serve: ServeFlags,
+}
+
+#[derive(Debug, Subcommand)]
+enum ControlPlaneCommand {
+    /// Operator tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create an operator and print its token (shown once; only its hash is stored).
+    Create {
+        /// Operator name; the audit log's actor.
+        #[arg(long)]
+        name: String,
+        /// responder, admin or node.
+        #[arg(long)]
+        role: Role,
+        #[command(flatten)]
+        db: DbFlags,
+    },
+}
+
+/// Where the database is.
+#[derive(Debug, Args)]
+pub(crate) struct DbFlags {
+    /// PostgreSQL (postgres://…) or SQLite (sqlite://PATH) URL; default: SQLite in --data-dir.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
+    /// Data directory; holds bulkhead.db when no database URL is given.
+    #[arg(long, default_value = ".bulkhead")]
+    data_dir: PathBuf,
+}
+
+impl DbFlags {
+    async fn open(&self) -> anyhow::Result<Db> {
+        let url = match &self.database_url {
+            Some(u) => u.clone(),
+            None => {
+                std::fs::create_dir_all(&self.data_dir)
+                    .with_context(|| format!("creating {}", self.data_dir.display()))?;
+                Db::sqlite_url(&self.data_dir.join("bulkhead.db"))
+            }
+        };
+        Ok(Db::connect(&url).await?)
+    }
+}
+
+#[derive(Debug, Args)]
+struct ServeFlags {
+    /// Address of the admin API and the status page.
+    #[arg(long, default_value = "127.0.0.1:8788")]
+    listen: String,
+    /// URL the status page is reached at (feed links); default: http://LISTEN.
+    #[arg(long)]
+    public_url: Option<String>,
+    /// Status page title.
+    #[arg(long, default_value = "Bulkhead")]
+    page_name: String,
+    /// Seconds without a heartbeat after which a node is unroutable.
+    #[arg(long, default_value_t = 15)]
+    node_ttl_secs: u64,
+    /// Seconds between the heartbeats nodes are asked to send.
+    #[arg(long, default_value_t = 5)]
+    heartbeat_secs: u64,
+    #[command(flatten)]
+    db: DbFlags,
+}
+
+pub(crate) fn run(args: &ControlPlaneArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    match &args.command {
+        Some(ControlPlaneCommand::Token {
+            command: TokenCommand::Create { name, role, db },
+        }) => rt.block_on(create_token(name, *role, db)),
+        None => rt.block_on(serve(&args.serve)),
+    }
+}
+
+async fn create_token(name: &str, role: Role, db: &DbFlags) -> anyhow::Result<()> {
+    let db = db.open().await?;
+    let mut conn = db.pool().acquire().await?;
+    let created = store::operators::create(&mut conn, name, role, Timestamp::now()).await?;
+    println!("{}", created.token);
+    eprintln!("created {role} operator `{name}`; the token above is shown only once");
+    Ok(())
+}
+
+async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
+    if flags.node_ttl_secs == 0
+        || flags.heartbeat_secs == 0
+        || flags.heartbeat_secs >= flags.node_ttl_secs
+    {
+        anyhow::bail!("--heartbeat-secs must be at least 1 and smaller than --node-ttl-secs");
+    }
+    let db = flags.db.open().await?;
+    let listener = tokio::net::TcpListener::bind(&flags.listen)
+        .await
+        .with_context(|| format!("binding {}", flags.listen))?;
+    let addr = listener.local_addr()?;
+    let settings = Settings {
+        page_name: flags.page_name.clone(),
+        public_url: flags
+            .public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}")),
+        node_ttl: Duration::from_secs(flags.node_ttl_secs),
+        heartbeat_interval: Duration::from_secs(flags.heartbeat_secs),
+    };
+    announce(&format!(
+        "bulkhead control-plane: listening http={addr} database={}{}",
+        db.backend(),
+        location(&flags.db.data_dir, flags.db.database_url.is_none())
+    ));
+    axum::serve(listener, app(AppState::new(db.clone(), settings)))
+        .with_graceful_shutdown(shutdown())
+        .await?;
+    db.close().await;
+    Ok(())
+}
+
+fn location(dir: &Path, sqlite: bool) -> String {
+    if sqlite {
+        format!(" ({})", dir.join("bulkhead.db").display())
+    } else {
+        String::new()
+    }
+}
+
+fn announce(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub(crate) async fn shutdown() {
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}

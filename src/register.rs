@@ -1,0 +1,162 @@
+//! Worker registration with the control plane: after loading weights and
+//! binding its ports, a worker registers its role, model, addresses and the
+//! KV pool capacity it measured, then heartbeats with its load. Off unless
+//! `--control-plane` (or `BULKHEAD_CONTROL_PLANE_URL`) is given.
+
+use anyhow::Context;
+use bulkhead_control_api::{
+    Client, ClientError, Credentials, Heartbeat, ModelSlug, NodeLoad, NodeRole, NodeStatus,
+    Parallelism, RegisterNode,
+};
+use bulkhead_engine::Engine;
+use clap::Args;
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The default model's slug.
+pub(crate) const DEFAULT_SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
+
+/// Flags for registering with the control plane.
+#[derive(Debug, Args)]
+pub(crate) struct RegisterArgs {
+    /// Control plane URL to register with (off when absent).
+    #[arg(long = "control-plane", env = "BULKHEAD_CONTROL_PLANE_URL")]
+    control_plane: Option<String>,
+    /// Operator token with the `node` (or `admin`) role.
+    #[arg(long, env = "BULKHEAD_NODE_TOKEN", hide_env_values = true)]
+    node_token: Option<String>,
+    /// Name to register under (default: ROLE@HTTP-ADDRESS).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Slug of the model this worker serves.
+    #[arg(long, default_value = DEFAULT_SLUG)]
+    model_slug: ModelSlug,
+}
+
+/// What the worker tells the control plane about itself.
+#[derive(Debug)]
+pub(crate) struct Announcement<'a> {
+    pub(crate) role: NodeRole,
+    pub(crate) engine: &'a Arc<Engine>,
+    pub(crate) weights: &'a Path,
+    pub(crate) kv_budget_bytes: u64,
+    pub(crate) address: String,
+    pub(crate) transfer_address: Option<String>,
+}
+
+impl RegisterArgs {
+    /// Registers (when configured) and spawns the heartbeat task.
+    pub(crate) async fn register(&self, a: Announcement<'_>) -> anyhow::Result<()> {
+        let Some(url) = &self.control_plane else {
+            return Ok(());
+        };
+        let token = self
+            .node_token
+            .clone()
+            .context("--control-plane needs --node-token (or BULKHEAD_NODE_TOKEN), a token with the node role")?;
+        let client = Client::new(&Credentials {
+            control_plane_url: url.clone(),
+            operator_token: token,
+        })?;
+        let weights = a.weights.to_path_buf();
+        let sha = tokio::task::spawn_blocking(move || sha256_file(&weights)).await??;
+        let info = a.engine.info();
+        let body = RegisterNode {
+            name: self
+                .node_name
+                .clone()
+                .unwrap_or_else(|| format!("{}@{}", a.role, a.address)),
+            role: a.role,
+            model: self.model_slug.clone(),
+            address: a.address,
+            transfer_address: a.transfer_address,
+            kv_pool_tokens: info.limits.pool_tokens as u64,
+            weights_sha256: sha,
+            quantization: info.model.quantization.to_ascii_lowercase(),
+            page_size: u32::try_from(info.limits.page_size)?,
+            kv_budget_bytes: a.kv_budget_bytes,
+            parallelism: Parallelism::default(),
+        };
+        let status: NodeStatus = client
+            .post("/admin/v1/nodes", &body)
+            .await
+            .with_context(|| format!("registering with the control plane at {url}"))?;
+        report(&status);
+        let engine = Arc::clone(a.engine);
+        tokio::spawn(heartbeats(client, body, status, engine));
+        Ok(())
+    }
+}
+
+fn report(s: &NodeStatus) {
+    match &s.node.unroutable_reason {
+        None => eprintln!(
+            "registered as node {} ({}): routable",
+            s.node.id, s.node.registration.name
+        ),
+        Some(why) => eprintln!(
+            "registered as node {} ({}): NOT routable: {why}",
+            s.node.id, s.node.registration.name
+        ),
+    }
+}
+
+/// Heartbeats forever; re-registers if the control plane forgot the node.
+async fn heartbeats(
+    client: Client,
+    body: RegisterNode,
+    mut status: NodeStatus,
+    engine: Arc<Engine>,
+) {
+    let mut routable = status.node.routable;
+    loop {
+        tokio::time::sleep(Duration::from_millis(status.heartbeat_interval_ms.max(100))).await;
+        let e = Arc::clone(&engine);
+        let load = tokio::task::spawn_blocking(move || e.stats())
+            .await
+            .ok()
+            .flatten()
+            .map(|s| NodeLoad {
+                free_pages: s.pool.free_pages as u64,
+                total_pages: s.pool.total_pages as u64,
+                queue_depth: s.waiting as u64,
+            });
+        let path = format!("/admin/v1/nodes/{}/heartbeat", status.node.id);
+        let next = match client
+            .post::<_, NodeStatus>(&path, &Heartbeat { load })
+            .await
+        {
+            Err(ClientError::Api { status: 404, .. }) => {
+                client.post("/admin/v1/nodes", &body).await
+            }
+            other => other,
+        };
+        match next {
+            Ok(s) => {
+                if s.node.routable != routable {
+                    report(&s);
+                    routable = s.node.routable;
+                }
+                status = s;
+            }
+            Err(e) => eprintln!("heartbeat: {e}"),
+        }
+    }
+}
+
+fn sha256_file(path: &Path) -> anyhow::Result<String> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}

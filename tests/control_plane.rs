@@ -1,0 +1,407 @@
+//! The control plane as operators run it: `bulkhead control-plane` as a
+//! process over real sockets, the responder commands against it, and real
+//! workers registering the KV pool they measured.
+
+mod support;
+
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+use support::Worker;
+
+const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
+const SLUG_PATH: &str = "%40cf%2Fhuggingfacetb%2Fsmollm2-135m-instruct";
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!("bulkhead-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn bulkhead(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bulkhead"));
+    cmd.args(args)
+        .env_remove("BULKHEAD_CONTROL_PLANE_URL")
+        .env_remove("BULKHEAD_TOKEN")
+        .env_remove("BULKHEAD_NODE_TOKEN")
+        .env_remove("DATABASE_URL");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("bulkhead runs")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn token(dir: &Path, name: &str, role: &str) -> String {
+    let d = dir.to_str().expect("utf-8 path");
+    ok(&bulkhead(
+        &[
+            "control-plane",
+            "token",
+            "create",
+            "--name",
+            name,
+            "--role",
+            role,
+            "--data-dir",
+            d,
+        ],
+        &[],
+    ))
+    .trim()
+    .to_owned()
+}
+
+fn control_plane(dir: &Path) -> Worker {
+    let d = dir.to_str().expect("utf-8 path");
+    Worker::start(&[
+        "control-plane",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        d,
+        "--node-ttl-secs",
+        "30",
+        "--heartbeat-secs",
+        "1",
+    ])
+}
+
+/// One HTTP/1.0 call with a bearer token; status and JSON body.
+fn call(addr: &str, method: &str, path: &str, token: &str, body: Option<&Value>) -> (u16, Value) {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(Value::String(body.to_owned())),
+    )
+}
+
+fn config(context_window: u64, max_output: u64, sha: &str) -> Value {
+    json!({
+        "context_window": context_window,
+        "max_output": max_output,
+        "weights_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "weights_sha256": sha,
+        "quantization": "q4_1",
+        "page_size": 16,
+        "kv_budget": {"prefill_bytes": 64u64 << 20, "decode_bytes": 64u64 << 20}
+    })
+}
+
+#[test]
+fn responder_commands_flip_visibility_run_incidents_and_read_the_audit_log() {
+    let dir = temp_dir("responder");
+    let admin = token(&dir, "ada", "admin");
+    let responder = token(&dir, "rita", "responder");
+    assert!(responder.starts_with("bho_") && responder != admin);
+    let cp = control_plane(&dir);
+    let addr = cp.addr("http");
+    let url = format!("http://{addr}");
+    let (s, v) = call(
+        &addr,
+        "POST",
+        "/admin/v1/models",
+        &admin,
+        Some(&json!({"slug": SLUG, "task": "Text Generation", "visibility": "public"})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let d = dir.to_str().expect("utf-8 path");
+
+    // Without credentials the commands say where they looked.
+    let out = bulkhead(&["model", "list", "--data-dir", d], &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("BULKHEAD_CONTROL_PLANE_URL") && err.contains("credentials.json"),
+        "{err}"
+    );
+
+    // From the environment.
+    let env = [
+        ("BULKHEAD_CONTROL_PLANE_URL", url.as_str()),
+        ("BULKHEAD_TOKEN", responder.as_str()),
+    ];
+    let list = ok(&bulkhead(&["model", "list"], &env));
+    assert!(list.contains(SLUG) && list.contains("public"), "{list}");
+    let flip = ok(&bulkhead(
+        &["model", "private", SLUG, "--reason", "INC-1 canary seen"],
+        &env,
+    ));
+    assert!(
+        flip.contains("is now private (was public)") && flip.contains("rita"),
+        "{flip}"
+    );
+    let again = ok(&bulkhead(
+        &["model", "private", SLUG, "--reason", "again"],
+        &env,
+    ));
+    assert!(again.contains("already private"), "{again}");
+
+    // From credentials.json in --data-dir, as `bulkhead up` writes it.
+    std::fs::write(
+        dir.join("credentials.json"),
+        json!({"control_plane_url": url, "operator_token": responder, "gateway_url": "http://127.0.0.1:8787"}).to_string(),
+    )
+    .expect("write credentials");
+    let opened: Value = serde_json::from_str(&ok(&bulkhead(
+        &[
+            "incident",
+            "open",
+            "--name",
+            "Cross-tenant output",
+            "--impact",
+            "critical",
+            "--body",
+            "Model made private while we investigate.",
+            "--component",
+            &format!("{SLUG}=major_outage"),
+            "--json",
+            "--data-dir",
+            d,
+        ],
+        &[],
+    )))
+    .expect("incident JSON");
+    let id = opened["id"].as_i64().expect("incident id").to_string();
+    assert_eq!(
+        opened["updates"][0]["affected_components"][0]["new_status"],
+        "major_outage"
+    );
+    let upd = ok(&bulkhead(
+        &[
+            "incident",
+            "update",
+            &id,
+            "--status",
+            "identified",
+            "--body",
+            "Pool smaller than context.",
+            "--data-dir",
+            d,
+        ],
+        &[],
+    ));
+    assert!(
+        upd.contains(&format!("incident #{id}")) && upd.contains("identified"),
+        "{upd}"
+    );
+    ok(&bulkhead(
+        &[
+            "model",
+            "public",
+            SLUG,
+            "--reason",
+            "fixed in config v2",
+            "--data-dir",
+            d,
+        ],
+        &[],
+    ));
+    let res = ok(&bulkhead(
+        &[
+            "incident",
+            "resolve",
+            &id,
+            "--body",
+            "Resolved.",
+            "--postmortem",
+            "Two faults lined up.",
+            "--data-dir",
+            d,
+        ],
+        &[],
+    ));
+    assert!(res.contains("postmortem"), "{res}");
+
+    // The audit log has both flips, newest first, with actor and reason.
+    let audit: Value =
+        serde_json::from_str(&ok(&bulkhead(&["audit", "--json", "--data-dir", d], &[])))
+            .expect("JSON");
+    let flips: Vec<(&str, &str, &str)> = audit
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter(|e| e["action"] == "model.visibility")
+        .map(|e| {
+            (
+                e["after"].as_str().unwrap_or(""),
+                e["actor"].as_str().unwrap_or(""),
+                e["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        flips,
+        vec![
+            ("public", "rita", "fixed in config v2"),
+            ("private", "rita", "INC-1 canary seen")
+        ]
+    );
+    let human = ok(&bulkhead(
+        &["audit", "--subject", SLUG, "--data-dir", d],
+        &[],
+    ));
+    assert!(
+        human.contains("public -> private (INC-1 canary seen)"),
+        "{human}"
+    );
+
+    // The public feed tells the story without a token.
+    let (s, v) = call(&addr, "GET", "/api/v2/incidents.json", "", None);
+    assert_eq!(s, 200);
+    let statuses: Vec<&str> = v["incidents"][0]["incident_updates"]
+        .as_array()
+        .expect("updates")
+        .iter()
+        .filter_map(|u| u["status"].as_str())
+        .collect();
+    assert_eq!(statuses, vec!["resolved", "identified", "investigating"]);
+
+    // A wrong token is refused with the control plane's message.
+    let bad = [
+        ("BULKHEAD_CONTROL_PLANE_URL", url.as_str()),
+        ("BULKHEAD_TOKEN", "bho_nope"),
+    ];
+    let out = bulkhead(&["model", "private", SLUG, "--reason", "x"], &bad);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_smaller() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../shared/golden/smollm2-135m-q4_1.json"),
+        )
+        .expect("golden file"),
+    )
+    .expect("golden JSON");
+    let sha = golden["sha256"].as_str().expect("sha256");
+    let dir = temp_dir("register");
+    let admin = token(&dir, "ada", "admin");
+    let node = token(&dir, "fleet", "node");
+    let cp = control_plane(&dir);
+    let addr = cp.addr("http");
+    let url = format!("http://{addr}");
+    let body = json!({"slug": SLUG, "task": "Text Generation", "visibility": "public", "config": config(2048, 512, sha)});
+    let (s, v) = call(&addr, "POST", "/admin/v1/models", &admin, Some(&body));
+    assert_eq!(s, 201, "{v}");
+
+    let serve = |mib: &str| {
+        Worker::start(&[
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--kv-budget-mib",
+            mib,
+            "--threads",
+            "1",
+            "--control-plane",
+            &url,
+            "--node-token",
+            &node,
+            "--node-name",
+            "colocated-0",
+        ])
+    };
+    let node_view = || {
+        let (s, v) = call(&addr, "GET", "/admin/v1/nodes", &admin, None);
+        assert_eq!(s, 200, "{v}");
+        v.as_array()
+            .and_then(|a| a.iter().find(|n| n["name"] == "colocated-0").cloned())
+            .expect("registered node")
+    };
+
+    let mut worker = serve("64");
+    let n = node_view();
+    let measured = n["kv_pool_tokens"].as_u64().expect("pool");
+    assert!(
+        measured >= 2560,
+        "64 MiB holds at least 2560 tokens of SmolLM2 KV: {n}"
+    );
+    assert_eq!(
+        (
+            n["role"].as_str(),
+            n["quantization"].as_str(),
+            n["weights_sha256"].as_str()
+        ),
+        (Some("colocated"), Some("q4_1"), Some(sha))
+    );
+    assert_eq!(n["routable"], true, "{n}");
+    // The heartbeat reports the pool's load.
+    std::thread::sleep(Duration::from_millis(1500));
+    let n = node_view();
+    assert!(
+        n["load"]["total_pages"]
+            .as_u64()
+            .is_some_and(|t| t * 16 == measured),
+        "{n}"
+    );
+
+    // A config larger than what this worker measured is refused, naming it.
+    let cfg = format!("/admin/v1/models/{SLUG_PATH}/configs");
+    let (s, _) = call(&addr, "POST", &cfg, &admin, Some(&config(measured, 1, sha)));
+    assert_eq!(s, 201);
+    let (s, v) = call(&addr, "POST", &format!("{cfg}/2/activate"), &admin, None);
+    assert_eq!(s, 409, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("`colocated-0`")
+            && msg.contains(&measured.to_string())
+            && msg.contains(&(measured + 1).to_string()),
+        "{msg}"
+    );
+
+    // Restarted with half the memory: same name, smaller pool, unroutable.
+    worker.kill9();
+    let _worker = serve("32");
+    let n = node_view();
+    let smaller = n["kv_pool_tokens"].as_u64().expect("pool");
+    assert!(smaller < 2560, "{n}");
+    assert_eq!(n["routable"], false, "{n}");
+    let reason = n["unroutable_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(&smaller.to_string()) && reason.contains("2560"),
+        "{reason}"
+    );
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
