@@ -49,10 +49,10 @@ pub(crate) fn page(s: &Snapshot) -> String {
             timeline(i)
         );
     }
-    let _ = write!(
+    let _ = writeln!(
         h,
         "<p><small>Feeds: <a href=\"{0}/history.atom\">Atom</a> · <a href=\"{0}/history.rss\">RSS</a> · \
-         <a href=\"{0}/api/v2/summary.json\">JSON</a></small></p></body></html>\n",
+         <a href=\"{0}/api/v2/summary.json\">JSON</a></small></p></body></html>",
         escape(&s.url)
     );
     h

@@ -165,9 +165,9 @@ pub async fn views(
     let mut active = HashMap::new();
     let mut out = Vec::with_capacity(rows.len());
     for node in rows {
-        if !active.contains_key(&node.model_id) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = active.entry(node.model_id) {
             let model = models::get(conn, node.model_id).await?;
-            active.insert(node.model_id, configs::active(conn, &model).await?);
+            slot.insert(configs::active(conn, &model).await?);
         }
         let config = active.get(&node.model_id).and_then(Option::as_ref);
         let (routable, unroutable_reason) = match routability::evaluate(&node, config, now, ttl) {

@@ -88,6 +88,7 @@ pub async fn backends() -> Vec<TestDb> {
     let base = postgres_base_url();
     match sqlx::PgConnection::connect(&base).await {
         Ok(mut c) => {
+            drop_orphaned_schemas(&mut c).await;
             let schema = unique("bh_test");
             sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
                 .execute(&mut c)
@@ -110,6 +111,27 @@ pub async fn backends() -> Vec<TestDb> {
         }
     }
     out
+}
+
+/// Drops test schemas left by test processes that died mid-scenario (a
+/// failed assertion skips the cleanup); the owning pid is in the name.
+async fn drop_orphaned_schemas(c: &mut sqlx::PgConnection) {
+    let names: Vec<(String,)> =
+        sqlx::query_as("SELECT schema_name::text FROM information_schema.schemata WHERE schema_name LIKE 'bh_test_%'")
+            .fetch_all(&mut *c)
+            .await
+            .unwrap_or_default();
+    for (name,) in names {
+        let pid = name.split('_').nth(2).and_then(|p| p.parse::<u32>().ok());
+        let alive = pid.is_some_and(|p| {
+            p == std::process::id() || std::path::Path::new(&format!("/proc/{p}")).exists()
+        });
+        if !alive {
+            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP SCHEMA {name} CASCADE")))
+                .execute(&mut *c)
+                .await;
+        }
+    }
 }
 
 /// Runs `scenario` once per backend; a failure names the backend.
