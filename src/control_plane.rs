@@ -88,6 +88,9 @@ struct ServeFlags {
     /// Seconds between the heartbeats nodes are asked to send.
     #[arg(long, default_value_t = 5)]
     heartbeat_secs: u64,
+    /// Milliseconds the public status routes may serve one database read.
+    #[arg(long, default_value_t = 1000)]
+    status_cache_ms: u64,
     #[command(flatten)]
     db: DbFlags,
 }
@@ -134,6 +137,7 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
             .unwrap_or_else(|| format!("http://{addr}")),
         node_ttl: Duration::from_secs(flags.node_ttl_secs),
         heartbeat_interval: Duration::from_secs(flags.heartbeat_secs),
+        status_cache: Duration::from_millis(flags.status_cache_ms),
     };
     announce(&format!(
         "bulkhead control-plane: listening http={addr} database={}{}",

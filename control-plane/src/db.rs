@@ -122,12 +122,14 @@ impl Db {
     }
 }
 
-/// `url` with any password replaced by `***`.
+/// `url` without its query (which may carry `password=`) and with any
+/// password in the user info replaced by `***`.
 pub(crate) fn redact(url: &str) -> String {
+    let url = url.split_once('?').map_or(url, |(base, _)| base);
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let Some((userinfo, host)) = rest.split_once('@') else {
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
         return url.to_owned();
     };
     match userinfo.split_once(':') {
@@ -145,6 +147,14 @@ mod tests {
             "postgres://u:***@h/db"
         );
         assert_eq!(super::redact("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(super::redact("sqlite://x.db"), "sqlite://x.db");
+        assert_eq!(super::redact("sqlite://x.db?mode=rwc"), "sqlite://x.db");
+        assert_eq!(
+            super::redact("postgres://u:p@ss@h/db"),
+            "postgres://u:***@h/db"
+        );
+        assert_eq!(
+            super::redact("postgres://h/db?user=u&password=s"),
+            "postgres://h/db"
+        );
     }
 }

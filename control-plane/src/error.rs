@@ -39,13 +39,24 @@ pub enum Error {
         /// Their sum.
         required: u64,
     },
+    /// The host failed us (no randomness for a token); logged, never shown.
+    #[error("{0}")]
+    Internal(String),
     /// The database failed.
     #[error(transparent)]
     Db(#[from] DbError),
 }
 
 impl From<sqlx::Error> for Error {
+    /// A unique-constraint violation is a conflict with a concurrent change
+    /// (two admins adding the same name or config version at once), not a
+    /// server fault.
     fn from(e: sqlx::Error) -> Self {
-        Error::Db(DbError::Query(e))
+        match &e {
+            sqlx::Error::Database(d) if d.is_unique_violation() => {
+                Error::Conflict("a concurrent change got there first; retry".to_owned())
+            }
+            _ => Error::Db(DbError::Query(e)),
+        }
     }
 }

@@ -14,6 +14,7 @@ mod public;
 
 use crate::Db;
 use axum::Router;
+use axum::http::StatusCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +31,9 @@ pub struct Settings {
     pub node_ttl: Duration,
     /// How often nodes are told to send heartbeats.
     pub heartbeat_interval: Duration,
+    /// How long the public status routes may serve one database read
+    /// (bounds the load anonymous readers put on the database; zero: none).
+    pub status_cache: Duration,
 }
 
 /// Shared state of every handler; cheap to clone.
@@ -37,6 +41,7 @@ pub struct Settings {
 pub struct AppState {
     db: Db,
     settings: Arc<Settings>,
+    status: public::StatusCache,
 }
 
 impl AppState {
@@ -45,6 +50,7 @@ impl AppState {
         AppState {
             db,
             settings: Arc::new(settings),
+            status: public::StatusCache::default(),
         }
     }
 }
@@ -54,5 +60,15 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .nest("/admin/v1", admin::routes())
         .merge(public::routes())
+        .fallback(|| async {
+            error::ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
+        })
+        .method_not_allowed_fallback(|| async {
+            error::ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not accept that method",
+            )
+        })
         .with_state(state)
 }

@@ -36,7 +36,9 @@ pub(crate) struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads the listed models and recent incidents.
+    /// Reads the listed models, the recent incidents and every open one.
+    /// An incident that touched only models never public is left out whole:
+    /// its title and text would name them.
     pub(crate) async fn load(conn: &mut Conn, name: &str, url: &str) -> Result<Snapshot, Error> {
         let components: Vec<ModelRow> = models::list(conn)
             .await?
@@ -44,7 +46,16 @@ impl Snapshot {
             .filter(|m| m.listed)
             .collect();
         let mut recent = incidents::list(conn, RECENT_INCIDENTS, false).await?;
+        for open in incidents::list(conn, u32::MAX >> 1, true).await? {
+            if !recent.iter().any(|i| i.id == open.id) {
+                recent.push(open);
+            }
+        }
+        recent.sort_by_key(|i| std::cmp::Reverse(i.id));
         let listed: BTreeMap<&ModelSlug, ()> = components.iter().map(|m| (&m.slug, ())).collect();
+        recent.retain(|i| {
+            i.components.is_empty() || i.components.iter().any(|s| listed.contains_key(s))
+        });
         for i in &mut recent {
             i.components.retain(|s| listed.contains_key(s));
             for u in &mut i.updates {
@@ -114,13 +125,18 @@ impl Snapshot {
         format!("{}/incidents/{id}", self.url)
     }
 
-    /// The URL's host, for Atom `tag:` ids.
+    /// The URL's host without a port, for Atom `tag:` ids (RFC 4151).
     pub(crate) fn host(&self) -> &str {
         let rest = self
             .url
             .split_once("://")
             .map_or(self.url.as_str(), |(_, r)| r);
-        rest.split('/').next().unwrap_or(rest)
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let authority = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(v6),
+            None => authority.split(':').next().unwrap_or(authority),
+        }
     }
 }
 

@@ -6,6 +6,7 @@ mod support;
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
+use sha2::Digest;
 use std::time::Duration;
 use support::{SLUG, SLUG_PATH, config, each_backend, each_backend_with, node};
 
@@ -295,6 +296,54 @@ async fn a_node_that_re_registers_with_a_smaller_pool_becomes_unroutable_with_th
         for needle in ["weights", "q8_0", "2×1"] {
             assert!(reason.contains(needle), "{needle} missing from: {reason}");
         }
+        // Another node operator can neither take the name over nor keep it alive.
+        let other = h
+            .ok(
+                Method::POST,
+                "/admin/v1/operators",
+                &h.admin,
+                Some(json!({"name": "other-fleet", "role": "node"})),
+                StatusCode::CREATED,
+            )
+            .await?;
+        let other = other["token"].as_str().unwrap_or_default().to_owned();
+        let (status, err) = h
+            .call(
+                Method::POST,
+                "/admin/v1/nodes",
+                Some(&other),
+                Some(node("decode-0", "decode", 9999)),
+            )
+            .await;
+        assert_eq!(
+            (status, err["error"]["code"].as_str()),
+            (StatusCode::CONFLICT, Some("conflict")),
+            "{err}"
+        );
+        let (status, _) = h
+            .call(
+                Method::POST,
+                &format!("/admin/v1/nodes/{id}/heartbeat"),
+                Some(&other),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        let all = nodes_by_name(
+            &h.ok(
+                Method::GET,
+                "/admin/v1/nodes",
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
+            .await?,
+        );
+        assert_eq!(
+            all["decode-0"]["kv_pool_tokens"], 2559,
+            "unchanged by the refused takeover"
+        );
+
         // Back at full size and the right weights: routable again.
         let v = h
             .ok(
@@ -313,7 +362,7 @@ async fn a_node_that_re_registers_with_a_smaller_pool_becomes_unroutable_with_th
 
 #[tokio::test]
 async fn silent_nodes_become_unroutable_and_stop_blocking_activation() {
-    each_backend_with(Duration::from_millis(300), |h| async move {
+    each_backend_with(Duration::from_millis(1500), |h| async move {
         create_model(&h, "public").await?;
         let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
         h.ok(
@@ -361,7 +410,7 @@ async fn silent_nodes_become_unroutable_and_stop_blocking_activation() {
             StatusCode::CONFLICT,
             "a live node that does not fit blocks activation"
         );
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        tokio::time::sleep(Duration::from_millis(2500)).await;
         let all = nodes_by_name(
             &h.ok(
                 Method::GET,
@@ -474,12 +523,12 @@ async fn a_private_flip_is_in_the_append_only_audit_log_with_actor_and_reason() 
 
         // No API path alters the log: every other method on it is refused.
         for method in [Method::PUT, Method::PATCH, Method::DELETE, Method::POST] {
-            for path in ["/admin/v1/audit", "/admin/v1/audit/1"] {
-                let (status, _) = h.call(method.clone(), path, Some(&h.admin), Some(json!({}))).await;
-                assert!(
-                    status == StatusCode::METHOD_NOT_ALLOWED || status == StatusCode::NOT_FOUND,
-                    "{method} {path}: {status}"
-                );
+            for (path, expected, code) in [
+                ("/admin/v1/audit", StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+                ("/admin/v1/audit/1", StatusCode::NOT_FOUND, "not_found"),
+            ] {
+                let (status, body) = h.call(method.clone(), path, Some(&h.admin), Some(json!({}))).await;
+                assert_eq!((status, body["error"]["code"].as_str()), (expected, Some(code)), "{method} {path}: {body}");
             }
         }
         // And the database itself refuses, whoever asks.
@@ -558,16 +607,19 @@ async fn unauthenticated_or_under_privileged_admin_calls_are_refused() {
             StatusCode::OK,
         )
         .await?;
-        // The stored hash is not the token, and the token is nowhere in the database.
+        // What is stored is the token's sha256, not the token.
         let mut conn = h.db.pool().acquire().await?;
-        let hits: i64 = sqlx::Row::try_get(
-            &sqlx::query("SELECT COUNT(*) AS n FROM operators WHERE token_sha256 = $1")
-                .bind(revoked.as_str())
+        let stored: String = sqlx::Row::try_get(
+            &sqlx::query("SELECT token_sha256 FROM operators WHERE name = 'leaver'")
                 .fetch_one(&mut *conn)
                 .await?,
-            "n",
+            "token_sha256",
         )?;
-        assert_eq!(hits, 0);
+        let expected: String = sha2::Sha256::digest(revoked.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(stored, expected);
         drop(conn);
 
         for &(method, path, who, expected) in REFUSALS {
@@ -619,6 +671,44 @@ async fn unauthenticated_or_under_privileged_admin_calls_are_refused() {
             )
             .await?;
         assert_eq!(m["visibility"], "public");
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn database_failures_reach_clients_only_as_internal_error() {
+    each_backend(|h| async move {
+        create_model(&h, "public").await?;
+        let mut conn = h.db.pool().acquire().await?;
+        sqlx::query("DROP TABLE incident_update_components")
+            .execute(&mut *conn)
+            .await?;
+        drop(conn);
+        let body = json!({"name": "x", "impact": "minor", "body": "b"});
+        let (status, v) = h
+            .call(
+                Method::POST,
+                "/admin/v1/incidents",
+                Some(&h.responder),
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{v}");
+        assert_eq!(
+            v,
+            json!({"error": {"code": "internal_error", "message": "internal error"}})
+        );
+        let mut conn = h.db.pool().acquire().await?;
+        sqlx::query("ALTER TABLE incidents RENAME TO incidents_gone")
+            .execute(&mut *conn)
+            .await?;
+        drop(conn);
+        let (status, v) = h
+            .call(Method::GET, "/api/v2/incidents.json", None, None)
+            .await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(v["error"]["message"], "internal error");
         Ok(())
     })
     .await;

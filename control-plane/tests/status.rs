@@ -145,8 +145,46 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
             inc["shortlink"],
             format!("http://status.test:8788/incidents/{}", view["id"])
         );
-        // The model that was never public appears nowhere on the public side.
-        assert!(!v.to_string().contains("never-public"), "{v}");
+        // The model that was never public appears nowhere on the public side,
+        // not even through an incident about it alone.
+        h.ok(
+            Method::POST,
+            "/admin/v1/incidents",
+            &h.responder,
+            Some(json!({
+                "name": format!("{HIDDEN} answers slowly"),
+                "impact": "critical",
+                "body": "Only the never-public model.",
+                "components": [{"model": HIDDEN, "status": "major_outage"}]
+            })),
+            StatusCode::CREATED,
+        )
+        .await?;
+        for path in [
+            "/api/v2/summary.json",
+            "/api/v2/status.json",
+            "/api/v2/incidents.json",
+            "/api/v2/incidents/unresolved.json",
+            "/api/v2/components.json",
+            "/history.atom",
+            "/history.rss",
+            "/",
+        ] {
+            let (_, _, body) = h.raw(Method::GET, path, None, None).await;
+            assert!(
+                !body.contains("never-public") && !body.contains("answers slowly"),
+                "{path}: {body}"
+            );
+        }
+        let (_, status) = h.call(Method::GET, "/api/v2/status.json", None, None).await;
+        assert_eq!(
+            status["status"]["indicator"], "none",
+            "a hidden incident does not move the page"
+        );
+        let (_, v) = h
+            .call(Method::GET, "/api/v2/incidents.json", None, None)
+            .await;
+        assert_eq!(v["incidents"].as_array().map(Vec::len), Some(1), "{v}");
 
         // Atom: one entry; its HTML lists the same updates in the same order.
         let (s, ctype, atom) = h.raw(Method::GET, "/history.atom", None, None).await;
@@ -162,7 +200,7 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
         );
         assert_eq!(
             child_text(root, ns, "id"),
-            Some("tag:status.test:8788,2005:/history")
+            Some("tag:status.test,2005:/history")
         );
         let entries: Vec<_> = root
             .children()
@@ -279,6 +317,37 @@ async fn open_incidents_and_components_drive_summary_status_and_unresolved() {
         assert_eq!(v["incidents"], json!([]));
         let (_, v) = h.call(Method::GET, "/api/v2/incidents.json", None, None).await;
         assert_eq!(v["incidents"][0]["status"], "resolved");
+
+        // A postmortem can follow days later, once.
+        let pm = json!({"status": "resolved", "body": "Postmortem published.", "postmortem": "What happened."});
+        let path = format!("/admin/v1/incidents/{id}/updates");
+        let v = h.ok(Method::POST, &path, &h.responder, Some(pm.clone()), StatusCode::OK).await?;
+        assert_eq!((v["status"].as_str(), v["postmortem_body"].as_str()), (Some("postmortem"), Some("What happened.")));
+        let (code, _) = h.call(Method::POST, &path, Some(&h.responder), Some(pm)).await;
+        assert_eq!(code, StatusCode::CONFLICT);
+
+        // Resolving one incident leaves a model another open incident still names.
+        let mut ids = Vec::new();
+        for name in ["First", "Second"] {
+            let v = h
+                .ok(
+                    Method::POST,
+                    "/admin/v1/incidents",
+                    &h.responder,
+                    Some(json!({"name": name, "impact": "major", "body": "b", "components": [{"model": SLUG, "status": "major_outage"}]})),
+                    StatusCode::CREATED,
+                )
+                .await?;
+            ids.push(v["id"].as_i64().unwrap_or_default());
+        }
+        let resolve = json!({"status": "resolved", "body": "one down"});
+        h.ok(Method::POST, &format!("/admin/v1/incidents/{}/updates", ids[0]), &h.responder, Some(resolve.clone()), StatusCode::OK)
+            .await?;
+        let (_, v) = h.call(Method::GET, "/api/v2/components.json", None, None).await;
+        assert_eq!(v["components"][0]["status"], "major_outage");
+        h.ok(Method::POST, &format!("/admin/v1/incidents/{}/updates", ids[1]), &h.responder, Some(resolve), StatusCode::OK).await?;
+        let (_, v) = h.call(Method::GET, "/api/v2/components.json", None, None).await;
+        assert_eq!(v["components"][0]["status"], "operational");
 
         // A model flipped private stays listed (the public is told about it);
         // one that was never public is never listed.
@@ -401,12 +470,27 @@ async fn feeds_stay_well_formed_xml_whatever_responders_type() {
             StatusCode::CREATED,
         )
         .await?;
-        for path in ["/history.atom", "/history.rss"] {
+        for (path, html_element) in [("/history.atom", "content"), ("/history.rss", "description")] {
             let (_, _, xml) = h.raw(Method::GET, path, None, None).await;
             let doc = roxmltree::Document::parse(&xml).map_err(|e| anyhow::anyhow!("{path}: {e}\n{xml}"))?;
-            let text: String = doc.descendants().filter_map(|n| n.text()).collect();
-            assert!(text.contains("<script>alert(1)</script>") || text.contains("&lt;script&gt;"), "{path}");
-            assert!(text.contains("漢字 🚨"));
+            // The title is text: it reads back exactly (minus what XML cannot carry).
+            let title = doc
+                .descendants()
+                .filter(|n| n.tag_name().name() == "title")
+                .filter_map(|n| n.text())
+                .find(|t| t.contains("alert(1)"))
+                .ok_or_else(|| anyhow::anyhow!("{path}: no incident title"))?;
+            assert!(title.contains("<script>alert(1)</script>") && title.contains("漢字 🚨"), "{title}");
+            // The entry's HTML is escaped HTML: decoded once it is markup in
+            // which the responder's text is still escaped, never a live tag.
+            let html = doc
+                .descendants()
+                .filter(|n| n.tag_name().name() == html_element)
+                .filter_map(|n| n.text())
+                .find(|t| t.contains("alert(1)"))
+                .ok_or_else(|| anyhow::anyhow!("{path}: no entry HTML"))?;
+            assert!(html.contains("<strong>Investigating</strong>"), "{html}");
+            assert!(!html.contains("<script>") && html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{html}");
         }
         let (_, _, html) = h.raw(Method::GET, "/", None, None).await;
         assert!(!html.contains("<script>"), "HTML page escapes responder text");

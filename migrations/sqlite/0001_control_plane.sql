@@ -61,6 +61,7 @@ CREATE TABLE model_configs (
 CREATE TABLE nodes (
     id                 INTEGER PRIMARY KEY AUTOINCREMENT,
     name               TEXT NOT NULL UNIQUE,
+    operator_id        BIGINT NOT NULL REFERENCES operators (id),
     role               TEXT NOT NULL CHECK (role IN ('prefill', 'decode', 'colocated')),
     model_id           BIGINT NOT NULL REFERENCES models (id),
     address            TEXT NOT NULL,

@@ -313,12 +313,12 @@ async fn node_status(
 
 async fn register_node(
     State(s): State<AppState>,
-    _: NodeAgent,
+    NodeAgent(op): NodeAgent,
     AppJson(req): AppJson<RegisterNode>,
 ) -> ApiResult<NodeStatus> {
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
-    let id = nodes::register(&mut tx, &req, now).await?;
+    let id = nodes::register(&mut tx, &req, &op, now).await?;
     let status = node_status(&s, &mut tx, id, now).await?;
     tx.commit().await?;
     Ok(Json(status))
@@ -326,14 +326,14 @@ async fn register_node(
 
 async fn heartbeat(
     State(s): State<AppState>,
-    _: NodeAgent,
+    NodeAgent(op): NodeAgent,
     AppPath(id): AppPath<i64>,
     OptionalJson(beat): OptionalJson<Heartbeat>,
 ) -> ApiResult<NodeStatus> {
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let id = NodeId::from_db(id);
-    nodes::heartbeat(&mut tx, id, &beat, now).await?;
+    nodes::heartbeat(&mut tx, id, &op, &beat, now).await?;
     let status = node_status(&s, &mut tx, id, now).await?;
     tx.commit().await?;
     Ok(Json(status))

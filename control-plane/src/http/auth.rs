@@ -42,7 +42,7 @@ macro_rules! role_extractor {
     ($(#[$meta:meta])* $name:ident, $role:expr) => {
         $(#[$meta])*
         #[derive(Debug, Clone)]
-        pub(crate) struct $name(#[allow(dead_code, reason = "not every route needs the caller's name")] pub(crate) Operator);
+        pub(crate) struct $name(pub(crate) Operator);
 
         impl FromRequestParts<AppState> for $name {
             type Rejection = ApiError;

@@ -55,6 +55,14 @@ impl From<Error> for ApiError {
             Error::ConfigDoesNotFit { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "config_does_not_fit", e.to_string())
             }
+            Error::Internal(why) => {
+                eprintln!("bulkhead control-plane: {why}");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "internal error",
+                )
+            }
             Error::Db(db) => internal(&db),
         }
     }

@@ -12,6 +12,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::Value;
+use std::sync::Arc;
+use std::time::Instant;
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
@@ -59,9 +61,25 @@ pub(crate) fn routes() -> Router<AppState> {
         )
 }
 
-async fn snapshot(s: &AppState) -> Result<Snapshot, ApiError> {
+/// The last status snapshot and when it was read. One reader at a time
+/// refreshes it; the others wait for that read instead of issuing their own.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StatusCache(Arc<tokio::sync::Mutex<Option<Cached>>>);
+
+type Cached = (Instant, Arc<Snapshot>);
+
+async fn snapshot(s: &AppState) -> Result<Arc<Snapshot>, ApiError> {
+    let mut slot = s.status.0.lock().await;
+    if let Some((at, snap)) = slot.as_ref()
+        && at.elapsed() < s.settings.status_cache
+    {
+        return Ok(Arc::clone(snap));
+    }
     let mut conn = s.db.pool().acquire().await?;
-    Ok(Snapshot::load(&mut conn, &s.settings.page_name, &s.settings.public_url).await?)
+    let snap =
+        Arc::new(Snapshot::load(&mut conn, &s.settings.page_name, &s.settings.public_url).await?);
+    *slot = Some((Instant::now(), Arc::clone(&snap)));
+    Ok(snap)
 }
 
 async fn json(

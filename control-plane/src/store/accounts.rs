@@ -8,7 +8,7 @@ use sqlx::Row;
 /// Creates an account with a fresh random id.
 pub async fn create(conn: &mut Conn, name: &str, now: Timestamp) -> Result<AccountView, Error> {
     super::require_text("account name", name, 200)?;
-    let id = AccountId::random().map_err(|e| Error::Invalid(format!("no randomness: {e}")))?;
+    let id = AccountId::random().map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
     sqlx::query("INSERT INTO accounts (id, name, created_at) VALUES ($1, $2, $3)")
         .bind(id.as_str())
         .bind(name)

@@ -46,8 +46,10 @@ pub async fn open(
 }
 
 /// Adds an update. Resolving without component changes sets every model
-/// the incident touched back to operational; a postmortem (only when
-/// resolving) is published with it and moves the incident to `postmortem`.
+/// the incident touched back to operational (unless another open incident
+/// still names it); a postmortem (only when resolving, or later on a
+/// resolved incident) is published with it and moves the incident to
+/// `postmortem`.
 pub async fn update(
     conn: &mut Conn,
     id: IncidentId,
@@ -55,13 +57,6 @@ pub async fn update(
     actor: &str,
     now: Timestamp,
 ) -> Result<(), Error> {
-    let current = get(conn, id).await?;
-    if current.status.is_closed() {
-        return Err(Error::Conflict(format!(
-            "incident {id} is already {}",
-            current.status
-        )));
-    }
     if req.status == IncidentStatus::Postmortem {
         return Err(Error::Invalid(
             "publish a postmortem by resolving with a postmortem text".to_owned(),
@@ -69,14 +64,47 @@ pub async fn update(
     }
     if req.postmortem.is_some() && req.status != IncidentStatus::Resolved {
         return Err(Error::Invalid(
-            "a postmortem comes with the resolving update".to_owned(),
+            "a postmortem comes with a resolved update".to_owned(),
         ));
     }
+    let before = get(conn, id).await?;
+    let postmortem_only = before.status == IncidentStatus::Resolved && req.postmortem.is_some();
+    if before.status.is_closed() && !postmortem_only {
+        return Err(Error::Conflict(format!(
+            "incident {id} is already {}",
+            before.status
+        )));
+    }
+    // Claim the row (a row lock on PostgreSQL) on the condition just
+    // checked, so two racing resolves cannot both pass.
+    let guard = if postmortem_only {
+        "UPDATE incidents SET updated_at = $1 WHERE id = $2 AND status = 'resolved'"
+    } else {
+        "UPDATE incidents SET updated_at = $1 WHERE id = $2 AND status NOT IN ('resolved', 'postmortem')"
+    };
+    let claimed = sqlx::query(guard)
+        .bind(now.millis())
+        .bind(id.get())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    if claimed == 0 {
+        return Err(Error::Conflict(format!(
+            "incident {id} changed concurrently; reload it"
+        )));
+    }
+    let current = get(conn, id).await?;
     let mut req = req.clone();
-    if req.status == IncidentStatus::Resolved && req.components.is_empty() {
+    if req.status == IncidentStatus::Resolved && req.components.is_empty() && !postmortem_only {
+        let mut still_open = BTreeSet::new();
+        for other in list(conn, u32::MAX >> 1, true).await? {
+            if other.id != id.get() {
+                still_open.extend(other.components);
+            }
+        }
         for slug in &current.components {
             let m = models::find(conn, slug).await?;
-            if m.component_status != ComponentStatus::Operational {
+            if m.component_status != ComponentStatus::Operational && !still_open.contains(slug) {
                 req.components.push(ComponentChange {
                     model: slug.clone(),
                     status: ComponentStatus::Operational,
@@ -137,6 +165,8 @@ async fn write_update(
         None => req.status,
     };
     let at = |s: IncidentStatus| (req.status == s).then_some(now.millis());
+    // COALESCE keeps the first time an incident reached monitoring or
+    // resolved; the guard in `update` has already claimed the row.
     sqlx::query(
         "UPDATE incidents SET status = $1, impact = COALESCE($2, impact), updated_at = $3, \
          monitoring_at = COALESCE(monitoring_at, $4), resolved_at = COALESCE(resolved_at, $5), \

@@ -106,7 +106,7 @@ pub async fn get(conn: &mut Conn, id: ModelId) -> Result<ModelRow, Error> {
         .ok_or_else(|| Error::NotFound(format!("model #{id}")))
 }
 
-/// Every model, by slug.
+/// Every model, by slug (byte order on both backends).
 pub async fn list(conn: &mut Conn) -> Result<Vec<ModelRow>, Error> {
     let rows = sqlx::query(concat!(
         "SELECT ",
@@ -115,7 +115,12 @@ pub async fn list(conn: &mut Conn) -> Result<Vec<ModelRow>, Error> {
     ))
     .fetch_all(&mut *conn)
     .await?;
-    rows.iter().map(model_row).collect()
+    let mut models = rows
+        .iter()
+        .map(model_row)
+        .collect::<Result<Vec<_>, Error>>()?;
+    models.sort_by(|a, b| a.slug.cmp(&b.slug));
+    Ok(models)
 }
 
 /// The accounts that may call a model while it is private.

@@ -2,11 +2,12 @@
 //! was last heard from. Routability is computed from these rows on read
 //! (`crate::routability`), never stored, so it cannot go stale.
 
+use super::operators::Operator;
 use super::{Conn, configs, get_enum, get_time, get_u64, models, to_i64};
 use crate::routability::{self, Routability};
 use crate::{Error, ModelId, NodeId};
 use bulkhead_control_api::{
-    Heartbeat, ModelSlug, NodeLoad, NodeView, Parallelism, RegisterNode, Timestamp,
+    Heartbeat, ModelSlug, NodeLoad, NodeView, Parallelism, RegisterNode, Role, Timestamp,
 };
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -40,9 +41,11 @@ macro_rules! node_columns {
 
 /// Registers a worker, or replaces the record of one with the same name
 /// (after a restart with other weights, quantization or memory budget).
+/// Only the operator that registered a name (or an admin) may replace it.
 pub async fn register(
     conn: &mut Conn,
     reg: &RegisterNode,
+    by: &Operator,
     now: Timestamp,
 ) -> Result<NodeId, Error> {
     super::require_text("node name", &reg.name, 200)?;
@@ -56,15 +59,16 @@ pub async fn register(
     let model = models::find(conn, &reg.model).await?;
     let row = sqlx::query(
         "INSERT INTO nodes (name, role, model_id, address, transfer_address, kv_pool_tokens, weights_sha256, \
-         quantization, page_size, kv_budget_bytes, tensor_parallel, pipeline_parallel, registered_at, last_seen_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13) \
+         quantization, page_size, kv_budget_bytes, tensor_parallel, pipeline_parallel, registered_at, last_seen_at, \
+         operator_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14) \
          ON CONFLICT (name) DO UPDATE SET role = excluded.role, model_id = excluded.model_id, \
          address = excluded.address, transfer_address = excluded.transfer_address, \
          kv_pool_tokens = excluded.kv_pool_tokens, weights_sha256 = excluded.weights_sha256, \
          quantization = excluded.quantization, page_size = excluded.page_size, \
          kv_budget_bytes = excluded.kv_budget_bytes, tensor_parallel = excluded.tensor_parallel, \
          pipeline_parallel = excluded.pipeline_parallel, free_pages = NULL, total_pages = NULL, \
-         queue_depth = NULL, last_seen_at = excluded.last_seen_at \
+         queue_depth = NULL, last_seen_at = excluded.last_seen_at, operator_id = excluded.operator_id \
+         WHERE nodes.operator_id = excluded.operator_id OR $15 = 1 \
          RETURNING id",
     )
     .bind(reg.name.as_str())
@@ -80,15 +84,20 @@ pub async fn register(
     .bind(i64::from(reg.parallelism.tensor))
     .bind(i64::from(reg.parallelism.pipeline))
     .bind(now.millis())
-    .fetch_one(&mut *conn)
-    .await?;
+    .bind(by.id.get())
+    .bind(i64::from(by.role == Role::Admin))
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| Error::Conflict(format!("node name `{}` is registered by another operator", reg.name)))?;
     Ok(NodeId::from_db(row.try_get("id")?))
 }
 
-/// Records a heartbeat and the load it carries.
+/// Records a heartbeat and the load it carries; only from the operator that
+/// registered the node (or an admin).
 pub async fn heartbeat(
     conn: &mut Conn,
     id: NodeId,
+    by: &Operator,
     beat: &Heartbeat,
     now: Timestamp,
 ) -> Result<(), Error> {
@@ -96,13 +105,16 @@ pub async fn heartbeat(
     let opt =
         |f: fn(&NodeLoad) -> u64, what: &str| load.as_ref().map(|l| to_i64(f(l), what)).transpose();
     let n = sqlx::query(
-        "UPDATE nodes SET last_seen_at = $1, free_pages = $2, total_pages = $3, queue_depth = $4 WHERE id = $5",
+        "UPDATE nodes SET last_seen_at = $1, free_pages = $2, total_pages = $3, queue_depth = $4 \
+         WHERE id = $5 AND (operator_id = $6 OR $7 = 1)",
     )
     .bind(now.millis())
     .bind(opt(|l| l.free_pages, "free_pages")?)
     .bind(opt(|l| l.total_pages, "total_pages")?)
     .bind(opt(|l| l.queue_depth, "queue_depth")?)
     .bind(id.get())
+    .bind(by.id.get())
+    .bind(i64::from(by.role == Role::Admin))
     .execute(&mut *conn)
     .await?
     .rows_affected();
@@ -128,7 +140,7 @@ pub async fn get(conn: &mut Conn, id: NodeId) -> Result<NodeRow, Error> {
         .ok_or_else(|| Error::NotFound(format!("node {id}")))
 }
 
-/// Every node, or those of one model, by name.
+/// Every node, or those of one model, by name (byte order on both backends).
 pub async fn list(conn: &mut Conn, model: Option<ModelId>) -> Result<Vec<NodeRow>, Error> {
     let rows = sqlx::query(concat!(
         "SELECT ",
@@ -139,7 +151,12 @@ pub async fn list(conn: &mut Conn, model: Option<ModelId>) -> Result<Vec<NodeRow
     .bind(model.map_or(0, ModelId::get))
     .fetch_all(&mut *conn)
     .await?;
-    rows.iter().map(node_row).collect()
+    let mut nodes = rows
+        .iter()
+        .map(node_row)
+        .collect::<Result<Vec<_>, Error>>()?;
+    nodes.sort_by(|a, b| a.registration.name.cmp(&b.registration.name));
+    Ok(nodes)
 }
 
 /// Removes a node's record (a worker taken out of service for good).

@@ -31,7 +31,7 @@ pub async fn create(
 ) -> Result<OperatorCreated, Error> {
     super::require_text("operator name", name, 100)?;
     let mut secret = [0u8; 32];
-    getrandom::fill(&mut secret).map_err(|e| Error::Invalid(format!("no randomness: {e}")))?;
+    getrandom::fill(&mut secret).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
     let token = format!("{TOKEN_PREFIX}{}", hex(&secret));
     let taken = sqlx::query("SELECT id FROM operators WHERE name = $1")
         .bind(name)

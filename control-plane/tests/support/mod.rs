@@ -188,6 +188,7 @@ impl Harness {
             public_url: "http://status.test:8788".to_owned(),
             node_ttl,
             heartbeat_interval: Duration::from_secs(5),
+            status_cache: Duration::ZERO,
         };
         Harness {
             app: app(AppState::new(db.clone(), settings)),
