@@ -88,6 +88,11 @@ struct ServeFlags {
     /// Seconds between the heartbeats nodes are asked to send.
     #[arg(long, default_value_t = 5)]
     heartbeat_secs: u64,
+    /// Seconds a gateway may go without hearing from the control plane
+    /// before it stops admitting requests (and the longest a visibility flip
+    /// waits for a gateway that does not acknowledge it).
+    #[arg(long, default_value_t = 10)]
+    gateway_lease_secs: u64,
     /// Milliseconds the public status routes may serve one database read.
     #[arg(long, default_value_t = 1000)]
     status_cache_ms: u64,
@@ -138,6 +143,7 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
         node_ttl: Duration::from_secs(flags.node_ttl_secs),
         heartbeat_interval: Duration::from_secs(flags.heartbeat_secs),
         status_cache: Duration::from_millis(flags.status_cache_ms),
+        gateway_lease: Duration::from_secs(flags.gateway_lease_secs.max(1)),
     };
     announce(&format!(
         "bulkhead control-plane: listening http={addr} database={}{}",

@@ -12,9 +12,13 @@ mod auth;
 mod error;
 mod public;
 
-use crate::Db;
+use crate::{Db, Hub};
 use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::Method;
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +38,10 @@ pub struct Settings {
     /// How long the public status routes may serve one database read
     /// (bounds the load anonymous readers put on the database; zero: none).
     pub status_cache: Duration,
+    /// A gateway that has not heard from the control plane for this long
+    /// stops admitting requests; a visibility flip waits at most this long
+    /// for gateways that do not acknowledge it.
+    pub gateway_lease: Duration,
 }
 
 /// Shared state of every handler; cheap to clone.
@@ -42,23 +50,43 @@ pub struct AppState {
     db: Db,
     settings: Arc<Settings>,
     status: public::StatusCache,
+    hub: Hub,
 }
 
 impl AppState {
-    /// State over an open database.
+    /// State over an open database; starts the routing hub task on the
+    /// current runtime.
     pub fn new(db: Db, settings: Settings) -> AppState {
         AppState {
             db,
+            hub: Hub::start(settings.gateway_lease),
             settings: Arc::new(settings),
             status: public::StatusCache::default(),
         }
     }
 }
 
+/// Every successful admin write publishes a new routing version, so
+/// gateways refetch; no handler can forget to.
+async fn publish_writes(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let write = req.method() != Method::GET;
+    let resp = next.run(req).await;
+    if write && resp.status().is_success() {
+        s.hub.publish().await;
+    }
+    resp
+}
+
 /// The whole router.
 pub fn app(state: AppState) -> Router {
     Router::new()
-        .nest("/admin/v1", admin::routes())
+        .nest(
+            "/admin/v1",
+            admin::routes().layer(middleware::from_fn_with_state(
+                state.clone(),
+                publish_writes,
+            )),
+        )
         .merge(public::routes())
         .fallback(|| async {
             error::ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")

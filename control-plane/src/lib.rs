@@ -15,6 +15,7 @@
 mod db;
 mod error;
 mod http;
+mod hub;
 mod ids;
 mod routability;
 mod status;
@@ -23,5 +24,6 @@ pub mod store;
 pub use db::{Backend, Db, DbError};
 pub use error::Error;
 pub use http::{AppState, Settings, app};
+pub use hub::Hub;
 pub use ids::{AccountId, ConfigVersion, IncidentId, ModelId, NodeId, OperatorId};
 pub use routability::{Routability, check_fits};

@@ -4,12 +4,14 @@
 //! its audit entry, an incident update and its component changes.
 
 pub mod accounts;
+pub mod api_tokens;
 pub mod audit;
 pub mod configs;
 pub mod incidents;
 pub mod models;
 pub mod nodes;
 pub mod operators;
+pub mod routing;
 
 use crate::Error;
 use bulkhead_control_api::Timestamp;

@@ -12,7 +12,7 @@ CREATE TABLE accounts (
 CREATE TABLE operators (
     id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name          TEXT NOT NULL UNIQUE,
-    role          TEXT NOT NULL CHECK (role IN ('responder', 'admin', 'node')),
+    role          TEXT NOT NULL CHECK (role IN ('responder', 'admin', 'node', 'gateway')),
     token_sha256  TEXT NOT NULL UNIQUE,
     created_at    BIGINT NOT NULL,
     revoked_at    BIGINT

@@ -71,7 +71,8 @@ wire_enum!(
 wire_enum!(
     /// What an operator token may do. `Admin` may do everything; `Responder`
     /// reads, flips visibility and runs incidents; `Node` only registers
-    /// workers and sends their heartbeats.
+    /// workers and sends their heartbeats; `Gateway` only reads the routing
+    /// table.
     Role, "role" {
         /// Reads, visibility and incidents.
         Responder = "responder",
@@ -79,6 +80,8 @@ wire_enum!(
         Admin = "admin",
         /// Worker registration and heartbeats only.
         Node = "node",
+        /// The routing table only.
+        Gateway = "gateway",
     }
 );
 

@@ -188,6 +188,8 @@ pub struct ModelChange {
     pub model: ModelView,
     /// The audit entry written for it; `None` when nothing changed.
     pub audit: Option<AuditEntry>,
+    /// How far the change had reached the gateways when this answer left.
+    pub propagation: Option<Propagation>,
 }
 
 /// One append-only audit log entry.
@@ -452,4 +454,108 @@ pub struct AffectedComponent {
     pub old_status: ComponentStatus,
     /// After.
     pub new_status: ComponentStatus,
+}
+
+/// `POST /admin/v1/accounts/{id}/tokens`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateApiToken {
+    /// A label for the token, e.g. "ci".
+    pub name: String,
+}
+
+/// A tenant API token's metadata (never the token).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiTokenView {
+    /// Id.
+    pub id: i64,
+    /// The one account it is valid for.
+    pub account_id: String,
+    /// Label.
+    pub name: String,
+    /// Created.
+    pub created_at: Timestamp,
+    /// Revoked, if it was.
+    pub revoked_at: Option<Timestamp>,
+}
+
+/// A new API token, shown once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiTokenCreated {
+    /// Metadata.
+    #[serde(flatten)]
+    pub meta: ApiTokenView,
+    /// The bearer token; only its hash is stored.
+    pub token: String,
+}
+
+/// How far a change has reached the gateways.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Propagation {
+    /// The routing table version that carries the change.
+    pub version: u64,
+    /// Live gateways when the change was made.
+    pub gateways: usize,
+    /// How many of them applied it before the answer.
+    pub applied: usize,
+    /// How long the answer waited for them.
+    pub waited_ms: u64,
+}
+
+/// `GET /admin/v1/routing`: everything a gateway routes and authenticates
+/// with. Token hashes only, never tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoutingTable {
+    /// Changes whenever anything in it may have changed.
+    pub version: u64,
+    /// A gateway that has not heard from the control plane for this long
+    /// must stop admitting requests.
+    pub lease_ms: u64,
+    /// Every model.
+    pub models: Vec<RoutedModel>,
+    /// Every registered worker, with its routability.
+    pub nodes: Vec<NodeView>,
+    /// Every account.
+    pub accounts: Vec<RoutedAccount>,
+    /// Every live API token, as its sha256.
+    pub tokens: Vec<RoutedToken>,
+}
+
+/// A model as the gateway sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutedModel {
+    /// Slug.
+    pub slug: ModelSlug,
+    /// Workers AI task.
+    pub task: String,
+    /// Description.
+    pub description: String,
+    /// Who may call it.
+    pub visibility: Visibility,
+    /// Accounts that may call it while private.
+    pub allowlist: Vec<String>,
+    /// Limits of the active config.
+    pub properties: Option<Properties>,
+    /// Created.
+    pub created_at: Timestamp,
+}
+
+/// An account as the gateway sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutedAccount {
+    /// 32 hex digits.
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// The tenant number workers tag its KV pages with.
+    pub tenant: u64,
+}
+
+/// A live API token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoutedToken {
+    /// sha256 of the token, hex.
+    pub sha256: String,
+    /// Its account.
+    pub account_id: String,
 }

@@ -3,9 +3,11 @@
 //! transaction with their audit entries.
 
 use super::AppState;
-use super::auth::{Admin, Caller, NodeAgent, Responder};
+use super::auth::{Admin, Caller, GatewayAgent, NodeAgent, Responder};
 use super::error::{ApiError, AppJson, AppPath, AppQuery, OptionalJson};
-use crate::store::{accounts, audit, configs, incidents, models, nodes, operators};
+use crate::store::{
+    accounts, api_tokens, audit, configs, incidents, models, nodes, operators, routing,
+};
 use crate::{ConfigVersion, IncidentId, NodeId, OperatorId};
 use axum::Json;
 use axum::Router;
@@ -13,10 +15,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use bulkhead_control_api::{
-    AccountView, AuditEntry, ConfigSpec, ConfigView, CreateAccount, CreateModel, CreateOperator,
-    Heartbeat, IncidentView, ModelChange, ModelSlug, ModelView, NodeStatus, NodeView, OpenIncident,
-    OperatorCreated, OperatorView, RegisterNode, SetAllowlist, SetVisibility, Timestamp,
-    UpdateIncident, Whoami,
+    AccountView, ApiTokenCreated, ApiTokenView, AuditEntry, ConfigSpec, ConfigView, CreateAccount,
+    CreateApiToken, CreateModel, CreateOperator, Heartbeat, IncidentView, ModelChange, ModelSlug,
+    ModelView, NodeStatus, NodeView, OpenIncident, OperatorCreated, OperatorView, RegisterNode,
+    RoutingTable, SetAllowlist, SetVisibility, Timestamp, UpdateIncident, Whoami,
 };
 use serde::Deserialize;
 
@@ -42,6 +44,15 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/incidents/{id}", get(get_incident))
         .route("/incidents/{id}/updates", post(update_incident))
         .route("/audit", get(list_audit))
+        .route(
+            "/accounts/{id}/tokens",
+            get(list_api_tokens).post(create_api_token),
+        )
+        .route(
+            "/accounts/{id}/tokens/{token}",
+            axum::routing::delete(revoke_api_token),
+        )
+        .route("/routing", get(routing))
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
@@ -121,7 +132,17 @@ async fn set_visibility(
     let m = models::find(&mut tx, &slug).await?;
     let model = models::view(&mut tx, &m).await?;
     tx.commit().await?;
-    Ok(Json(ModelChange { model, audit }))
+    // A visibility change is acknowledged only once every live gateway
+    // enforces it (or has stopped admitting requests: see `Hub`).
+    let propagation = match audit {
+        Some(_) => Some(s.hub.publish_and_wait().await),
+        None => None,
+    };
+    Ok(Json(ModelChange {
+        model,
+        audit,
+        propagation,
+    }))
 }
 
 async fn set_allowlist(
@@ -147,7 +168,17 @@ async fn set_allowlist(
     let m = models::find(&mut tx, &slug).await?;
     let model = models::view(&mut tx, &m).await?;
     tx.commit().await?;
-    Ok(Json(ModelChange { model, audit }))
+    // A visibility change is acknowledged only once every live gateway
+    // enforces it (or has stopped admitting requests: see `Hub`).
+    let propagation = match audit {
+        Some(_) => Some(s.hub.publish_and_wait().await),
+        None => None,
+    };
+    Ok(Json(ModelChange {
+        model,
+        audit,
+        propagation,
+    }))
 }
 
 // === configs ===
@@ -412,4 +443,87 @@ async fn list_audit(
     Ok(Json(
         audit::list(&mut conn, f.subject.as_deref(), limit).await?,
     ))
+}
+
+// === tenant API tokens ===
+
+async fn list_api_tokens(
+    State(s): State<AppState>,
+    _: Responder,
+    AppPath(id): AppPath<String>,
+) -> ApiResult<Vec<ApiTokenView>> {
+    let mut conn = s.db.pool().acquire().await?;
+    let account = accounts::find(&mut conn, &id).await?;
+    Ok(Json(api_tokens::list(&mut conn, &account).await?))
+}
+
+async fn create_api_token(
+    State(s): State<AppState>,
+    _: Admin,
+    AppPath(id): AppPath<String>,
+    AppJson(req): AppJson<CreateApiToken>,
+) -> Result<(StatusCode, Json<ApiTokenCreated>), ApiError> {
+    let mut tx = s.db.begin().await?;
+    let account = accounts::find(&mut tx, &id).await?;
+    let created = api_tokens::create(&mut tx, &account, &req.name, Timestamp::now()).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+async fn revoke_api_token(
+    State(s): State<AppState>,
+    Responder(op): Responder,
+    AppPath((id, token)): AppPath<(String, i64)>,
+) -> ApiResult<ApiTokenView> {
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let account = accounts::find(&mut tx, &id).await?;
+    let revoked = api_tokens::revoke(&mut tx, &account, token, now).await?;
+    let subject = format!("{account} token {token}");
+    let entry = audit::NewEntry {
+        actor: &op.name,
+        action: "api_token.revoke",
+        subject: &subject,
+        reason: "",
+        before: "live",
+        after: "revoked",
+    };
+    audit::append(&mut tx, entry, now).await?;
+    tx.commit().await?;
+    Ok(Json(revoked))
+}
+
+// === routing (gateways) ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoutingQuery {
+    /// The polling gateway's instance id.
+    gateway: String,
+    /// The version it has applied; absent on its first poll.
+    version: Option<u64>,
+    /// Longest to hold the poll open waiting for a change.
+    wait_ms: Option<u64>,
+}
+
+/// Long-poll: answers at once when the table's version differs from the
+/// caller's, else when it changes or `wait_ms` (at most a third of the
+/// lease) passes. Each poll also tells the hub which version that gateway
+/// has applied.
+async fn routing(
+    State(s): State<AppState>,
+    GatewayAgent(op): GatewayAgent,
+    AppQuery(q): AppQuery<RoutingQuery>,
+) -> ApiResult<RoutingTable> {
+    if q.gateway.is_empty() || q.gateway.len() > 200 {
+        return Err(ApiError::bad_request("gateway must be 1 to 200 characters"));
+    }
+    let cap = s.hub.lease() / 3;
+    let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0)).min(cap);
+    let instance = format!("{}/{}", op.name, q.gateway);
+    let version = s.hub.poll(&instance, q.version.unwrap_or(0), wait).await;
+    let mut tx = s.db.begin().await?;
+    let table = routing::table(&mut tx, version, s.hub.lease(), s.settings.node_ttl).await?;
+    tx.commit().await?;
+    Ok(Json(table))
 }

@@ -78,3 +78,8 @@ role_extractor!(
     NodeAgent,
     Role::Node
 );
+role_extractor!(
+    /// A caller allowed to read the routing table (gateway or admin).
+    GatewayAgent,
+    Role::Gateway
+);

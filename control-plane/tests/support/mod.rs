@@ -167,6 +167,7 @@ pub struct Harness {
     pub admin: String,
     pub responder: String,
     pub node: String,
+    pub gateway: String,
 }
 
 impl Harness {
@@ -182,6 +183,7 @@ impl Harness {
         let admin = token("ada-admin", Role::Admin).await;
         let responder = token("rita-responder", Role::Responder).await;
         let node = token("worker-fleet", Role::Node).await;
+        let gateway = token("edge", Role::Gateway).await;
         drop(conn);
         let settings = Settings {
             page_name: "Bulkhead".to_owned(),
@@ -189,6 +191,7 @@ impl Harness {
             node_ttl,
             heartbeat_interval: Duration::from_secs(5),
             status_cache: Duration::ZERO,
+            gateway_lease: Duration::from_secs(3),
         };
         Harness {
             app: app(AppState::new(db.clone(), settings)),
@@ -196,6 +199,7 @@ impl Harness {
             admin,
             responder,
             node,
+            gateway,
         }
     }
 

@@ -20,7 +20,7 @@ use bulkhead_engine::{
     ChatMessage, Engine, EngineError, GenerateRequest, RequestHandle, SamplingParams, SeqEvent,
 };
 use bulkhead_kv::{AdmissionError, TenantId};
-use serde::Deserialize;
+use bulkhead_worker_api::{GenerateBody, Line, TENANT_HEADER};
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -50,42 +50,6 @@ pub fn app(role: Role) -> Router {
         _ => r.route("/v1/generate", post(generate)),
     };
     r.with_state(role)
-}
-
-/// A generate request body.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GenerateBody {
-    /// A user message, rendered with the chat template.
-    prompt: Option<String>,
-    /// Raw text, tokenized as is.
-    raw: Option<String>,
-    /// Token ids, used as is.
-    tokens: Option<Vec<u32>>,
-    #[serde(default = "default_max_tokens")]
-    max_tokens: usize,
-    #[serde(default)]
-    temperature: f32,
-    #[serde(default = "one")]
-    top_p: f32,
-    #[serde(default)]
-    top_k: usize,
-    #[serde(default = "one")]
-    repetition_penalty: f32,
-    #[serde(default)]
-    seed: u64,
-    #[serde(default)]
-    stop: Vec<String>,
-    #[serde(default)]
-    ignore_eos: bool,
-}
-
-fn default_max_tokens() -> usize {
-    256
-}
-
-fn one() -> f32 {
-    1.0
 }
 
 /// An error in the API's own format.
@@ -144,7 +108,7 @@ fn engine_error(e: &EngineError) -> ApiError {
 
 fn tenant(headers: &HeaderMap) -> Result<TenantId, ApiError> {
     headers
-        .get("x-bulkhead-tenant")
+        .get(TENANT_HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .map(TenantId::new)
@@ -169,21 +133,32 @@ async fn generate(
         Role::Decode(d) => Arc::clone(d.engine()),
         Role::Prefill(_) => return Err(ApiError::bad("invalid_request", "not a decode worker")),
     };
-    let prompt = match (&body.prompt, &body.raw, &body.tokens) {
-        (Some(p), None, None) => {
-            let template = engine.model().chat_template().ok_or_else(|| {
-                ApiError::bad("invalid_request", "the model has no chat template: use raw")
-            })?;
-            let text = template
-                .render(&[ChatMessage {
-                    role: "user".into(),
-                    content: p.clone(),
-                }])
-                .map_err(|e| ApiError::bad("invalid_request", e.to_string()))?;
-            encode(&engine, &text)?
+    let prompt = match (&body.prompt, &body.messages, &body.raw, &body.tokens) {
+        (Some(p), None, None, None) => render(
+            &engine,
+            &[ChatMessage {
+                role: "user".into(),
+                content: p.clone(),
+            }],
+        )?,
+        (None, Some(m), None, None) => {
+            let messages: Vec<ChatMessage> = m
+                .iter()
+                .map(|m| ChatMessage {
+                    role: m.role.clone(),
+                    content: m.content.clone(),
+                })
+                .collect();
+            if messages.is_empty() {
+                return Err(ApiError::bad(
+                    "invalid_request",
+                    "messages must not be empty",
+                ));
+            }
+            render(&engine, &messages)?
         }
-        (None, Some(r), None) => encode(&engine, r)?,
-        (None, None, Some(t)) => {
+        (None, None, Some(r), None) => encode(&engine, r)?,
+        (None, None, None, Some(t)) => {
             let vocab = engine.info().model.vocab;
             if t.iter().any(|id| *id as usize >= vocab) {
                 return Err(ApiError::bad(
@@ -196,7 +171,7 @@ async fn generate(
         _ => {
             return Err(ApiError::bad(
                 "invalid_request",
-                "give exactly one of prompt, raw and tokens",
+                "give exactly one of prompt, messages, raw and tokens",
             ));
         }
     };
@@ -238,6 +213,16 @@ async fn generate(
         .into_response())
 }
 
+fn render(engine: &Engine, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+    let template = engine.model().chat_template().ok_or_else(|| {
+        ApiError::bad("invalid_request", "the model has no chat template: use raw")
+    })?;
+    let text = template
+        .render(messages)
+        .map_err(|e| ApiError::bad("invalid_request", e.to_string()))?;
+    encode(engine, &text)
+}
+
 fn encode(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
     engine
         .tokenizer()
@@ -267,26 +252,45 @@ fn forward(first: Option<SeqEvent>, mut handle: RequestHandle) -> mpsc::Unbounde
 }
 
 fn event_line(ev: &SeqEvent) -> (String, bool) {
-    let (v, end): (Value, bool) = match ev {
-        SeqEvent::Token { id, text } => (json!({"token": id, "text": text}), false),
+    let (line, end) = match ev {
+        SeqEvent::Token { id, text } => (
+            Line::Token {
+                token: *id,
+                text: text.clone(),
+            },
+            false,
+        ),
         SeqEvent::Finished {
             reason,
             text,
             usage,
         } => (
-            json!({"finish_reason": reason.as_str(), "text": text,
-                   "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}}),
+            Line::Finished {
+                finish_reason: reason.as_str().to_owned(),
+                text: text.clone(),
+                usage: bulkhead_worker_api::Usage {
+                    prompt_tokens: usage.prompt_tokens,
+                    completion_tokens: usage.completion_tokens,
+                },
+            },
             true,
         ),
         SeqEvent::Failed(e) => {
             let a = engine_error(e);
             (
-                json!({"error": {"code": a.code, "message": a.message}}),
+                Line::Error {
+                    error: bulkhead_worker_api::ErrorDetail {
+                        code: a.code.to_owned(),
+                        message: a.message,
+                    },
+                },
                 true,
             )
         }
     };
-    (format!("{v}\n"), end)
+    let mut text = serde_json::to_string(&line).unwrap_or_default();
+    text.push('\n');
+    (text, end)
 }
 
 async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> {

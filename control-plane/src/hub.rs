@@ -1,0 +1,218 @@
+//! The routing hub: the routing table's version, which gateways are live
+//! and which version each has applied. One task owns that state and is fed
+//! by a closed enum of events; handlers talk to it through [`Hub`].
+//!
+//! Gateways long-poll `GET /admin/v1/routing?gateway=ID&version=V`, where V
+//! is the version they have applied. A change that must be in force
+//! everywhere before it is acknowledged (a visibility flip) publishes a new
+//! version and waits until every gateway seen within the lease has applied
+//! it, or until the lease has run out: a gateway that has not heard from the
+//! control plane for a lease stops admitting requests on its own.
+
+use bulkhead_control_api::Propagation;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// A handle on the hub task; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Hub {
+    events: mpsc::UnboundedSender<Event>,
+    version: watch::Receiver<u64>,
+    lease: Duration,
+}
+
+enum Event {
+    /// A gateway polled, having applied `applied`.
+    Seen { gateway: String, applied: u64 },
+    /// Something changed: a new version.
+    Publish { reply: oneshot::Sender<u64> },
+    /// Answer when every live gateway has applied `version`.
+    Await {
+        version: u64,
+        reply: oneshot::Sender<Propagation>,
+    },
+}
+
+struct Waiter {
+    version: u64,
+    started: Instant,
+    gateways: Vec<String>,
+    reply: oneshot::Sender<Propagation>,
+}
+
+struct GatewayState {
+    applied: u64,
+    last_seen: Instant,
+}
+
+impl Hub {
+    /// Starts the hub task on the current runtime. Versions start at the
+    /// current Unix time in milliseconds, so they keep increasing across
+    /// restarts of the control plane.
+    pub fn start(lease: Duration) -> Hub {
+        let first = u64::try_from(bulkhead_control_api::Timestamp::now().millis()).unwrap_or(1);
+        let (version_tx, version) = watch::channel(first);
+        let (events, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(rx, version_tx, lease));
+        Hub {
+            events,
+            version,
+            lease,
+        }
+    }
+
+    /// The lease gateways are told.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The current version.
+    pub fn version(&self) -> u64 {
+        *self.version.borrow()
+    }
+
+    /// Records a poll and waits up to `wait` for a version other than
+    /// `applied`; returns the version to serve.
+    pub async fn poll(&self, gateway: &str, applied: u64, wait: Duration) -> u64 {
+        let _ = self.events.send(Event::Seen {
+            gateway: gateway.to_owned(),
+            applied,
+        });
+        let mut rx = self.version.clone();
+        if *rx.borrow_and_update() == applied {
+            let _ = tokio::time::timeout(wait, rx.changed()).await;
+        }
+        let v = *rx.borrow();
+        v
+    }
+
+    /// Publishes a new version (call after the change committed).
+    pub async fn publish(&self) -> u64 {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.events.send(Event::Publish { reply });
+        rx.await.unwrap_or_else(|_| self.version())
+    }
+
+    /// Publishes a new version and waits until every live gateway applied it
+    /// (or the lease ran out).
+    pub async fn publish_and_wait(&self) -> Propagation {
+        let version = self.publish().await;
+        let (reply, rx) = oneshot::channel();
+        let _ = self.events.send(Event::Await { version, reply });
+        rx.await.unwrap_or(Propagation {
+            version,
+            gateways: 0,
+            applied: 0,
+            waited_ms: 0,
+        })
+    }
+}
+
+async fn run(mut rx: mpsc::UnboundedReceiver<Event>, version: watch::Sender<u64>, lease: Duration) {
+    let mut gateways: HashMap<String, GatewayState> = HashMap::new();
+    let mut waiters: Vec<Waiter> = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                None => return,
+                Some(Event::Seen { gateway, applied }) => {
+                    gateways.insert(gateway, GatewayState { applied, last_seen: Instant::now() });
+                }
+                Some(Event::Publish { reply }) => {
+                    let now = u64::try_from(bulkhead_control_api::Timestamp::now().millis()).unwrap_or(0);
+                    version.send_modify(|v| *v = (*v + 1).max(now));
+                    let _ = reply.send(*version.borrow());
+                }
+                Some(Event::Await { version, reply }) => {
+                    gateways.retain(|_, g| g.last_seen.elapsed() <= lease);
+                    waiters.push(Waiter {
+                        version,
+                        started: Instant::now(),
+                        gateways: gateways.keys().cloned().collect(),
+                        reply,
+                    });
+                }
+            },
+            _ = tick.tick(), if !waiters.is_empty() => {}
+        }
+        waiters = settle(waiters, &gateways, lease);
+    }
+}
+
+/// Answers the waiters whose gateways have all applied their version, or
+/// whose lease ran out; keeps the others.
+fn settle(
+    waiters: Vec<Waiter>,
+    gateways: &HashMap<String, GatewayState>,
+    lease: Duration,
+) -> Vec<Waiter> {
+    let mut pending = Vec::with_capacity(waiters.len());
+    for w in waiters {
+        let applied = w
+            .gateways
+            .iter()
+            .filter(|g| gateways.get(*g).is_some_and(|s| s.applied >= w.version))
+            .count();
+        if applied == w.gateways.len() || w.started.elapsed() >= lease {
+            let _ = w.reply.send(Propagation {
+                version: w.version,
+                gateways: w.gateways.len(),
+                applied,
+                waited_ms: u64::try_from(w.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            });
+        } else {
+            pending.push(w);
+        }
+    }
+    pending
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_change_waits_for_every_live_gateway() {
+        let hub = Hub::start(Duration::from_secs(5));
+        let v0 = hub.version();
+        // Two gateways have applied v0 and are polling.
+        let a = tokio::spawn({
+            let hub = hub.clone();
+            async move { hub.poll("a", v0, Duration::from_secs(5)).await }
+        });
+        let b = tokio::spawn({
+            let hub = hub.clone();
+            async move { hub.poll("b", v0, Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let flip = tokio::spawn({
+            let hub = hub.clone();
+            async move { hub.publish_and_wait().await }
+        });
+        let v1 = a.await.unwrap();
+        assert_eq!(b.await.unwrap(), v1);
+        assert!(v1 > v0);
+        // Only `a` applies: the flip is not answered yet.
+        let a2 = tokio::spawn({
+            let hub = hub.clone();
+            async move { hub.poll("a", v1, Duration::from_millis(200)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(!flip.is_finished());
+        let _ = hub.poll("b", v1, Duration::ZERO).await;
+        let p = flip.await.unwrap();
+        assert_eq!((p.version, p.gateways, p.applied), (v1, 2, 2));
+        a2.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_silent_gateway_delays_a_change_by_at_most_the_lease() {
+        let hub = Hub::start(Duration::from_millis(300));
+        let _ = hub.poll("gone", hub.version(), Duration::ZERO).await;
+        let p = hub.publish_and_wait().await;
+        assert_eq!((p.gateways, p.applied), (1, 0));
+        assert!(p.waited_ms >= 250, "{p:?}");
+    }
+}

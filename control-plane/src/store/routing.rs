@@ -1,0 +1,62 @@
+//! The routing table a gateway polls: models with visibility and limits,
+//! nodes with routability, accounts with their tenant numbers, and live
+//! token hashes, read in one transaction.
+
+use super::{Conn, accounts, api_tokens, configs, models, nodes};
+use crate::{AccountId, Error};
+use bulkhead_control_api::{RoutedAccount, RoutedModel, RoutingTable, Timestamp};
+use std::time::Duration;
+
+/// The tenant number workers tag an account's KV pages with: the first 64
+/// bits of its random id.
+pub fn tenant_of(account: &AccountId) -> u64 {
+    account
+        .as_str()
+        .get(..16)
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .unwrap_or(0)
+}
+
+/// Reads the whole table (the caller stamps the version).
+pub async fn table(
+    conn: &mut Conn,
+    version: u64,
+    lease: Duration,
+    node_ttl: Duration,
+) -> Result<RoutingTable, Error> {
+    let mut out_models = Vec::new();
+    for m in models::list(conn).await? {
+        let properties = configs::active(conn, &m).await?.map(|c| c.spec.properties);
+        out_models.push(RoutedModel {
+            allowlist: models::allowlist(conn, m.id).await?,
+            slug: m.slug,
+            task: m.task,
+            description: m.description,
+            visibility: m.visibility,
+            properties,
+            created_at: m.created_at,
+        });
+    }
+    let rows = nodes::list(conn, None).await?;
+    let nodes = nodes::views(conn, rows, Timestamp::now(), node_ttl).await?;
+    let accounts = accounts::list(conn)
+        .await?
+        .into_iter()
+        .filter_map(|a| {
+            let id = AccountId::parse(&a.id)?;
+            Some(RoutedAccount {
+                tenant: tenant_of(&id),
+                id: a.id,
+                name: a.name,
+            })
+        })
+        .collect();
+    Ok(RoutingTable {
+        version,
+        lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+        models: out_models,
+        nodes,
+        accounts,
+        tokens: api_tokens::live(conn).await?,
+    })
+}

@@ -1,0 +1,166 @@
+//! Wire types of the worker HTTP API (`POST /v1/generate`), shared by the
+//! workers that serve it and the gateway that calls it. The gateway must not
+//! compile the model engine, so these types live here and not in
+//! `bulkhead-node`.
+//!
+//! The request is JSON; the answer is NDJSON, one [`Line`] per line: tokens,
+//! then exactly one final line, `Finished` or `Error`. Workers are internal:
+//! the tenant travels in the [`TENANT_HEADER`] the gateway sets after
+//! authenticating the account.
+
+use serde::{Deserialize, Serialize};
+
+/// The header that carries the tenant number to a worker.
+pub const TENANT_HEADER: &str = "x-bulkhead-tenant";
+
+/// `POST /v1/generate` body: exactly one of `prompt`, `messages`, `raw` and
+/// `tokens`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateBody {
+    /// A user message, rendered with the model's chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// A conversation, rendered with the model's chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<Message>>,
+    /// Raw text, tokenized as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<String>,
+    /// Token ids, used as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
+    /// Most tokens to generate.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// 0 is greedy.
+    #[serde(default)]
+    pub temperature: f32,
+    /// Nucleus sampling mass.
+    #[serde(default = "one")]
+    pub top_p: f32,
+    /// 0 is off.
+    #[serde(default)]
+    pub top_k: usize,
+    /// 1 is off.
+    #[serde(default = "one")]
+    pub repetition_penalty: f32,
+    /// Sampling seed.
+    #[serde(default)]
+    pub seed: u64,
+    /// Stop strings.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-sequence.
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateBody {
+    fn default() -> Self {
+        GenerateBody {
+            prompt: None,
+            messages: None,
+            raw: None,
+            tokens: None,
+            max_tokens: default_max_tokens(),
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            repetition_penalty: 1.0,
+            seed: 0,
+            stop: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+fn default_max_tokens() -> usize {
+    256
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Its text.
+    pub content: String,
+}
+
+/// One NDJSON line of a generate answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Line {
+    /// A generated token.
+    Token {
+        /// Its id.
+        token: u32,
+        /// Its text (may be empty until a UTF-8 sequence completes).
+        text: String,
+    },
+    /// The end: why, the whole text and the token counts.
+    Finished {
+        /// `stop`, `length`, …
+        finish_reason: String,
+        /// All generated text.
+        text: String,
+        /// Token counts.
+        usage: Usage,
+    },
+    /// The end, failed.
+    Error {
+        /// What failed.
+        error: ErrorDetail,
+    },
+}
+
+/// Token counts of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+}
+
+/// A worker error: `{"error": {"code", "message"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// `context_length_exceeded`, `invalid_request`, `kv_transfer_failed`, …
+    pub code: String,
+    /// Human message.
+    pub message: String,
+}
+
+/// A worker's error body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip() {
+        for text in [
+            r#"{"token":42,"text":"hi"}"#,
+            r#"{"finish_reason":"stop","text":"hi","usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
+            r#"{"error":{"code":"kv_transfer_failed","message":"m"}}"#,
+        ] {
+            let line: Line = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&line).unwrap(), text);
+        }
+        let body: GenerateBody = serde_json::from_str(r#"{"prompt":"x"}"#).unwrap();
+        assert_eq!(body.max_tokens, 256);
+        assert!(serde_json::from_str::<GenerateBody>(r#"{"prompt":"x","bogus":1}"#).is_err());
+    }
+}
