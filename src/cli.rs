@@ -30,6 +30,9 @@ enum Command {
     Decode(crate::serve::DecodeArgs),
     /// Run the control plane: admin API, status page and feeds.
     ControlPlane(crate::control_plane::ControlPlaneArgs),
+    /// Run a gateway: tenant authentication, routing by model slug, limits,
+    /// the Workers AI and OpenAI APIs.
+    Gateway(crate::gateway::GatewayArgs),
     /// Incidents on the status page (responders).
     Incident {
         #[command(subcommand)]
@@ -129,6 +132,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         } => crate::ops::model_flip(&args, bulkhead_control_api::Visibility::Public),
         Command::ControlPlane(args) => crate::control_plane::run(&args),
         Command::Incident { command } => crate::ops::incident(command),
+        Command::Gateway(args) => crate::gateway::run(&args),
         Command::Audit(args) => crate::ops::audit(&args),
         Command::Generate(args) => crate::generate::run(&args),
         Command::Serve(args) => crate::serve::serve(&args),

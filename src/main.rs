@@ -5,6 +5,7 @@ mod bench;
 mod bench_transfer;
 mod cli;
 mod control_plane;
+mod gateway;
 mod generate;
 mod ops;
 mod register;

@@ -1,0 +1,218 @@
+//! Gateway errors, classified once near their cause and rendered once, here,
+//! in the shape of the API the request came in on: the Workers AI v4
+//! envelope or OpenAI's `{"error": {...}}`. No internal detail reaches a
+//! client, and a model the account may not see is reported exactly like a
+//! model that does not exist.
+
+use crate::limits::LimiterError;
+use crate::upstream::UpstreamError;
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// Which API's error shape to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    /// `/client/v4/accounts/{id}/ai/run/...`, `models/search`.
+    WorkersAi,
+    /// `/v1/...` and `/client/v4/accounts/{id}/ai/v1/...`.
+    OpenAi,
+}
+
+/// What went wrong, as a client may be told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum GatewayError {
+    /// No valid credential.
+    Unauthenticated,
+    /// A valid credential used on another account's URL.
+    WrongAccount,
+    /// No such model, or not one this account may call.
+    ModelNotFound(String),
+    /// The request is malformed or out of range.
+    BadInput(String),
+    /// Prompt plus output exceed the model's limit.
+    ContextTooLong(String),
+    /// Over a per-account limit.
+    RateLimited {
+        what: &'static str,
+        retry_after_secs: u64,
+    },
+    /// No routable worker, or the gateway lost its routing table.
+    Unavailable(&'static str),
+    /// The worker failed the request.
+    Upstream,
+    /// No such route.
+    NoRoute,
+}
+
+impl From<UpstreamError> for GatewayError {
+    fn from(e: UpstreamError) -> Self {
+        match e {
+            UpstreamError::Worker { code, message, .. } => match code.as_str() {
+                "context_length_exceeded" => GatewayError::ContextTooLong(message),
+                "invalid_request" => GatewayError::BadInput(message),
+                "unavailable" => GatewayError::Unavailable("no worker can take the request now"),
+                _ => GatewayError::Upstream,
+            },
+            UpstreamError::Unreachable | UpstreamError::Protocol => GatewayError::Upstream,
+        }
+    }
+}
+
+impl From<LimiterError> for GatewayError {
+    fn from(e: LimiterError) -> Self {
+        match e {
+            LimiterError::Limited {
+                what,
+                retry_after_secs,
+            } => GatewayError::RateLimited {
+                what,
+                retry_after_secs,
+            },
+            LimiterError::Unavailable(why) => {
+                eprintln!("bulkhead gateway: {why}");
+                GatewayError::Unavailable("rate limiting is unavailable")
+            }
+        }
+    }
+}
+
+/// An error bound to the API it is answered in.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub(crate) error: GatewayError,
+    pub(crate) flavor: Flavor,
+}
+
+impl GatewayError {
+    pub(crate) fn in_(self, flavor: Flavor) -> ApiError {
+        ApiError {
+            error: self,
+            flavor,
+        }
+    }
+
+    fn status(&self, flavor: Flavor) -> StatusCode {
+        match self {
+            GatewayError::Unauthenticated => StatusCode::UNAUTHORIZED,
+            GatewayError::WrongAccount => StatusCode::FORBIDDEN,
+            GatewayError::ModelNotFound(_) => match flavor {
+                Flavor::WorkersAi => StatusCode::BAD_REQUEST,
+                Flavor::OpenAi => StatusCode::NOT_FOUND,
+            },
+            GatewayError::BadInput(_) => StatusCode::BAD_REQUEST,
+            GatewayError::ContextTooLong(_) => match flavor {
+                Flavor::WorkersAi => StatusCode::PAYLOAD_TOO_LARGE,
+                Flavor::OpenAi => StatusCode::BAD_REQUEST,
+            },
+            GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::Upstream => StatusCode::BAD_GATEWAY,
+            GatewayError::NoRoute => StatusCode::NOT_FOUND,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            GatewayError::Unauthenticated => "Authentication error".to_owned(),
+            GatewayError::WrongAccount => "the token is not valid for this account".to_owned(),
+            GatewayError::ModelNotFound(m) => format!("No such model {m} or task"),
+            GatewayError::BadInput(m) => format!("Bad input: {m}"),
+            GatewayError::ContextTooLong(m) => m.clone(),
+            GatewayError::RateLimited {
+                what,
+                retry_after_secs,
+            } => format!("Rate limit exceeded ({what}); retry in {retry_after_secs} s"),
+            GatewayError::Unavailable(m) => format!("Capacity temporarily unavailable: {m}"),
+            GatewayError::Upstream => "the inference worker failed the request; retry".to_owned(),
+            GatewayError::NoRoute => "no such route".to_owned(),
+        }
+    }
+
+    /// The Workers AI error code.
+    fn code(&self) -> u32 {
+        match self {
+            GatewayError::Unauthenticated | GatewayError::WrongAccount => 10000,
+            GatewayError::ModelNotFound(_) => 5007,
+            GatewayError::BadInput(_) => 5006,
+            GatewayError::ContextTooLong(_) => 5021,
+            GatewayError::RateLimited { .. } => 3036,
+            GatewayError::Unavailable(_) => 3040,
+            GatewayError::Upstream => 3043,
+            GatewayError::NoRoute => 7000,
+        }
+    }
+
+    /// OpenAI `type` and `code`.
+    fn openai_kind(&self) -> (&'static str, Option<&'static str>) {
+        match self {
+            GatewayError::Unauthenticated => ("authentication_error", Some("invalid_api_key")),
+            GatewayError::WrongAccount => ("permission_error", None),
+            GatewayError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
+            GatewayError::BadInput(_) => ("invalid_request_error", None),
+            GatewayError::ContextTooLong(_) => {
+                ("invalid_request_error", Some("context_length_exceeded"))
+            }
+            GatewayError::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
+            GatewayError::Unavailable(_) => ("service_unavailable", None),
+            GatewayError::Upstream => ("api_error", None),
+            GatewayError::NoRoute => ("invalid_request_error", Some("unknown_url")),
+        }
+    }
+
+    /// The body of an error sent mid-stream (the status is already 200).
+    pub(crate) fn stream_event(&self, flavor: Flavor) -> serde_json::Value {
+        match flavor {
+            Flavor::WorkersAi => {
+                json!({"errors": [{"code": self.code(), "message": self.wa_message()}]})
+            }
+            Flavor::OpenAi => {
+                let (kind, code) = self.openai_kind();
+                json!({"error": {"message": self.message(), "type": kind, "code": code}})
+            }
+        }
+    }
+
+    fn wa_message(&self) -> String {
+        match self {
+            GatewayError::Unauthenticated | GatewayError::WrongAccount | GatewayError::NoRoute => {
+                self.message()
+            }
+            _ => format!("AiError: {}", self.message()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let e = &self.error;
+        let status = e.status(self.flavor);
+        let body = match self.flavor {
+            Flavor::WorkersAi => json!({
+                "result": null,
+                "success": false,
+                "errors": [{"code": e.code(), "message": e.wa_message()}],
+                "messages": []
+            }),
+            Flavor::OpenAi => {
+                let (kind, code) = e.openai_kind();
+                json!({"error": {"message": e.message(), "type": kind, "param": null, "code": code}})
+            }
+        };
+        let mut resp = (status, Json(body)).into_response();
+        if let GatewayError::RateLimited {
+            retry_after_secs, ..
+        } = e
+        {
+            if let Ok(v) = HeaderValue::from_str(&retry_after_secs.to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}

@@ -1,0 +1,354 @@
+//! The router and the path every generating request takes: routing table
+//! fresh enough, bearer token valid, account matches the URL, model visible
+//! to the account, limits admit it, a routable worker picked by load, the
+//! worker's first line decides the status, the rest streams.
+
+use crate::auth::{self, JwtConfig, Principal};
+use crate::errors::{Flavor, GatewayError};
+use crate::limits::{Limiter, Permit};
+use crate::pick::Picker;
+use crate::upstream::{LineStream, Upstream, UpstreamError};
+use crate::watch::{RoutingWatch, Snapshot, WatchError};
+use crate::{openai, workers_ai};
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bulkhead_control_api::RoutedModel;
+use bulkhead_worker_api::{GenerateBody, Line, Usage};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Shared state of every handler; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    watch: RoutingWatch,
+    jwt: Option<Arc<JwtConfig>>,
+    limiter: Limiter,
+    upstream: Upstream,
+    picker: Arc<Picker>,
+}
+
+impl AppState {
+    /// State over a routing watch, JWT settings and a limiter.
+    pub fn new(watch: RoutingWatch, jwt: Option<JwtConfig>, limiter: Limiter) -> AppState {
+        AppState {
+            watch,
+            jwt: jwt.map(Arc::new),
+            limiter,
+            upstream: Upstream::new(),
+            picker: Arc::new(Picker::default()),
+        }
+    }
+}
+
+/// The gateway router.
+pub fn app(state: AppState) -> Router {
+    let v4 = "/client/v4/accounts/{account_id}/ai";
+    Router::new()
+        .route(&format!("{v4}/run/{{*model}}"), post(workers_ai::run))
+        .route(&format!("{v4}/models/search"), get(workers_ai::search))
+        .route(
+            &format!("{v4}/v1/chat/completions"),
+            post(openai::account_chat),
+        )
+        .route(&format!("{v4}/v1/models"), get(openai::account_models))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*model}", get(openai::model))
+        .route("/health", get(health))
+        .fallback(fallback)
+        .with_state(state)
+}
+
+async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
+    match s.watch.current() {
+        Ok(snap) => format!("ok version={}\n", snap.table.version()).into_response(),
+        Err(e) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            format!("{e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn fallback(uri: Uri) -> Response {
+    let flavor = if uri.path().starts_with("/client/v4/") {
+        Flavor::WorkersAi
+    } else {
+        Flavor::OpenAi
+    };
+    GatewayError::NoRoute.in_(flavor).into_response()
+}
+
+/// An authenticated request against one routing table.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) snap: Arc<Snapshot>,
+    pub(crate) principal: Principal,
+}
+
+/// Authenticates the request; `url_account` is the account in the URL, if
+/// the route has one.
+pub(crate) fn authorize(
+    state: &AppState,
+    headers: &HeaderMap,
+    url_account: Option<&str>,
+) -> Result<Ctx, GatewayError> {
+    let snap = state.watch.current().map_err(|e| match e {
+        WatchError::NotReady => GatewayError::Unavailable("the gateway is starting"),
+        WatchError::Stale => {
+            GatewayError::Unavailable("the gateway lost contact with the control plane")
+        }
+    })?;
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let token = auth::bearer(header).map_err(|_| GatewayError::Unauthenticated)?;
+    let principal = auth::authenticate(token, &snap.table, state.jwt.as_deref())
+        .map_err(|_| GatewayError::Unauthenticated)?;
+    if let Some(a) = url_account {
+        if a != principal.account_id {
+            return Err(GatewayError::WrongAccount);
+        }
+    }
+    Ok(Ctx { snap, principal })
+}
+
+/// A request the worker has started answering.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    pub(crate) first: Line,
+    pub(crate) rest: LineStream,
+    pub(crate) permit: Permit,
+}
+
+/// The visible model `slug`, or not found.
+pub(crate) fn model<'a>(ctx: &'a Ctx, slug: &str) -> Result<&'a RoutedModel, GatewayError> {
+    ctx.snap
+        .table
+        .visible(&ctx.principal.account_id, slug)
+        .ok_or_else(|| GatewayError::ModelNotFound(slug.chars().take(200).collect()))
+}
+
+/// Limits, worker choice and the call; the first line has arrived.
+pub(crate) async fn start(
+    state: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
+    body: &GenerateBody,
+) -> Result<Generation, GatewayError> {
+    if let Some(p) = model.properties {
+        if body.max_tokens as u64 > p.max_output {
+            return Err(GatewayError::BadInput(format!(
+                "max_tokens {} exceeds this model's maximum output of {} tokens",
+                body.max_tokens, p.max_output
+            )));
+        }
+    }
+    if body.max_tokens == 0 {
+        return Err(GatewayError::BadInput(
+            "max_tokens must be at least 1".to_owned(),
+        ));
+    }
+    let permit = state
+        .limiter
+        .admit(&ctx.principal.account_id, estimate(body))
+        .await?;
+    let node = state
+        .picker
+        .pick(ctx.snap.table.workers(&model.slug))
+        .ok_or(GatewayError::Unavailable("no worker serves this model now"))?;
+    let (first, rest) = state
+        .upstream
+        .generate(&node.registration.address, ctx.principal.tenant, body)
+        .await?;
+    Ok(Generation {
+        first,
+        rest,
+        permit,
+    })
+}
+
+/// Tokens a request may use, for the tokens-per-minute limit: about four
+/// characters per prompt token, plus `max_tokens`.
+fn estimate(body: &GenerateBody) -> u64 {
+    let chars: usize = body.prompt.as_ref().map_or(0, String::len)
+        + body.raw.as_ref().map_or(0, String::len)
+        + body
+            .messages
+            .as_ref()
+            .map_or(0, |m| m.iter().map(|m| m.content.len()).sum())
+        + body.tokens.as_ref().map_or(0, |t| t.len() * 4);
+    (chars / 4 + body.max_tokens) as u64
+}
+
+/// The end of a collected generation.
+#[derive(Debug)]
+pub(crate) struct Collected {
+    pub(crate) text: String,
+    pub(crate) finish_reason: String,
+    pub(crate) usage: Usage,
+}
+
+/// Reads a generation to its end.
+pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
+    let Generation {
+        first,
+        mut rest,
+        permit,
+    } = g;
+    let mut line = Some(Ok(first));
+    let result = loop {
+        match line {
+            Some(Ok(Line::Token { .. })) => line = rest.next().await,
+            Some(Ok(Line::Finished {
+                finish_reason,
+                text,
+                usage,
+            })) => {
+                break Ok(Collected {
+                    text,
+                    finish_reason: finish_reason_of(&finish_reason),
+                    usage,
+                });
+            }
+            Some(Ok(Line::Error { error })) => {
+                break Err(GatewayError::from(crate::upstream::UpstreamError::Worker {
+                    status: crate::upstream::status_of(&error.code),
+                    code: error.code,
+                    message: error.message,
+                }));
+            }
+            Some(Err(e)) => break Err(e.into()),
+            None => break Err(GatewayError::Upstream),
+        }
+    };
+    drop(permit);
+    result
+}
+
+/// OpenAI's finish reasons: `stop` or `length`.
+pub(crate) fn finish_reason_of(worker: &str) -> String {
+    match worker {
+        "length" => "length".to_owned(),
+        _ => "stop".to_owned(),
+    }
+}
+
+/// What a streaming renderer is given.
+#[derive(Debug)]
+pub(crate) enum StreamEvent<'a> {
+    /// Generated text.
+    Text(&'a str),
+    /// The end.
+    Finished { finish_reason: String, usage: Usage },
+    /// The end, failed.
+    Failed(GatewayError),
+}
+
+/// Streams a generation as server-sent events: each event the renderer
+/// returns is one `data:` line, and `data: [DONE]` follows a good end. When
+/// the client goes away the task ends, dropping the worker connection, and
+/// the worker cancels the request.
+pub(crate) fn sse<F>(g: Generation, mut render: F) -> Response
+where
+    F: FnMut(StreamEvent<'_>) -> Vec<String> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
+    tokio::spawn(async move {
+        let Generation {
+            first,
+            mut rest,
+            permit,
+        } = g;
+        let send = |events: Vec<String>| {
+            let tx = tx.clone();
+            async move {
+                for e in events {
+                    if tx
+                        .send(Ok(Bytes::from(format!("data: {e}\n\n"))))
+                        .await
+                        .is_err()
+                    {
+                        return false;
+                    }
+                }
+                true
+            }
+        };
+        let mut line: Option<Result<Line, UpstreamError>> = Some(Ok(first));
+        loop {
+            let (events, end, ok) = match &line {
+                Some(Ok(Line::Token { text, .. })) if text.is_empty() => (Vec::new(), false, true),
+                Some(Ok(Line::Token { text, .. })) => {
+                    (render(StreamEvent::Text(text)), false, true)
+                }
+                Some(Ok(Line::Finished {
+                    finish_reason,
+                    usage,
+                    ..
+                })) => (
+                    render(StreamEvent::Finished {
+                        finish_reason: finish_reason_of(finish_reason),
+                        usage: *usage,
+                    }),
+                    true,
+                    true,
+                ),
+                Some(Ok(Line::Error { error })) => {
+                    let e = GatewayError::from(crate::upstream::UpstreamError::Worker {
+                        status: crate::upstream::status_of(&error.code),
+                        code: error.code.clone(),
+                        message: error.message.clone(),
+                    });
+                    (render(StreamEvent::Failed(e)), true, false)
+                }
+                Some(Err(e)) => (render(StreamEvent::Failed(e.clone().into())), true, false),
+                None => (
+                    render(StreamEvent::Failed(GatewayError::Upstream)),
+                    true,
+                    false,
+                ),
+            };
+            if !send(events).await {
+                break; // the client is gone
+            }
+            if end {
+                if ok {
+                    let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+                }
+                break;
+            }
+            line = tokio::select! {
+                l = rest.next() => l,
+                () = tx.closed() => break,
+            };
+        }
+        drop(permit);
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(ReceiverStream::new(rx)),
+    )
+        .into_response()
+}
+
+/// A JSON body parsed leniently about unknown fields but strictly about
+/// types; errors are `BadInput` with serde's message.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, GatewayError> {
+    if bytes.is_empty() {
+        return Err(GatewayError::BadInput(
+            "the request body is empty; send JSON".to_owned(),
+        ));
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| GatewayError::BadInput(format!("invalid JSON body: {e}")))
+}

@@ -1,0 +1,36 @@
+//! The Bulkhead gateway: what tenants see. It authenticates the account
+//! (tenant API tokens, or JWTs), finds the model by slug in the routing
+//! table the control plane owns, enforces visibility and per-account limits,
+//! picks a worker by load, and streams the answer back in the Workers AI or
+//! the OpenAI shape.
+//!
+//! - [`RoutingWatch`] long-polls the control plane and publishes each
+//!   routing table it applies; handlers read the latest one and refuse to
+//!   serve once it is older than the lease.
+//! - [`auth`] turns a bearer token into a [`Principal`] or a refusal that
+//!   says no more than a client needs.
+//! - [`Limiter`] holds per-account request, token and concurrency limits, in
+//!   Redis when configured (shared by every gateway) or in memory.
+//! - [`app`] is the router: `/client/v4/accounts/{account_id}/ai/...` and
+//!   `/v1/...`.
+//!
+//! Architecture invariant: the gateway does not compile the model engine or
+//! the database; it knows workers through `bulkhead-worker-api` and the
+//! control plane through `bulkhead-control-api`.
+
+pub mod auth;
+mod errors;
+mod http;
+mod limits;
+mod openai;
+mod pick;
+mod table;
+mod upstream;
+mod watch;
+mod workers_ai;
+
+pub use auth::{JwtConfig, JwtKeys, Principal};
+pub use http::{AppState, app};
+pub use limits::{Limiter, LimiterError, Limits};
+pub use table::Table;
+pub use watch::{RoutingWatch, Snapshot, WatchError};

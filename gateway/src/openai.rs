@@ -1,0 +1,408 @@
+//! The OpenAI-compatible API: `/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models` (the account comes from the token), and the same chat and
+//! models routes under `/client/v4/accounts/{account_id}/ai/v1`. Answers
+//! and errors in OpenAI's shapes, streaming as `chat.completion.chunk`s with
+//! `stream_options.include_usage` honoured.
+
+use crate::errors::{ApiError, Flavor, GatewayError};
+use crate::http::{self, AppState, Ctx, StreamEvent};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use bulkhead_control_api::RoutedModel;
+use bulkhead_worker_api::{GenerateBody, Message, Usage};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+const O: Flavor = Flavor::OpenAi;
+
+fn bad(m: &str) -> GatewayError {
+    GatewayError::BadInput(m.to_owned())
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// Sampling settings both endpoints share. Unknown fields are ignored.
+#[derive(Debug, Deserialize)]
+struct Common {
+    model: Option<String>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    seed: Option<i64>,
+    stop: Option<Value>,
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    n: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatBody {
+    messages: Option<Vec<ChatMessage>>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionBody {
+    prompt: Option<Value>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+impl Common {
+    fn model(&self) -> Result<&str, GatewayError> {
+        self.model
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| bad("you must provide a model parameter"))
+    }
+
+    fn apply(&self, b: &mut GenerateBody, default_max: usize) -> Result<(), GatewayError> {
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(bad("n must be 1"));
+        }
+        b.max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
+            Some(n) => usize::try_from(n)
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| bad("max_tokens must be at least 1"))?,
+            None => default_max,
+        };
+        b.temperature = match self.temperature {
+            Some(t) if (0.0..=2.0).contains(&t) => t as f32,
+            Some(_) => return Err(bad("temperature must be between 0 and 2")),
+            None => 1.0,
+        };
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(bad("top_p must be above 0 and at most 1"));
+            }
+            b.top_p = p as f32;
+        }
+        if let Some(s) = self.seed {
+            b.seed = s as u64;
+        }
+        b.stop = match &self.stop {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(a)) if a.len() <= 4 => a
+                .iter()
+                .map(|s| {
+                    s.as_str()
+                        .map(str::to_owned)
+                        .ok_or_else(|| bad("stop must be strings"))
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(bad("stop must be a string or up to 4 strings")),
+        };
+        Ok(())
+    }
+
+    fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage)
+    }
+}
+
+fn text_of(content: &Option<Value>) -> Result<String, GatewayError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut out = String::new();
+            for p in parts {
+                match (
+                    p.get("type").and_then(Value::as_str),
+                    p.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => out.push_str(t),
+                    _ => return Err(bad("only text content parts are supported")),
+                }
+            }
+            Ok(out)
+        }
+        Some(_) => Err(bad(
+            "message content must be a string or an array of text parts",
+        )),
+    }
+}
+
+fn default_max(model: &RoutedModel) -> usize {
+    model.properties.map_or(256, |p| {
+        usize::try_from(p.max_output.min(1024)).unwrap_or(256)
+    })
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn request_id(prefix: &str) -> String {
+    let mut b = [0u8; 12];
+    let _ = getrandom::fill(&mut b);
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{prefix}-{hex}")
+}
+
+fn usage_json(u: Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens
+    })
+}
+
+/// `POST /v1/chat/completions`.
+pub(crate) async fn chat(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
+    chat_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
+}
+
+/// `POST /client/v4/accounts/{account_id}/ai/v1/chat/completions`.
+pub(crate) async fn account_chat(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
+    let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(O))?;
+    chat_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
+}
+
+async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, GatewayError> {
+    let req: ChatBody = http::parse_json(body)?;
+    let slug = req.common.model()?;
+    let model = http::model(ctx, slug)?;
+    let messages = req
+        .messages
+        .as_ref()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| bad("messages must not be empty"))?;
+    let mut worker = GenerateBody::default();
+    let mut out = Vec::with_capacity(messages.len());
+    for m in messages {
+        let role = match m.role.as_str() {
+            "developer" => "system",
+            r @ ("system" | "user" | "assistant" | "tool") => r,
+            _ => {
+                return Err(bad(
+                    "message role must be system, developer, user, assistant or tool",
+                ));
+            }
+        };
+        out.push(Message {
+            role: role.to_owned(),
+            content: text_of(&m.content)?,
+        });
+    }
+    worker.messages = Some(out);
+    req.common.apply(&mut worker, default_max(model))?;
+    let g = http::start(s, ctx, model, &worker).await?;
+    let id = request_id("chatcmpl");
+    let created = now_secs();
+    let name = model.slug.to_string();
+    if req.common.stream {
+        let include_usage = req.common.include_usage();
+        let mut first = true;
+        return Ok(http::sse(g, move |ev| {
+            let chunk = |delta: Value, finish: Value| {
+                let mut c = json!({
+                    "id": id, "object": "chat.completion.chunk", "created": created, "model": name,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]
+                });
+                if include_usage {
+                    c["usage"] = Value::Null;
+                }
+                c.to_string()
+            };
+            let mut out = Vec::new();
+            if first && !matches!(ev, StreamEvent::Failed(_)) {
+                first = false;
+                out.push(chunk(
+                    json!({"role": "assistant", "content": ""}),
+                    Value::Null,
+                ));
+            }
+            match ev {
+                StreamEvent::Text(t) => out.push(chunk(json!({"content": t}), Value::Null)),
+                StreamEvent::Finished {
+                    finish_reason,
+                    usage,
+                } => {
+                    out.push(chunk(json!({}), json!(finish_reason)));
+                    if include_usage {
+                        out.push(
+                            json!({"id": id, "object": "chat.completion.chunk", "created": created,
+                                   "model": name, "choices": [], "usage": usage_json(usage)})
+                            .to_string(),
+                        );
+                    }
+                }
+                StreamEvent::Failed(e) => out.push(e.stream_event(O).to_string()),
+            }
+            out
+        }));
+    }
+    let done = http::collect(g).await?;
+    Ok(Json(json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": name,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": done.text},
+            "logprobs": null,
+            "finish_reason": done.finish_reason
+        }],
+        "usage": usage_json(done.usage)
+    }))
+    .into_response())
+}
+
+/// `POST /v1/completions`: raw text in, no chat template.
+pub(crate) async fn completions(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
+    completions_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
+}
+
+async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, GatewayError> {
+    let req: CompletionBody = http::parse_json(body)?;
+    let slug = req.common.model()?;
+    let model = http::model(ctx, slug)?;
+    let prompt = match &req.prompt {
+        Some(Value::String(p)) if !p.is_empty() => p.clone(),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].as_str().is_some_and(|p| !p.is_empty()) => {
+            a[0].as_str().unwrap_or_default().to_owned()
+        }
+        _ => return Err(bad("prompt must be one non-empty string")),
+    };
+    let mut worker = GenerateBody {
+        raw: Some(prompt),
+        ..GenerateBody::default()
+    };
+    req.common.apply(&mut worker, 16)?;
+    let g = http::start(s, ctx, model, &worker).await?;
+    let id = request_id("cmpl");
+    let created = now_secs();
+    let name = model.slug.to_string();
+    if req.common.stream {
+        let include_usage = req.common.include_usage();
+        return Ok(http::sse(g, move |ev| {
+            let chunk = |text: &str, finish: Value| {
+                json!({"id": id, "object": "text_completion", "created": created, "model": name,
+                       "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}]})
+                .to_string()
+            };
+            match ev {
+                StreamEvent::Text(t) => vec![chunk(t, Value::Null)],
+                StreamEvent::Finished {
+                    finish_reason,
+                    usage,
+                } => {
+                    let mut out = vec![chunk("", json!(finish_reason))];
+                    if include_usage {
+                        out.push(
+                            json!({"id": id, "object": "text_completion", "created": created, "model": name,
+                                   "choices": [], "usage": usage_json(usage)})
+                            .to_string(),
+                        );
+                    }
+                    out
+                }
+                StreamEvent::Failed(e) => vec![e.stream_event(O).to_string()],
+            }
+        }));
+    }
+    let done = http::collect(g).await?;
+    Ok(Json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": name,
+        "choices": [{"text": done.text, "index": 0, "logprobs": null, "finish_reason": done.finish_reason}],
+        "usage": usage_json(done.usage)
+    }))
+    .into_response())
+}
+
+fn model_json(m: &RoutedModel) -> Value {
+    let owner = m.slug.as_str().split('/').nth(1).unwrap_or("bulkhead");
+    json!({
+        "id": m.slug.as_str(),
+        "object": "model",
+        "created": u64::try_from(m.created_at.millis() / 1000).unwrap_or(0),
+        "owned_by": owner
+    })
+}
+
+fn list_models(ctx: &Ctx) -> Response {
+    let data: Vec<Value> = ctx
+        .snap
+        .table
+        .visible_models(&ctx.principal.account_id)
+        .into_iter()
+        .map(model_json)
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `GET /v1/models`.
+pub(crate) async fn models(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
+    Ok(list_models(&ctx))
+}
+
+/// `GET /client/v4/accounts/{account_id}/ai/v1/models`.
+pub(crate) async fn account_models(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
+    let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(O))?;
+    Ok(list_models(&ctx))
+}
+
+/// `GET /v1/models/{model}`.
+pub(crate) async fn model(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Path(slug) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
+    let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
+    let m = http::model(&ctx, &slug).map_err(|e| e.in_(O))?;
+    Ok(Json(model_json(m)).into_response())
+}

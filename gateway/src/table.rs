@@ -1,0 +1,88 @@
+//! The routing table as the gateway uses it: indexed by slug, account and
+//! token hash. Built once per version the control plane sends.
+
+use bulkhead_control_api::{
+    ModelSlug, NodeRole, NodeView, RoutedAccount, RoutedModel, RoutingTable, Visibility,
+};
+use std::collections::HashMap;
+
+/// One applied routing table.
+#[derive(Debug, Clone, Default)]
+pub struct Table {
+    version: u64,
+    models: HashMap<ModelSlug, RoutedModel>,
+    accounts: HashMap<String, RoutedAccount>,
+    tokens: HashMap<String, String>,
+    /// Routable generating workers (decode or colocated) per model.
+    workers: HashMap<ModelSlug, Vec<NodeView>>,
+}
+
+impl Table {
+    /// Indexes a table from the control plane.
+    pub fn new(t: RoutingTable) -> Table {
+        let mut workers: HashMap<ModelSlug, Vec<NodeView>> = HashMap::new();
+        for n in t.nodes {
+            let generates = matches!(n.registration.role, NodeRole::Decode | NodeRole::Colocated);
+            if n.routable && generates {
+                workers
+                    .entry(n.registration.model.clone())
+                    .or_default()
+                    .push(n);
+            }
+        }
+        Table {
+            version: t.version,
+            models: t.models.into_iter().map(|m| (m.slug.clone(), m)).collect(),
+            accounts: t.accounts.into_iter().map(|a| (a.id.clone(), a)).collect(),
+            tokens: t
+                .tokens
+                .into_iter()
+                .map(|k| (k.sha256, k.account_id))
+                .collect(),
+            workers,
+        }
+    }
+
+    /// The control plane's version of this table.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// The account a token hash belongs to.
+    pub fn token_account(&self, sha256: &str) -> Option<&RoutedAccount> {
+        self.accounts.get(self.tokens.get(sha256)?)
+    }
+
+    /// An account by id.
+    pub fn account(&self, id: &str) -> Option<&RoutedAccount> {
+        self.accounts.get(id)
+    }
+
+    /// The model `slug` if `account` may call it. A private model the
+    /// account is not allowlisted for is `None`, exactly like a model that
+    /// does not exist.
+    pub fn visible(&self, account: &str, slug: &str) -> Option<&RoutedModel> {
+        let slug: ModelSlug = slug.parse().ok()?;
+        let m = self.models.get(&slug)?;
+        match m.visibility {
+            Visibility::Public => Some(m),
+            Visibility::Private => m.allowlist.iter().any(|a| a == account).then_some(m),
+        }
+    }
+
+    /// Every model `account` may call, by slug.
+    pub fn visible_models(&self, account: &str) -> Vec<&RoutedModel> {
+        let mut out: Vec<&RoutedModel> = self
+            .models
+            .values()
+            .filter(|m| self.visible(account, m.slug.as_str()).is_some())
+            .collect();
+        out.sort_by(|a, b| a.slug.cmp(&b.slug));
+        out
+    }
+
+    /// Routable workers that generate for `slug`.
+    pub fn workers(&self, slug: &ModelSlug) -> &[NodeView] {
+        self.workers.get(slug).map_or(&[], Vec::as_slice)
+    }
+}

@@ -1,0 +1,160 @@
+//! Calling a worker: `POST http://{address}/v1/generate` with the tenant
+//! header, then reading its NDJSON lines as they arrive. Dropping a
+//! [`LineStream`] closes the connection, which the worker takes as the
+//! client going away: it cancels the request (after any KV transfer in
+//! flight has finished) and its pages return to the pool.
+
+use bulkhead_worker_api::{ErrorBody, GenerateBody, Line, TENANT_HEADER};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use std::time::Duration;
+
+/// Why a worker call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum UpstreamError {
+    /// No connection or no answer.
+    Unreachable,
+    /// The worker refused or failed the request with its own error.
+    Worker {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// The worker answered something that is not its API.
+    Protocol,
+}
+
+/// A pooled HTTP/1.1 client for workers.
+#[derive(Debug, Clone)]
+pub(crate) struct Upstream {
+    http: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Upstream {
+    pub(crate) fn new() -> Upstream {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        Upstream {
+            http: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+
+    /// Sends the request; returns the first line (a token or the end) and
+    /// the rest of the stream. A worker error before the first token is an
+    /// `Err`, so its status can still become the client's.
+    pub(crate) async fn generate(
+        &self,
+        address: &str,
+        tenant: u64,
+        body: &GenerateBody,
+    ) -> Result<(Line, LineStream), UpstreamError> {
+        let bytes = serde_json::to_vec(body).map_err(|_| UpstreamError::Protocol)?;
+        let req = Request::post(format!("http://{address}/v1/generate"))
+            .header(TENANT_HEADER, tenant.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(bytes)))
+            .map_err(|_| UpstreamError::Protocol)?;
+        let resp = tokio::time::timeout(Duration::from_secs(120), self.http.request(req))
+            .await
+            .map_err(|_| UpstreamError::Unreachable)?
+            .map_err(|_| UpstreamError::Unreachable)?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|_| UpstreamError::Unreachable)?
+                .to_bytes();
+            let err: ErrorBody =
+                serde_json::from_slice(&bytes).map_err(|_| UpstreamError::Protocol)?;
+            return Err(UpstreamError::Worker {
+                status: status.as_u16(),
+                code: err.error.code,
+                message: err.error.message,
+            });
+        }
+        let mut stream = LineStream {
+            body: resp.into_body(),
+            buf: Vec::new(),
+            done: false,
+        };
+        match stream.next().await {
+            Some(Ok(Line::Error { error })) => Err(UpstreamError::Worker {
+                status: status_of(&error.code),
+                code: error.code,
+                message: error.message,
+            }),
+            Some(Ok(first)) => Ok((first, stream)),
+            Some(Err(e)) => Err(e),
+            None => Err(UpstreamError::Protocol),
+        }
+    }
+}
+
+/// The HTTP status a worker error code stands for (for errors that arrive
+/// as a line).
+pub(crate) fn status_of(code: &str) -> u16 {
+    match code {
+        "context_length_exceeded" | "invalid_request" | "missing_tenant" => 400,
+        "kv_transfer_failed" => 502,
+        "unavailable" => 503,
+        _ => 500,
+    }
+}
+
+/// The NDJSON lines of a worker's answer.
+#[derive(Debug)]
+pub(crate) struct LineStream {
+    body: Incoming,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl LineStream {
+    /// The next line; `None` after the end.
+    pub(crate) async fn next(&mut self) -> Option<Result<Line, UpstreamError>> {
+        loop {
+            if let Some(at) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=at).collect();
+                if line.len() <= 1 {
+                    continue;
+                }
+                return Some(
+                    serde_json::from_slice(&line[..line.len() - 1])
+                        .map_err(|_| UpstreamError::Protocol),
+                );
+            }
+            if self.done {
+                return None;
+            }
+            match self.body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if self.buf.len() + data.len() > 16 << 20 {
+                            self.done = true;
+                            return Some(Err(UpstreamError::Protocol));
+                        }
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(_)) => {
+                    self.done = true;
+                    return Some(Err(UpstreamError::Unreachable));
+                }
+                None => {
+                    self.done = true;
+                    if !self.buf.is_empty() {
+                        return Some(Err(UpstreamError::Protocol));
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+}

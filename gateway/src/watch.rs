@@ -1,0 +1,135 @@
+//! The routing watch: one task long-polls the control plane's routing table
+//! and publishes each new version it applies; handlers read the latest.
+//! Every poll tells the control plane which version this gateway has
+//! applied, which is how a visibility flip learns that it is in force here.
+//!
+//! Fail closed: a gateway that has not heard from the control plane for the
+//! lease the control plane set refuses requests until it hears again. That
+//! is what lets the control plane acknowledge a flip after at most one lease
+//! even if a gateway is cut off.
+
+use crate::table::Table;
+use bulkhead_control_api::{Client, RoutingTable};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// One applied routing table.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The indexed table.
+    pub table: Table,
+    /// The lease the control plane set.
+    pub lease: Duration,
+}
+
+/// Why there is no table to serve from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WatchError {
+    /// No table yet.
+    #[error("the gateway has no routing table yet")]
+    NotReady,
+    /// The last one is older than the lease.
+    #[error("the gateway lost contact with the control plane")]
+    Stale,
+}
+
+/// The handle handlers read the table through; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RoutingWatch {
+    rx: watch::Receiver<Option<Arc<Snapshot>>>,
+    heard_ms: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl RoutingWatch {
+    /// Starts polling the control plane as gateway instance `instance`.
+    pub fn start(client: Client, instance: String) -> RoutingWatch {
+        let (tx, rx) = watch::channel(None);
+        let heard_ms = Arc::new(AtomicU64::new(0));
+        let epoch = Instant::now();
+        tokio::spawn(poll(client, instance, tx, Arc::clone(&heard_ms), epoch));
+        RoutingWatch {
+            rx,
+            heard_ms,
+            epoch,
+        }
+    }
+
+    /// The table to serve from, unless there is none or it is stale.
+    pub fn current(&self) -> Result<Arc<Snapshot>, WatchError> {
+        let snap = self.rx.borrow().clone().ok_or(WatchError::NotReady)?;
+        let heard = Duration::from_millis(self.heard_ms.load(Ordering::Acquire));
+        if self.epoch.elapsed().saturating_sub(heard) > snap.lease {
+            return Err(WatchError::Stale);
+        }
+        Ok(snap)
+    }
+
+    /// Waits up to `limit` for the first table.
+    pub async fn ready(&self, limit: Duration) -> bool {
+        let mut rx = self.rx.clone();
+        tokio::time::timeout(limit, rx.wait_for(Option::is_some))
+            .await
+            .is_ok()
+    }
+
+    /// Waits until the applied table has at least `version`.
+    pub async fn applied(&self, version: u64, limit: Duration) -> bool {
+        let mut rx = self.rx.clone();
+        let reached = rx.wait_for(|s| s.as_ref().is_some_and(|s| s.table.version() >= version));
+        tokio::time::timeout(limit, reached).await.is_ok()
+    }
+}
+
+async fn poll(
+    client: Client,
+    instance: String,
+    tx: watch::Sender<Option<Arc<Snapshot>>>,
+    heard_ms: Arc<AtomicU64>,
+    epoch: Instant,
+) {
+    let mut applied = 0u64;
+    let mut wait_ms = 0u64;
+    let mut backoff = Duration::from_millis(100);
+    let mut failing = false;
+    loop {
+        let path =
+            format!("/admin/v1/routing?gateway={instance}&version={applied}&wait_ms={wait_ms}");
+        match client.get::<RoutingTable>(&path).await {
+            Ok(t) => {
+                let now = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+                heard_ms.store(now, Ordering::Release);
+                if failing {
+                    eprintln!("bulkhead gateway: routing table reachable again");
+                    failing = false;
+                }
+                backoff = Duration::from_millis(100);
+                wait_ms = t.lease_ms / 3;
+                if t.version != applied || tx.borrow().is_none() {
+                    applied = t.version;
+                    let lease = Duration::from_millis(t.lease_ms);
+                    let snap = Snapshot {
+                        table: Table::new(t),
+                        lease,
+                    };
+                    if tx.send(Some(Arc::new(snap))).is_err() {
+                        return; // every handle is gone
+                    }
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    eprintln!("bulkhead gateway: routing table: {e}");
+                    failing = true;
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}

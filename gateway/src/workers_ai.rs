@@ -1,0 +1,249 @@
+//! The Workers AI API under `/client/v4/accounts/{account_id}/ai`:
+//! `POST run/{model}` (the slug with raw slashes or percent-encoded, as the
+//! official Python SDK sends it) and `GET models/search`. Answers use the v4
+//! envelope `{"result", "success", "errors", "messages"}`.
+
+use crate::errors::{ApiError, Flavor, GatewayError};
+use crate::http::{self, AppState, StreamEvent};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use bulkhead_worker_api::{GenerateBody, Message};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+
+const W: Flavor = Flavor::WorkersAi;
+
+/// `POST run/{model}` body: a prompt or messages, and sampling settings.
+/// Unknown fields are ignored, as Workers AI does.
+#[derive(Debug, Deserialize)]
+struct RunBody {
+    prompt: Option<String>,
+    messages: Option<Vec<Message>>,
+    #[serde(default)]
+    raw: bool,
+    #[serde(default)]
+    stream: bool,
+    max_tokens: Option<i64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    seed: Option<i64>,
+    repetition_penalty: Option<f64>,
+}
+
+fn bad(m: &str) -> GatewayError {
+    GatewayError::BadInput(m.to_owned())
+}
+
+impl RunBody {
+    /// The worker request, with Workers AI's ranges and defaults checked.
+    fn to_worker(&self) -> Result<GenerateBody, GatewayError> {
+        let mut b = GenerateBody {
+            max_tokens: 256,
+            temperature: 0.6,
+            ..GenerateBody::default()
+        };
+        match (&self.prompt, &self.messages) {
+            (Some(p), None) => {
+                if p.is_empty() || p.len() > 131_072 {
+                    return Err(bad("prompt must be 1 to 131072 characters"));
+                }
+                if self.raw {
+                    b.raw = Some(p.clone());
+                } else {
+                    b.prompt = Some(p.clone());
+                }
+            }
+            (None, Some(m)) => {
+                if m.is_empty() {
+                    return Err(bad("messages must not be empty"));
+                }
+                for msg in m {
+                    if !["system", "user", "assistant", "tool"].contains(&msg.role.as_str()) {
+                        return Err(bad("message role must be system, user, assistant or tool"));
+                    }
+                    if msg.content.len() > 131_072 {
+                        return Err(bad("message content must be at most 131072 characters"));
+                    }
+                }
+                b.messages = Some(m.clone());
+            }
+            _ => return Err(bad("exactly one of prompt and messages is required")),
+        }
+        if let Some(n) = self.max_tokens {
+            b.max_tokens = usize::try_from(n)
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| bad("max_tokens must be at least 1"))?;
+        }
+        if let Some(t) = self.temperature {
+            if !(0.0..=5.0).contains(&t) {
+                return Err(bad("temperature must be between 0 and 5"));
+            }
+            b.temperature = t as f32;
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 2.0) {
+                return Err(bad("top_p must be above 0 and at most 2"));
+            }
+            b.top_p = p.min(1.0) as f32;
+        }
+        if let Some(k) = self.top_k {
+            b.top_k = usize::try_from(k)
+                .ok()
+                .filter(|k| (1..=50).contains(k))
+                .ok_or_else(|| bad("top_k must be between 1 and 50"))?;
+        }
+        if let Some(s) = self.seed {
+            b.seed = u64::try_from(s)
+                .ok()
+                .filter(|s| (1..=9_999_999_999).contains(s))
+                .ok_or_else(|| bad("seed must be between 1 and 9999999999"))?;
+        }
+        if let Some(r) = self.repetition_penalty {
+            if !(r > 0.0 && r <= 2.0) {
+                return Err(bad("repetition_penalty must be above 0 and at most 2"));
+            }
+            b.repetition_penalty = r as f32;
+        }
+        Ok(b)
+    }
+}
+
+fn usage_json(u: bulkhead_worker_api::Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens
+    })
+}
+
+/// `POST /client/v4/accounts/{account_id}/ai/run/{model}`.
+pub(crate) async fn run(
+    State(s): State<AppState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let Path((account, slug)) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
+    let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(W))?;
+    let model = http::model(&ctx, &slug).map_err(|e| e.in_(W))?;
+    let req: RunBody = http::parse_json(&body).map_err(|e| e.in_(W))?;
+    let worker = req.to_worker().map_err(|e| e.in_(W))?;
+    let g = http::start(&s, &ctx, model, &worker)
+        .await
+        .map_err(|e| e.in_(W))?;
+    if req.stream {
+        return Ok(http::sse(g, |ev| match ev {
+            StreamEvent::Text(t) => vec![json!({"response": t}).to_string()],
+            StreamEvent::Finished { usage, .. } => {
+                vec![json!({"response": "", "usage": usage_json(usage)}).to_string()]
+            }
+            StreamEvent::Failed(e) => vec![e.stream_event(W).to_string()],
+        }));
+    }
+    let done = http::collect(g).await.map_err(|e| e.in_(W))?;
+    Ok(Json(json!({
+        "result": {"response": done.text, "usage": usage_json(done.usage)},
+        "success": true,
+        "errors": [],
+        "messages": []
+    }))
+    .into_response())
+}
+
+/// `GET /client/v4/accounts/{account_id}/ai/models/search`: the models this
+/// account may call, filtered by `search` (in the name or description) and
+/// `task`, paged by `page` and `per_page`; a page past the end has an empty
+/// `result` (the SDK pages until it sees one).
+pub(crate) async fn search(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
+    let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(W))?;
+    let Query(q) = query.map_err(|_| bad("invalid query string").in_(W))?;
+    let number = |key: &str, default: usize, max: usize| -> Result<usize, ApiError> {
+        match q.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=max).contains(n))
+                .ok_or_else(|| bad(&format!("{key} must be a number from 1 to {max}")).in_(W)),
+        }
+    };
+    let page = number("page", 1, 1_000_000)?;
+    let per_page = number("per_page", 20, 100)?;
+    let search = q.get("search").map(|s| s.to_lowercase());
+    let task = q.get("task").map(|t| t.to_lowercase());
+    let all: Vec<Value> = ctx
+        .snap
+        .table
+        .visible_models(&ctx.principal.account_id)
+        .into_iter()
+        .filter(|m| {
+            search.as_ref().is_none_or(|s| {
+                m.slug.as_str().contains(s.as_str()) || m.description.to_lowercase().contains(s.as_str())
+            })
+        })
+        .filter(|m| task.as_ref().is_none_or(|t| m.task.to_lowercase() == *t))
+        .map(|m| {
+            let mut properties = Vec::new();
+            if let Some(p) = m.properties {
+                properties.push(json!({"property_id": "context_window", "value": p.context_window.to_string()}));
+                properties.push(json!({"property_id": "max_total_tokens", "value": p.required_tokens().to_string()}));
+            }
+            let created = m.created_at.to_string().replace('T', " ").trim_end_matches('Z').to_owned();
+            json!({
+                "id": uuid_of(m.slug.as_str()),
+                "source": 1,
+                "name": m.slug.as_str(),
+                "description": m.description,
+                "task": {"id": uuid_of(&m.task), "name": m.task, "description": ""},
+                "created_at": created,
+                "tags": [],
+                "properties": properties
+            })
+        })
+        .collect();
+    let total = all.len();
+    let result: Vec<Value> = all
+        .into_iter()
+        .skip((page - 1).saturating_mul(per_page))
+        .take(per_page)
+        .collect();
+    Ok(Json(json!({
+        "result_info": {"page": page, "per_page": per_page, "count": result.len(), "total_count": total},
+        "result": result,
+        "success": true,
+        "errors": [],
+        "messages": []
+    }))
+    .into_response())
+}
+
+/// A stable UUID-shaped id for a name.
+fn uuid_of(name: &str) -> String {
+    let h: String = Sha256::digest(name.as_bytes())
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}

@@ -1,0 +1,174 @@
+//! `bulkhead gateway`: authenticates tenants, routes by model slug to the
+//! workers the control plane marks routable, enforces visibility and
+//! per-account limits, and serves the Workers AI and OpenAI APIs. All
+//! configuration is parsed and checked before the port is bound.
+
+use anyhow::Context;
+use bulkhead_control_api::{Client, Credentials};
+use bulkhead_gateway::{AppState, JwtConfig, JwtKeys, Limiter, Limits, RoutingWatch, app};
+use clap::Args;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Flags of `bulkhead gateway`.
+#[derive(Debug, Args)]
+pub(crate) struct GatewayArgs {
+    /// Address tenants call.
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    listen: String,
+    /// The control plane.
+    #[arg(long = "control-plane", env = "BULKHEAD_CONTROL_PLANE_URL")]
+    control_plane: String,
+    /// Operator token with the `gateway` role.
+    #[arg(long, env = "BULKHEAD_GATEWAY_TOKEN", hide_env_values = true)]
+    gateway_token: String,
+    /// Redis for rate limits shared by every gateway (in memory without it).
+    #[arg(long, env = "REDIS_URL")]
+    redis_url: Option<String>,
+    /// Prefix of the rate-limit keys in Redis.
+    #[arg(long, default_value = "bulkhead:rl")]
+    rate_limit_prefix: String,
+    /// Requests per minute per account.
+    #[arg(long, default_value_t = 300)]
+    requests_per_minute: u64,
+    /// Tokens (prompt estimate plus max_tokens) per minute per account.
+    #[arg(long, default_value_t = 300_000)]
+    tokens_per_minute: u64,
+    /// Requests in flight per account.
+    #[arg(long, default_value_t = 16)]
+    concurrency: u64,
+    /// File holding the HS256 secret for JWTs (at least 32 bytes).
+    #[arg(long)]
+    jwt_hs256_secret_file: Option<PathBuf>,
+    /// JWKS file with the RS256 / EdDSA public keys for JWTs.
+    #[arg(long)]
+    jwks_file: Option<PathBuf>,
+    /// JWKS URL (http://) with the public keys, fetched at start.
+    #[arg(long)]
+    jwks_url: Option<String>,
+    /// Required JWT issuer (`iss`).
+    #[arg(long)]
+    jwt_issuer: Option<String>,
+    /// Required JWT audience (`aud`).
+    #[arg(long)]
+    jwt_audience: Option<String>,
+    /// The JWT claim naming the account.
+    #[arg(long, default_value = "account_id")]
+    jwt_account_claim: String,
+    /// This gateway's instance name (default: random).
+    #[arg(long)]
+    instance: Option<String>,
+}
+
+pub(crate) fn run(args: &GatewayArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(args))
+}
+
+async fn jwt(args: &GatewayArgs) -> anyhow::Result<Option<JwtConfig>> {
+    let secret = match &args.jwt_hs256_secret_file {
+        Some(p) => Some(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?),
+        None => None,
+    };
+    let jwks = match (&args.jwks_file, &args.jwks_url) {
+        (Some(_), Some(_)) => anyhow::bail!("give --jwks-file or --jwks-url, not both"),
+        (Some(p), None) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
+        (None, Some(url)) => Some(
+            fetch(url)
+                .await
+                .with_context(|| format!("fetching {url}"))?,
+        ),
+        (None, None) => None,
+    };
+    let keys = match jwks {
+        Some(j) => JwtKeys::from_jwks(&j).map_err(anyhow::Error::msg)?,
+        None => JwtKeys::default(),
+    };
+    let mut cfg =
+        JwtConfig::new(secret.as_deref().map(trim_newline), keys).map_err(anyhow::Error::msg)?;
+    if !cfg.enabled() {
+        return Ok(None);
+    }
+    cfg.issuer = args.jwt_issuer.clone();
+    cfg.audience = args.jwt_audience.clone();
+    cfg.account_claim = args.jwt_account_claim.clone();
+    Ok(Some(cfg))
+}
+
+fn trim_newline(s: &[u8]) -> &[u8] {
+    s.strip_suffix(b"\n").unwrap_or(s)
+}
+
+async fn fetch(url: &str) -> anyhow::Result<String> {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    let uri: hyper::Uri = url.parse()?;
+    anyhow::ensure!(
+        uri.scheme_str() == Some("http"),
+        "only http:// JWKS URLs are supported; use --jwks-file for others"
+    );
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Empty<Bytes>>();
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.get(uri)).await??;
+    anyhow::ensure!(resp.status().is_success(), "status {}", resp.status());
+    let bytes = resp.into_body().collect().await?.to_bytes();
+    Ok(String::from_utf8(bytes.to_vec())?)
+}
+
+async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
+    let limits = Limits {
+        requests_per_minute: args.requests_per_minute,
+        tokens_per_minute: args.tokens_per_minute,
+        concurrency: args.concurrency.max(1),
+    };
+    let jwt = jwt(args).await?;
+    let limiter = match &args.redis_url {
+        Some(url) => Limiter::redis(limits, url, &args.rate_limit_prefix)
+            .await
+            .with_context(|| "connecting to Redis for rate limits")?,
+        None => Limiter::memory(limits),
+    };
+    let client = Client::new(&Credentials {
+        control_plane_url: args.control_plane.clone(),
+        operator_token: args.gateway_token.clone(),
+    })?;
+    let instance = match &args.instance {
+        Some(i) => i.clone(),
+        None => {
+            let mut b = [0u8; 6];
+            getrandom::fill(&mut b)?;
+            format!(
+                "gw-{}",
+                b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+            )
+        }
+    };
+    let watch = RoutingWatch::start(client, instance);
+    if !watch.ready(Duration::from_secs(30)).await {
+        anyhow::bail!(
+            "no routing table from the control plane at {} within 30 s (is it up, and is the token's role `gateway`?)",
+            args.control_plane
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "bulkhead gateway: listening http={}",
+        listener.local_addr()?
+    );
+    let _ = out.flush();
+    drop(out);
+    axum::serve(listener, app(AppState::new(watch, jwt, limiter)))
+        .with_graceful_shutdown(crate::control_plane::shutdown())
+        .await?;
+    Ok(())
+}
