@@ -83,8 +83,7 @@ impl Hub {
         if *rx.borrow_and_update() == applied {
             let _ = tokio::time::timeout(wait, rx.changed()).await;
         }
-        let v = *rx.borrow();
-        v
+        *rx.borrow()
     }
 
     /// Publishes a new version (call after the change committed).

@@ -204,10 +204,9 @@ impl IntoResponse for ApiError {
         if let GatewayError::RateLimited {
             retry_after_secs, ..
         } = e
+            && let Ok(v) = HeaderValue::from_str(&retry_after_secs.to_string())
         {
-            if let Ok(v) = HeaderValue::from_str(&retry_after_secs.to_string()) {
-                resp.headers_mut().insert(header::RETRY_AFTER, v);
-            }
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
         }
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()

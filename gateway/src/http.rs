@@ -111,10 +111,10 @@ pub(crate) fn authorize(
     let token = auth::bearer(header).map_err(|_| GatewayError::Unauthenticated)?;
     let principal = auth::authenticate(token, &snap.table, state.jwt.as_deref())
         .map_err(|_| GatewayError::Unauthenticated)?;
-    if let Some(a) = url_account {
-        if a != principal.account_id {
-            return Err(GatewayError::WrongAccount);
-        }
+    if let Some(a) = url_account
+        && a != principal.account_id
+    {
+        return Err(GatewayError::WrongAccount);
     }
     Ok(Ctx { snap, principal })
 }
@@ -142,13 +142,13 @@ pub(crate) async fn start(
     model: &RoutedModel,
     body: &GenerateBody,
 ) -> Result<Generation, GatewayError> {
-    if let Some(p) = model.properties {
-        if body.max_tokens as u64 > p.max_output {
-            return Err(GatewayError::BadInput(format!(
-                "max_tokens {} exceeds this model's maximum output of {} tokens",
-                body.max_tokens, p.max_output
-            )));
-        }
+    if let Some(p) = model.properties
+        && body.max_tokens as u64 > p.max_output
+    {
+        return Err(GatewayError::BadInput(format!(
+            "max_tokens {} exceeds this model's maximum output of {} tokens",
+            body.max_tokens, p.max_output
+        )));
     }
     if body.max_tokens == 0 {
         return Err(GatewayError::BadInput(
