@@ -203,16 +203,21 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
         permit,
     } = g;
     let mut line = Some(Ok(first));
+    let mut answer = String::new();
     let result = loop {
         match line {
-            Some(Ok(Line::Token { .. })) => line = rest.next().await,
+            Some(Ok(Line::Token { text, .. })) => {
+                answer.push_str(&text);
+                line = rest.next().await;
+            }
             Some(Ok(Line::Finished {
                 finish_reason,
                 text,
                 usage,
             })) => {
+                answer.push_str(&text);
                 break Ok(Collected {
-                    text,
+                    text: answer,
                     finish_reason: finish_reason_of(&finish_reason),
                     usage,
                 });
@@ -291,15 +296,18 @@ where
                 Some(Ok(Line::Finished {
                     finish_reason,
                     usage,
-                    ..
-                })) => (
-                    render(StreamEvent::Finished {
+                    text,
+                })) => {
+                    let mut events = Vec::new();
+                    if !text.is_empty() {
+                        events.extend(render(StreamEvent::Text(text)));
+                    }
+                    events.extend(render(StreamEvent::Finished {
                         finish_reason: finish_reason_of(finish_reason),
                         usage: *usage,
-                    }),
-                    true,
-                    true,
-                ),
+                    }));
+                    (events, true, true)
+                }
                 Some(Ok(Line::Error { error })) => {
                     let e = GatewayError::from(crate::upstream::UpstreamError::Worker {
                         status: crate::upstream::status_of(&error.code),

@@ -104,11 +104,13 @@ pub enum Line {
         /// Its text (may be empty until a UTF-8 sequence completes).
         text: String,
     },
-    /// The end: why, the whole text and the token counts.
+    /// The end: why, the last text and the token counts.
     Finished {
         /// `stop`, `length`, …
         finish_reason: String,
-        /// All generated text.
+        /// Text held back until the end (a possible stop-string prefix that
+        /// turned out not to be one); the answer is every token's text
+        /// followed by this.
         text: String,
         /// Token counts.
         usage: Usage,

@@ -1,0 +1,420 @@
+//! The gateway in front of a real worker running the real model: a
+//! control plane on a socket, `bulkhead serve` registering its measured
+//! pool, and the gateway router (`oneshot`). Answers through every API
+//! equal the worker's own, streaming included; an over-long prompt is the
+//! right 4xx in each shape; a client that goes away mid-stream cancels, and
+//! the worker's pages all come back.
+
+mod support;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::Request;
+use bulkhead_control_api::{
+    Client, ConfigSpec, CreateModel, Credentials, KvBudget, Parallelism, Properties, Role,
+    Timestamp, Visibility,
+};
+use bulkhead_control_plane::{AccountId, AppState as CpState, Db, Settings, app as cp_app, store};
+use bulkhead_gateway::{AppState, Limiter, Limits, RoutingWatch, app};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use support::Worker;
+use tower::ServiceExt;
+
+const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
+
+struct Fixture {
+    gw: Router,
+    account: String,
+    token: String,
+    worker: Worker,
+}
+
+async fn fixture() -> Fixture {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/golden/smollm2-135m-q4_1.json"
+        ))
+        .expect("golden"),
+    )
+    .expect("golden JSON");
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let path =
+        std::env::temp_dir().join(format!("bulkhead-gwtest-{}-{nanos}.db", std::process::id()));
+    let db = Db::connect(&Db::sqlite_url(&path)).await.expect("db");
+    let settings = Settings {
+        page_name: "Bulkhead".to_owned(),
+        public_url: "http://status.test".to_owned(),
+        node_ttl: Duration::from_secs(60),
+        heartbeat_interval: Duration::from_secs(2),
+        status_cache: Duration::ZERO,
+        gateway_lease: Duration::from_secs(6),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let router = cp_app(CpState::new(db.clone(), settings));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let now = Timestamp::now();
+    let mut c = db.pool().acquire().await.expect("connection");
+    let gateway_token = store::operators::create(&mut c, "edge", Role::Gateway, now)
+        .await
+        .expect("op")
+        .token;
+    let node_token = store::operators::create(&mut c, "fleet", Role::Node, now)
+        .await
+        .expect("op")
+        .token;
+    let account = store::accounts::create(&mut c, "alpha", now)
+        .await
+        .expect("account")
+        .id;
+    let id = AccountId::parse(&account).expect("id");
+    let token = store::api_tokens::create(&mut c, &id, "t", now)
+        .await
+        .expect("token")
+        .token;
+    let m = store::models::create(
+        &mut c,
+        &CreateModel {
+            slug: SLUG.parse().expect("slug"),
+            task: "Text Generation".to_owned(),
+            description: "SmolLM2 135M Instruct".to_owned(),
+            visibility: Visibility::Public,
+            config: None,
+        },
+        now,
+    )
+    .await
+    .expect("model");
+    let spec = ConfigSpec {
+        properties: Properties {
+            context_window: 2048,
+            max_output: 256,
+        },
+        weights_file: "SmolLM2-135M-Instruct.Q4_1.gguf".to_owned(),
+        weights_sha256: golden["sha256"].as_str().expect("sha").to_owned(),
+        quantization: "q4_1".to_owned(),
+        page_size: 16,
+        kv_budget: KvBudget {
+            prefill_bytes: 64 << 20,
+            decode_bytes: 64 << 20,
+        },
+        parallelism: Parallelism::default(),
+    };
+    let v = store::configs::add(&mut c, &m, &spec, "test", now)
+        .await
+        .expect("config");
+    store::configs::activate(&mut c, &m, v, "test", "", now, Duration::from_secs(60))
+        .await
+        .expect("activate");
+    drop(c);
+    let worker = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            Worker::start(&[
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--kv-budget-mib",
+                "64",
+                "--threads",
+                "1",
+                "--control-plane",
+                &url,
+                "--node-token",
+                &node_token,
+                "--node-name",
+                "w0",
+            ])
+        }
+    })
+    .await
+    .expect("worker");
+    let client = Client::new(&Credentials {
+        control_plane_url: url,
+        operator_token: gateway_token,
+    })
+    .expect("client");
+    let watch = RoutingWatch::start(client, "gw-test".to_owned());
+    assert!(watch.ready(Duration::from_secs(10)).await);
+    let limiter = Limiter::memory(Limits {
+        requests_per_minute: 1000,
+        tokens_per_minute: 10_000_000,
+        concurrency: 8,
+    });
+    let gw = app(AppState::new(watch, None, limiter));
+    let f = Fixture {
+        gw,
+        account,
+        token,
+        worker,
+    };
+    // The worker registered before announcing; wait until the table routes to it.
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _) = f
+            .call(
+                "POST",
+                "/v1/completions",
+                json!({"model": SLUG, "prompt": "a", "max_tokens": 1}),
+            )
+            .await;
+        if status != 503 || Instant::now() > until {
+            assert_eq!(status, 200, "the worker is routable");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    f
+}
+
+impl Fixture {
+    fn request(&self, method: &str, path: &str, body: &Value) -> Request<Body> {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {}", self.token))
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .expect("request")
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Value) -> (u16, String) {
+        let resp = self
+            .gw
+            .clone()
+            .oneshot(self.request(method, path, &body))
+            .await
+            .expect("router");
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn run_path(&self) -> String {
+        format!(
+            "/client/v4/accounts/{}/ai/run/{}",
+            self.account,
+            SLUG.replace('/', "%2F")
+        )
+    }
+
+    fn worker_addr(&self) -> String {
+        self.worker.addr("http")
+    }
+}
+
+/// The `data:` payloads of an SSE body.
+fn events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn worker_text(addr: &str, body: &Value) -> String {
+    let r = support::http(addr, "POST", "/v1/generate", Some(1), &body.to_string());
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.lines()
+        .iter()
+        .filter_map(|l| l["text"].as_str())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_through_every_api_equal_the_workers_own() {
+    let f = fixture().await;
+    let addr = f.worker_addr();
+    let question = "What is the capital of France?";
+    let direct = {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || {
+            worker_text(&addr, &json!({"prompt": question, "max_tokens": 24}))
+        })
+        .await
+        .expect("direct")
+    };
+    assert!(!direct.is_empty());
+
+    // Workers AI, greedy, not streamed.
+    let body = json!({"prompt": question, "max_tokens": 24, "temperature": 0});
+    let (status, text) = f.call("POST", &f.run_path(), body.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(
+        (v["success"].as_bool(), &v["errors"], &v["messages"]),
+        (Some(true), &json!([]), &json!([]))
+    );
+    assert_eq!(v["result"]["response"], direct.as_str());
+    let usage = &v["result"]["usage"];
+    assert_eq!(
+        usage["total_tokens"].as_u64(),
+        Some(
+            usage["prompt_tokens"].as_u64().unwrap_or(0)
+                + usage["completion_tokens"].as_u64().unwrap_or(0)
+        )
+    );
+
+    // Workers AI, streamed: the same text, a usage event, then [DONE]. Raw slashes in the path this time.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let raw_path = format!("/client/v4/accounts/{}/ai/run/{SLUG}", f.account);
+    let (status, sse) = f.call("POST", &raw_path, streamed).await;
+    assert_eq!(status, 200);
+    let ev = events(&sse);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{sse}");
+    let parsed: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("event JSON"))
+        .collect();
+    let joined: String = parsed
+        .iter()
+        .filter_map(|e| e["response"].as_str())
+        .collect();
+    assert_eq!(joined, direct);
+    assert_eq!(parsed.last().map(|e| &e["usage"]), Some(usage));
+
+    // OpenAI chat, not streamed and streamed with usage.
+    let chat = json!({"model": SLUG, "messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0});
+    let (status, text) = f.call("POST", "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().is_some_and(|i| i.starts_with("chatcmpl-")));
+    assert_eq!(v["model"], SLUG);
+    assert_eq!(
+        v["choices"][0]["message"],
+        json!({"role": "assistant", "content": direct})
+    );
+    assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap_or("")));
+    assert_eq!(&v["usage"], usage);
+    let mut s = chat.clone();
+    s["stream"] = json!(true);
+    s["stream_options"] = json!({"include_usage": true});
+    let (status, sse) = f
+        .call(
+            "POST",
+            &format!("/client/v4/accounts/{}/ai/v1/chat/completions", f.account),
+            s,
+        )
+        .await;
+    assert_eq!(status, 200);
+    let ev = events(&sse);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk"))
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let content: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(content, direct);
+    let last = chunks.last().expect("usage chunk");
+    assert_eq!((&last["choices"], &last["usage"]), (&json!([]), usage));
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["delta"], json!({}));
+    assert!(finish["choices"][0]["finish_reason"].is_string());
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+
+    // Completions take raw text.
+    let (status, text) = f
+        .call(
+            "POST",
+            "/v1/completions",
+            json!({"model": SLUG, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    let raw = {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || {
+            worker_text(
+                &addr,
+                &json!({"raw": "The capital of France is", "max_tokens": 8}),
+            )
+        })
+        .await
+        .expect("raw")
+    };
+    assert_eq!(v["choices"][0]["text"], raw.as_str());
+
+    // A prompt longer than the worker's pool: the right 4xx in each shape, nothing allocated.
+    let long = "word ".repeat(4000);
+    let (status, text) = f
+        .call(
+            "POST",
+            &f.run_path(),
+            json!({"prompt": long, "max_tokens": 8}),
+        )
+        .await;
+    assert_eq!(status, 413, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["errors"][0]["code"], 5021);
+    assert_eq!(v["success"], false);
+    let (status, text) = f
+        .call("POST", "/v1/chat/completions", json!({"model": SLUG, "messages": [{"role": "user", "content": long}], "max_tokens": 8}))
+        .await;
+    assert_eq!(status, 400, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    let stats =
+        tokio::task::spawn_blocking(move || support::wait_stats(&addr, support::at_baseline))
+            .await
+            .expect("stats");
+    assert!(support::at_baseline(&stats), "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_mid_stream_cancels_and_every_page_returns() {
+    let f = fixture().await;
+    let addr = f.worker_addr();
+    let body = json!({"model": SLUG, "messages": [{"role": "user", "content": "Tell me a long story."}],
+                      "max_tokens": 256, "stream": true, "temperature": 0});
+    let resp =
+        f.gw.clone()
+            .oneshot(f.request("POST", "/v1/chat/completions", &body))
+            .await
+            .expect("router");
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut seen = 0;
+    while seen < 3 {
+        match body.frame().await {
+            Some(Ok(frame)) if frame.data_ref().is_some() => seen += 1,
+            Some(Ok(_)) => {}
+            other => panic!("stream ended early: {other:?}"),
+        }
+    }
+    let during = {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || support::stats(&addr))
+            .await
+            .expect("stats")
+    };
+    assert!(
+        during["pool"]["allocated_pages"].as_u64() > Some(0),
+        "{during}"
+    );
+    drop(body); // the client goes away
+    let after =
+        tokio::task::spawn_blocking(move || support::wait_stats(&addr, support::at_baseline))
+            .await
+            .expect("stats");
+    assert!(support::at_baseline(&after), "{after}");
+    // The request was cancelled, not run to its end.
+    let (status, _) = f.call("GET", "/v1/models", Value::Null).await;
+    assert_eq!(status, 200);
+}
