@@ -67,6 +67,9 @@ enum BenchCommand {
     /// KV transfer throughput against a raw loopback copy, and time to first
     /// token disaggregated against colocated.
     Transfer(crate::bench_transfer::TransferBenchArgs),
+    /// Gateway throughput and latency, its added latency on a full request
+    /// against calling the worker directly, and how fast a flip is applied.
+    Gateway(crate::bench_gateway::GatewayBenchArgs),
 }
 
 /// Model and engine flags shared by the subcommands that run the model.
@@ -144,5 +147,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Transfer(args),
         } => crate::bench_transfer::run(&args),
+        Command::Bench {
+            command: BenchCommand::Gateway(args),
+        } => crate::bench_gateway::run(&args),
     }
 }

@@ -150,9 +150,12 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
         db.backend(),
         location(&flags.db.data_dir, flags.db.database_url.is_none())
     ));
-    axum::serve(listener, app(AppState::new(db.clone(), settings)))
-        .with_graceful_shutdown(shutdown())
-        .await?;
+    axum::serve(
+        crate::nodelay(listener),
+        app(AppState::new(db.clone(), settings)),
+    )
+    .with_graceful_shutdown(shutdown())
+    .await?;
     db.close().await;
     Ok(())
 }

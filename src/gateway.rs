@@ -167,8 +167,11 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     );
     let _ = out.flush();
     drop(out);
-    axum::serve(listener, app(AppState::new(watch, jwt, limiter)))
-        .with_graceful_shutdown(crate::control_plane::shutdown())
-        .await?;
+    axum::serve(
+        crate::nodelay(listener),
+        app(AppState::new(watch, jwt, limiter)),
+    )
+    .with_graceful_shutdown(crate::control_plane::shutdown())
+    .await?;
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! hands off to the subcommand's module.
 
 mod bench;
+mod bench_gateway;
 mod bench_transfer;
 mod cli;
 mod control_plane;
@@ -12,6 +13,17 @@ mod register;
 mod serve;
 
 use clap::Parser;
+
+/// A listener whose connections send small writes at once (no Nagle delay):
+/// streamed tokens and short JSON answers must not wait for an ACK.
+pub(crate) fn nodelay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    })
+}
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();

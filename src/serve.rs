@@ -150,7 +150,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             "bulkhead serve: listening http={}",
             http.local_addr()?
         ));
-        axum::serve(http, app(Role::Colocated(engine))).await?;
+        axum::serve(crate::nodelay(http), app(Role::Colocated(engine))).await?;
         Ok(())
     })
 }
@@ -184,7 +184,7 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
             http.local_addr()?
         ));
         let api = app(Role::Prefill(worker.clone()));
-        tokio::spawn(async move { axum::serve(http, api).await });
+        tokio::spawn(async move { axum::serve(crate::nodelay(http), api).await });
         worker.serve(listen).await?;
         Ok(())
     })
@@ -223,7 +223,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
             "bulkhead decode: listening http={}",
             http.local_addr()?
         ));
-        axum::serve(http, app(Role::Decode(worker))).await?;
+        axum::serve(crate::nodelay(http), app(Role::Decode(worker))).await?;
         Ok(())
     })
 }

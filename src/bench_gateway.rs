@@ -1,0 +1,387 @@
+//! `bulkhead bench gateway`: the gateway's own cost, measured in one run
+//! against baselines from the same run. A control plane (SQLite in a temp
+//! directory) and two gateways run in this process on real sockets; one
+//! colocated worker runs as a child process and registers its pool.
+//!
+//! - `rps`, `p50_ms`, `p99_ms`: authenticated requests the gateway answers
+//!   itself (`GET /v1/models` and a refused private model), from 8
+//!   concurrent keep-alive clients.
+//! - `added_latency_p50_ms`, `added_latency_p99_ms`: a one-token completion
+//!   through the gateway against the same request sent straight to the
+//!   worker, alternated; the difference of the percentiles.
+//! - `flip_apply_p99_ms`: a visibility flip from request to acknowledgement,
+//!   which waits until both gateways applied it.
+
+use anyhow::Context;
+use bulkhead_control_api::{
+    ConfigSpec, CreateModel, KvBudget, Parallelism, Properties, Role, Timestamp, Visibility,
+};
+use bulkhead_control_plane::{AccountId, AppState as CpState, Db, Settings, app as cp_app, store};
+use bulkhead_gateway::{AppState, Limiter, Limits, RoutingWatch, app};
+use clap::Args;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Flags of `bulkhead bench gateway`.
+#[derive(Debug, Args)]
+pub(crate) struct GatewayBenchArgs {
+    /// Seconds of load for the requests the gateway answers itself.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// Full requests through the gateway (and as many straight to the worker).
+    #[arg(long, default_value_t = 200)]
+    full_requests: usize,
+    /// Visibility flips.
+    #[arg(long, default_value_t = 40)]
+    flips: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
+const HIDDEN: &str = "@cf/bench/hidden";
+
+type Http = HttpClient<HttpConnector, Full<Bytes>>;
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(crate) fn run(args: &GatewayBenchArgs) -> anyhow::Result<()> {
+    let weights =
+        bulkhead_engine::fetch::ensure_default_model(bulkhead_engine::fetch::Progress::Show)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(bench(args, &weights))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+async fn send(
+    http: &Http,
+    method: &str,
+    url: &str,
+    auth: Option<&str>,
+    body: Option<String>,
+) -> anyhow::Result<(u16, Bytes)> {
+    let mut req = hyper::Request::builder().method(method).uri(url);
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    if body.is_some() {
+        req = req.header("content-type", "application/json");
+    }
+    let req = req.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
+    let resp = http.request(req).await?;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await?.to_bytes();
+    Ok((status, bytes))
+}
+
+async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("bulkhead-bench-gw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let db = Db::connect(&Db::sqlite_url(&dir.join("bench.db"))).await?;
+    let settings = Settings {
+        page_name: "Bulkhead".to_owned(),
+        public_url: "http://127.0.0.1".to_owned(),
+        node_ttl: Duration::from_secs(60),
+        heartbeat_interval: Duration::from_secs(5),
+        status_cache: Duration::from_secs(1),
+        gateway_lease: Duration::from_secs(10),
+    };
+    let cp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let cp_url = format!("http://{}", cp.local_addr()?);
+    let router = cp_app(CpState::new(db.clone(), settings));
+    tokio::spawn(async move { axum::serve(crate::nodelay(cp), router).await });
+
+    let now = Timestamp::now();
+    let mut c = db.pool().acquire().await?;
+    let admin = store::operators::create(&mut c, "bench-admin", Role::Admin, now)
+        .await?
+        .token;
+    let gw_token = store::operators::create(&mut c, "bench-gateway", Role::Gateway, now)
+        .await?
+        .token;
+    let node_token = store::operators::create(&mut c, "bench-node", Role::Node, now)
+        .await?
+        .token;
+    let account = store::accounts::create(&mut c, "bench", now).await?.id;
+    let id = AccountId::parse(&account).context("account id")?;
+    let token = store::api_tokens::create(&mut c, &id, "bench", now)
+        .await?
+        .token;
+    let sha = crate::register::sha256_file(weights)?;
+    for (slug, vis) in [(SLUG, Visibility::Public), (HIDDEN, Visibility::Private)] {
+        let m = store::models::create(
+            &mut c,
+            &CreateModel {
+                slug: slug.parse()?,
+                task: "Text Generation".to_owned(),
+                description: String::new(),
+                visibility: vis,
+                config: None,
+            },
+            now,
+        )
+        .await?;
+        let spec = ConfigSpec {
+            properties: Properties {
+                context_window: 2048,
+                max_output: 256,
+            },
+            weights_file: "SmolLM2-135M-Instruct.Q4_1.gguf".to_owned(),
+            weights_sha256: sha.clone(),
+            quantization: "q4_1".to_owned(),
+            page_size: 16,
+            kv_budget: KvBudget {
+                prefill_bytes: 64 << 20,
+                decode_bytes: 64 << 20,
+            },
+            parallelism: Parallelism::default(),
+        };
+        let v = store::configs::add(&mut c, &m, &spec, "bench", now).await?;
+        store::configs::activate(&mut c, &m, v, "bench", "", now, Duration::from_secs(60)).await?;
+    }
+    drop(c);
+
+    // The worker, registered with the control plane.
+    let mut child = Command::new(std::env::current_exe()?)
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--kv-budget-mib",
+            "64",
+            "--control-plane",
+            &cp_url,
+            "--node-token",
+            &node_token,
+            "--node-name",
+            "bench-worker",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().context("worker stdout")?;
+    let worker = KillOnDrop(child);
+    let line = BufReader::new(stdout)
+        .lines()
+        .next()
+        .context("worker announcement")??;
+    let worker_addr = line
+        .split("http=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .context("worker address")?
+        .to_owned();
+
+    // Two gateways.
+    let mut gateways = Vec::new();
+    for i in 0..2 {
+        let client = bulkhead_control_api::Client::new(&bulkhead_control_api::Credentials {
+            control_plane_url: cp_url.clone(),
+            operator_token: gw_token.clone(),
+        })?;
+        let watch = RoutingWatch::start(client, format!("bench-{i}"));
+        anyhow::ensure!(
+            watch.ready(Duration::from_secs(10)).await,
+            "no routing table"
+        );
+        let limiter = Limiter::memory(Limits {
+            requests_per_minute: u64::MAX / 4,
+            tokens_per_minute: u64::MAX / 4,
+            concurrency: 1024,
+        });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        gateways.push(format!("http://{}", l.local_addr()?));
+        let router = app(AppState::new(watch, None, limiter));
+        tokio::spawn(async move { axum::serve(crate::nodelay(l), router).await });
+    }
+    let gw = gateways[0].clone();
+    let auth = format!("Bearer {token}");
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let http: Http = HttpClient::builder(TokioExecutor::new()).build(connector);
+
+    // Wait until the worker is routable.
+    let completion =
+        json!({"model": SLUG, "prompt": "Hi", "max_tokens": 1, "temperature": 0}).to_string();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, _) = send(
+            &http,
+            "POST",
+            &format!("{gw}/v1/completions"),
+            Some(&auth),
+            Some(completion.clone()),
+        )
+        .await?;
+        if s == 200 {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < until,
+            "the worker never became routable (last status {s})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // 1. Requests the gateway answers itself.
+    let deadline = Instant::now() + Duration::from_secs(args.seconds.max(1));
+    let hidden = format!("{gw}/client/v4/accounts/{account}/ai/run/{HIDDEN}");
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let (http, auth, gw, hidden) = (http.clone(), auth.clone(), gw.clone(), hidden.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = t;
+            while Instant::now() < deadline {
+                let start = Instant::now();
+                let (s, _) = if i % 2 == 0 {
+                    send(&http, "GET", &format!("{gw}/v1/models"), Some(&auth), None).await?
+                } else {
+                    send(
+                        &http,
+                        "POST",
+                        &hidden,
+                        Some(&auth),
+                        Some(r#"{"prompt":"x"}"#.to_owned()),
+                    )
+                    .await?
+                };
+                anyhow::ensure!(s == 200 || s == 400, "unexpected status {s}");
+                lat.push(start.elapsed().as_secs_f64() * 1000.0);
+                i += 1;
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let started = Instant::now();
+    let mut own = Vec::new();
+    for t in tasks {
+        own.extend(t.await??);
+    }
+    let rps = own.len() as f64 / started.elapsed().as_secs_f64();
+    let own = sorted(own);
+
+    // 2. Added latency on a full request.
+    let direct_body = json!({"raw": "Hi", "max_tokens": 1}).to_string();
+    let (mut via_gw, mut direct) = (Vec::new(), Vec::new());
+    for _ in 0..args.full_requests {
+        let start = Instant::now();
+        let (s, _) = send(
+            &http,
+            "POST",
+            &format!("{gw}/v1/completions"),
+            Some(&auth),
+            Some(completion.clone()),
+        )
+        .await?;
+        anyhow::ensure!(s == 200, "gateway status {s}");
+        via_gw.push(start.elapsed().as_secs_f64() * 1000.0);
+        let start = Instant::now();
+        let mut req = hyper::Request::post(format!("http://{worker_addr}/v1/generate"))
+            .header("x-bulkhead-tenant", "1")
+            .header("content-type", "application/json");
+        req = req.header("connection", "keep-alive");
+        let resp = http
+            .request(req.body(Full::new(Bytes::from(direct_body.clone())))?)
+            .await?;
+        anyhow::ensure!(resp.status() == 200, "worker status {}", resp.status());
+        resp.into_body().collect().await?;
+        direct.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    let (via_gw, direct) = (sorted(via_gw), sorted(direct));
+    let added_p50 = percentile(&via_gw, 0.5) - percentile(&direct, 0.5);
+    let added_p99 = percentile(&via_gw, 0.99) - percentile(&direct, 0.99);
+
+    // 3. Flips, each acknowledged after both gateways applied it.
+    let cp_http = bulkhead_control_api::Client::new(&bulkhead_control_api::Credentials {
+        control_plane_url: cp_url.clone(),
+        operator_token: admin,
+    })?;
+    let path = format!(
+        "/admin/v1/models/{}/visibility",
+        HIDDEN.replace('@', "%40").replace('/', "%2F")
+    );
+    let mut flips = Vec::new();
+    for i in 0..args.flips {
+        let to = if i % 2 == 0 { "public" } else { "private" };
+        let start = Instant::now();
+        let v: serde_json::Value = cp_http
+            .post(&path, &json!({"visibility": to, "reason": "bench"}))
+            .await?;
+        flips.push(start.elapsed().as_secs_f64() * 1000.0);
+        anyhow::ensure!(
+            v["propagation"]["applied"] == 2 && v["propagation"]["gateways"] == 2,
+            "a flip was not applied by both gateways: {v}"
+        );
+    }
+    let flips = sorted(flips);
+    drop(worker);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let out = json!({
+        "rps": rps,
+        "p50_ms": percentile(&own, 0.5),
+        "p99_ms": percentile(&own, 0.99),
+        "added_latency_p50_ms": added_p50,
+        "added_latency_p99_ms": added_p99,
+        "flip_apply_p99_ms": percentile(&flips, 0.99),
+        "full_request_p50_ms": percentile(&via_gw, 0.5),
+        "direct_request_p50_ms": percentile(&direct, 0.5),
+        "flip_apply_p50_ms": percentile(&flips, 0.5),
+        "requests": own.len(),
+    });
+    if args.json {
+        println!("{out}");
+    } else {
+        println!(
+            "gateway-answered requests: {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms ({} requests, 8 clients)",
+            rps,
+            percentile(&own, 0.5),
+            percentile(&own, 0.99),
+            own.len()
+        );
+        println!(
+            "full request (1 token): via gateway p50 {:.3} ms, direct p50 {:.3} ms; added p50 {:.3} ms, p99 {:.3} ms (target < 2 ms at p50)",
+            percentile(&via_gw, 0.5),
+            percentile(&direct, 0.5),
+            added_p50,
+            added_p99
+        );
+        println!(
+            "visibility flip applied by both gateways: p50 {:.2} ms, p99 {:.2} ms (target < 100 ms at p99)",
+            percentile(&flips, 0.5),
+            percentile(&flips, 0.99)
+        );
+    }
+    Ok(())
+}
