@@ -97,10 +97,14 @@ async fn poll(
     loop {
         let path =
             format!("/admin/v1/routing?gateway={instance}&version={applied}&wait_ms={wait_ms}");
+        // Freshness counts from when the poll was sent, not answered: an
+        // answer given before a flip was asked for before it, so this
+        // gateway stops serving within one lease of the flip even if that
+        // answer arrives late and nothing follows it.
+        let sent = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         match client.get::<RoutingTable>(&path).await {
             Ok(t) => {
-                let now = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-                heard_ms.store(now, Ordering::Release);
+                heard_ms.store(sent, Ordering::Release);
                 if failing {
                     eprintln!("bulkhead gateway: routing table reachable again");
                     failing = false;

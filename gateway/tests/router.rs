@@ -500,3 +500,45 @@ async fn a_private_flip_is_acknowledged_after_both_gateways_apply_it_and_nothing
         );
     }
 }
+
+#[tokio::test]
+async fn a_gateway_cut_off_from_the_control_plane_stops_admitting_within_the_lease() {
+    let p = platform().await;
+    let gw = p.gateway(None, Platform::limiter()).await;
+    let a = bearer(&p.a_token);
+    let path = run_path(&p.a, OPEN);
+    assert_eq!(
+        call(&gw, "POST", &path, Some(&a), Some(PROMPT))
+            .await
+            .status,
+        503
+    );
+    assert_eq!(
+        call(&gw, "GET", "/v1/models", Some(&a), None).await.status,
+        200
+    );
+    p.stop_control_plane();
+    // The lease is 3 s; the last poll may have been sent up to a second ago.
+    let started = std::time::Instant::now();
+    loop {
+        let r = call(&gw, "GET", "/v1/models", Some(&a), None).await;
+        if r.status == 503 {
+            assert_oa(&r.json(), "service_unavailable", &Value::Null);
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "still serving after the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "not before the lease ran out"
+    );
+    let r = call(&gw, "POST", &path, Some(&a), Some(PROMPT)).await;
+    assert_eq!(r.status, 503);
+    assert_wa(&r.json(), 3040);
+    let r = call(&gw, "GET", "/health", None, None).await;
+    assert_eq!(r.status, 503);
+}

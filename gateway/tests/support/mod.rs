@@ -27,6 +27,7 @@ static N: AtomicU64 = AtomicU64::new(0);
 
 pub struct Platform {
     pub url: String,
+    stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     pub db: Db,
     pub admin: String,
     pub gateway_token: String,
@@ -81,7 +82,14 @@ pub async fn platform() -> Platform {
         .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let router = cp_app(CpState::new(db.clone(), settings));
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
     let now = Timestamp::now();
     let mut c = db.pool().acquire().await.expect("connection");
     let admin = store::operators::create(&mut c, "ada", Role::Admin, now)
@@ -151,6 +159,7 @@ pub async fn platform() -> Platform {
     drop(c);
     Platform {
         url,
+        stop: std::sync::Mutex::new(Some(stop)),
         db,
         admin,
         gateway_token,
@@ -163,6 +172,13 @@ pub async fn platform() -> Platform {
 }
 
 impl Platform {
+    /// Shuts the control plane down (open long polls finish first).
+    pub fn stop_control_plane(&self) {
+        if let Some(tx) = self.stop.lock().expect("lock").take() {
+            let _ = tx.send(());
+        }
+    }
+
     /// A gateway polling this control plane, ready.
     pub async fn gateway(
         &self,
