@@ -44,7 +44,8 @@ pub(crate) struct GatewayArgs {
     /// JWKS file with the RS256 / EdDSA public keys for JWTs.
     #[arg(long)]
     jwks_file: Option<PathBuf>,
-    /// JWKS URL (http://) with the public keys, fetched at start.
+    /// JWKS URL on this host (http://127.0.0.1 or http://localhost, e.g. a
+    /// key sidecar), fetched at start; remote key sets go through --jwks-file.
     #[arg(long)]
     jwks_url: Option<String>,
     /// Required JWT issuer (`iss`).
@@ -56,7 +57,7 @@ pub(crate) struct GatewayArgs {
     /// The JWT claim naming the account.
     #[arg(long, default_value = "account_id")]
     jwt_account_claim: String,
-    /// This gateway's instance name (default: random).
+    /// This gateway's instance name (a random suffix is always added).
     #[arg(long)]
     instance: Option<String>,
 }
@@ -109,9 +110,12 @@ async fn fetch(url: &str) -> anyhow::Result<String> {
     use http_body_util::{BodyExt, Empty};
     use hyper::body::Bytes;
     let uri: hyper::Uri = url.parse()?;
+    // Keys fetched in clear over a network could be swapped in transit;
+    // this build has no TLS client, so only loopback URLs are accepted.
     anyhow::ensure!(
-        uri.scheme_str() == Some("http"),
-        "only http:// JWKS URLs are supported; use --jwks-file for others"
+        uri.scheme_str() == Some("http")
+            && matches!(uri.host(), Some("127.0.0.1" | "localhost" | "[::1]")),
+        "--jwks-url must be http://127.0.0.1, http://localhost or http://[::1]; fetch remote key sets into a --jwks-file"
     );
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Empty<Bytes>>();
@@ -138,17 +142,12 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
         control_plane_url: args.control_plane.clone(),
         operator_token: args.gateway_token.clone(),
     })?;
-    let instance = match &args.instance {
-        Some(i) => i.clone(),
-        None => {
-            let mut b = [0u8; 6];
-            getrandom::fill(&mut b)?;
-            format!(
-                "gw-{}",
-                b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-            )
-        }
-    };
+    // A random suffix always: two processes under one name would let one
+    // acknowledge flips for the other.
+    let mut b = [0u8; 6];
+    getrandom::fill(&mut b)?;
+    let suffix: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let instance = format!("{}-{suffix}", args.instance.as_deref().unwrap_or("gw"));
     let watch = RoutingWatch::start(client, instance);
     if !watch.ready(Duration::from_secs(30)).await {
         anyhow::bail!(

@@ -94,8 +94,8 @@ async fn fixture() -> Fixture {
     .expect("model");
     let spec = ConfigSpec {
         properties: Properties {
-            context_window: 2048,
-            max_output: 256,
+            context_window: 1024,
+            max_output: 1024,
         },
         weights_file: "SmolLM2-135M-Instruct.Q4_1.gguf".to_owned(),
         weights_sha256: golden["sha256"].as_str().expect("sha").to_owned(),
@@ -382,7 +382,7 @@ async fn a_client_that_disconnects_mid_stream_cancels_and_every_page_returns() {
     let f = fixture().await;
     let addr = f.worker_addr();
     let body = json!({"model": SLUG, "messages": [{"role": "user", "content": "Tell me a long story."}],
-                      "max_tokens": 256, "stream": true, "temperature": 0});
+                      "max_tokens": 1024, "stream": true, "temperature": 0});
     let resp =
         f.gw.clone()
             .oneshot(f.request("POST", "/v1/chat/completions", &body))
@@ -408,12 +408,19 @@ async fn a_client_that_disconnects_mid_stream_cancels_and_every_page_returns() {
         during["pool"]["allocated_pages"].as_u64() > Some(0),
         "{during}"
     );
+    let dropped = Instant::now();
     drop(body); // the client goes away
     let after =
         tokio::task::spawn_blocking(move || support::wait_stats(&addr, support::at_baseline))
             .await
             .expect("stats");
     assert!(support::at_baseline(&after), "{after}");
+    // Cancelled, not run out: 1024 tokens take far longer than this.
+    assert!(
+        dropped.elapsed() < Duration::from_secs(3),
+        "pages came back only after {:?}",
+        dropped.elapsed()
+    );
     // The request was cancelled, not run to its end.
     let (status, _) = f.call("GET", "/v1/models", Value::Null).await;
     assert_eq!(status, 200);

@@ -109,6 +109,7 @@ impl Hub {
 }
 
 async fn run(mut rx: mpsc::UnboundedReceiver<Event>, version: watch::Sender<u64>, lease: Duration) {
+    let born = Instant::now();
     let mut gateways: HashMap<String, GatewayState> = HashMap::new();
     let mut waiters: Vec<Waiter> = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(50));
@@ -117,6 +118,10 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Event>, version: watch::Sender<u64>
             ev = rx.recv() => match ev {
                 None => return,
                 Some(Event::Seen { gateway, applied }) => {
+                    // A version above the current one was never served by
+                    // this hub (a clock that went back across a restart, or
+                    // a caller making it up): it proves nothing.
+                    let applied = if applied > *version.borrow() { 0 } else { applied };
                     gateways.insert(gateway, GatewayState { applied, last_seen: Instant::now() });
                 }
                 Some(Event::Publish { reply }) => {
@@ -136,16 +141,20 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Event>, version: watch::Sender<u64>
             },
             _ = tick.tick(), if !waiters.is_empty() => {}
         }
-        waiters = settle(waiters, &gateways, lease);
+        waiters = settle(waiters, &gateways, lease, born.elapsed() >= lease);
     }
 }
 
 /// Answers the waiters whose gateways have all applied their version, or
-/// whose lease ran out; keeps the others.
+/// whose lease ran out; keeps the others. Until the hub is a lease old it
+/// may not know every live gateway (the control plane restarted; gateways
+/// that served the old one are still within their lease), so until then a
+/// waiter is answered only when its lease runs out.
 fn settle(
     waiters: Vec<Waiter>,
     gateways: &HashMap<String, GatewayState>,
     lease: Duration,
+    knows_every_gateway: bool,
 ) -> Vec<Waiter> {
     let mut pending = Vec::with_capacity(waiters.len());
     for w in waiters {
@@ -154,7 +163,8 @@ fn settle(
             .iter()
             .filter(|g| gateways.get(*g).is_some_and(|s| s.applied >= w.version))
             .count();
-        if applied == w.gateways.len() || w.started.elapsed() >= lease {
+        let all = applied == w.gateways.len() && knows_every_gateway;
+        if all || w.started.elapsed() >= lease {
             let _ = w.reply.send(Propagation {
                 version: w.version,
                 gateways: w.gateways.len(),
@@ -174,16 +184,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_change_waits_for_every_live_gateway() {
-        let hub = Hub::start(Duration::from_secs(5));
+        let hub = Hub::start(Duration::from_millis(1500));
+        // A new hub does not know every gateway yet: let a lease pass.
+        tokio::time::sleep(Duration::from_millis(1600)).await;
         let v0 = hub.version();
         // Two gateways have applied v0 and are polling.
         let a = tokio::spawn({
             let hub = hub.clone();
-            async move { hub.poll("a", v0, Duration::from_secs(5)).await }
+            async move { hub.poll("a", v0, Duration::from_secs(1)).await }
         });
         let b = tokio::spawn({
             let hub = hub.clone();
-            async move { hub.poll("b", v0, Duration::from_secs(5)).await }
+            async move { hub.poll("b", v0, Duration::from_secs(1)).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         let flip = tokio::spawn({
@@ -213,5 +225,20 @@ mod tests {
         let p = hub.publish_and_wait().await;
         assert_eq!((p.gateways, p.applied), (1, 0));
         assert!(p.waited_ms >= 250, "{p:?}");
+    }
+}
+
+#[cfg(test)]
+mod restart {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_young_hub_waits_a_lease_and_ignores_versions_it_never_served() {
+        let hub = Hub::start(Duration::from_millis(600));
+        // A gateway of the previous control plane reports a version from the future.
+        let _ = hub.poll("old", u64::MAX, Duration::ZERO).await;
+        let p = hub.publish_and_wait().await;
+        assert_eq!((p.gateways, p.applied), (1, 0), "{p:?}");
+        assert!(p.waited_ms >= 550, "answered only after a lease: {p:?}");
     }
 }

@@ -56,7 +56,7 @@ impl std::fmt::Debug for JwtKeys {
 
 impl JwtKeys {
     /// Parses a JWKS document; RSA and Ed25519 keys are kept, others
-    /// (symmetric `oct` keys, EC) are refused so a shared secret can never
+    /// (symmetric `oct` keys, EC) are skipped, so a shared secret can never
     /// arrive through a key set.
     pub fn from_jwks(json: &str) -> Result<JwtKeys, String> {
         let set: JwkSet =
@@ -66,13 +66,13 @@ impl JwtKeys {
             let family = match &jwk.algorithm {
                 AlgorithmParameters::RSA(_) => Family::Rsa,
                 AlgorithmParameters::OctetKeyPair(_) => Family::Ed,
-                _ => return Err("JWKS keys must be RSA (RS256) or OKP Ed25519 (EdDSA)".to_owned()),
+                _ => continue,
             };
             let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("unusable JWKS key: {e}"))?;
             keys.push((jwk.common.key_id.clone(), family, key));
         }
         if keys.is_empty() {
-            return Err("the JWKS document holds no keys".to_owned());
+            return Err("the JWKS document holds no RSA or Ed25519 key".to_owned());
         }
         Ok(JwtKeys { keys })
     }

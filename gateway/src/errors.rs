@@ -50,7 +50,12 @@ impl From<UpstreamError> for GatewayError {
     fn from(e: UpstreamError) -> Self {
         match e {
             UpstreamError::Worker { code, message, .. } => match code.as_str() {
-                "context_length_exceeded" => GatewayError::ContextTooLong(message),
+                // The worker's message names its pool; the client is told
+                // only what it can act on.
+                "context_length_exceeded" => GatewayError::ContextTooLong(
+                    "The estimated number of input and maximum output tokens exceeded this model's context window limit."
+                        .to_owned(),
+                ),
                 "invalid_request" => GatewayError::BadInput(message),
                 "unavailable" => GatewayError::Unavailable("no worker can take the request now"),
                 _ => GatewayError::Upstream,
@@ -70,6 +75,7 @@ impl From<LimiterError> for GatewayError {
                 what,
                 retry_after_secs,
             },
+            LimiterError::TooLarge { .. } => GatewayError::BadInput(e.to_string()),
             LimiterError::Unavailable(why) => {
                 eprintln!("bulkhead gateway: {why}");
                 GatewayError::Unavailable("rate limiting is unavailable")

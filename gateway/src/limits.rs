@@ -3,6 +3,12 @@
 //! requests. In Redis when configured, so every gateway shares them (one
 //! Lua script per admission, atomic); in memory otherwise (one task owns the
 //! counters). Windows are fixed calendar minutes.
+//!
+//! A refused request consumes nothing: all three limits are checked before
+//! any counter moves. Admission is cancel-safe: if the caller goes away
+//! while it runs, the slot it took is given back. In Redis the requests in
+//! flight are a sorted set of request ids with deadlines, so a gateway that
+//! dies with requests open cannot leak the account's concurrency.
 
 use redis::aio::ConnectionManager;
 use std::collections::HashMap;
@@ -30,6 +36,16 @@ pub enum LimiterError {
         /// Seconds until it may pass.
         retry_after_secs: u64,
     },
+    /// The request alone needs more tokens than a minute allows.
+    #[error(
+        "the request may use {tokens} tokens, more than the {limit} tokens per minute this account may use"
+    )]
+    TooLarge {
+        /// Its estimate.
+        tokens: u64,
+        /// The per-minute limit.
+        limit: u64,
+    },
     /// The shared store failed (the request is refused, not let through).
     #[error("rate limit store unavailable: {0}")]
     Unavailable(String),
@@ -44,7 +60,7 @@ pub struct Permit {
 #[derive(Debug)]
 enum Release {
     Memory(mpsc::UnboundedSender<Event>, String),
-    Redis(ConnectionManager, String),
+    Redis(ConnectionManager, String, String),
 }
 
 impl Drop for Permit {
@@ -53,11 +69,14 @@ impl Drop for Permit {
             Some(Release::Memory(tx, account)) => {
                 let _ = tx.send(Event::Release { account });
             }
-            Some(Release::Redis(mut con, key)) => {
+            Some(Release::Redis(mut con, key, id)) => {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     rt.spawn(async move {
-                        let _: Result<i64, _> =
-                            redis::cmd("DECR").arg(&key).query_async(&mut con).await;
+                        let _: Result<i64, _> = redis::cmd("ZREM")
+                            .arg(&key)
+                            .arg(&id)
+                            .query_async(&mut con)
+                            .await;
                     });
                 }
             }
@@ -94,21 +113,27 @@ enum Event {
     },
 }
 
+/// KEYS: requests this minute, tokens this minute, in-flight set.
+/// ARGV: rpm, tpm, concurrency, tokens, now (ms), request id, deadline (ms),
+/// in-flight key lifetime (ms). Returns 0 (admitted) or which limit: 1, 2, 3.
 const SCRIPT: &str = r"
-local r = redis.call('INCR', KEYS[1])
-if r == 1 then redis.call('EXPIRE', KEYS[1], 120) end
-if r > tonumber(ARGV[1]) then return 1 end
-local t = redis.call('INCRBY', KEYS[2], ARGV[4])
-if t == tonumber(ARGV[4]) then redis.call('EXPIRE', KEYS[2], 120) end
-if t > tonumber(ARGV[2]) then return 2 end
-local c = redis.call('INCR', KEYS[3])
-redis.call('EXPIRE', KEYS[3], 600)
-if c > tonumber(ARGV[3]) then
-  redis.call('DECR', KEYS[3])
-  return 3
-end
+local r = tonumber(redis.call('GET', KEYS[1]) or '0')
+if r + 1 > tonumber(ARGV[1]) then return 1 end
+local t = tonumber(redis.call('GET', KEYS[2]) or '0')
+if t + tonumber(ARGV[4]) > tonumber(ARGV[2]) then return 2 end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[5])
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then return 3 end
+redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], 120)
+redis.call('INCRBY', KEYS[2], ARGV[4])
+redis.call('EXPIRE', KEYS[2], 120)
+redis.call('ZADD', KEYS[3], ARGV[7], ARGV[6])
+redis.call('PEXPIRE', KEYS[3], ARGV[8])
 return 0
 ";
+
+/// The longest a request may hold a concurrency slot in Redis.
+const MAX_REQUEST_MS: u64 = 15 * 60 * 1000;
 
 impl Limiter {
     /// Counters in this process (one task owns them).
@@ -140,6 +165,12 @@ impl Limiter {
     /// Admits one request of about `tokens` tokens for `account`, or says
     /// which limit it hit.
     pub async fn admit(&self, account: &str, tokens: u64) -> Result<Permit, LimiterError> {
+        if tokens > self.limits.tokens_per_minute {
+            return Err(LimiterError::TooLarge {
+                tokens,
+                limit: self.limits.tokens_per_minute,
+            });
+        }
         match &self.store {
             Store::Memory(tx) => {
                 let (reply, rx) = oneshot::channel();
@@ -156,32 +187,54 @@ impl Limiter {
                 })
             }
             Store::Redis { con, prefix } => {
-                let (window, retry) = window();
-                let keys = [
-                    format!("{prefix}:{account}:{window}:req"),
-                    format!("{prefix}:{account}:{window}:tok"),
-                    format!("{prefix}:{account}:inflight"),
-                ];
-                let mut con = con.clone();
-                let verdict: i64 = redis::Script::new(SCRIPT)
-                    .key(&keys[0])
-                    .key(&keys[1])
-                    .key(&keys[2])
-                    .arg(self.limits.requests_per_minute)
-                    .arg(self.limits.tokens_per_minute)
-                    .arg(self.limits.concurrency)
-                    .arg(tokens)
-                    .invoke_async(&mut con)
+                // Run detached: if this caller is dropped mid-way, the task
+                // still finishes and drops its permit, which gives the slot back.
+                let (limits, con, prefix, account) =
+                    (self.limits, con.clone(), prefix.clone(), account.to_owned());
+                tokio::spawn(redis_admit(limits, con, prefix, account, tokens))
                     .await
-                    .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
-                verdict_of(verdict, retry)?;
-                let [_, _, inflight] = keys;
-                Ok(Permit {
-                    release: Some(Release::Redis(con, inflight)),
-                })
+                    .map_err(|e| LimiterError::Unavailable(e.to_string()))?
             }
         }
     }
+}
+
+async fn redis_admit(
+    limits: Limits,
+    mut con: ConnectionManager,
+    prefix: String,
+    account: String,
+    tokens: u64,
+) -> Result<Permit, LimiterError> {
+    let (window, retry) = window();
+    // One hash tag per account keeps its keys in one Redis Cluster slot.
+    let base = format!("{prefix}:{{{account}}}");
+    let inflight = format!("{base}:inflight");
+    let mut id = [0u8; 8];
+    getrandom::fill(&mut id).map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+    let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
+    let verdict: i64 = redis::Script::new(SCRIPT)
+        .key(format!("{base}:{window}:req"))
+        .key(format!("{base}:{window}:tok"))
+        .key(&inflight)
+        .arg(limits.requests_per_minute)
+        .arg(limits.tokens_per_minute)
+        .arg(limits.concurrency)
+        .arg(tokens)
+        .arg(now)
+        .arg(&id)
+        .arg(now + MAX_REQUEST_MS)
+        .arg(MAX_REQUEST_MS)
+        .invoke_async(&mut con)
+        .await
+        .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+    verdict_of(verdict, retry)?;
+    Ok(Permit {
+        release: Some(Release::Redis(con, inflight, id)),
+    })
 }
 
 fn verdict_of(v: i64, retry: u64) -> Result<(), LimiterError> {
@@ -234,21 +287,23 @@ async fn own(mut rx: mpsc::UnboundedReceiver<Event>, limits: Limits) {
                     c.requests = 0;
                     c.tokens = 0;
                 }
-                c.requests += 1;
-                let verdict = if c.requests > limits.requests_per_minute {
+                // Check everything before counting anything.
+                let verdict = if c.requests + 1 > limits.requests_per_minute {
                     1
+                } else if c.tokens + tokens > limits.tokens_per_minute {
+                    2
+                } else if c.in_flight >= limits.concurrency {
+                    3
                 } else {
+                    c.requests += 1;
                     c.tokens += tokens;
-                    if c.tokens > limits.tokens_per_minute {
-                        2
-                    } else if c.in_flight >= limits.concurrency {
-                        3
-                    } else {
-                        c.in_flight += 1;
-                        0
-                    }
+                    c.in_flight += 1;
+                    0
                 };
-                let _ = reply.send(verdict_of(verdict, retry));
+                if reply.send(verdict_of(verdict, retry)).is_err() && verdict == 0 {
+                    // The caller went away while we decided: give the slot back.
+                    c.in_flight = c.in_flight.saturating_sub(1);
+                }
             }
             Event::Release { account } => {
                 if let Some(c) = accounts.get_mut(&account) {
@@ -287,7 +342,7 @@ mod tests {
         drop(a);
         tokio::task::yield_now().await;
         let _c = l.admit("a", 10).await.unwrap();
-        let e = l.admit("b", 5000).await.unwrap_err();
+        let e = l.admit("b", 995).await.unwrap_err();
         assert!(
             matches!(
                 e,
@@ -298,5 +353,9 @@ mod tests {
             ),
             "{e}"
         );
+        // A refused request consumed nothing: the rest of the budget is there.
+        let _d = l.admit("b", 990).await.unwrap();
+        let e = l.admit("b", 5000).await.unwrap_err();
+        assert!(matches!(e, LimiterError::TooLarge { .. }), "{e}");
     }
 }

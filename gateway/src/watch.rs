@@ -110,17 +110,19 @@ async fn poll(
                     failing = false;
                 }
                 backoff = Duration::from_millis(100);
-                wait_ms = t.lease_ms / 3;
-                if t.version != applied || tx.borrow().is_none() {
-                    applied = t.version;
-                    let lease = Duration::from_millis(t.lease_ms);
-                    let snap = Snapshot {
-                        table: Table::new(t),
-                        lease,
-                    };
-                    if tx.send(Some(Arc::new(snap))).is_err() {
-                        return; // every handle is gone
-                    }
+                // Held polls stay well inside the client's 30 s timeout.
+                wait_ms = (t.lease_ms / 3).min(20_000);
+                // Every answer is applied, changed version or not: node
+                // routability also changes with time (a missed heartbeat),
+                // which is no write and publishes no version.
+                applied = t.version;
+                let lease = Duration::from_millis(t.lease_ms);
+                let snap = Snapshot {
+                    table: Table::new(t),
+                    lease,
+                };
+                if tx.send(Some(Arc::new(snap))).is_err() {
+                    return; // every handle is gone
                 }
             }
             Err(e) => {

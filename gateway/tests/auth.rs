@@ -283,23 +283,57 @@ async fn good_credentials_are_accepted_and_more_than_twenty_bad_ones_refused() {
             "permission_error"
         };
         assert_eq!(v["error"]["type"], kind, "{what}: {v}");
-        // Refusals say nothing about which check failed.
-        for leak in [
-            "expired",
-            "signature",
-            "audience",
-            "issuer",
-            "kid",
-            "claim",
-            "revoked",
-        ] {
-            assert!(
-                !r.body.to_lowercase().contains(leak),
-                "{what} leaks `{leak}`: {}",
-                r.body
-            );
+        // Refusals say nothing about which check failed, in either shape.
+        let wa = call(&gw, "GET", &models_a, auth.as_deref(), None).await;
+        for body in [&r.body, &wa.body] {
+            for leak in [
+                "expired",
+                "signature",
+                "audience",
+                "issuer",
+                "kid",
+                "claim",
+                "revoked",
+                "algorithm",
+            ] {
+                assert!(
+                    !body.to_lowercase().contains(leak),
+                    "{what} leaks `{leak}`: {body}"
+                );
+            }
         }
     }
+    // Algorithm confusion against a gateway that has only public keys: an
+    // HS256 token "signed" with the RSA public key must not pass.
+    let jwks = String::from_utf8(key("jwks.json")).expect("utf-8");
+    let mut keys_only =
+        JwtConfig::new(None, JwtKeys::from_jwks(&jwks).expect("jwks")).expect("config");
+    keys_only.issuer = Some(ISS.to_owned());
+    keys_only.audience = Some(AUD.to_owned());
+    let pk = p
+        .gateway(Some(keys_only), support::Platform::limiter())
+        .await;
+    let r = call(&pk, "GET", "/v1/models", Some(&bearer(&confused)), None).await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    let r = call(
+        &pk,
+        "GET",
+        "/v1/models",
+        Some(&bearer(&rs(&claims(&p.a)))),
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = call(
+        &pk,
+        "GET",
+        "/v1/models",
+        Some(&bearer(&hs(&claims(&p.a)))),
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 401, "no HS256 secret configured: {}", r.body);
+
     // Without any JWT configuration, JWTs are refused and API tokens work.
     let plain = p.gateway(None, support::Platform::limiter()).await;
     let r = call(

@@ -527,7 +527,7 @@ async fn a_gateway_cut_off_from_the_control_plane_stops_admitting_within_the_lea
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(6),
+            started.elapsed() < Duration::from_millis(3600),
             "still serving after the lease"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -541,4 +541,50 @@ async fn a_gateway_cut_off_from_the_control_plane_stops_admitting_within_the_lea
     assert_wa(&r.json(), 3040);
     let r = call(&gw, "GET", "/health", None, None).await;
     assert_eq!(r.status, 503);
+}
+
+#[tokio::test]
+async fn a_token_revoked_while_gateways_run_stops_working_at_once() {
+    let p = platform().await;
+    let gw = p.gateway(None, Platform::limiter()).await;
+    let a = bearer(&p.a_token);
+    assert_eq!(
+        call(&gw, "GET", "/v1/models", Some(&a), None).await.status,
+        200
+    );
+    let tokens = p
+        .admin("GET", &format!("/admin/v1/accounts/{}/tokens", p.a), None)
+        .await;
+    let id = tokens
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["name"] == "main")
+        .and_then(|t| t["id"].as_i64())
+        .expect("token id");
+    let started = std::time::Instant::now();
+    p.admin(
+        "DELETE",
+        &format!("/admin/v1/accounts/{}/tokens/{id}", p.a),
+        None,
+    )
+    .await;
+    loop {
+        let r = call(&gw, "GET", "/v1/models", Some(&a), None).await;
+        if r.status == 401 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "the revoked token still works"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // B's token is untouched.
+    assert_eq!(
+        call(&gw, "GET", "/v1/models", Some(&bearer(&p.b_token)), None)
+            .await
+            .status,
+        200
+    );
 }
