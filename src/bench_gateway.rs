@@ -114,11 +114,12 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         node_ttl: Duration::from_secs(60),
         heartbeat_interval: Duration::from_secs(5),
         status_cache: Duration::from_secs(1),
-        gateway_lease: Duration::from_secs(10),
+        gateway_lease: Duration::from_secs(2),
     };
     let cp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let cp_url = format!("http://{}", cp.local_addr()?);
     let router = cp_app(CpState::new(db.clone(), settings));
+    let cp_started = Instant::now();
     tokio::spawn(async move { axum::serve(crate::nodelay(cp), router).await });
 
     let now = Timestamp::now();
@@ -322,7 +323,13 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     let added_p50 = percentile(&via_gw, 0.5) - percentile(&direct, 0.5);
     let added_p99 = percentile(&via_gw, 0.99) - percentile(&direct, 0.99);
 
-    // 3. Flips, each acknowledged after both gateways applied it.
+    // 3. Flips, each acknowledged after both gateways applied it. A routing
+    // hub younger than its lease waits the lease out (it cannot know every
+    // gateway yet), so let it come of age first.
+    let age = cp_started.elapsed();
+    if age < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_secs(2) - age).await;
+    }
     let cp_http = bulkhead_control_api::Client::new(&bulkhead_control_api::Credentials {
         control_plane_url: cp_url.clone(),
         operator_token: admin,

@@ -6,7 +6,7 @@
 use crate::auth::{self, JwtConfig, Principal};
 use crate::errors::{Flavor, GatewayError};
 use crate::limits::{Limiter, Permit};
-use crate::pick::Picker;
+use crate::pick::{NodeLease, Picker};
 use crate::upstream::{LineStream, Upstream, UpstreamError};
 use crate::watch::{RoutingWatch, Snapshot, WatchError};
 use crate::{openai, workers_ai};
@@ -125,6 +125,7 @@ pub(crate) struct Generation {
     pub(crate) first: Line,
     pub(crate) rest: LineStream,
     pub(crate) permit: Permit,
+    pub(crate) lease: NodeLease,
 }
 
 /// The visible model `slug`, or not found.
@@ -159,7 +160,7 @@ pub(crate) async fn start(
         .limiter
         .admit(&ctx.principal.account_id, estimate(body))
         .await?;
-    let node = state
+    let (node, lease) = state
         .picker
         .pick(ctx.snap.table.workers(&model.slug))
         .ok_or(GatewayError::Unavailable("no worker serves this model now"))?;
@@ -171,6 +172,7 @@ pub(crate) async fn start(
         first,
         rest,
         permit,
+        lease,
     })
 }
 
@@ -201,6 +203,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
         first,
         mut rest,
         permit,
+        lease,
     } = g;
     let mut line = Some(Ok(first));
     let mut answer = String::new();
@@ -233,7 +236,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
             None => break Err(GatewayError::Upstream),
         }
     };
-    drop(permit);
+    drop((permit, lease));
     result
 }
 
@@ -270,6 +273,7 @@ where
             first,
             mut rest,
             permit,
+            lease,
         } = g;
         let send = |events: Vec<String>| {
             let tx = tx.clone();
@@ -337,7 +341,7 @@ where
                 () = tx.closed() => break,
             };
         }
-        drop(permit);
+        drop((permit, lease));
     });
     (
         [

@@ -1,28 +1,66 @@
 //! Picking a worker for a request: among the routable workers of the model,
-//! the one with the most free KV pages, then the shortest queue; ties go
-//! round-robin so equal workers share the load. Never an unroutable node:
-//! the table holds only routable ones.
+//! the one with the most free KV pages per request this gateway already has
+//! in flight on it, then the shortest queue; ties go round-robin. The
+//! in-flight count keeps one gateway from sending every request between two
+//! heartbeats to the same worker. Never an unroutable node: the table holds
+//! only routable ones.
 
 use bulkhead_control_api::NodeView;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// Round-robin counter shared by the handlers.
+/// Round-robin counter and this gateway's requests in flight per worker.
 #[derive(Debug, Default)]
 pub(crate) struct Picker {
     next: AtomicUsize,
+    in_flight: Mutex<HashMap<i64, u64>>,
+}
+
+/// A request's claim on a worker; released when dropped.
+#[derive(Debug)]
+pub(crate) struct NodeLease {
+    picker: Arc<Picker>,
+    node: i64,
+}
+
+impl Drop for NodeLease {
+    fn drop(&mut self) {
+        let mut m = self
+            .picker
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.node) {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 impl Picker {
-    /// The worker to send the next request to, if any.
-    pub(crate) fn pick<'a>(&self, workers: &'a [NodeView]) -> Option<&'a NodeView> {
+    /// The worker to send the next request to, if any, with its lease.
+    pub(crate) fn pick<'a>(
+        self: &Arc<Self>,
+        workers: &'a [NodeView],
+    ) -> Option<(&'a NodeView, NodeLease)> {
+        let mut m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         let score = |n: &NodeView| {
-            n.load
-                .map_or((0, 0), |l| (l.free_pages, u64::MAX - l.queue_depth))
+            let mine = m.get(&n.id).copied().unwrap_or(0);
+            n.load.map_or((0, 0), |l| {
+                (l.free_pages / (1 + mine), u64::MAX - l.queue_depth - mine)
+            })
         };
         let best = workers.iter().map(score).max()?;
         let top: Vec<&NodeView> = workers.iter().filter(|n| score(n) == best).collect();
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % top.len();
-        Some(top[i])
+        let chosen = top[self.next.fetch_add(1, Ordering::Relaxed) % top.len()];
+        *m.entry(chosen.id).or_insert(0) += 1;
+        Some((
+            chosen,
+            NodeLease {
+                picker: Arc::clone(self),
+                node: chosen.id,
+            },
+        ))
     }
 }
 
@@ -31,14 +69,14 @@ mod tests {
     use super::*;
     use bulkhead_control_api::{NodeLoad, NodeRole, Parallelism, RegisterNode, Timestamp};
 
-    fn node(name: &str, free: u64, queue: u64) -> NodeView {
+    fn node(id: i64, free: u64, queue: u64) -> NodeView {
         NodeView {
-            id: 1,
+            id,
             registration: RegisterNode {
-                name: name.to_owned(),
+                name: format!("n{id}"),
                 role: NodeRole::Decode,
                 model: "@cf/a/b".parse().unwrap(),
-                address: name.to_owned(),
+                address: String::new(),
                 transfer_address: None,
                 kv_pool_tokens: 1,
                 weights_sha256: String::new(),
@@ -60,15 +98,20 @@ mod tests {
     }
 
     #[test]
-    fn most_free_pages_then_shortest_queue_then_round_robin() {
-        let p = Picker::default();
-        let ws = [node("a", 10, 0), node("b", 50, 3), node("c", 50, 1)];
-        assert_eq!(p.pick(&ws).unwrap().registration.name, "c");
-        let even = [node("a", 5, 0), node("b", 5, 0)];
-        let picks: Vec<String> = (0..4)
-            .map(|_| p.pick(&even).unwrap().registration.name.clone())
-            .collect();
-        assert!(picks.contains(&"a".to_owned()) && picks.contains(&"b".to_owned()));
+    fn load_then_own_requests_then_round_robin() {
+        let p = Arc::new(Picker::default());
+        let ws = [node(1, 10, 0), node(2, 50, 3), node(3, 50, 1)];
+        let (n, first) = p.pick(&ws).unwrap();
+        assert_eq!(n.id, 3, "most free pages, then shortest queue");
+        // With one request in flight on 3, 2 (50 free, queue 3) beats 3 (25 per request).
+        let (n, second) = p.pick(&ws).unwrap();
+        assert_eq!(n.id, 2);
+        drop((first, second));
+        assert_eq!(p.pick(&ws).unwrap().0.id, 3, "leases given back");
+        let even = [node(1, 5, 0), node(2, 5, 0)];
+        let q = Arc::new(Picker::default());
+        let ids: Vec<i64> = (0..4).map(|_| q.pick(&even).unwrap().0.id).collect();
+        assert!(ids.contains(&1) && ids.contains(&2), "{ids:?}");
         assert!(p.pick(&[]).is_none());
     }
 }
