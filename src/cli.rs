@@ -28,6 +28,9 @@ enum Command {
     Prefill(crate::serve::PrefillArgs),
     /// Run a decode worker: lands prompt KV from a prefill worker and generates.
     Decode(crate::serve::DecodeArgs),
+    /// Start the whole platform on this machine: control plane, prefill and
+    /// decode workers, gateway, demo accounts.
+    Up(crate::up::UpArgs),
     /// Run the control plane: admin API, status page and feeds.
     ControlPlane(crate::control_plane::ControlPlaneArgs),
     /// Run a gateway: tenant authentication, routing by model slug, limits,
@@ -134,6 +137,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             command: ModelCommand::Public(args),
         } => crate::ops::model_flip(&args, bulkhead_control_api::Visibility::Public),
         Command::ControlPlane(args) => crate::control_plane::run(&args),
+        Command::Up(args) => crate::up::run(&args),
         Command::Incident { command } => crate::ops::incident(command),
         Command::Gateway(args) => crate::gateway::run(&args),
         Command::Audit(args) => crate::ops::audit(&args),

@@ -11,6 +11,7 @@ mod generate;
 mod ops;
 mod register;
 mod serve;
+mod up;
 
 use clap::Parser;
 

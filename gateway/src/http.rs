@@ -353,6 +353,13 @@ where
         .into_response()
 }
 
+/// A fresh sampling seed for a request that did not fix one.
+pub(crate) fn random_seed() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b)
+}
+
 /// A JSON body parsed leniently about unknown fields but strictly about
 /// types; errors are `BadInput` with serde's message.
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, GatewayError> {

@@ -95,9 +95,10 @@ impl Common {
             }
             b.top_p = p as f32;
         }
-        if let Some(s) = self.seed {
-            b.seed = s as u64;
-        }
+        b.seed = match self.seed {
+            Some(s) => s as u64,
+            None => crate::http::random_seed(),
+        };
         b.stop = match &self.stop {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::String(s)) => vec![s.clone()],

@@ -100,6 +100,8 @@ impl RunBody {
                 .filter(|k| (1..=50).contains(k))
                 .ok_or_else(|| bad("top_k must be between 1 and 50"))?;
         }
+        // Without a seed every request samples differently, as users expect.
+        b.seed = crate::http::random_seed();
         if let Some(s) = self.seed {
             b.seed = u64::try_from(s)
                 .ok()

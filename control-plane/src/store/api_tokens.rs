@@ -106,3 +106,14 @@ fn view(r: &AnyRow) -> Result<ApiTokenView, Error> {
         revoked_at: get_opt_time(r, "revoked_at")?,
     })
 }
+
+/// The account a live token belongs to, if it is live.
+pub async fn account_of(conn: &mut Conn, token: &str) -> Result<Option<String>, Error> {
+    let row = sqlx::query(
+        "SELECT account_id FROM api_tokens WHERE token_sha256 = $1 AND revoked_at IS NULL",
+    )
+    .bind(token_hash(token))
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(row.map(|r| r.try_get("account_id")).transpose()?)
+}

@@ -1,0 +1,445 @@
+//! `bulkhead up`: the whole platform on this machine, with embedded
+//! defaults. It fetches the default model if missing, opens (or creates)
+//! the SQLite database in the data directory, registers the default model
+//! and demo accounts, then starts the control plane, a prefill worker, a
+//! decode worker and a gateway as separate processes talking over loopback
+//! sockets, writes `credentials.json` and prints a ready-to-paste curl
+//! line. Ctrl-C (or SIGTERM) stops every component. A second `up` reuses
+//! the data directory: same accounts, same tokens.
+
+use anyhow::Context;
+use bulkhead_control_api::{
+    ConfigSpec, CreateModel, KvBudget, ModelSlug, Parallelism, Properties, Role, Timestamp,
+    Visibility,
+};
+use bulkhead_control_plane::{AccountId, Db, store};
+use bulkhead_engine::fetch::{self, Progress};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Flags of `bulkhead up`.
+#[derive(Debug, Args)]
+pub(crate) struct UpArgs {
+    /// Where the database and credentials live.
+    #[arg(long, default_value = ".bulkhead")]
+    data_dir: PathBuf,
+    /// The gateway's port on 127.0.0.1 (0: any free port).
+    #[arg(long, default_value_t = 8787)]
+    port: u16,
+    /// KV pool memory of each worker, in MiB.
+    #[arg(long, default_value_t = 512)]
+    kv_budget_mib: u64,
+    /// Compute threads of each worker (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// What `up` writes for people and scripts.
+#[derive(Debug, Serialize, Deserialize)]
+struct CredentialsFile {
+    gateway_url: String,
+    control_plane_url: String,
+    status_url: String,
+    operator_token: String,
+    model: String,
+    accounts: Vec<DemoAccount>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct DemoAccount {
+    id: String,
+    name: String,
+    token: String,
+}
+
+/// The tokens `up` itself uses to run the components (kept private to the
+/// data directory).
+#[derive(Debug, Serialize, Deserialize)]
+struct Internal {
+    admin: String,
+    gateway: String,
+    node: String,
+}
+
+/// The request the printed curl line sends. SmolLM2's chat template adds a
+/// default system prompt under which the 135M model rambles; a plain one,
+/// greedy, gets a plain answer.
+pub(crate) const EXAMPLE_BODY: &str = r#"{"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is the capital of France?"}], "temperature": 0}"#;
+
+const CONTEXT_WINDOW: u64 = 8192;
+const MAX_OUTPUT: u64 = 2048;
+
+pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
+    let weights =
+        fetch::ensure_default_model(Progress::Show).context("fetching the default model")?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (internal, mut creds) = rt.block_on(bootstrap(args))?;
+    let mut components = Components::default();
+    let result = start(args, &weights, &internal, &mut creds, &mut components);
+    if let Err(e) = result {
+        components.stop();
+        return Err(e);
+    }
+    write_private(
+        &args.data_dir.join("credentials.json"),
+        &serde_json::to_string_pretty(&creds)?,
+    )?;
+    announce(&creds, &args.data_dir);
+    let exited = rt.block_on(async {
+        tokio::select! {
+            () = crate::control_plane::shutdown() => None,
+            name = components.first_exit() => Some(name),
+        }
+    });
+    if let Some(name) = exited {
+        eprintln!("bulkhead up: the {name} stopped; stopping the platform");
+    } else {
+        eprintln!("bulkhead up: stopping");
+    }
+    components.stop();
+    match exited {
+        Some(name) => anyhow::bail!("the {name} exited"),
+        None => Ok(()),
+    }
+}
+
+/// Database, operators, model and demo accounts; reuses what a previous
+/// `up` left in the data directory.
+async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)> {
+    let db = Db::connect(&Db::sqlite_url(&args.data_dir.join("bulkhead.db"))).await?;
+    let now = Timestamp::now();
+    let mut c = db.pool().acquire().await?;
+    let internal_path = args.data_dir.join("internal-tokens.json");
+    let previous: Option<Internal> = std::fs::read_to_string(&internal_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let mut token = async |old: Option<&str>, name: &str, role: Role| -> anyhow::Result<String> {
+        if let Some(t) = old
+            && store::operators::authenticate(&mut c, t)
+                .await?
+                .is_some_and(|o| o.role == role)
+        {
+            return Ok(t.to_owned());
+        }
+        let name = format!("{name}-{}", now.millis());
+        Ok(store::operators::create(&mut c, &name, role, now)
+            .await?
+            .token)
+    };
+    let internal = Internal {
+        admin: token(
+            previous.as_ref().map(|p| p.admin.as_str()),
+            "up-admin",
+            Role::Admin,
+        )
+        .await?,
+        gateway: token(
+            previous.as_ref().map(|p| p.gateway.as_str()),
+            "up-gateway",
+            Role::Gateway,
+        )
+        .await?,
+        node: token(
+            previous.as_ref().map(|p| p.node.as_str()),
+            "up-node",
+            Role::Node,
+        )
+        .await?,
+    };
+    let old_creds: Option<CredentialsFile> =
+        std::fs::read_to_string(args.data_dir.join("credentials.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+    let operator_token = token(
+        old_creds.as_ref().map(|o| o.operator_token.as_str()),
+        "responder",
+        Role::Responder,
+    )
+    .await?;
+    write_private(&internal_path, &serde_json::to_string_pretty(&internal)?)?;
+
+    // The default model, public, with a config that matches the file.
+    let slug: ModelSlug = crate::register::DEFAULT_SLUG.parse()?;
+    let budget = args.kv_budget_mib << 20;
+    let spec = ConfigSpec {
+        properties: Properties {
+            context_window: CONTEXT_WINDOW,
+            max_output: MAX_OUTPUT,
+        },
+        weights_file: fetch::FILE_NAME.to_owned(),
+        weights_sha256: fetch::SHA256.to_owned(),
+        quantization: "q4_1".to_owned(),
+        page_size: 16,
+        kv_budget: KvBudget {
+            prefill_bytes: budget,
+            decode_bytes: budget,
+        },
+        parallelism: Parallelism::default(),
+    };
+    let model = match store::models::find_optional(&mut c, &slug).await? {
+        Some(m) => m,
+        None => {
+            let create = CreateModel {
+                slug: slug.clone(),
+                task: "Text Generation".to_owned(),
+                description: "SmolLM2 135M Instruct (Q4_1), Apache-2.0".to_owned(),
+                visibility: Visibility::Public,
+                config: None,
+            };
+            store::models::create(&mut c, &create, now).await?
+        }
+    };
+    let active = store::configs::active(&mut c, &model).await?;
+    if active.as_ref().is_none_or(|a| a.spec != spec) {
+        let v = store::configs::add(&mut c, &model, &spec, "bulkhead up", now).await?;
+        // Nodes of a previous run are silent by now or about to be replaced.
+        store::configs::activate(
+            &mut c,
+            &model,
+            v,
+            "bulkhead up",
+            "bulkhead up",
+            now,
+            Duration::ZERO,
+        )
+        .await?;
+    }
+
+    // Two demo accounts, each with an API token.
+    let mut accounts = Vec::new();
+    for name in ["alice", "bob"] {
+        let reuse = old_creds
+            .as_ref()
+            .and_then(|o| o.accounts.iter().find(|a| a.name == name))
+            .cloned();
+        if let Some(a) = reuse
+            && store::api_tokens::account_of(&mut c, &a.token)
+                .await?
+                .as_deref()
+                == Some(a.id.as_str())
+        {
+            accounts.push(a);
+            continue;
+        }
+        let account = store::accounts::create(&mut c, name, now).await?;
+        let id = AccountId::parse(&account.id).context("account id")?;
+        let t = store::api_tokens::create(&mut c, &id, "demo", now).await?;
+        accounts.push(DemoAccount {
+            id: account.id,
+            name: name.to_owned(),
+            token: t.token,
+        });
+    }
+    drop(c);
+    db.close().await;
+    Ok((
+        internal,
+        CredentialsFile {
+            gateway_url: String::new(),
+            control_plane_url: String::new(),
+            status_url: String::new(),
+            operator_token,
+            model: slug.to_string(),
+            accounts,
+        },
+    ))
+}
+
+/// The child processes, stopped in reverse order.
+#[derive(Debug, Default)]
+struct Components {
+    running: Vec<(&'static str, Child)>,
+}
+
+impl Components {
+    /// Starts `bulkhead <args>` and waits for its `listening` line; the rest
+    /// of its output is passed through.
+    fn spawn(&mut self, name: &'static str, args: &[&str]) -> anyhow::Result<String> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting the {name}"))?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        self.running.push((name, child));
+        let mut lines = BufReader::new(stdout).lines();
+        let line = match lines.next() {
+            Some(Ok(l)) if l.contains("listening") => l,
+            _ => anyhow::bail!("the {name} did not start (see its messages above)"),
+        };
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                println!("[{name}] {l}");
+            }
+        });
+        Ok(line)
+    }
+
+    /// Resolves with the name of the first component that exits.
+    async fn first_exit(&mut self) -> &'static str {
+        loop {
+            for (name, child) in &mut self.running {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return name;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Stops every component, newest first.
+    fn stop(&mut self) {
+        while let Some((_, mut child)) = self.running.pop() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Components {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn addr(line: &str, key: &str) -> anyhow::Result<String> {
+    line.split(&format!("{key}="))
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .map(str::to_owned)
+        .with_context(|| format!("no {key}= in `{line}`"))
+}
+
+fn start(
+    args: &UpArgs,
+    weights: &Path,
+    internal: &Internal,
+    creds: &mut CredentialsFile,
+    c: &mut Components,
+) -> anyhow::Result<()> {
+    let data = args
+        .data_dir
+        .to_str()
+        .context("the data directory must be UTF-8")?;
+    let weights = weights.to_str().context("the model path must be UTF-8")?;
+    let mib = args.kv_budget_mib.to_string();
+    let line = c.spawn(
+        "control plane",
+        &[
+            "control-plane",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data,
+        ],
+    )?;
+    let cp = format!("http://{}", addr(&line, "http")?);
+    let mut worker = |role: &'static str, extra: &[&str]| -> anyhow::Result<String> {
+        let mut a: Vec<&str> = vec![role];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&[
+            "--model",
+            weights,
+            "--kv-budget-mib",
+            &mib,
+            "--control-plane",
+            &cp,
+        ]);
+        a.extend_from_slice(&["--node-token", &internal.node, "--node-name"]);
+        let node_name = format!("up-{role}");
+        a.push(&node_name);
+        let threads = args.threads.map(|t| t.to_string());
+        if let Some(t) = &threads {
+            a.extend_from_slice(&["--threads", t]);
+        }
+        c.spawn(
+            if role == "prefill" {
+                "prefill worker"
+            } else {
+                "decode worker"
+            },
+            &a,
+        )
+    };
+    let prefill = worker(
+        "prefill",
+        &["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+    )?;
+    let transfer = addr(&prefill, "transfer")?;
+    worker("decode", &["--prefill", &transfer, "--http", "127.0.0.1:0"])?;
+    let listen = format!("127.0.0.1:{}", args.port);
+    let line = c.spawn(
+        "gateway",
+        &[
+            "gateway",
+            "--listen",
+            &listen,
+            "--control-plane",
+            &cp,
+            "--gateway-token",
+            &internal.gateway,
+            "--instance",
+            "up",
+        ],
+    )?;
+    creds.gateway_url = format!("http://{}", addr(&line, "http")?);
+    creds.status_url = cp.clone();
+    creds.control_plane_url = cp;
+    Ok(())
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    f.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+fn announce(c: &CredentialsFile, dir: &Path) {
+    let a = &c.accounts[0];
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "bulkhead up: ready");
+    let _ = writeln!(out, "  gateway        {}", c.gateway_url);
+    let _ = writeln!(
+        out,
+        "  control plane  {}  (status page and feeds: {}/ , {}/api/v2/summary.json)",
+        c.control_plane_url, c.status_url, c.status_url
+    );
+    let _ = writeln!(out, "  model          {}", c.model);
+    for acct in &c.accounts {
+        let _ = writeln!(
+            out,
+            "  account {:<6} id {}  token {}",
+            acct.name, acct.id, acct.token
+        );
+    }
+    let _ = writeln!(out, "  operator token {}  (responder)", c.operator_token);
+    let _ = writeln!(
+        out,
+        "  credentials    {}",
+        dir.join("credentials.json").display()
+    );
+    let _ = writeln!(out, "try:");
+    let _ = writeln!(
+        out,
+        "  curl -s {}/client/v4/accounts/{}/ai/run/{} -H 'Authorization: Bearer {}' -d '{}'",
+        c.gateway_url, a.id, c.model, a.token, EXAMPLE_BODY
+    );
+    let _ = writeln!(out, "Ctrl-C stops everything.");
+    let _ = out.flush();
+}

@@ -1,0 +1,181 @@
+//! `bulkhead up` as a user runs it: the whole platform from one command,
+//! the printed curl request answered by the real model through the gateway
+//! and a disaggregated prefill/decode pair, responders' commands working
+//! from the credentials it wrote, a clean stop on SIGTERM, and a second `up`
+//! reusing the same accounts and tokens.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Up {
+    child: Child,
+    lines: Vec<String>,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn up(dir: &std::path::Path) -> Up {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args(["up", "--port", "0", "--threads", "1", "--data-dir"])
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("bulkhead up starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut lines = Vec::new();
+    loop {
+        let l = rx
+            .recv_timeout(Duration::from_secs(180))
+            .expect("up prints its summary");
+        let done = l.contains("Ctrl-C stops everything");
+        lines.push(l);
+        if done {
+            break;
+        }
+    }
+    Up { child, lines }
+}
+
+fn post(url: &str, path: &str, token: &str, body: &str) -> (u16, String) {
+    let addr = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    let req = format!(
+        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    (status, body.to_owned())
+}
+
+fn stop(mut u: Up) {
+    let pid = u.child.id().to_string();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let exit = u.child.wait().expect("up exits");
+    assert!(exit.success(), "up stops cleanly on SIGTERM: {exit:?}");
+}
+
+#[test]
+fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!("bulkhead-up-{}-{nanos}", std::process::id()));
+    let first = up(&dir);
+    let creds: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("credentials.json")).expect("credentials.json"),
+    )
+    .expect("JSON");
+    for key in [
+        "gateway_url",
+        "control_plane_url",
+        "status_url",
+        "operator_token",
+        "model",
+    ] {
+        assert!(
+            creds[key].as_str().is_some_and(|v| !v.is_empty()),
+            "{key} in {creds}"
+        );
+    }
+    let accounts = creds["accounts"].as_array().expect("accounts").clone();
+    assert_eq!(accounts.len(), 2);
+    let gw = creds["gateway_url"].as_str().unwrap_or_default().to_owned();
+    let model = creds["model"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(model, "@cf/huggingfacetb/smollm2-135m-instruct");
+
+    // The printed curl line, as a user pastes it, gets a sensible answer.
+    let curl: String = first
+        .lines
+        .iter()
+        .find(|l| l.trim_start().starts_with("curl -s "))
+        .expect("curl line")
+        .clone();
+    let body = curl
+        .split("-d '")
+        .nth(1)
+        .and_then(|b| b.strip_suffix('\''))
+        .expect("curl body");
+    let a = &accounts[0];
+    let path = format!(
+        "/client/v4/accounts/{}/ai/run/{model}",
+        a["id"].as_str().unwrap_or_default()
+    );
+    assert!(
+        curl.contains(&path) && curl.contains(a["token"].as_str().unwrap_or("?")),
+        "{curl}"
+    );
+    let (status, text) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), body);
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert!(
+        v["result"]["response"]
+            .as_str()
+            .is_some_and(|r| r.contains("Paris")),
+        "{v}"
+    );
+
+    // B cannot use A's URL; the responder commands work from credentials.json.
+    let (status, _) = post(
+        &gw,
+        &path,
+        accounts[1]["token"].as_str().unwrap_or_default(),
+        body,
+    );
+    assert_eq!(status, 403);
+    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args(["model", "list", "--data-dir"])
+        .arg(&dir)
+        .env_remove("BULKHEAD_CONTROL_PLANE_URL")
+        .env_remove("BULKHEAD_TOKEN")
+        .output()
+        .expect("model list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("public"));
+    stop(first);
+
+    // A second `up` keeps the accounts and their tokens.
+    let second = up(&dir);
+    let again: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("credentials.json")).expect("credentials.json"),
+    )
+    .expect("JSON");
+    assert_eq!(again["accounts"], Value::Array(accounts.clone()));
+    assert_eq!(again["operator_token"], creds["operator_token"]);
+    let gw = again["gateway_url"].as_str().unwrap_or_default().to_owned();
+    let (status, text) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), body);
+    assert_eq!(status, 200, "{text}");
+    stop(second);
+    let _ = std::fs::remove_dir_all(&dir);
+}
