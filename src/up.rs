@@ -36,6 +36,12 @@ pub(crate) struct UpArgs {
     /// Compute threads of each worker (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Context window of the registered config (it must fit the pools).
+    #[arg(long, default_value_t = 8192)]
+    context_window: u64,
+    /// Max output of the registered config.
+    #[arg(long, default_value_t = 2048)]
+    max_output: u64,
 }
 
 /// What `up` writes for people and scripts.
@@ -69,9 +75,6 @@ struct Internal {
 /// default system prompt under which the 135M model rambles; a plain one,
 /// greedy, gets a plain answer.
 pub(crate) const EXAMPLE_BODY: &str = r#"{"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is the capital of France?"}], "temperature": 0}"#;
-
-const CONTEXT_WINDOW: u64 = 8192;
-const MAX_OUTPUT: u64 = 2048;
 
 pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     let weights =
@@ -172,8 +175,8 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
     let budget = args.kv_budget_mib << 20;
     let spec = ConfigSpec {
         properties: Properties {
-            context_window: CONTEXT_WINDOW,
-            max_output: MAX_OUTPUT,
+            context_window: args.context_window,
+            max_output: args.max_output,
         },
         weights_file: fetch::FILE_NAME.to_owned(),
         weights_sha256: fetch::SHA256.to_owned(),

@@ -1,0 +1,642 @@
+//! The end-to-end isolation suite: a platform started the way `bulkhead up`
+//! starts it (control plane, prefill and decode workers, gateway, as
+//! processes on loopback), two independent accounts, and the 2026 incident
+//! replayed from the outside, as a tenant and as a responder would.
+//!
+//! The platform runs with a small KV pool (16 MiB per worker, about 728
+//! tokens) so that "just under" and "just over" the limit are cheap to
+//! compute on two cores.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MODEL: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
+
+struct Platform {
+    child: Child,
+    dir: PathBuf,
+    creds: Value,
+    internal: Value,
+}
+
+impl Drop for Platform {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn unique(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{tag}-{}-{nanos:x}", std::process::id())
+}
+
+fn platform() -> Platform {
+    let dir = std::env::temp_dir().join(unique("bulkhead-e2e"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args([
+            "up",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--kv-budget-mib",
+            "16",
+            "--context-window",
+            "512",
+        ])
+        .args(["--max-output", "128", "--data-dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("bulkhead up starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    loop {
+        let l = rx
+            .recv_timeout(Duration::from_secs(180))
+            .expect("up prints its summary");
+        if l.contains("Ctrl-C stops everything") {
+            break;
+        }
+    }
+    let read = |f: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join(f)).expect("file")).expect("JSON")
+    };
+    Platform {
+        creds: read("credentials.json"),
+        internal: read("internal-tokens.json"),
+        child,
+        dir,
+    }
+}
+
+/// One HTTP/1.0 exchange; status and body.
+fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let addr = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(180))).ok();
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    let req = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}x-bulkhead-tenant: 9\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send");
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_owned())
+}
+
+/// Sends a request and reads at most `bytes` of the answer before hanging
+/// up (0: hang up right after sending). Returns what was read.
+fn hang_up(url: &str, path: &str, token: &str, body: &str, bytes: usize) -> String {
+    let addr = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
+    let req = format!(
+        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("send");
+    let mut got = vec![0u8; bytes];
+    let mut n = 0;
+    while n < bytes {
+        match s.read(&mut got[n..]) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    String::from_utf8_lossy(&got[..n]).into_owned()
+}
+
+impl Platform {
+    fn gw(&self) -> String {
+        self.creds["gateway_url"]
+            .as_str()
+            .expect("gateway_url")
+            .to_owned()
+    }
+
+    fn cp(&self) -> String {
+        self.creds["control_plane_url"]
+            .as_str()
+            .expect("control_plane_url")
+            .to_owned()
+    }
+
+    fn account(&self, i: usize) -> (String, String) {
+        let a = &self.creds["accounts"][i];
+        (
+            a["id"].as_str().expect("id").to_owned(),
+            a["token"].as_str().expect("token").to_owned(),
+        )
+    }
+
+    fn run_path(&self, account: &str) -> String {
+        format!("/client/v4/accounts/{account}/ai/run/{MODEL}")
+    }
+
+    fn operator(&self) -> String {
+        self.creds["operator_token"]
+            .as_str()
+            .expect("operator")
+            .to_owned()
+    }
+
+    fn nodes(&self) -> Vec<Value> {
+        let (s, body) = http(
+            &self.cp(),
+            "GET",
+            "/admin/v1/nodes",
+            Some(&self.operator()),
+            "",
+        );
+        assert_eq!(s, 200, "{body}");
+        serde_json::from_str::<Value>(&body)
+            .expect("nodes")
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn node(&self, name: &str) -> Value {
+        self.nodes()
+            .into_iter()
+            .find(|n| n["name"] == name)
+            .expect("node")
+    }
+
+    /// Prompt plus max_tokens a request may have: the smallest pool.
+    fn limit(&self) -> u64 {
+        self.nodes()
+            .iter()
+            .filter(|n| n["name"] == "up-prefill" || n["name"] == "up-decode")
+            .filter_map(|n| n["kv_pool_tokens"].as_u64())
+            .min()
+            .expect("pools")
+    }
+
+    fn bulkhead(&self, args: &[&str]) -> Output {
+        let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+            .args(args)
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .env_remove("BULKHEAD_CONTROL_PLANE_URL")
+            .env_remove("BULKHEAD_TOKEN")
+            .output()
+            .expect("bulkhead runs");
+        Output {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+struct Output {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn stats_at_baseline(url: &str) -> bool {
+    let (s, body) = http(url, "GET", "/stats", None, "");
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let p = &v["pool"];
+    let e = &v["engine"];
+    s == 200
+        && p["free_pages"] == p["total_pages"]
+        && p["allocated_pages"] == 0
+        && p["receiving_pages"] == 0
+        && e["running"] == 0
+        && e["draining_transfers"] == 0
+        && e["held_transfers"] == 0
+}
+
+fn wait_baseline(url: &str) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !stats_at_baseline(url) {
+        assert!(Instant::now() < until, "{url} never returned to baseline");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `n` tokens of raw text ("hello" is one token, " hello" another).
+fn words(n: u64) -> String {
+    let mut s = String::from("hello");
+    for _ in 1..n {
+        s.push_str(" hello");
+    }
+    s
+}
+
+#[test]
+fn no_response_b_can_see_ever_carries_as_canary_and_every_over_long_prompt_is_refused() {
+    let p = platform();
+    let gw = p.gw();
+    let (a_id, a_tok) = p.account(0);
+    let (b_id, b_tok) = p.account(1);
+    let limit = p.limit();
+    // Calibrate: "hello hello …" is one token per word.
+    let (s, body) = http(
+        &gw,
+        "POST",
+        &p.run_path(&b_id),
+        Some(&b_tok),
+        &json!({"prompt": words(10), "raw": true, "max_tokens": 1}).to_string(),
+    );
+    assert_eq!(s, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["result"]["usage"]["prompt_tokens"], 10, "{v}");
+
+    let canaries: Vec<String> = (0..4)
+        .map(|i| format!("CANARY{i}{}", unique("x").replace('-', "")))
+        .collect();
+    let a = {
+        let (gw, path, tok, canaries) = (
+            gw.clone(),
+            p.run_path(&a_id),
+            a_tok.clone(),
+            canaries.clone(),
+        );
+        std::thread::spawn(move || {
+            for (i, c) in canaries.iter().enumerate() {
+                let prompt =
+                    format!("Remember this secret code: {c}. Repeat the secret code {c} exactly.");
+                let body = json!({"messages": [{"role": "system", "content": "You repeat codes."}, {"role": "user", "content": prompt}],
+                                  "max_tokens": 24, "temperature": 0, "stream": i % 2 == 1});
+                let (s, text) = http(&gw, "POST", &path, Some(&tok), &body.to_string());
+                assert_eq!(s, 200, "A: {text}");
+            }
+        })
+    };
+    // B, interleaved: normal, just under, just over, aborted and disconnected requests.
+    let max = 8u64;
+    let mut seen = Vec::new();
+    let mut over = 0;
+    let path = p.run_path(&b_id);
+    for round in 0..3 {
+        let normal = json!({"prompt": "Tell me about the sea.", "max_tokens": 16, "temperature": 0, "stream": round == 1});
+        let (s, text) = http(&gw, "POST", &path, Some(&b_tok), &normal.to_string());
+        assert_eq!(s, 200, "B normal: {text}");
+        seen.push(text);
+        let over_body =
+            json!({"prompt": words(limit - max + 1 + round), "raw": true, "max_tokens": max});
+        let (s, text) = http(&gw, "POST", &path, Some(&b_tok), &over_body.to_string());
+        assert_eq!(
+            s, 413,
+            "B just over the limit must be refused, never answered: {text}"
+        );
+        assert!(text.contains("5021"), "{text}");
+        over += 1;
+        seen.push(text);
+        let (s, text) = http(&gw, "POST", "/v1/chat/completions", Some(&b_tok), &json!({"model": MODEL,
+            "messages": [{"role": "user", "content": words(limit + 50 * round)}], "max_tokens": max}).to_string());
+        assert_eq!(s, 400, "{text}");
+        assert!(text.contains("context_length_exceeded"), "{text}");
+        over += 1;
+        seen.push(text);
+        seen.push(hang_up(
+            &gw,
+            &path,
+            &b_tok,
+            &json!({"prompt": "Count to fifty.", "max_tokens": 64, "stream": true}).to_string(),
+            300,
+        ));
+        seen.push(hang_up(&gw, "/v1/chat/completions", &b_tok,
+            &json!({"model": MODEL, "messages": [{"role": "user", "content": "Write a long poem."}], "max_tokens": 64}).to_string(), 0));
+    }
+    let under =
+        json!({"prompt": words(limit - max), "raw": true, "max_tokens": max, "temperature": 0});
+    let (s, text) = http(&gw, "POST", &path, Some(&b_tok), &under.to_string());
+    assert_eq!(
+        s, 200,
+        "B just under (exactly at) the limit is served: {text}"
+    );
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(
+        v["result"]["usage"]["prompt_tokens"].as_u64(),
+        Some(limit - max)
+    );
+    seen.push(text);
+    a.join().expect("A's requests");
+    for text in &seen {
+        for c in &canaries {
+            assert!(!text.contains(c.as_str()), "B saw A's canary {c}: {text}");
+        }
+    }
+    assert_eq!(over, 6);
+    // Every page came back on both workers.
+    for name in ["up-prefill", "up-decode"] {
+        let addr = format!(
+            "http://{}",
+            p.node(name)["address"].as_str().expect("address")
+        );
+        wait_baseline(&addr);
+    }
+}
+
+#[test]
+fn the_incident_replayed_is_stopped_at_every_step() {
+    let p = platform();
+    let admin = p.internal["admin"].as_str().expect("admin").to_owned();
+    let node_token = p.internal["node"].as_str().expect("node").to_owned();
+    let slug = MODEL.replace('@', "%40").replace('/', "%2F");
+
+    // 1. A config whose context window exceeds a node's KV pool is refused.
+    let cfg = json!({"context_window": 1_048_576, "max_output": 4096, "weights_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "weights_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", "quantization": "q4_1",
+        "page_size": 16, "kv_budget": {"prefill_bytes": 16 << 20, "decode_bytes": 16 << 20}});
+    let (s, body) = http(
+        &p.cp(),
+        "POST",
+        &format!("/admin/v1/models/{slug}/configs"),
+        Some(&admin),
+        &cfg.to_string(),
+    );
+    assert_eq!(s, 201, "{body}");
+    let version = serde_json::from_str::<Value>(&body).expect("JSON")["version"]
+        .as_u64()
+        .expect("version");
+    let (s, body) = http(
+        &p.cp(),
+        "POST",
+        &format!("/admin/v1/models/{slug}/configs/{version}/activate"),
+        Some(&admin),
+        "",
+    );
+    assert_eq!(s, 409, "{body}");
+    assert!(
+        body.contains("up-prefill") || body.contains("up-decode"),
+        "names the node: {body}"
+    );
+    assert!(body.contains("1048576"), "{body}");
+
+    // 2. A worker started with a smaller pool than the registered config is unroutable.
+    let mut small = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--kv-budget-mib",
+            "4",
+            "--threads",
+            "1",
+            "--control-plane",
+            &p.cp(),
+        ])
+        .args(["--node-token", &node_token, "--node-name", "small-worker"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("serve");
+    let mut line = String::new();
+    BufReader::new(small.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("announce");
+    let n = p.node("small-worker");
+    let _ = small.kill();
+    let _ = small.wait();
+    assert_eq!(n["routable"], false, "{n}");
+    assert!(
+        n["unroutable_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("smaller than context window 512")),
+        "{n}"
+    );
+
+    // 3. A prompt longer than the pool, straight to a worker, is refused before allocation.
+    let decode = format!(
+        "http://{}",
+        p.node("up-decode")["address"].as_str().expect("address")
+    );
+    let before: Value =
+        serde_json::from_str(&http(&decode, "GET", "/stats", None, "").1).expect("stats");
+    let over = p.limit() + 100;
+    let (s, body) = http(
+        &decode,
+        "POST",
+        "/v1/generate",
+        None,
+        &json!({"raw": words(over), "max_tokens": 1}).to_string(),
+    );
+    assert_eq!(s, 400, "{body}");
+    assert!(body.contains("context_length_exceeded"), "{body}");
+    let after: Value =
+        serde_json::from_str(&http(&decode, "GET", "/stats", None, "").1).expect("stats");
+    assert_eq!(
+        after["pool"]["allocations"], before["pool"]["allocations"],
+        "nothing was allocated"
+    );
+    assert_eq!(
+        after["transfer"]["started"], before["transfer"]["started"],
+        "nothing was transferred"
+    );
+
+    // 4. Greedy answers through the whole platform equal llama.cpp's golden outputs,
+    //    so a stale-page answer would fail even with a 200.
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/golden/smollm2-135m-q4_1.json"
+        ))
+        .expect("golden"),
+    )
+    .expect("golden JSON");
+    let (a_id, a_tok) = p.account(0);
+    let mut checked = 0;
+    for case in golden["cases"].as_array().expect("cases") {
+        let body = match case.get("messages") {
+            Some(m) => json!({"messages": m, "max_tokens": 32, "temperature": 0}),
+            None => {
+                json!({"prompt": case["prompt"], "raw": true, "max_tokens": 32, "temperature": 0})
+            }
+        };
+        let (s, text) = http(
+            &p.gw(),
+            "POST",
+            &p.run_path(&a_id),
+            Some(&a_tok),
+            &body.to_string(),
+        );
+        assert_eq!(s, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(
+            v["result"]["response"], case["greedy_text_until_eos"],
+            "case {}",
+            case["name"]
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
+}
+
+#[test]
+fn a_responder_flips_the_model_private_tells_the_world_and_restores_it() {
+    let p = platform();
+    let gw = p.gw();
+    let (a_id, a_tok) = p.account(0);
+    let (b_id, b_tok) = p.account(1);
+    let ask = json!({"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                                   {"role": "user", "content": "What is the capital of France?"}], "max_tokens": 16, "temperature": 0})
+    .to_string();
+    assert_eq!(
+        http(&gw, "POST", &p.run_path(&a_id), Some(&a_tok), &ask).0,
+        200
+    );
+    // B stays allowed while the model is private.
+    let slug = MODEL.replace('@', "%40").replace('/', "%2F");
+    let (s, body) = http(
+        &p.cp(),
+        "POST",
+        &format!("/admin/v1/models/{slug}/allowlist"),
+        Some(&p.operator()),
+        &json!({"account_id": b_id, "allowed": true, "reason": "B verifies the fix"}).to_string(),
+    );
+    assert_eq!(s, 200, "{body}");
+
+    let out = p.bulkhead(&[
+        "model",
+        "private",
+        MODEL,
+        "--reason",
+        "INC-1: suspected cross-tenant output",
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    let flipped = Instant::now();
+    assert!(out.stdout.contains("is now private"), "{}", out.stdout);
+    // Within the same second, A's calls fail as not found, in both APIs.
+    let (s, body) = http(&gw, "POST", &p.run_path(&a_id), Some(&a_tok), &ask);
+    assert_eq!(s, 400, "{body}");
+    assert!(body.contains("5007"), "{body}");
+    let (s, body) = http(
+        &gw,
+        "POST",
+        "/v1/chat/completions",
+        Some(&a_tok),
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            .to_string(),
+    );
+    assert_eq!(s, 404, "{body}");
+    assert!(
+        flipped.elapsed() < Duration::from_secs(1),
+        "not found within the same second"
+    );
+    // The allowlisted account still gets answers.
+    let (s, body) = http(&gw, "POST", &p.run_path(&b_id), Some(&b_tok), &ask);
+    assert_eq!(s, 200, "{body}");
+    assert!(body.contains("Paris"), "{body}");
+
+    // The incident appears on the status feeds.
+    let out = p.bulkhead(&[
+        "incident",
+        "open",
+        "--name",
+        "Cross-tenant output suspected",
+        "--impact",
+        "critical",
+        "--body",
+        "The model is private while we investigate.",
+        "--component",
+        &format!("{MODEL}=major_outage"),
+        "--json",
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    let id = serde_json::from_str::<Value>(&out.stdout).expect("JSON")["id"]
+        .as_i64()
+        .expect("id")
+        .to_string();
+    let status = p.creds["status_url"]
+        .as_str()
+        .expect("status_url")
+        .to_owned();
+    // The status page caches for up to a second.
+    std::thread::sleep(Duration::from_millis(1100));
+    let (_, summary) = http(&status, "GET", "/api/v2/summary.json", None, "");
+    let v: Value = serde_json::from_str(&summary).expect("summary");
+    assert_eq!(v["status"]["indicator"], "critical", "{v}");
+    assert_eq!(v["incidents"][0]["name"], "Cross-tenant output suspected");
+    assert_eq!(v["components"][0]["status"], "major_outage");
+    let (_, atom) = http(&status, "GET", "/history.atom", None, "");
+    assert!(atom.contains("Cross-tenant output suspected"), "{atom}");
+    let (_, rss) = http(&status, "GET", "/history.rss", None, "");
+    assert!(rss.contains("Cross-tenant output suspected"), "{rss}");
+
+    // Flip back, resolve: A is served again and the page is green.
+    let out = p.bulkhead(&[
+        "model",
+        "public",
+        MODEL,
+        "--reason",
+        "fixed: pool checked against the context window",
+    ]);
+    assert!(out.ok, "{}", out.stderr);
+    let (s, body) = http(&gw, "POST", &p.run_path(&a_id), Some(&a_tok), &ask);
+    assert_eq!(s, 200, "{body}");
+    let out = p.bulkhead(&["incident", "resolve", &id, "--body", "Resolved."]);
+    assert!(out.ok, "{}", out.stderr);
+    std::thread::sleep(Duration::from_millis(1100));
+    let (_, unresolved) = http(
+        &status,
+        "GET",
+        "/api/v2/incidents/unresolved.json",
+        None,
+        "",
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&unresolved).expect("JSON")["incidents"],
+        json!([])
+    );
+    let (_, st) = http(&status, "GET", "/api/v2/status.json", None, "");
+    assert_eq!(
+        serde_json::from_str::<Value>(&st).expect("JSON")["status"]["indicator"],
+        "none"
+    );
+    // Both flips are in the audit log with the responder and the reasons.
+    let out = p.bulkhead(&["audit", "--json"]);
+    let log: Value = serde_json::from_str(&out.stdout).expect("audit JSON");
+    let reasons: Vec<&str> = log
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["action"] == "model.visibility")
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert_eq!(
+        reasons,
+        vec![
+            "fixed: pool checked against the context window",
+            "INC-1: suspected cross-tenant output"
+        ]
+    );
+}
