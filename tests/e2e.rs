@@ -286,7 +286,7 @@ fn no_response_b_can_see_ever_carries_as_canary_and_every_over_long_prompt_is_re
         let (gw, path, tok, canaries) = (
             gw.clone(),
             p.run_path(&a_id),
-            a_tok.clone(),
+            a_tok,
             canaries.clone(),
         );
         std::thread::spawn(move || {
