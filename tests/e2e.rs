@@ -283,12 +283,7 @@ fn no_response_b_can_see_ever_carries_as_canary_and_every_over_long_prompt_is_re
         .map(|i| format!("CANARY{i}{}", unique("x").replace('-', "")))
         .collect();
     let a = {
-        let (gw, path, tok, canaries) = (
-            gw.clone(),
-            p.run_path(&a_id),
-            a_tok,
-            canaries.clone(),
-        );
+        let (gw, path, tok, canaries) = (gw.clone(), p.run_path(&a_id), a_tok, canaries.clone());
         std::thread::spawn(move || {
             for (i, c) in canaries.iter().enumerate() {
                 let prompt =
