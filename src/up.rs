@@ -77,29 +77,47 @@ struct Internal {
 pub(crate) const EXAMPLE_BODY: &str = r#"{"messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "What is the capital of France?"}], "temperature": 0}"#;
 
 pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
+    create_private_dir(&args.data_dir)?;
+    // One `up` per data directory: a second one would re-register the
+    // workers of the first under new addresses. The lock dies with us.
+    let lock = std::fs::File::create(args.data_dir.join("up.lock"))?;
+    if lock.try_lock().is_err() {
+        anyhow::bail!(
+            "another `bulkhead up` is running on {}",
+            args.data_dir.display()
+        );
+    }
+    if args.port != 0 {
+        std::net::TcpListener::bind(("127.0.0.1", args.port))
+            .with_context(|| format!("port {} is taken (choose another with --port)", args.port))?;
+    }
     let weights =
         fetch::ensure_default_model(Progress::Show).context("fetching the default model")?;
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    // Listen for Ctrl-C and SIGTERM before any component exists, so a
+    // signal during start-up still stops everything.
+    let mut signals = rt.block_on(async { Signals::new() })?;
     let (internal, mut creds) = rt.block_on(bootstrap(args))?;
+    // Recorded before anything starts, so a failed start is retried with
+    // the same accounts and tokens.
+    let path = args.data_dir.join("credentials.json");
+    write_private(&path, &serde_json::to_string_pretty(&creds)?)?;
     let mut components = Components::default();
-    let result = start(args, &weights, &internal, &mut creds, &mut components);
-    if let Err(e) = result {
+    let started = start(args, &weights, &internal, &mut creds, &mut components)
+        .and_then(|()| rt.block_on(check_routable(&creds, &internal)));
+    if let Err(e) = started {
         components.stop();
         return Err(e);
     }
-    write_private(
-        &args.data_dir.join("credentials.json"),
-        &serde_json::to_string_pretty(&creds)?,
-    )?;
+    write_private(&path, &serde_json::to_string_pretty(&creds)?)?;
     announce(&creds, &args.data_dir);
     let exited = rt.block_on(async {
         tokio::select! {
-            () = crate::control_plane::shutdown() => None,
+            biased;
+            () = signals.next() => None,
             name = components.first_exit() => Some(name),
         }
     });
@@ -109,10 +127,66 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
         eprintln!("bulkhead up: stopping");
     }
     components.stop();
+    drop(lock);
     match exited {
         Some(name) => anyhow::bail!("the {name} exited"),
         None => Ok(()),
     }
+}
+
+/// Ctrl-C and SIGTERM, registered once.
+struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Every worker `up` started must be routable before it says ready: a
+/// config that does not fit their pools is an error, not a dead curl line.
+async fn check_routable(creds: &CredentialsFile, internal: &Internal) -> anyhow::Result<()> {
+    let client = bulkhead_control_api::Client::new(&bulkhead_control_api::Credentials {
+        control_plane_url: creds.control_plane_url.clone(),
+        operator_token: internal.admin.clone(),
+    })?;
+    let nodes: Vec<bulkhead_control_api::NodeView> = client.get("/admin/v1/nodes").await?;
+    for name in ["up-prefill", "up-decode"] {
+        let n = nodes
+            .iter()
+            .find(|n| n.registration.name == name)
+            .with_context(|| format!("{name} did not register"))?;
+        if let Some(why) = &n.unroutable_reason {
+            anyhow::bail!(
+                "{name} is not routable: {why} (adjust --kv-budget-mib, --context-window or --max-output)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Database, operators, model and demo accounts; reuses what a previous
@@ -169,6 +243,14 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
     )
     .await?;
     write_private(&internal_path, &serde_json::to_string_pretty(&internal)?)?;
+
+    // Worker records of earlier runs: their names are reused now, perhaps
+    // under a new node token.
+    for n in store::nodes::list(&mut c, None).await? {
+        if n.registration.name.starts_with("up-") {
+            store::nodes::remove(&mut c, n.id).await?;
+        }
+    }
 
     // The default model, public, with a config that matches the file.
     let slug: ModelSlug = crate::register::DEFAULT_SLUG.parse()?;
@@ -267,10 +349,15 @@ impl Components {
     /// Starts `bulkhead <args>` and waits for its `listening` line; the rest
     /// of its output is passed through.
     fn spawn(&mut self, name: &'static str, args: &[&str]) -> anyhow::Result<String> {
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(args)
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::inherit());
+        // Their own process group: a Ctrl-C at the terminal reaches `up`
+        // alone, which stops them in order.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let mut child = cmd
             .spawn()
             .with_context(|| format!("starting the {name}"))?;
         let stdout = child.stdout.take().context("child stdout")?;
@@ -401,15 +488,30 @@ fn start(
     Ok(())
 }
 
+/// Writes a secret file: created 0600, written in full, then renamed into
+/// place, so it is never readable by others nor half written.
 fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    let mut f =
-        std::fs::File::create(path).with_context(|| format!("writing {}", path.display()))?;
+    let tmp = path.with_extension("tmp");
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut f = options
+        .open(&tmp)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
     }
-    f.write_all(text.as_bytes())?;
     Ok(())
 }
 

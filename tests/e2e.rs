@@ -48,9 +48,18 @@ fn unique(tag: &str) -> String {
     format!("{tag}-{}-{nanos:x}", std::process::id())
 }
 
+/// The e2e tests share two cores: one platform at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn platform() -> Platform {
     let dir = std::env::temp_dir().join(unique("bulkhead-e2e"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+    let child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
         .args([
             "up",
             "--port",
@@ -59,16 +68,27 @@ fn platform() -> Platform {
             "1",
             "--kv-budget-mib",
             "16",
+        ])
+        .args([
             "--context-window",
             "512",
+            "--max-output",
+            "128",
+            "--data-dir",
         ])
-        .args(["--max-output", "128", "--data-dir"])
         .arg(&dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("bulkhead up starts");
-    let stdout = child.stdout.take().expect("stdout");
+    // The guard exists before anything can fail, so a panic stops `up`.
+    let mut p = Platform {
+        child,
+        dir,
+        creds: Value::Null,
+        internal: Value::Null,
+    };
+    let stdout = p.child.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for l in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -84,14 +104,11 @@ fn platform() -> Platform {
         }
     }
     let read = |f: &str| -> Value {
-        serde_json::from_str(&std::fs::read_to_string(dir.join(f)).expect("file")).expect("JSON")
+        serde_json::from_str(&std::fs::read_to_string(p.dir.join(f)).expect("file")).expect("JSON")
     };
-    Platform {
-        creds: read("credentials.json"),
-        internal: read("internal-tokens.json"),
-        child,
-        dir,
-    }
+    p.creds = read("credentials.json");
+    p.internal = read("internal-tokens.json");
+    p
 }
 
 /// One HTTP/1.0 exchange; status and body.
@@ -196,14 +213,31 @@ impl Platform {
             .expect("node")
     }
 
-    /// Prompt plus max_tokens a request may have: the smallest pool.
-    fn limit(&self) -> u64 {
+    /// The smallest KV pool of the two workers, in tokens.
+    fn pool(&self) -> u64 {
         self.nodes()
             .iter()
             .filter(|n| n["name"] == "up-prefill" || n["name"] == "up-decode")
             .filter_map(|n| n["kv_pool_tokens"].as_u64())
             .min()
             .expect("pools")
+    }
+
+    /// Prompt plus max_tokens a request may have: the model's configured
+    /// context window, or the smallest pool if that is smaller.
+    fn limit(&self) -> u64 {
+        let path = format!(
+            "/admin/v1/models/{}",
+            MODEL.replace('@', "%40").replace('/', "%2F")
+        );
+        let (s, body) = http(&self.cp(), "GET", &path, Some(&self.operator()), "");
+        assert_eq!(s, 200, "{body}");
+        let model: Value = serde_json::from_str(&body).expect("model");
+        self.pool().min(
+            model["properties"]["context_window"]
+                .as_u64()
+                .expect("context window"),
+        )
     }
 
     fn bulkhead(&self, args: &[&str]) -> Output {
@@ -251,6 +285,30 @@ fn wait_baseline(url: &str) {
     }
 }
 
+/// Everything a client can read in an answer: the raw bytes, and the text of
+/// SSE events joined up (a canary split across events is still found).
+fn visible(body: &str) -> String {
+    let mut joined = String::new();
+    for event in body.split("\n\n") {
+        let Some(v) = event
+            .strip_prefix("data: ")
+            .and_then(|d| serde_json::from_str::<Value>(d).ok())
+        else {
+            continue;
+        };
+        for t in [
+            &v["response"],
+            &v["choices"][0]["delta"]["content"],
+            &v["choices"][0]["text"],
+        ] {
+            if let Some(t) = t.as_str() {
+                joined.push_str(t);
+            }
+        }
+    }
+    format!("{body}\n{joined}")
+}
+
 /// `n` tokens of raw text ("hello" is one token, " hello" another).
 fn words(n: u64) -> String {
     let mut s = String::from("hello");
@@ -262,6 +320,7 @@ fn words(n: u64) -> String {
 
 #[test]
 fn no_response_b_can_see_ever_carries_as_canary_and_every_over_long_prompt_is_refused() {
+    let _serial = serial();
     let p = platform();
     let gw = p.gw();
     let (a_id, a_tok) = p.account(0);
@@ -280,25 +339,40 @@ fn no_response_b_can_see_ever_carries_as_canary_and_every_over_long_prompt_is_re
     assert_eq!(v["result"]["usage"]["prompt_tokens"], 10, "{v}");
 
     let canaries: Vec<String> = (0..4)
-        .map(|i| format!("CANARY{i}{}", unique("x").replace('-', "")))
+        .map(|i| {
+            let tag: String = unique("c")
+                .replace('-', "")
+                .chars()
+                .rev()
+                .take(10)
+                .collect();
+            format!("CANARY{i}x{tag}")
+        })
         .collect();
+    let b_done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let a = {
         let (gw, path, tok, canaries) = (gw.clone(), p.run_path(&a_id), a_tok, canaries.clone());
+        let b_done = std::sync::Arc::clone(&b_done);
         std::thread::spawn(move || {
-            for (i, c) in canaries.iter().enumerate() {
-                let prompt =
-                    format!("Remember this secret code: {c}. Repeat the secret code {c} exactly.");
-                let body = json!({"messages": [{"role": "system", "content": "You repeat codes."}, {"role": "user", "content": prompt}],
-                                  "max_tokens": 24, "temperature": 0, "stream": i % 2 == 1});
+            // A keeps going until B is done, so their requests overlap.
+            let (mut sent, mut echoed) = (0usize, 0usize);
+            while sent < canaries.len() || !b_done.load(std::sync::atomic::Ordering::Acquire) {
+                let c = &canaries[sent % canaries.len()];
+                let body = json!({"prompt": format!("{c} {c} {c} {c}"), "raw": true, "max_tokens": 24,
+                                  "temperature": 0, "stream": sent % 2 == 1});
                 let (s, text) = http(&gw, "POST", &path, Some(&tok), &body.to_string());
                 assert_eq!(s, 200, "A: {text}");
+                if visible(&text).contains(c.as_str()) {
+                    echoed += 1;
+                }
+                sent += 1;
             }
+            (sent, echoed)
         })
     };
     // B, interleaved: normal, just under, just over, aborted and disconnected requests.
     let max = 8u64;
     let mut seen = Vec::new();
-    let mut over = 0;
     let path = p.run_path(&b_id);
     for round in 0..3 {
         let normal = json!({"prompt": "Tell me about the sea.", "max_tokens": 16, "temperature": 0, "stream": round == 1});
@@ -313,13 +387,11 @@ fn no_response_b_can_see_ever_carries_as_canary_and_every_over_long_prompt_is_re
             "B just over the limit must be refused, never answered: {text}"
         );
         assert!(text.contains("5021"), "{text}");
-        over += 1;
         seen.push(text);
         let (s, text) = http(&gw, "POST", "/v1/chat/completions", Some(&b_tok), &json!({"model": MODEL,
             "messages": [{"role": "user", "content": words(limit + 50 * round)}], "max_tokens": max}).to_string());
         assert_eq!(s, 400, "{text}");
         assert!(text.contains("context_length_exceeded"), "{text}");
-        over += 1;
         seen.push(text);
         seen.push(hang_up(
             &gw,
@@ -344,13 +416,22 @@ fn no_response_b_can_see_ever_carries_as_canary_and_every_over_long_prompt_is_re
         Some(limit - max)
     );
     seen.push(text);
-    a.join().expect("A's requests");
+    b_done.store(true, std::sync::atomic::Ordering::Release);
+    let (sent, echoed) = a.join().expect("A's requests");
+    // The detector can fire: A's own answers carry A's canaries.
+    assert!(
+        sent >= canaries.len() && echoed == sent,
+        "A sent {sent}, saw its canary in {echoed}"
+    );
     for text in &seen {
+        let text = visible(text);
         for c in &canaries {
             assert!(!text.contains(c.as_str()), "B saw A's canary {c}: {text}");
         }
     }
-    assert_eq!(over, 6);
+    // After all that traffic the pools' pages have been reused many times:
+    // greedy answers still equal llama.cpp's golden outputs.
+    golden_answers(&p);
     // Every page came back on both workers.
     for name in ["up-prefill", "up-decode"] {
         let addr = format!(
@@ -363,6 +444,7 @@ fn no_response_b_can_see_ever_carries_as_canary_and_every_over_long_prompt_is_re
 
 #[test]
 fn the_incident_replayed_is_stopped_at_every_step() {
+    let _serial = serial();
     let p = platform();
     let admin = p.internal["admin"].as_str().expect("admin").to_owned();
     let node_token = p.internal["node"].as_str().expect("node").to_owned();
@@ -437,7 +519,7 @@ fn the_incident_replayed_is_stopped_at_every_step() {
     );
     let before: Value =
         serde_json::from_str(&http(&decode, "GET", "/stats", None, "").1).expect("stats");
-    let over = p.limit() + 100;
+    let over = p.pool() + 100;
     let (s, body) = http(
         &decode,
         "POST",
@@ -460,6 +542,12 @@ fn the_incident_replayed_is_stopped_at_every_step() {
 
     // 4. Greedy answers through the whole platform equal llama.cpp's golden outputs,
     //    so a stale-page answer would fail even with a 200.
+    golden_answers(&p);
+}
+
+/// Greedy answers through the whole platform equal llama.cpp's golden
+/// outputs for the golden file's prompts.
+fn golden_answers(p: &Platform) {
     let golden: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -498,6 +586,7 @@ fn the_incident_replayed_is_stopped_at_every_step() {
 
 #[test]
 fn a_responder_flips_the_model_private_tells_the_world_and_restores_it() {
+    let _serial = serial();
     let p = platform();
     let gw = p.gw();
     let (a_id, a_tok) = p.account(0);
@@ -520,6 +609,7 @@ fn a_responder_flips_the_model_private_tells_the_world_and_restores_it() {
     );
     assert_eq!(s, 200, "{body}");
 
+    let flipped = Instant::now();
     let out = p.bulkhead(&[
         "model",
         "private",
@@ -528,7 +618,6 @@ fn a_responder_flips_the_model_private_tells_the_world_and_restores_it() {
         "INC-1: suspected cross-tenant output",
     ]);
     assert!(out.ok, "{}", out.stderr);
-    let flipped = Instant::now();
     assert!(out.stdout.contains("is now private"), "{}", out.stdout);
     // Within the same second, A's calls fail as not found, in both APIs.
     let (s, body) = http(&gw, "POST", &p.run_path(&a_id), Some(&a_tok), &ask);

@@ -94,7 +94,7 @@ async fn fixture() -> Fixture {
     .expect("model");
     let spec = ConfigSpec {
         properties: Properties {
-            context_window: 1024,
+            context_window: 1800,
             max_output: 1024,
         },
         weights_file: "SmolLM2-135M-Instruct.Q4_1.gguf".to_owned(),

@@ -17,6 +17,17 @@ struct Up {
 
 impl Drop for Up {
     fn drop(&mut self) {
+        // SIGTERM first: `up` stops its components; SIGKILL would orphan them.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -71,7 +82,7 @@ fn post(url: &str, path: &str, token: &str, body: &str) -> (u16, String) {
     (status, body.to_owned())
 }
 
-fn stop(mut u: Up) {
+fn stop(mut u: Up, urls: &[&String]) {
     let pid = u.child.id().to_string();
     let status = Command::new("kill")
         .args(["-TERM", &pid])
@@ -80,6 +91,14 @@ fn stop(mut u: Up) {
     assert!(status.success());
     let exit = u.child.wait().expect("up exits");
     assert!(exit.success(), "up stops cleanly on SIGTERM: {exit:?}");
+    // Every component is gone with it.
+    for url in urls {
+        let addr = url.trim_start_matches("http://");
+        assert!(
+            TcpStream::connect(addr).is_err(),
+            "{url} still answers after up stopped"
+        );
+    }
 }
 
 #[test]
@@ -107,6 +126,29 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
     }
     let accounts = creds["accounts"].as_array().expect("accounts").clone();
     assert_eq!(accounts.len(), 2);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for f in ["credentials.json", "internal-tokens.json"] {
+            let mode = std::fs::metadata(dir.join(f))
+                .expect("metadata")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o077, 0, "{f} is readable by others: {mode:o}");
+        }
+    }
+    // A second `up` on the same data directory is refused while this one runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args(["up", "--port", "0", "--data-dir"])
+        .arg(&dir)
+        .output()
+        .expect("second up");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("another `bulkhead up`"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let gw = creds["gateway_url"].as_str().unwrap_or_default().to_owned();
     let model = creds["model"].as_str().unwrap_or_default().to_owned();
     assert_eq!(model, "@cf/huggingfacetb/smollm2-135m-instruct");
@@ -163,7 +205,11 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("public"));
-    stop(first);
+    let cp = creds["control_plane_url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    stop(first, &[&gw, &cp]);
 
     // A second `up` keeps the accounts and their tokens.
     let second = up(&dir);
@@ -176,6 +222,10 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
     let gw = again["gateway_url"].as_str().unwrap_or_default().to_owned();
     let (status, text) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), body);
     assert_eq!(status, 200, "{text}");
-    stop(second);
+    let cp = again["control_plane_url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    stop(second, &[&gw, &cp]);
     let _ = std::fs::remove_dir_all(&dir);
 }

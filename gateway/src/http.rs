@@ -156,6 +156,12 @@ pub(crate) async fn start(
             "max_tokens must be at least 1".to_owned(),
         ));
     }
+    // The worker also holds the request to the model's configured window.
+    let mut body = body.clone();
+    body.context_limit = model
+        .properties
+        .and_then(|p| usize::try_from(p.context_window).ok());
+    let body = &body;
     let permit = state
         .limiter
         .admit(&ctx.principal.account_id, estimate(body))

@@ -54,6 +54,11 @@ pub struct GenerateBody {
     /// Keep generating past end-of-sequence.
     #[serde(default)]
     pub ignore_eos: bool,
+    /// The model's configured context window, when the caller (the gateway)
+    /// knows it: prompt plus `max_tokens` must fit it as well as the
+    /// worker's own limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_limit: Option<usize>,
 }
 
 impl Default for GenerateBody {
@@ -71,6 +76,7 @@ impl Default for GenerateBody {
             seed: 0,
             stop: Vec::new(),
             ignore_eos: false,
+            context_limit: None,
         }
     }
 }

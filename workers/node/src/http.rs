@@ -175,6 +175,18 @@ async fn generate(
             ));
         }
     };
+    if let Some(limit) = body.context_limit
+        && prompt.len().saturating_add(body.max_tokens) > limit
+    {
+        return Err(ApiError::bad(
+            "context_length_exceeded",
+            format!(
+                "prompt of {} tokens plus max_tokens {} exceeds the model's context window of {limit} tokens",
+                prompt.len(),
+                body.max_tokens
+            ),
+        ));
+    }
     let request = GenerateRequest {
         prompt,
         sampling: SamplingParams {
