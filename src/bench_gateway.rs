@@ -138,7 +138,7 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     let token = store::api_tokens::create(&mut c, &id, "bench", now)
         .await?
         .token;
-    let sha = crate::register::sha256_file(weights)?;
+    let sha = bulkhead_engine::fetch::sha256_file(weights)?;
     for (slug, vis) in [(SLUG, Visibility::Public), (HIDDEN, Visibility::Private)] {
         let m = store::models::create(
             &mut c,

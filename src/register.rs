@@ -10,8 +10,6 @@ use bulkhead_control_api::{
 };
 use bulkhead_engine::Engine;
 use clap::Args;
-use sha2::{Digest, Sha256};
-use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -62,7 +60,10 @@ impl RegisterArgs {
             operator_token: token,
         })?;
         let weights = a.weights.to_path_buf();
-        let sha = tokio::task::spawn_blocking(move || sha256_file(&weights)).await??;
+        let sha =
+            tokio::task::spawn_blocking(move || bulkhead_engine::fetch::sha256_file(&weights))
+                .await?
+                .context("hashing the weights")?;
         let info = a.engine.info();
         let body = RegisterNode {
             name: self
@@ -145,18 +146,4 @@ async fn heartbeats(
             Err(e) => eprintln!("heartbeat: {e}"),
         }
     }
-}
-
-pub(crate) fn sha256_file(path: &Path) -> anyhow::Result<String> {
-    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

@@ -141,7 +141,7 @@ pub(crate) async fn start(
     state: &AppState,
     ctx: &Ctx,
     model: &RoutedModel,
-    body: &GenerateBody,
+    mut body: GenerateBody,
 ) -> Result<Generation, GatewayError> {
     if let Some(p) = model.properties
         && body.max_tokens as u64 > p.max_output
@@ -157,7 +157,6 @@ pub(crate) async fn start(
         ));
     }
     // The worker also holds the request to the model's configured window.
-    let mut body = body.clone();
     body.context_limit = model
         .properties
         .and_then(|p| usize::try_from(p.context_window).ok());

@@ -222,7 +222,7 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
     }
     worker.messages = Some(out);
     req.common.apply(&mut worker, default_max(model))?;
-    let g = http::start(s, ctx, model, &worker).await?;
+    let g = http::start(s, ctx, model, worker).await?;
     let id = request_id("chatcmpl");
     let created = now_secs();
     let name = model.slug.to_string();
@@ -311,7 +311,7 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
         ..GenerateBody::default()
     };
     req.common.apply(&mut worker, 16)?;
-    let g = http::start(s, ctx, model, &worker).await?;
+    let g = http::start(s, ctx, model, worker).await?;
     let id = request_id("cmpl");
     let created = now_secs();
     let name = model.slug.to_string();

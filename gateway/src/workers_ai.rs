@@ -138,7 +138,7 @@ pub(crate) async fn run(
     let model = http::model(&ctx, &slug).map_err(|e| e.in_(W))?;
     let req: RunBody = http::parse_json(&body).map_err(|e| e.in_(W))?;
     let worker = req.to_worker().map_err(|e| e.in_(W))?;
-    let g = http::start(&s, &ctx, model, &worker)
+    let g = http::start(&s, &ctx, model, worker)
         .await
         .map_err(|e| e.in_(W))?;
     if req.stream {

@@ -98,6 +98,28 @@ pub fn ensure_default_model(progress: Progress) -> Result<PathBuf, FetchError> {
     Ok(path)
 }
 
+/// The sha256 of a file, as lowercase hex.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    sha256_of(&mut std::fs::File::open(path)?)
+}
+
+fn sha256_of(file: &mut std::fs::File) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
 /// `Ok(Ok(()))` when the file has the expected size and digest,
 /// `Ok(Err(digest))` when it does not.
 fn verify(path: &Path) -> Result<Result<(), String>, FetchError> {
@@ -109,20 +131,7 @@ fn verify(path: &Path) -> Result<Result<(), String>, FetchError> {
     if file.metadata().map_err(io)?.len() != SIZE_BYTES {
         return Ok(Err("(wrong size)".into()));
     }
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    let digest: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = sha256_of(&mut file).map_err(io)?;
     Ok(if digest == SHA256 {
         Ok(())
     } else {
