@@ -118,6 +118,13 @@ impl ModelArgs {
     }
 }
 
+/// Traces, metrics and logs for a long-running component, set up before
+/// its runtime starts; dropped (flushing the exporters) after it stops.
+fn telemetry(service: &'static str) -> anyhow::Result<bulkhead_telemetry::Telemetry> {
+    let instance = format!("{service}-{}", std::process::id());
+    bulkhead_telemetry::init(service, &instance).context("setting up telemetry")
+}
+
 pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Model {
@@ -136,15 +143,33 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model {
             command: ModelCommand::Public(args),
         } => crate::ops::model_flip(&args, bulkhead_control_api::Visibility::Public),
-        Command::ControlPlane(args) => crate::control_plane::run(&args),
+        Command::ControlPlane(args) => {
+            let _t = match args.serves() {
+                true => Some(telemetry("bulkhead-control-plane")?),
+                false => None,
+            };
+            crate::control_plane::run(&args)
+        }
         Command::Up(args) => crate::up::run(&args),
         Command::Incident { command } => crate::ops::incident(command),
-        Command::Gateway(args) => crate::gateway::run(&args),
+        Command::Gateway(args) => {
+            let _t = telemetry("bulkhead-gateway")?;
+            crate::gateway::run(&args)
+        }
         Command::Audit(args) => crate::ops::audit(&args),
         Command::Generate(args) => crate::generate::run(&args),
-        Command::Serve(args) => crate::serve::serve(&args),
-        Command::Prefill(args) => crate::serve::prefill(&args),
-        Command::Decode(args) => crate::serve::decode(&args),
+        Command::Serve(args) => {
+            let _t = telemetry("bulkhead-worker")?;
+            crate::serve::serve(&args)
+        }
+        Command::Prefill(args) => {
+            let _t = telemetry("bulkhead-prefill")?;
+            crate::serve::prefill(&args)
+        }
+        Command::Decode(args) => {
+            let _t = telemetry("bulkhead-decode")?;
+            crate::serve::decode(&args)
+        }
         Command::Bench {
             command: BenchCommand::Engine(args),
         } => crate::bench::run_engine(&args),

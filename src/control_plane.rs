@@ -100,6 +100,13 @@ struct ServeFlags {
     db: DbFlags,
 }
 
+impl ControlPlaneArgs {
+    /// Whether this runs the server (not a one-shot subcommand).
+    pub(crate) fn serves(&self) -> bool {
+        self.command.is_none()
+    }
+}
+
 pub(crate) fn run(args: &ControlPlaneArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -60,6 +60,10 @@ pub(crate) struct GatewayArgs {
     /// This gateway's instance name (a random suffix is always added).
     #[arg(long)]
     instance: Option<String>,
+    /// Where operators scrape `GET /metrics` (off when absent). Not the
+    /// tenant port: metric labels name every model, private ones too.
+    #[arg(long)]
+    metrics_listen: Option<String>,
 }
 
 pub(crate) fn run(args: &GatewayArgs) -> anyhow::Result<()> {
@@ -148,20 +152,34 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     getrandom::fill(&mut b)?;
     let suffix: String = b.iter().map(|x| format!("{x:02x}")).collect();
     let instance = format!("{}-{suffix}", args.instance.as_deref().unwrap_or("gw"));
-    let watch = RoutingWatch::start(client, instance);
+    let watch = RoutingWatch::start(client, instance.clone());
     if !watch.ready(Duration::from_secs(30)).await {
         anyhow::bail!(
             "no routing table from the control plane at {} within 30 s (is it up, and is the token's role `gateway`?)",
             args.control_plane
         );
     }
+    bulkhead_gateway::metrics::register(&watch, &instance);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
+    let mut metrics = String::new();
+    if let Some(addr) = &args.metrics_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        metrics = format!(" metrics={}", l.local_addr()?);
+        let router = bulkhead_telemetry::instrument(
+            bulkhead_telemetry::metrics_router(),
+            bulkhead_telemetry::Hop::Internal,
+            &["/metrics"],
+        );
+        tokio::spawn(async move { axum::serve(crate::nodelay(l), router).await });
+    }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
-        "bulkhead gateway: listening http={}",
+        "bulkhead gateway: listening http={}{metrics}",
         listener.local_addr()?
     );
     let _ = out.flush();

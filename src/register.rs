@@ -46,6 +46,13 @@ pub(crate) struct Announcement<'a> {
 }
 
 impl RegisterArgs {
+    /// The node's name: `--node-name`, or `role@address`.
+    pub(crate) fn node_name(&self, role: NodeRole, address: &str) -> String {
+        self.node_name
+            .clone()
+            .unwrap_or_else(|| format!("{role}@{address}"))
+    }
+
     /// Registers (when configured) and spawns the heartbeat task.
     pub(crate) async fn register(&self, a: Announcement<'_>) -> anyhow::Result<()> {
         let Some(url) = &self.control_plane else {
@@ -66,10 +73,7 @@ impl RegisterArgs {
                 .context("hashing the weights")?;
         let info = a.engine.info();
         let body = RegisterNode {
-            name: self
-                .node_name
-                .clone()
-                .unwrap_or_else(|| format!("{}@{}", a.role, a.address)),
+            name: self.node_name(a.role, &a.address),
             role: a.role,
             model: self.model_slug.clone(),
             address: a.address,
@@ -93,15 +97,12 @@ impl RegisterArgs {
 }
 
 fn report(s: &NodeStatus) {
+    let (id, name) = (&s.node.id, &s.node.registration.name);
     match &s.node.unroutable_reason {
-        None => eprintln!(
-            "registered as node {} ({}): routable",
-            s.node.id, s.node.registration.name
-        ),
-        Some(why) => eprintln!(
-            "registered as node {} ({}): NOT routable: {why}",
-            s.node.id, s.node.registration.name
-        ),
+        None => tracing::info!(target: "bulkhead::worker", %id, %name, "registered: routable"),
+        Some(why) => {
+            tracing::warn!(target: "bulkhead::worker", %id, %name, %why, "registered: NOT routable")
+        }
     }
 }
 
@@ -143,7 +144,7 @@ async fn heartbeats(
                 }
                 status = s;
             }
-            Err(e) => eprintln!("heartbeat: {e}"),
+            Err(e) => tracing::warn!(target: "bulkhead::worker", error = %e, "heartbeat failed"),
         }
     }
 }

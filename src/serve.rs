@@ -150,7 +150,14 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             "bulkhead serve: listening http={}",
             http.local_addr()?
         ));
-        axum::serve(crate::nodelay(http), app(Role::Colocated(engine))).await?;
+        let role = Role::Colocated(engine);
+        let node = args
+            .register
+            .node_name(NodeRole::Colocated, &http.local_addr()?.to_string());
+        bulkhead_node::metrics::register(&role, &node);
+        axum::serve(crate::nodelay(http), app(role))
+            .with_graceful_shutdown(crate::control_plane::shutdown())
+            .await?;
         Ok(())
     })
 }
@@ -183,9 +190,17 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
             listen.local_addr()?,
             http.local_addr()?
         ));
-        let api = app(Role::Prefill(worker.clone()));
+        let role = Role::Prefill(worker.clone());
+        let node = args
+            .register
+            .node_name(NodeRole::Prefill, &http.local_addr()?.to_string());
+        bulkhead_node::metrics::register(&role, &node);
+        let api = app(role);
         tokio::spawn(async move { axum::serve(crate::nodelay(http), api).await });
-        worker.serve(listen).await?;
+        tokio::select! {
+            r = worker.serve(listen) => r?,
+            () = crate::control_plane::shutdown() => {}
+        }
         Ok(())
     })
 }
@@ -223,7 +238,14 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
             "bulkhead decode: listening http={}",
             http.local_addr()?
         ));
-        axum::serve(crate::nodelay(http), app(Role::Decode(worker))).await?;
+        let role = Role::Decode(worker);
+        let node = args
+            .register
+            .node_name(NodeRole::Decode, &http.local_addr()?.to_string());
+        bulkhead_node::metrics::register(&role, &node);
+        axum::serve(crate::nodelay(http), app(role))
+            .with_graceful_shutdown(crate::control_plane::shutdown())
+            .await?;
         Ok(())
     })
 }

@@ -53,6 +53,9 @@ struct CredentialsFile {
     operator_token: String,
     model: String,
     accounts: Vec<DemoAccount>,
+    /// Where each component serves `GET /metrics` for Prometheus.
+    #[serde(default)]
+    metrics: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -335,6 +338,7 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
             operator_token,
             model: slug.to_string(),
             accounts,
+            metrics: Default::default(),
         },
     ))
 }
@@ -350,9 +354,7 @@ impl Components {
     /// of its output is passed through.
     fn spawn(&mut self, name: &'static str, args: &[&str]) -> anyhow::Result<String> {
         let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+        cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
         // Their own process group: a Ctrl-C at the terminal reaches `up`
         // alone, which stops them in order.
         #[cfg(unix)]
@@ -361,7 +363,16 @@ impl Components {
             .spawn()
             .with_context(|| format!("starting the {name}"))?;
         let stdout = child.stdout.take().context("child stdout")?;
+        let stderr = child.stderr.take().context("child stderr")?;
         self.running.push((name, child));
+        // Its log lines, prefixed with its name.
+        std::thread::spawn(move || {
+            // Never stops draining, even if our own stderr is gone: a
+            // component blocked on a full pipe would stop serving.
+            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = writeln!(std::io::stderr().lock(), "[{name}] {l}");
+            }
+        });
         let mut lines = BufReader::new(stdout).lines();
         let line = match lines.next() {
             Some(Ok(l)) if l.contains("listening") => l,
@@ -369,7 +380,7 @@ impl Components {
         };
         std::thread::spawn(move || {
             for l in lines.map_while(Result::ok) {
-                println!("[{name}] {l}");
+                let _ = writeln!(std::io::stdout().lock(), "[{name}] {l}");
             }
         });
         Ok(line)
@@ -387,9 +398,22 @@ impl Components {
         }
     }
 
-    /// Stops every component, newest first.
+    /// Stops every component, newest first: SIGTERM, so it flushes its
+    /// telemetry, then SIGKILL after a grace period.
     fn stop(&mut self) {
         while let Some((_, mut child)) = self.running.pop() {
+            #[cfg(unix)]
+            if let Ok(pid) = i32::try_from(child.id()) {
+                use nix::sys::signal::{Signal, kill};
+                let _ = kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
+                let until = std::time::Instant::now() + Duration::from_secs(3);
+                while std::time::Instant::now() < until {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -466,7 +490,21 @@ fn start(
         &["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
     )?;
     let transfer = addr(&prefill, "transfer")?;
-    worker("decode", &["--prefill", &transfer, "--http", "127.0.0.1:0"])?;
+    let decode = worker("decode", &["--prefill", &transfer, "--http", "127.0.0.1:0"])?;
+    creds.metrics = [
+        ("control-plane", format!("{cp}/metrics")),
+        (
+            "prefill",
+            format!("http://{}/metrics", addr(&prefill, "http")?),
+        ),
+        (
+            "decode",
+            format!("http://{}/metrics", addr(&decode, "http")?),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
     let listen = format!("127.0.0.1:{}", args.port);
     let line = c.spawn(
         "gateway",
@@ -480,9 +518,15 @@ fn start(
             &internal.gateway,
             "--instance",
             "up",
+            "--metrics-listen",
+            "127.0.0.1:0",
         ],
     )?;
     creds.gateway_url = format!("http://{}", addr(&line, "http")?);
+    creds.metrics.insert(
+        "gateway".to_owned(),
+        format!("http://{}/metrics", addr(&line, "metrics")?),
+    );
     creds.status_url = cp.clone();
     creds.control_plane_url = cp;
     Ok(())
@@ -534,6 +578,9 @@ fn announce(c: &CredentialsFile, dir: &Path) {
         );
     }
     let _ = writeln!(out, "  operator token {}  (responder)", c.operator_token);
+    for (component, url) in &c.metrics {
+        let _ = writeln!(out, "  metrics        {component:<14} {url}");
+    }
     let _ = writeln!(
         out,
         "  credentials    {}",

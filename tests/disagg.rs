@@ -86,6 +86,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             slots: (0..2_900usize.div_ceil(16))
                 .map(|i| bulkhead_kv::Generation::from_wire(i as u64 + 1))
                 .collect(),
+            traceparent: None,
         };
         s.write_all(&Message::Prefill(req).encode()).await.unwrap();
         let over_long = Message::read(&mut s).await.unwrap();
@@ -96,6 +97,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             max_tokens: 4,
             prompt: vec![1, 2, 4_000_000_000],
             slots: vec![bulkhead_kv::Generation::from_wire(1)],
+            traceparent: None,
         };
         s.write_all(&Message::Prefill(wild).encode()).await.unwrap();
         let wild = Message::read(&mut s).await.unwrap();
@@ -106,6 +108,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             max_tokens: 4,
             prompt: vec![1, 2, 3],
             slots: vec![bulkhead_kv::Generation::from_wire(1)],
+            traceparent: None,
         };
         s.write_all(&Message::Prefill(again).encode())
             .await

@@ -57,9 +57,11 @@ impl AppState {
     /// State over an open database; starts the routing hub task on the
     /// current runtime.
     pub fn new(db: Db, settings: Settings) -> AppState {
+        let hub = Hub::start(settings.gateway_lease);
+        crate::metrics::register(&hub);
         AppState {
             db,
-            hub: Hub::start(settings.gateway_lease),
+            hub,
             settings: Arc::new(settings),
             status: public::StatusCache::default(),
         }
@@ -79,7 +81,7 @@ async fn publish_writes(State(s): State<AppState>, req: Request, next: Next) -> 
 
 /// The whole router.
 pub fn app(state: AppState) -> Router {
-    Router::new()
+    let router = Router::new()
         .nest(
             "/admin/v1",
             admin::routes().layer(middleware::from_fn_with_state(
@@ -99,4 +101,14 @@ pub fn app(state: AppState) -> Router {
             )
         })
         .with_state(state)
+        .merge(bulkhead_telemetry::metrics_router());
+    bulkhead_telemetry::instrument(
+        router,
+        bulkhead_telemetry::Hop::Internal,
+        &[
+            "/admin/v1/routing",
+            "/admin/v1/nodes/{id}/heartbeat",
+            "/metrics",
+        ],
+    )
 }

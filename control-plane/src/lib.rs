@@ -17,6 +17,7 @@ mod error;
 mod http;
 mod hub;
 mod ids;
+mod metrics;
 mod routability;
 mod status;
 pub mod store;

@@ -77,9 +77,27 @@ impl From<LimiterError> for GatewayError {
             },
             LimiterError::TooLarge { .. } => GatewayError::BadInput(e.to_string()),
             LimiterError::Unavailable(why) => {
-                eprintln!("bulkhead gateway: {why}");
+                tracing::error!(target: "bulkhead::gateway", %why, "rate limiting is unavailable");
                 GatewayError::Unavailable("rate limiting is unavailable")
             }
+        }
+    }
+}
+
+impl GatewayError {
+    /// A short, stable name of the error (`error.type` on metrics and
+    /// spans): never the message.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            GatewayError::Unauthenticated => "unauthenticated",
+            GatewayError::WrongAccount => "wrong_account",
+            GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::BadInput(_) => "invalid_request",
+            GatewayError::ContextTooLong(_) => "context_length_exceeded",
+            GatewayError::RateLimited { .. } => "rate_limited",
+            GatewayError::Unavailable(_) => "unavailable",
+            GatewayError::Upstream => "upstream",
+            GatewayError::NoRoute => "no_route",
         }
     }
 }

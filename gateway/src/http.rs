@@ -6,6 +6,7 @@
 use crate::auth::{self, JwtConfig, Principal};
 use crate::errors::{Flavor, GatewayError};
 use crate::limits::{Limiter, Permit};
+use crate::metrics::{self, GenAiTimer};
 use crate::pick::{NodeLease, Picker};
 use crate::upstream::{LineStream, Upstream, UpstreamError};
 use crate::watch::{RoutingWatch, Snapshot, WatchError};
@@ -21,6 +22,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument;
 
 /// Shared state of every handler; cheap to clone.
 #[derive(Debug, Clone)]
@@ -48,7 +50,7 @@ impl AppState {
 /// The gateway router.
 pub fn app(state: AppState) -> Router {
     let v4 = "/client/v4/accounts/{account_id}/ai";
-    Router::new()
+    let router = Router::new()
         .route(&format!("{v4}/run/{{*model}}"), post(workers_ai::run))
         .route(&format!("{v4}/models/search"), get(workers_ai::search))
         .route(
@@ -62,7 +64,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models/{*model}", get(openai::model))
         .route("/health", get(health))
         .fallback(fallback)
-        .with_state(state)
+        .with_state(state);
+    // Tenants call this router: a trace starts here, whatever they send.
+    bulkhead_telemetry::instrument(router, bulkhead_telemetry::Hop::Edge, &["/health"])
 }
 
 async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Response {
@@ -126,6 +130,7 @@ pub(crate) struct Generation {
     pub(crate) rest: LineStream,
     pub(crate) permit: Permit,
     pub(crate) lease: NodeLease,
+    pub(crate) timer: GenAiTimer,
 }
 
 /// The visible model `slug`, or not found.
@@ -161,23 +166,61 @@ pub(crate) async fn start(
         .properties
         .and_then(|p| usize::try_from(p.context_window).ok());
     let body = &body;
-    let permit = state
+    let operation = if body.raw.is_some() {
+        "text_completion"
+    } else {
+        "chat"
+    };
+    let mut timer = GenAiTimer::start(model.slug.as_str(), operation);
+    let permit = match state
         .limiter
         .admit(&ctx.principal.account_id, estimate(body))
-        .await?;
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            let e = GatewayError::from(e);
+            if let GatewayError::RateLimited { what, .. } = &e {
+                metrics::rate_limited(what);
+            }
+            return Err(e);
+        }
+    };
     let (node, lease) = state
         .picker
         .pick(ctx.snap.table.workers(&model.slug))
         .ok_or(GatewayError::Unavailable("no worker serves this model now"))?;
-    let (first, rest) = state
+    let span = tracing::info_span!(
+        target: "bulkhead::gateway",
+        "upstream.generate",
+        otel.kind = "client",
+        gen_ai.operation.name = operation,
+        gen_ai.request.model = model.slug.as_str(),
+        bulkhead.node = node.registration.name.as_str(),
+        bulkhead.routing.version = ctx.snap.table.version(),
+    );
+    let called = state
         .upstream
         .generate(&node.registration.address, ctx.principal.tenant, body)
-        .await?;
+        .instrument(span)
+        .await;
+    let (first, rest) = match called {
+        Ok(ok) => ok,
+        Err(e) => {
+            let e = GatewayError::from(e);
+            timer.failed(e.kind());
+            return Err(e);
+        }
+    };
+    if matches!(first, Line::Token { .. }) {
+        timer.first_token();
+    }
     Ok(Generation {
         first,
         rest,
         permit,
         lease,
+        timer,
     })
 }
 
@@ -209,7 +252,9 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
         mut rest,
         permit,
         lease,
+        timer,
     } = g;
+    let mut timer = Some(timer);
     let mut line = Some(Ok(first));
     let mut answer = String::new();
     let result = loop {
@@ -224,6 +269,9 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
                 usage,
             })) => {
                 answer.push_str(&text);
+                if let Some(t) = timer.take() {
+                    t.finished(usage.prompt_tokens, usage.completion_tokens);
+                }
                 break Ok(Collected {
                     text: answer,
                     finish_reason: finish_reason_of(&finish_reason),
@@ -241,6 +289,9 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
             None => break Err(GatewayError::Upstream),
         }
     };
+    if let (Some(t), Err(e)) = (timer.take(), &result) {
+        t.failed(e.kind());
+    }
     drop((permit, lease));
     result
 }
@@ -279,7 +330,9 @@ where
             mut rest,
             permit,
             lease,
+            timer,
         } = g;
+        let mut timer = Some(timer);
         let send = |events: Vec<String>| {
             let tx = tx.clone();
             async move {
@@ -300,6 +353,9 @@ where
             let (events, end, ok) = match &line {
                 Some(Ok(Line::Token { text, .. })) if text.is_empty() => (Vec::new(), false, true),
                 Some(Ok(Line::Token { text, .. })) => {
+                    if let Some(t) = &mut timer {
+                        t.first_token();
+                    }
                     (render(StreamEvent::Text(text)), false, true)
                 }
                 Some(Ok(Line::Finished {
@@ -315,6 +371,9 @@ where
                         finish_reason: finish_reason_of(finish_reason),
                         usage: *usage,
                     }));
+                    if let Some(t) = timer.take() {
+                        t.finished(usage.prompt_tokens, usage.completion_tokens);
+                    }
                     (events, true, true)
                 }
                 Some(Ok(Line::Error { error })) => {
@@ -333,6 +392,9 @@ where
                 ),
             };
             if !send(events).await {
+                if let Some(t) = timer.take() {
+                    t.failed("client_gone");
+                }
                 break; // the client is gone
             }
             if end {
@@ -343,8 +405,16 @@ where
             }
             line = tokio::select! {
                 l = rest.next() => l,
-                () = tx.closed() => break,
+                () = tx.closed() => {
+                    if let Some(t) = timer.take() {
+                        t.failed("client_gone");
+                    }
+                    break;
+                }
             };
+        }
+        if let Some(t) = timer.take() {
+            t.failed("upstream");
         }
         drop((permit, lease));
     });

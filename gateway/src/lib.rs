@@ -22,6 +22,7 @@ pub mod auth;
 mod errors;
 mod http;
 mod limits;
+pub mod metrics;
 mod openai;
 mod pick;
 mod table;

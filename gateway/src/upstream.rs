@@ -54,11 +54,19 @@ impl Upstream {
         body: &GenerateBody,
     ) -> Result<(Line, LineStream), UpstreamError> {
         let bytes = serde_json::to_vec(body).map_err(|_| UpstreamError::Protocol)?;
-        let req = Request::post(format!("http://{address}/v1/generate"))
+        let mut req = Request::post(format!("http://{address}/v1/generate"))
             .header(TENANT_HEADER, tenant.to_string())
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|_| UpstreamError::Protocol)?;
+        // The worker joins this request's trace and logs under its id.
+        bulkhead_telemetry::inject_headers(req.headers_mut());
+        if let Some(id) = bulkhead_telemetry::RequestId::current()
+            && let Ok(v) = id.0.parse()
+        {
+            req.headers_mut()
+                .insert(bulkhead_telemetry::REQUEST_ID_HEADER, v);
+        }
         let resp = tokio::time::timeout(Duration::from_secs(120), self.http.request(req))
             .await
             .map_err(|_| UpstreamError::Unreachable)?

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// One applied routing table.
 #[derive(Debug)]
@@ -102,11 +103,17 @@ async fn poll(
         // gateway stops serving within one lease of the flip even if that
         // answer arrives late and nothing follows it.
         let sent = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        match client.get::<RoutingTable>(&path).await {
+        let span = tracing::info_span!(
+            target: "bulkhead::gateway",
+            "routing.poll",
+            otel.kind = "client",
+            bulkhead.routing.version = applied,
+        );
+        match client.get::<RoutingTable>(&path).instrument(span).await {
             Ok(t) => {
                 heard_ms.store(sent, Ordering::Release);
                 if failing {
-                    eprintln!("bulkhead gateway: routing table reachable again");
+                    tracing::info!(target: "bulkhead::gateway", "routing table reachable again");
                     failing = false;
                 }
                 backoff = Duration::from_millis(100);
@@ -127,7 +134,7 @@ async fn poll(
             }
             Err(e) => {
                 if !failing {
-                    eprintln!("bulkhead gateway: routing table: {e}");
+                    tracing::warn!(target: "bulkhead::gateway", error = %e, "routing table unreachable");
                     failing = true;
                 }
                 if tx.is_closed() {

@@ -194,9 +194,11 @@ impl Client {
         if body.is_some() {
             req = req.header("content-type", "application/json");
         }
-        let req = req
+        let mut req = req
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|_| ClientError::BadUrl(url.clone()))?;
+        // The control plane's span joins the caller's trace.
+        bulkhead_telemetry::inject_headers(req.headers_mut());
         let unreachable = |message: String| ClientError::Unreachable {
             url: self.base.clone(),
             message,

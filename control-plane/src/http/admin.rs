@@ -135,7 +135,10 @@ async fn set_visibility(
     // A visibility change is acknowledged only once every live gateway
     // enforces it (or has stopped admitting requests: see `Hub`).
     let propagation = match audit {
-        Some(_) => Some(s.hub.publish_and_wait().await),
+        Some(_) => {
+            crate::metrics::flipped(req.visibility);
+            Some(propagate(&s).await)
+        }
         None => None,
     };
     Ok(Json(ModelChange {
@@ -143,6 +146,14 @@ async fn set_visibility(
         audit,
         propagation,
     }))
+}
+
+/// Publishes a change and waits until every live gateway enforces it.
+async fn propagate(s: &AppState) -> bulkhead_control_api::Propagation {
+    let started = std::time::Instant::now();
+    let p = s.hub.publish_and_wait().await;
+    crate::metrics::propagated(started.elapsed());
+    p
 }
 
 async fn set_allowlist(
@@ -171,7 +182,7 @@ async fn set_allowlist(
     // A visibility change is acknowledged only once every live gateway
     // enforces it (or has stopped admitting requests: see `Hub`).
     let propagation = match audit {
-        Some(_) => Some(s.hub.publish_and_wait().await),
+        Some(_) => Some(propagate(&s).await),
         None => None,
     };
     Ok(Json(ModelChange {

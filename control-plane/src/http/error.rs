@@ -56,7 +56,7 @@ impl From<Error> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "config_does_not_fit", e.to_string())
             }
             Error::Internal(why) => {
-                eprintln!("bulkhead control-plane: {why}");
+                tracing::error!(target: "bulkhead::control_plane", %why, "internal error");
                 ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "internal_error",
@@ -81,7 +81,7 @@ impl From<sqlx::Error> for ApiError {
 }
 
 fn internal(e: &DbError) -> ApiError {
-    eprintln!("bulkhead control-plane: {e}");
+    tracing::error!(target: "bulkhead::control_plane", error = %e, "database error");
     ApiError::new(
         StatusCode::INTERNAL_SERVER_ERROR,
         "internal_error",

@@ -57,6 +57,29 @@ pub enum AdmissionError {
     },
 }
 
+impl AdmissionError {
+    /// A short, stable name of the rule that refused the request (a metric
+    /// label; never carries request data).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AdmissionError::EmptyPrompt => "empty_prompt",
+            AdmissionError::NoOutputTokens => "no_output_tokens",
+            AdmissionError::TokenOutOfRange { .. } => "token_out_of_range",
+            AdmissionError::ContextWindowExceeded { .. } => "context_window_exceeded",
+            AdmissionError::PoolCapacityExceeded { .. } => "pool_capacity_exceeded",
+        }
+    }
+
+    /// Every [`AdmissionError::reason`].
+    pub const REASONS: [&'static str; 5] = [
+        "empty_prompt",
+        "no_output_tokens",
+        "token_out_of_range",
+        "context_window_exceeded",
+        "pool_capacity_exceeded",
+    ];
+}
+
 /// A request that passed admission, carrying its payload `T`.
 ///
 /// Its fields are private and it has no public constructor besides

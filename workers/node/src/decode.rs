@@ -70,6 +70,7 @@ pub struct DecodeWorker {
     link: mpsc::UnboundedSender<LinkEvent>,
     peer: watch::Receiver<Option<Limits>>,
     counters: watch::Receiver<TransferCounters>,
+    hello: Hello,
 }
 
 #[derive(Debug)]
@@ -80,6 +81,9 @@ enum LinkEvent {
         prompt: Vec<u32>,
         max_tokens: usize,
         grant: bulkhead_engine::Grant,
+        /// The transfer's span: its `traceparent` goes to prefill, and it
+        /// ends with the transfer.
+        span: tracing::Span,
     },
     /// The receiver aborted a transfer after a failed check.
     Aborting(u64, TransferId),
@@ -138,12 +142,18 @@ impl DecodeWorker {
             link: tx,
             peer,
             counters,
+            hello,
         }
     }
 
     /// The engine.
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// Bytes of one KV page on the wire.
+    pub fn page_bytes(&self) -> usize {
+        page_bytes(&self.hello)
     }
 
     /// Transfer counters (all connections so far).
@@ -181,6 +191,14 @@ impl DecodeWorker {
         let (handle, grant) = self
             .engine
             .submit_landing(tenant, request, &peer, transfer)?;
+        let span = tracing::info_span!(
+            target: "bulkhead::worker",
+            "kv.transfer",
+            otel.kind = "client",
+            bulkhead.transfer.id = transfer.get(),
+            bulkhead.transfer.prompt_tokens = prompt.len(),
+            bulkhead.transfer.outcome = tracing::field::Empty,
+        );
         let link = self.link.clone();
         tokio::spawn(async move {
             // No grant means the request ended before its pages existed.
@@ -191,6 +209,7 @@ impl DecodeWorker {
                     prompt,
                     max_tokens,
                     grant,
+                    span,
                 });
             }
         });
@@ -209,6 +228,7 @@ struct Deadline {
     until: Instant,
     /// When this side aborted it (waiting for the acknowledgement).
     aborting_since: Option<Instant>,
+    span: tracing::Span,
 }
 
 struct Link {
@@ -327,8 +347,10 @@ impl Link {
                 prompt,
                 max_tokens,
                 grant,
+                span,
             } => {
                 if !self.connect().await {
+                    span.record("bulkhead.transfer.outcome", "connection_lost");
                     drop(grant); // the landing pages go home first
                     self.engine
                         .fence_transfer(transfer, TransferFault::ConnectionLost);
@@ -347,11 +369,13 @@ impl Link {
                         .fence_transfer(transfer, TransferFault::ConnectionLost);
                     return;
                 }
+                let traceparent = bulkhead_telemetry::traceparent_of(&span);
                 self.open.insert(
                     transfer,
                     Deadline {
                         until: Instant::now() + self.options.transfer_timeout,
                         aborting_since: None,
+                        span,
                     },
                 );
                 let _ = conn.writer.send(Message::Prefill(PrefillRequest {
@@ -360,15 +384,21 @@ impl Link {
                     max_tokens: max_tokens as u64,
                     prompt,
                     slots,
+                    traceparent,
                 }));
             }
             LinkEvent::Aborting(epoch, t) if epoch == self.epoch => {
                 if let Some(d) = self.open.get_mut(&t) {
                     d.aborting_since = Some(Instant::now());
+                    d.span.record("bulkhead.transfer.outcome", "aborted");
                 }
             }
             LinkEvent::Ended(epoch, t) if epoch == self.epoch => {
-                self.open.remove(&t);
+                if let Some(d) = self.open.remove(&t)
+                    && d.aborting_since.is_none()
+                {
+                    d.span.record("bulkhead.transfer.outcome", "committed");
+                }
             }
             LinkEvent::Closed(epoch) if epoch == self.epoch => self.close().await,
             LinkEvent::Aborting(..) | LinkEvent::Ended(..) | LinkEvent::Closed(_) => {}
@@ -386,6 +416,7 @@ impl Link {
                     // Fail the client now; the pages stay out (held) until
                     // the peer acknowledges or the connection is gone.
                     d.aborting_since = Some(now);
+                    d.span.record("bulkhead.transfer.outcome", "timeout");
                     self.engine.fail_transfer(*t, TransferFault::Timeout);
                     let _ = conn.inbox.send(Inbox::Expire(*t));
                     let _ = conn.writer.send(Message::Abort { transfer: *t });
@@ -408,7 +439,9 @@ impl Link {
         self.epoch += 1;
         conn.receiver.abort();
         let _ = conn.receiver.await;
-        for (t, _) in self.open.drain() {
+        for (t, d) in self.open.drain() {
+            d.span
+                .record("bulkhead.transfer.outcome", "connection_lost");
             self.engine.fence_transfer(t, TransferFault::ConnectionLost);
         }
     }
@@ -494,6 +527,7 @@ impl Receiver {
             acks_received: b.acks_received + c.acks_received,
             timeouts: b.timeouts + c.timeouts,
             connection_losses: b.connection_losses + c.connection_losses,
+            pages_received: b.pages_received + c.pages_received,
         });
     }
 

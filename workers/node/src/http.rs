@@ -1,7 +1,9 @@
 //! The worker HTTP API, the same for every role that generates
 //! (colocated and decode): `POST /v1/generate` streams NDJSON events;
-//! `GET /health` and `GET /stats` for operators; on a prefill worker,
-//! `POST /admin/abort` aborts every transfer in flight.
+//! `GET /health`, `GET /stats` and `GET /metrics` (Prometheus) for
+//! operators; on a prefill worker, `POST /admin/abort` aborts every transfer
+//! in flight. Every request has a server span joined to the caller's trace
+//! and an `x-request-id`.
 //!
 //! Workers are internal: the tenant comes from the `x-bulkhead-tenant`
 //! header the gateway sets after authenticating the account. Errors are
@@ -49,7 +51,12 @@ pub fn app(role: Role) -> Router {
         Role::Prefill(_) => r.route("/admin/abort", post(admin_abort)),
         _ => r.route("/v1/generate", post(generate)),
     };
-    r.with_state(role)
+    bulkhead_telemetry::instrument(
+        r.with_state(role)
+            .merge(bulkhead_telemetry::metrics_router()),
+        bulkhead_telemetry::Hop::Internal,
+        &["/health", "/stats", "/metrics"],
+    )
 }
 
 /// An error in the API's own format.
@@ -178,6 +185,7 @@ async fn generate(
     if let Some(limit) = body.context_limit
         && prompt.len().saturating_add(body.max_tokens) > limit
     {
+        crate::metrics::admission_rejected("context_window_exceeded");
         return Err(ApiError::bad(
             "context_length_exceeded",
             format!(
@@ -187,6 +195,16 @@ async fn generate(
             ),
         ));
     }
+    let span = tracing::info_span!(
+        target: "bulkhead::worker",
+        "generate",
+        otel.kind = "internal",
+        bulkhead.tenant = tenant.get(),
+        gen_ai.request.max_tokens = body.max_tokens,
+        gen_ai.usage.input_tokens = prompt.len(),
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.response.finish_reasons = tracing::field::Empty,
+    );
     let request = GenerateRequest {
         prompt,
         sampling: SamplingParams {
@@ -200,24 +218,38 @@ async fn generate(
         stop: body.stop,
         ignore_eos: body.ignore_eos,
     };
-    let mut handle = match &role {
-        Role::Colocated(e) => e.submit(tenant, request)?,
-        Role::Decode(d) => d.submit(tenant, request).map_err(|e| match e {
-            SubmitError::Rejected(a) => ApiError::from(a),
-            SubmitError::Unavailable => ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                code: "unavailable",
-                message: e.to_string(),
-            },
-        })?,
-        Role::Prefill(_) => return Err(ApiError::bad("invalid_request", "not a decode worker")),
+    let submitted = {
+        let _in = span.enter();
+        match &role {
+            Role::Colocated(e) => e.submit(tenant, request).map_err(SubmitError::Rejected),
+            Role::Decode(d) => d.submit(tenant, request),
+            Role::Prefill(_) => {
+                return Err(ApiError::bad("invalid_request", "not a decode worker"));
+            }
+        }
+    };
+    let mut handle = match submitted {
+        Ok(h) => h,
+        Err(e) => {
+            if let SubmitError::Rejected(a) = &e {
+                crate::metrics::admission_rejected(a.reason());
+            }
+            return Err(match e {
+                SubmitError::Rejected(a) => ApiError::from(a),
+                SubmitError::Unavailable => ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code: "unavailable",
+                    message: e.to_string(),
+                },
+            });
+        }
     };
     // The first event decides the status: a late rejection is still a 4xx.
     let first = handle.next().await;
     if let Some(SeqEvent::Failed(e)) = &first {
         return Err(engine_error(e));
     }
-    let lines = UnboundedReceiverStream::new(forward(first, handle)).map(Ok::<_, Infallible>);
+    let lines = UnboundedReceiverStream::new(forward(first, handle, span)).map(Ok::<_, Infallible>);
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(lines),
@@ -245,11 +277,27 @@ fn encode(engine: &Engine, text: &str) -> Result<Vec<u32>, ApiError> {
 /// The NDJSON lines of a request's events, from a task that owns the
 /// handle. When the client goes away the task ends and dropping the handle
 /// cancels the request.
-fn forward(first: Option<SeqEvent>, mut handle: RequestHandle) -> mpsc::UnboundedReceiver<String> {
+fn forward(
+    first: Option<SeqEvent>,
+    mut handle: RequestHandle,
+    span: tracing::Span,
+) -> mpsc::UnboundedReceiver<String> {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    let task = async move {
         let mut next = first;
         while let Some(ev) = next {
+            if let SeqEvent::Finished { reason, usage, .. } = &ev {
+                let s = tracing::Span::current();
+                s.record("gen_ai.usage.output_tokens", usage.completion_tokens);
+                s.record("gen_ai.response.finish_reasons", reason.as_str());
+                tracing::info!(
+                    target: "bulkhead::worker",
+                    prompt_tokens = usage.prompt_tokens,
+                    completion_tokens = usage.completion_tokens,
+                    finish_reason = reason.as_str(),
+                    "generated"
+                );
+            }
             let (line, end) = event_line(&ev);
             if tx.send(line).is_err() || end {
                 return; // client gone (dropping `handle` cancels) or done
@@ -259,7 +307,8 @@ fn forward(first: Option<SeqEvent>, mut handle: RequestHandle) -> mpsc::Unbounde
                 () = tx.closed() => return,
             };
         }
-    });
+    };
+    tokio::spawn(tracing::Instrument::instrument(task, span));
     rx
 }
 

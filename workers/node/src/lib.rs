@@ -7,10 +7,12 @@
 //!   transfers, generates.
 //! - [`hello`]: what workers tell each other, and compatibility.
 //! - [`http`]: `fn app(role) -> Router`.
+//! - [`metrics`]: the worker's instruments.
 
 pub mod decode;
 pub mod hello;
 pub mod http;
+pub mod metrics;
 pub mod prefill;
 #[cfg(feature = "rdma")]
 mod rdma;

@@ -100,6 +100,12 @@ impl PrefillWorker {
         &self.counters
     }
 
+    /// Bytes of one KV page on the wire.
+    pub fn page_bytes(&self) -> usize {
+        let h = &self.hello;
+        (h.layers * 2 * h.kv_heads * h.head_dim * h.page_size) as usize * h.dtype_bytes as usize
+    }
+
     /// Sends an operator command to every connection.
     pub fn admin(&self, cmd: AdminCommand) {
         let _ = self.admin.send(cmd);
@@ -166,7 +172,8 @@ impl PrefillWorker {
 /// Control events for a connection's writer (handled before page data).
 #[derive(Debug)]
 enum Ctrl {
-    Open(Grant, u64),
+    /// A transfer admitted: its grant, prompt tokens and sending span.
+    Open(Grant, u64, tracing::Span),
     Reject(TransferId, bulkhead_kv::AdmissionError),
     PeerAbort(TransferId),
     AbortAck(TransferId),
@@ -248,8 +255,21 @@ impl PrefillWorker {
             // A grant that does not match the prompt: a broken or hostile
             // peer. Drop the connection; nothing was allocated.
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::admission_rejected("grant_mismatch");
             let _ = ctrl.send(Ctrl::Closed);
             return;
+        }
+        // The request's server span, a child of decode's transfer span.
+        let span = tracing::info_span!(
+            target: "bulkhead::worker",
+            "prefill",
+            otel.kind = "server",
+            bulkhead.transfer.id = transfer.get(),
+            bulkhead.transfer.prompt_tokens = tokens,
+            bulkhead.admission.rejected = tracing::field::Empty,
+        );
+        if let Some(tp) = &req.traceparent {
+            bulkhead_telemetry::set_remote_parent(&span, tp);
         }
         let grant = Grant::new(transfer, req.slots);
         match self.engine.submit_prefill(
@@ -260,19 +280,44 @@ impl PrefillWorker {
         ) {
             Err(e) => {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::admission_rejected(e.reason());
+                span.record("bulkhead.admission.rejected", e.reason());
                 let _ = ctrl.send(Ctrl::Reject(transfer, e));
             }
             Ok(mut events) => {
-                let _ = ctrl.send(Ctrl::Open(grant, tokens));
+                let send = tracing::info_span!(
+                    target: "bulkhead::worker",
+                    parent: &span,
+                    "kv.transfer.send",
+                    otel.kind = "producer",
+                    bulkhead.transfer.id = transfer.get(),
+                    bulkhead.transfer.pages = tracing::field::Empty,
+                    bulkhead.transfer.outcome = tracing::field::Empty,
+                );
+                let _ = ctrl.send(Ctrl::Open(grant, tokens, send));
                 let data = data.clone();
+                let compute = tracing::info_span!(
+                    target: "bulkhead::worker",
+                    parent: &span,
+                    "prefill.compute",
+                    otel.kind = "internal",
+                );
+                // Both end when the prompt is computed (or fails).
+                let mut spans = Some((span, compute));
                 tokio::spawn(async move {
                     while let Some(ev) = events.recv().await {
                         let items = match ev {
                             PrefillEvent::Pages(pages) => {
                                 pages.into_iter().map(Item::Page).collect()
                             }
-                            PrefillEvent::Computed { logits } => vec![Item::Computed(logits)],
-                            PrefillEvent::Failed(_) => vec![Item::Failed],
+                            PrefillEvent::Computed { logits } => {
+                                spans.take();
+                                vec![Item::Computed(logits)]
+                            }
+                            PrefillEvent::Failed(_) => {
+                                spans.take();
+                                vec![Item::Failed]
+                            }
                         };
                         for item in items {
                             if data.send(Data(transfer, item)).is_err() {
@@ -298,6 +343,8 @@ struct Sending {
     done: bool,
     /// We aborted; waiting for the acknowledgement.
     aborting: bool,
+    /// From admission until the transfer is released or aborted.
+    span: tracing::Span,
 }
 
 async fn write_loop<T: Transport>(
@@ -315,15 +362,16 @@ async fn write_loop<T: Transport>(
             ev = ctrl.recv() => {
                 let Some(ev) = ev else { break false };
                 let sent = match ev {
-                    Ctrl::Open(grant, tokens) => {
-                        live.insert(grant.transfer(), Sending { sent: Vec::with_capacity(grant.len()), pages: Vec::new(), grant, tokens, done: false, aborting: false });
+                    Ctrl::Open(grant, tokens, span) => {
+                        live.insert(grant.transfer(), Sending { sent: Vec::with_capacity(grant.len()), pages: Vec::new(), grant, tokens, done: false, aborting: false, span });
                         Ok(())
                     }
                     Ctrl::Reject(transfer, error) => {
                         t.send(&Message::Rejected { transfer, error }).await
                     }
                     Ctrl::PeerAbort(transfer) => {
-                        if live.remove(&transfer).is_some() {
+                        if let Some(s) = live.remove(&transfer) {
+                            s.span.record("bulkhead.transfer.outcome", "aborted_by_decode");
                             c.aborts_received.fetch_add(1, Ordering::Relaxed);
                             w.engine.release_source(transfer);
                             c.acks_sent.fetch_add(1, Ordering::Relaxed);
@@ -347,6 +395,8 @@ async fn write_loop<T: Transport>(
                     Ctrl::Release(transfer) => {
                         match live.get(&transfer) {
                             Some(s) if s.done => {
+                                s.span.record("bulkhead.transfer.outcome", "released");
+                                s.span.record("bulkhead.transfer.pages", s.sent.len());
                                 live.remove(&transfer);
                                 c.released.fetch_add(1, Ordering::Relaxed);
                                 w.engine.release_source(transfer);
@@ -365,6 +415,7 @@ async fn write_loop<T: Transport>(
                     for (transfer, s) in &mut live {
                         if !s.aborting && !s.done {
                             s.aborting = true;
+                            s.span.record("bulkhead.transfer.outcome", "aborted");
                             w.engine.release_source(*transfer);
                             c.aborts_sent.fetch_add(1, Ordering::Relaxed);
                             failed |= t.send(&Message::Abort { transfer: *transfer }).await.is_err();
@@ -392,6 +443,7 @@ async fn write_loop<T: Transport>(
                             // The engine made more pages than were granted:
                             // never write past the grant; abort instead.
                             s.aborting = true;
+                            s.span.record("bulkhead.transfer.outcome", "aborted");
                             w.engine.release_source(transfer);
                             c.aborts_sent.fetch_add(1, Ordering::Relaxed);
                             t.send(&Message::Abort { transfer }).await
@@ -405,6 +457,7 @@ async fn write_loop<T: Transport>(
                     }
                     Item::Failed => {
                         s.aborting = true;
+                        s.span.record("bulkhead.transfer.outcome", "aborted");
                         c.aborts_sent.fetch_add(1, Ordering::Relaxed);
                         t.send(&Message::Abort { transfer }).await
                     }
@@ -430,7 +483,7 @@ async fn write_loop<T: Transport>(
 fn release_unopened(w: &PrefillWorker, mut ctrl: mpsc::UnboundedReceiver<Ctrl>) {
     ctrl.close();
     while let Ok(c) = ctrl.try_recv() {
-        if let Ctrl::Open(grant, _) = c {
+        if let Ctrl::Open(grant, _, _) = c {
             w.engine.release_source(grant.transfer());
         }
     }

@@ -92,6 +92,8 @@ pub struct TransferCounters {
     pub timeouts: u64,
     /// Transfers cut off by a lost connection.
     pub connection_losses: u64,
+    /// Page frames that passed every check and were written.
+    pub pages_received: u64,
 }
 
 #[derive(Debug)]
@@ -204,6 +206,7 @@ impl Ledger {
             Fault::Checksum
         } else {
             e.received[slot] = Some(h.checksum);
+            self.counters.pages_received += 1;
             return PageVerdict::Write {
                 transfer: h.transfer,
                 slot,

@@ -9,7 +9,7 @@ use bulkhead_kv::{AdmissionError, Generation, TransferId};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Protocol version; both ends must agree.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Largest frame accepted (a page of a large model fits many times over).
 pub const MAX_FRAME: usize = 256 << 20;
 
@@ -58,7 +58,14 @@ pub struct PrefillRequest {
     /// Generation of each landing slot, in slot order: exactly
     /// `ceil(prompt / page_size)` of them.
     pub slots: Vec<Generation>,
+    /// The W3C `traceparent` of the decode side's transfer span (at most
+    /// [`MAX_TRACEPARENT`] visible ASCII bytes), so prefill's spans join the
+    /// request's trace.
+    pub traceparent: Option<String>,
 }
+
+/// Longest `traceparent` a prefill request carries.
+pub const MAX_TRACEPARENT: usize = 128;
 
 /// The fixed header of a page frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,6 +222,13 @@ impl Message {
                 for g in &p.slots {
                     w.u64(g.get());
                 }
+                let tp = p
+                    .traceparent
+                    .as_deref()
+                    .filter(|t| trace_ok(t.as_bytes()))
+                    .unwrap_or("");
+                w.u8(tp.len() as u8);
+                w.0.extend_from_slice(tp.as_bytes());
             }
             Message::Rejected { transfer, error } => {
                 w.u8(REJECTED);
@@ -335,12 +349,21 @@ impl Message {
                 let slots = (0..n)
                     .map(|_| c.u64().map(Generation::from_wire))
                     .collect::<Result<_, _>>()?;
+                let n = usize::from(c.u8()?);
+                let mut tp = Vec::with_capacity(n);
+                for _ in 0..n {
+                    tp.push(c.u8()?);
+                }
+                if !tp.is_empty() && !trace_ok(&tp) {
+                    return Err(WireError::Malformed("traceparent is not visible ASCII"));
+                }
                 Message::Prefill(PrefillRequest {
                     transfer,
                     tenant,
                     max_tokens,
                     prompt,
                     slots,
+                    traceparent: String::from_utf8(tp).ok().filter(|t| !t.is_empty()),
                 })
             }
             REJECTED => {
@@ -401,6 +424,11 @@ impl Message {
         }
         Ok(Head::Message(m))
     }
+}
+
+/// A traceparent the wire carries: short, visible ASCII.
+fn trace_ok(t: &[u8]) -> bool {
+    !t.is_empty() && t.len() <= MAX_TRACEPARENT && t.iter().all(|b| b.is_ascii_graphic())
 }
 
 fn len32(n: usize) -> u32 {
@@ -487,6 +515,9 @@ mod tests {
                 max_tokens: 8,
                 prompt: vec![1, 2, 3],
                 slots: vec![Generation::from_wire(7)],
+                traceparent: Some(
+                    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
+                ),
             }),
             Message::Rejected {
                 transfer: t,
@@ -532,11 +563,28 @@ mod tests {
             max_tokens: 1,
             prompt: vec![1],
             slots: vec![],
+            traceparent: None,
         })
         .encode();
         bad[29..33].copy_from_slice(&1000u32.to_le_bytes());
         assert!(matches!(
             Message::read(&mut bad.as_slice()).await,
+            Err(WireError::Malformed(_))
+        ));
+        // A traceparent with a control character in it.
+        let mut ctl = Message::Prefill(PrefillRequest {
+            transfer: t,
+            tenant: 1,
+            max_tokens: 1,
+            prompt: vec![1],
+            slots: vec![],
+            traceparent: Some("00-ab".to_owned()),
+        })
+        .encode();
+        let last = ctl.len() - 1;
+        ctl[last] = b'\n';
+        assert!(matches!(
+            Message::read(&mut ctl.as_slice()).await,
             Err(WireError::Malformed(_))
         ));
         let huge = [0xff, 0xff, 0xff, 0x7f, PAGE];

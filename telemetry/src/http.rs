@@ -1,0 +1,266 @@
+//! The layer every component's router wears ([`instrument`]) and the
+//! Prometheus endpoint ([`metrics_router`]).
+
+use crate::propagate::parent_from_headers;
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Histogram, UpDownCounter};
+use opentelemetry::trace::TraceContextExt;
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::Instrument;
+use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// The header that carries a request's id to the client and between hops.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// Where a router sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hop {
+    /// Tenants call it: an incoming `traceparent` or `x-request-id` is
+    /// ignored and every request starts its own trace.
+    Edge,
+    /// Other components call it: both are honoured.
+    Internal,
+}
+
+/// The id of the request being served: in the request's extensions, and
+/// [`RequestId::current`] inside the handler's future.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId(pub String);
+
+tokio::task_local! {
+    static CURRENT: RequestId;
+}
+
+impl RequestId {
+    /// The id of the request whose handler is running, if any.
+    pub fn current() -> Option<RequestId> {
+        CURRENT.try_with(Clone::clone).ok()
+    }
+
+    /// Whether `s` may be used as an id from another hop: 1 to 64 ASCII
+    /// letters, digits, `-`, `_` or `.`.
+    pub fn valid(s: &str) -> bool {
+        (1..=64).contains(&s.len())
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    }
+}
+
+/// Wraps `router`: a server span per request (named `METHOD /route`), the
+/// `x-request-id` response header, `http.server.request.duration` and
+/// `http.server.active_requests`, and a log line. Routes in `quiet` (route
+/// templates such as `/health`) log at debug unless they fail.
+pub fn instrument(router: Router, hop: Hop, quiet: &'static [&'static str]) -> Router {
+    let meter = crate::meter();
+    let layer = Arc::new(HttpLayer {
+        hop,
+        quiet,
+        duration: meter
+            .f64_histogram("http.server.request.duration")
+            .with_unit("s")
+            .with_description("Duration of HTTP server requests, until the response head")
+            .with_boundaries(vec![
+                0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+            ])
+            .build(),
+        active: meter
+            .i64_up_down_counter("http.server.active_requests")
+            .with_unit("{request}")
+            .with_description("HTTP server requests in flight")
+            .build(),
+    });
+    router.layer(axum::middleware::from_fn_with_state(layer, track))
+}
+
+/// `GET /metrics`: every instrument of this process in Prometheus text.
+pub fn metrics_router() -> Router {
+    Router::new().route("/metrics", get(metrics))
+}
+
+#[derive(Debug)]
+struct HttpLayer {
+    hop: Hop,
+    quiet: &'static [&'static str],
+    duration: Histogram<f64>,
+    active: UpDownCounter<i64>,
+}
+
+/// Counts a request in flight until dropped (also when the client leaves
+/// before the response).
+struct Active<'a>(&'a UpDownCounter<i64>, [KeyValue; 2]);
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        self.0.add(-1, &self.1);
+    }
+}
+
+async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = known_method(req.method().as_str());
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned());
+    let name = match &route {
+        Some(r) => format!("{method} {r}"),
+        None => method.to_owned(),
+    };
+    let span = tracing::info_span!(
+        target: "bulkhead::http",
+        "http.request",
+        otel.name = %name,
+        otel.kind = "server",
+        http.request.method = method,
+        http.route = route.as_deref(),
+        http.response.status_code = Empty,
+        otel.status_code = Empty,
+        request_id = Empty,
+    );
+    let mut incoming = None;
+    if l.hop == Hop::Internal {
+        let _ = span.set_parent(parent_from_headers(req.headers()));
+        incoming = req
+            .headers()
+            .get(REQUEST_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|s| RequestId::valid(s))
+            .map(str::to_owned);
+    }
+    let id = incoming.unwrap_or_else(|| {
+        let trace = span.context().span().span_context().trace_id();
+        if trace == opentelemetry::trace::TraceId::INVALID {
+            random_id()
+        } else {
+            trace.to_string()
+        }
+    });
+    span.record("request_id", id.as_str());
+    req.extensions_mut().insert(RequestId(id.clone()));
+
+    let base = [
+        KeyValue::new("http.request.method", method),
+        KeyValue::new("url.scheme", "http"),
+    ];
+    l.active.add(1, &base);
+    let guard = Active(&l.active, base.clone());
+    let mut resp = CURRENT
+        .scope(RequestId(id.clone()), next.run(req))
+        .instrument(span.clone())
+        .await;
+    drop(guard);
+
+    let status = resp.status();
+    span.record("http.response.status_code", status.as_u16());
+    if status.is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
+    let mut attrs = base.to_vec();
+    attrs.push(KeyValue::new(
+        "http.response.status_code",
+        i64::from(status.as_u16()),
+    ));
+    if let Some(r) = &route {
+        attrs.push(KeyValue::new("http.route", r.clone()));
+    }
+    if status.is_server_error() {
+        attrs.push(KeyValue::new("error.type", status.as_u16().to_string()));
+    }
+    let elapsed = started.elapsed();
+    l.duration.record(elapsed.as_secs_f64(), &attrs);
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    let quiet = route.as_deref().is_some_and(|r| l.quiet.contains(&r));
+    let ms = elapsed.as_secs_f64() * 1e3;
+    if quiet && status.as_u16() < 400 {
+        tracing::debug!(target: "bulkhead::http", parent: &span, status = status.as_u16(), ms, "served");
+    } else {
+        tracing::info!(target: "bulkhead::http", parent: &span, status = status.as_u16(), ms, "served");
+    }
+    resp
+}
+
+/// The method as OpenTelemetry names it (`_OTHER` for anything unknown,
+/// so a client cannot mint label values).
+fn known_method(m: &str) -> &'static str {
+    match m {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "CONNECT" => "CONNECT",
+        "TRACE" => "TRACE",
+        _ => "_OTHER",
+    }
+}
+
+fn random_id() -> String {
+    let mut b = [0u8; 16];
+    let _ = getrandom::fill(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn metrics() -> Response {
+    let Some(registry) = crate::setup::registry() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "metrics are not set up in this process\n",
+        )
+            .into_response();
+    };
+    let encoded = tokio::task::spawn_blocking(move || {
+        let mut buf = Vec::new();
+        use prometheus::Encoder as _;
+        prometheus::TextEncoder::new()
+            .encode(&registry.gather(), &mut buf)
+            .map(|()| buf)
+    })
+    .await;
+    match encoded {
+        Ok(Ok(buf)) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            buf,
+        )
+            .into_response(),
+        _ => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "metrics could not be encoded\n",
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_ids_cross_hops() {
+        assert!(RequestId::valid("0af7651916cd43dd8448eb211c80319c"));
+        assert!(RequestId::valid("req_1.a-b"));
+        for bad in ["", "a b", "x\ny", "é", &"a".repeat(65), "a\"b"] {
+            assert!(!RequestId::valid(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn methods_outside_the_list_are_other() {
+        assert_eq!(known_method("GET"), "GET");
+        assert_eq!(known_method("BREW"), "_OTHER");
+    }
+}

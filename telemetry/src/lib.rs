@@ -1,0 +1,34 @@
+//! Traces, metrics and logs for every Bulkhead component, set up once at
+//! start by [`init`]:
+//!
+//! - **traces**: `tracing` spans become OpenTelemetry spans, exported over
+//!   OTLP (http/protobuf) when `OTEL_EXPORTER_OTLP_ENDPOINT` (or the traces
+//!   endpoint) is set and kept in process otherwise; W3C `traceparent`
+//!   crosses every hop ([`inject_headers`], [`traceparent`], [`parent_from`]);
+//! - **metrics**: OpenTelemetry instruments from [`meter`], read by a
+//!   Prometheus registry that [`metrics_router`] serves on `/metrics`, and
+//!   exported over OTLP when configured;
+//! - **logs**: `tracing` events as text (or JSON with
+//!   `BULKHEAD_LOG_FORMAT=json`) on stderr, filtered by `RUST_LOG`.
+//!
+//! [`instrument`] wraps a router: every request gets a server span, an
+//! `x-request-id` (echoed to the client and carried to the next hop), the
+//! HTTP server metrics, and one log line. Prompt text never enters a span,
+//! a log line or a metric label: the layer records only the method, the
+//! route template, the status and the request id.
+
+mod http;
+mod propagate;
+mod setup;
+
+pub use http::{Hop, REQUEST_ID_HEADER, RequestId, instrument, metrics_router};
+pub use propagate::{inject_headers, parent_from, set_remote_parent, traceparent, traceparent_of};
+pub use setup::{Telemetry, TelemetryError, init};
+
+/// The meter every Bulkhead instrument comes from.
+pub fn meter() -> opentelemetry::metrics::Meter {
+    opentelemetry::global::meter("bulkhead")
+}
+
+pub use opentelemetry::KeyValue;
+pub use opentelemetry::metrics;

@@ -1,0 +1,170 @@
+//! [`init`]: providers, exporters and the `tracing` subscriber, once per
+//! process, before any port is bound.
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use std::sync::OnceLock;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, filter};
+
+/// Why telemetry could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// An OTLP exporter could not be built from the environment.
+    #[error("OTLP exporter: {0}")]
+    Exporter(String),
+    /// The Prometheus reader could not be registered.
+    #[error("Prometheus registry: {0}")]
+    Prometheus(String),
+    /// `RUST_LOG` does not parse.
+    #[error("RUST_LOG: {0}")]
+    Filter(String),
+    /// Only http/protobuf is built in.
+    #[error(
+        "OTEL_EXPORTER_OTLP_PROTOCOL={0} is not supported: this build exports http/protobuf only"
+    )]
+    Protocol(String),
+    /// A subscriber or provider is already installed.
+    #[error("telemetry is already set up in this process")]
+    AlreadySet,
+}
+
+/// The installed providers; [`Telemetry::shutdown`] (or dropping it)
+/// flushes what is buffered. Drop it outside any async runtime: the OTLP
+/// exporter blocks.
+#[derive(Debug)]
+pub struct Telemetry {
+    tracer: SdkTracerProvider,
+    meter: SdkMeterProvider,
+    exporting: bool,
+}
+
+impl Telemetry {
+    /// Whether spans and metrics leave the process over OTLP.
+    pub fn exporting(&self) -> bool {
+        self.exporting
+    }
+
+    /// Flushes and stops the exporters.
+    pub fn shutdown(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        let _ = self.tracer.force_flush();
+        let _ = self.tracer.shutdown();
+        let _ = self.meter.shutdown();
+    }
+}
+
+/// The registry `/metrics` serves, once [`init`] ran.
+pub(crate) fn registry() -> Option<&'static prometheus::Registry> {
+    REGISTRY.get()
+}
+
+static REGISTRY: OnceLock<prometheus::Registry> = OnceLock::new();
+
+/// Sets up traces, metrics and logs for `service` (`service.name`) running
+/// as `instance` (`service.instance.id`).
+pub fn init(service: &'static str, instance: &str) -> Result<Telemetry, TelemetryError> {
+    if let Ok(p) = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL")
+        && p != "http/protobuf"
+    {
+        return Err(TelemetryError::Protocol(p));
+    }
+    let resource = Resource::builder()
+        .with_service_name(service)
+        .with_attributes([
+            opentelemetry::KeyValue::new("service.instance.id", instance.to_owned()),
+            opentelemetry::KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+        ])
+        .build();
+    let traces = configured("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+    let metrics = configured("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
+
+    let mut tracer = SdkTracerProvider::builder().with_resource(resource.clone());
+    if traces {
+        let exporter = SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        tracer = tracer.with_batch_exporter(exporter);
+    }
+    let tracer = tracer.build();
+
+    let registry = prometheus::Registry::new();
+    let prometheus = opentelemetry_prometheus::exporter()
+        .with_registry(registry.clone())
+        .build()
+        .map_err(|e| TelemetryError::Prometheus(e.to_string()))?;
+    let mut meter = SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_reader(prometheus);
+    if metrics {
+        let exporter = MetricExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        meter = meter.with_periodic_exporter(exporter);
+    }
+    let meter = meter.build();
+    REGISTRY
+        .set(registry)
+        .map_err(|_| TelemetryError::AlreadySet)?;
+
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(s) if !s.is_empty() => {
+            EnvFilter::try_new(s).map_err(|e| TelemetryError::Filter(e.to_string()))?
+        }
+        _ => EnvFilter::new("info,opentelemetry=warn,opentelemetry_sdk=warn"),
+    };
+    let json = std::env::var("BULKHEAD_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    let fmt = if json {
+        fmt.json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .boxed()
+    } else {
+        fmt.boxed()
+    };
+    // Spans of our own crates at info and above become OpenTelemetry spans
+    // whatever RUST_LOG says; dependencies' spans (the exporter's own HTTP
+    // client among them) never do.
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(tracer.tracer("bulkhead"))
+        .with_filter(filter::filter_fn(|m| {
+            m.target().starts_with("bulkhead") && *m.level() <= tracing::Level::INFO
+        }));
+    tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(otel)
+        .try_init()
+        .map_err(|_| TelemetryError::AlreadySet)?;
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    opentelemetry::global::set_tracer_provider(tracer.clone());
+    opentelemetry::global::set_meter_provider(meter.clone());
+    Ok(Telemetry {
+        tracer,
+        meter,
+        exporting: traces || metrics,
+    })
+}
+
+/// Whether OTLP export of a signal is asked for in the environment.
+fn configured(signal_var: &str) -> bool {
+    [signal_var, "OTEL_EXPORTER_OTLP_ENDPOINT"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|s| !s.is_empty()))
+}
