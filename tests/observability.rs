@@ -28,7 +28,10 @@ const MODEL: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 
 /// What the collector received: each OTLP request's path and raw body.
 #[derive(Clone, Default)]
-struct Received(Arc<Mutex<Vec<(String, Vec<u8>)>>>);
+struct Received(Arc<Mutex<Vec<Export>>>);
+
+/// One OTLP request: its path and raw body.
+type Export = (String, Vec<u8>);
 
 impl Received {
     fn bodies(&self, path: &str) -> Vec<Vec<u8>> {
@@ -732,9 +735,7 @@ fn every_metric_the_dashboards_query_is_exposed_by_a_component_after_a_workload(
         "the workload in the gateway's metrics",
         Duration::from_secs(20),
         || {
-            let m = exposed(&scrape(
-                &p.creds["metrics"]["gateway"].as_str().unwrap().to_owned(),
-            ));
+            let m = exposed(&scrape(p.creds["metrics"]["gateway"].as_str().unwrap()));
             (sample(
                 &m,
                 "gen_ai_server_request_duration_seconds_count",

@@ -56,61 +56,14 @@ pub fn register(role: &Role, node: &str) {
         Role::Prefill(p) => Arc::clone(p.engine()),
     };
     let stats = Arc::new(StatsCache::new(engine));
-    let pages: [(&str, &str, fn(&EngineStats) -> u64); 5] = [
-        ("bulkhead.kv.pool.capacity", "KV pages in the pool", |s| {
-            s.pool.total_pages as u64
-        }),
-        ("bulkhead.kv.pool.pages.free", "KV pages free", |s| {
-            s.pool.free_pages as u64
-        }),
-        (
-            "bulkhead.kv.pool.pages.allocated",
-            "KV pages owned by a request",
-            |s| s.pool.allocated_pages as u64,
-        ),
-        (
-            "bulkhead.kv.pool.pages.quarantined",
-            "KV pages held back until in-flight writes drain",
-            |s| s.pool.quarantined_pages as u64,
-        ),
-        (
-            "bulkhead.kv.pool.pages.receiving",
-            "KV pages lent to a transfer that is landing",
-            |s| s.pool.receiving_pages as u64,
-        ),
-    ];
-    for (name, description, read) in pages {
+    for g in GAUGES {
         let (stats, attrs) = (Arc::clone(&stats), base.clone());
-        m.u64_observable_gauge(name)
-            .with_description(description)
-            .with_unit("{page}")
+        m.u64_observable_gauge(g.name)
+            .with_description(g.description)
+            .with_unit(g.unit)
             .with_callback(move |o| {
                 if let Some(s) = stats.get() {
-                    o.observe(read(&s), &attrs);
-                }
-            })
-            .build();
-    }
-    let engine_gauges: [(&str, &str, fn(&EngineStats) -> u64); 2] = [
-        (
-            "bulkhead.engine.requests.running",
-            "Sequences running",
-            |s| s.running as u64,
-        ),
-        (
-            "bulkhead.engine.requests.waiting",
-            "Requests waiting for pages",
-            |s| s.waiting as u64,
-        ),
-    ];
-    for (name, description, read) in engine_gauges {
-        let (stats, attrs) = (Arc::clone(&stats), base.clone());
-        m.u64_observable_gauge(name)
-            .with_description(description)
-            .with_unit("{request}")
-            .with_callback(move |o| {
-                if let Some(s) = stats.get() {
-                    o.observe(read(&s), &attrs);
+                    o.observe((g.read)(&s), &attrs);
                 }
             })
             .build();
@@ -133,6 +86,59 @@ pub fn register(role: &Role, node: &str) {
         Role::Colocated(_) => {}
     }
 }
+
+/// A gauge read from the engine's stats.
+struct Gauge {
+    name: &'static str,
+    description: &'static str,
+    unit: &'static str,
+    read: Read<EngineStats>,
+}
+
+const GAUGES: [Gauge; 7] = [
+    Gauge {
+        name: "bulkhead.kv.pool.capacity",
+        description: "KV pages in the pool",
+        unit: "{page}",
+        read: |s| s.pool.total_pages as u64,
+    },
+    Gauge {
+        name: "bulkhead.kv.pool.pages.free",
+        description: "KV pages free",
+        unit: "{page}",
+        read: |s| s.pool.free_pages as u64,
+    },
+    Gauge {
+        name: "bulkhead.kv.pool.pages.allocated",
+        description: "KV pages owned by a request",
+        unit: "{page}",
+        read: |s| s.pool.allocated_pages as u64,
+    },
+    Gauge {
+        name: "bulkhead.kv.pool.pages.quarantined",
+        description: "KV pages held back until in-flight writes drain",
+        unit: "{page}",
+        read: |s| s.pool.quarantined_pages as u64,
+    },
+    Gauge {
+        name: "bulkhead.kv.pool.pages.receiving",
+        description: "KV pages lent to a transfer that is landing",
+        unit: "{page}",
+        read: |s| s.pool.receiving_pages as u64,
+    },
+    Gauge {
+        name: "bulkhead.engine.requests.running",
+        description: "Sequences running",
+        unit: "{request}",
+        read: |s| s.running as u64,
+    },
+    Gauge {
+        name: "bulkhead.engine.requests.waiting",
+        description: "Requests waiting for pages",
+        unit: "{request}",
+        read: |s| s.waiting as u64,
+    },
+];
 
 /// One engine round trip serves every instrument of one collection.
 #[derive(Debug)]
