@@ -76,6 +76,10 @@ struct ServeFlags {
     /// Address of the admin API and the status page.
     #[arg(long, default_value = "127.0.0.1:8788")]
     listen: String,
+    /// Where operators scrape `GET /metrics` (off when absent). Not the
+    /// status page's port, which the public reads.
+    #[arg(long)]
+    metrics_listen: Option<String>,
     /// URL the status page is reached at (feed links); default: http://LISTEN.
     #[arg(long)]
     public_url: Option<String>,
@@ -152,8 +156,18 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
         status_cache: Duration::from_millis(flags.status_cache_ms),
         gateway_lease: Duration::from_secs(flags.gateway_lease_secs.max(1)),
     };
+    let mut metrics = String::new();
+    if let Some(m) = &flags.metrics_listen {
+        let l = tokio::net::TcpListener::bind(m)
+            .await
+            .with_context(|| format!("binding {m}"))?;
+        metrics = format!(" metrics={}", l.local_addr()?);
+        tokio::spawn(async move {
+            axum::serve(crate::nodelay(l), bulkhead_telemetry::metrics_app()).await
+        });
+    }
     announce(&format!(
-        "bulkhead control-plane: listening http={addr} database={}{}",
+        "bulkhead control-plane: listening http={addr}{metrics} database={}{}",
         db.backend(),
         location(&flags.db.data_dir, flags.db.database_url.is_none())
     ));

@@ -169,12 +169,9 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding {addr}"))?;
         metrics = format!(" metrics={}", l.local_addr()?);
-        let router = bulkhead_telemetry::instrument(
-            bulkhead_telemetry::metrics_router(),
-            bulkhead_telemetry::Hop::Internal,
-            &["/metrics"],
-        );
-        tokio::spawn(async move { axum::serve(crate::nodelay(l), router).await });
+        tokio::spawn(async move {
+            axum::serve(crate::nodelay(l), bulkhead_telemetry::metrics_app()).await
+        });
     }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(

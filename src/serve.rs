@@ -61,7 +61,7 @@ pub(crate) struct PrefillArgs {
     /// Address decode workers connect to for KV transfers.
     #[arg(long, default_value = "127.0.0.1:9100")]
     listen: String,
-    /// HTTP address for /health, /stats and /admin/abort.
+    /// HTTP address for /health, /stats, /metrics and /admin/abort.
     #[arg(long, default_value = "127.0.0.1:9101")]
     http: String,
     /// Longest one frame write may block on a decode worker that does not read.

@@ -369,17 +369,17 @@ impl Components {
         std::thread::spawn(move || {
             // Never stops draining, even if our own stderr is gone: a
             // component blocked on a full pipe would stop serving.
-            for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            for l in lossy_lines(BufReader::new(stderr)) {
                 let _ = writeln!(std::io::stderr().lock(), "[{name}] {l}");
             }
         });
-        let mut lines = BufReader::new(stdout).lines();
+        let mut lines = lossy_lines(BufReader::new(stdout));
         let line = match lines.next() {
-            Some(Ok(l)) if l.contains("listening") => l,
+            Some(l) if l.contains("listening") => l,
             _ => anyhow::bail!("the {name} did not start (see its messages above)"),
         };
         std::thread::spawn(move || {
-            for l in lines.map_while(Result::ok) {
+            for l in lines {
                 let _ = writeln!(std::io::stdout().lock(), "[{name}] {l}");
             }
         });
@@ -426,6 +426,23 @@ impl Drop for Components {
     }
 }
 
+/// Lines of `r` until it ends or fails, invalid UTF-8 replaced (a line
+/// that is not text must not stop the draining).
+fn lossy_lines(mut r: impl BufRead) -> impl Iterator<Item = String> {
+    std::iter::from_fn(move || {
+        let mut buf = Vec::new();
+        match r.read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => None,
+            Ok(_) => {
+                while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    buf.pop();
+                }
+                Some(String::from_utf8_lossy(&buf).into_owned())
+            }
+        }
+    })
+}
+
 fn addr(line: &str, key: &str) -> anyhow::Result<String> {
     line.split(&format!("{key}="))
         .nth(1)
@@ -453,11 +470,14 @@ fn start(
             "control-plane",
             "--listen",
             "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
             "--data-dir",
             data,
         ],
     )?;
     let cp = format!("http://{}", addr(&line, "http")?);
+    let cp_metrics = format!("http://{}/metrics", addr(&line, "metrics")?);
     let mut worker = |role: &'static str, extra: &[&str]| -> anyhow::Result<String> {
         let mut a: Vec<&str> = vec![role];
         a.extend_from_slice(extra);
@@ -492,7 +512,7 @@ fn start(
     let transfer = addr(&prefill, "transfer")?;
     let decode = worker("decode", &["--prefill", &transfer, "--http", "127.0.0.1:0"])?;
     creds.metrics = [
-        ("control-plane", format!("{cp}/metrics")),
+        ("control-plane", cp_metrics),
         (
             "prefill",
             format!("http://{}/metrics", addr(&prefill, "http")?),

@@ -798,7 +798,7 @@ fn every_metric_the_dashboards_query_is_exposed_by_a_component_after_a_workload(
         sample(
             decode,
             "bulkhead_admission_rejections_total",
-            &["reason=\"context_window_exceeded\""]
+            &["reason=\"context_window_exceeded\"", "role=\"decode\""]
         )
         .unwrap()
             >= 1.0,
@@ -840,6 +840,11 @@ fn every_metric_the_dashboards_query_is_exposed_by_a_component_after_a_workload(
             .iter()
             .any(|l| l.contains(MODEL))
     );
+    // Metrics are never on the tenant port or the public status page.
+    for public in [p.gateway(), cp.clone()] {
+        let (s, _, _) = http(&public, "GET", "/metrics", &[], "");
+        assert_eq!(s, 404, "{public}/metrics");
+    }
     let cpm = &per["control-plane"];
     assert_eq!(
         sample(

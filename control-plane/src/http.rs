@@ -100,15 +100,12 @@ pub fn app(state: AppState) -> Router {
                 "this route does not accept that method",
             )
         })
-        .with_state(state)
-        .merge(bulkhead_telemetry::metrics_router());
+        .with_state(state);
+    // The admin API is called by gateways, workers and the CLI (their
+    // trace context is honoured); the status page by anyone (it is not).
     bulkhead_telemetry::instrument(
         router,
-        bulkhead_telemetry::Hop::Internal,
-        &[
-            "/admin/v1/routing",
-            "/admin/v1/nodes/{id}/heartbeat",
-            "/metrics",
-        ],
+        bulkhead_telemetry::Hop::InternalUnder("/admin/"),
+        &["/admin/v1/routing", "/admin/v1/nodes/{id}/heartbeat"],
     )
 }

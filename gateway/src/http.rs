@@ -183,13 +183,15 @@ pub(crate) async fn start(
             if let GatewayError::RateLimited { what, .. } = &e {
                 metrics::rate_limited(what);
             }
+            timer.failed(e.kind());
             return Err(e);
         }
     };
-    let (node, lease) = state
-        .picker
-        .pick(ctx.snap.table.workers(&model.slug))
-        .ok_or(GatewayError::Unavailable("no worker serves this model now"))?;
+    let Some((node, lease)) = state.picker.pick(ctx.snap.table.workers(&model.slug)) else {
+        let e = GatewayError::Unavailable("no worker serves this model now");
+        timer.failed(e.kind());
+        return Err(e);
+    };
     let span = tracing::info_span!(
         target: "bulkhead::gateway",
         "upstream.generate",
@@ -382,14 +384,28 @@ where
                         code: error.code.clone(),
                         message: error.message.clone(),
                     });
+                    if let Some(t) = timer.take() {
+                        t.failed(e.kind());
+                    }
                     (render(StreamEvent::Failed(e)), true, false)
                 }
-                Some(Err(e)) => (render(StreamEvent::Failed(e.clone().into())), true, false),
-                None => (
-                    render(StreamEvent::Failed(GatewayError::Upstream)),
-                    true,
-                    false,
-                ),
+                Some(Err(e)) => {
+                    let e = GatewayError::from(e.clone());
+                    if let Some(t) = timer.take() {
+                        t.failed(e.kind());
+                    }
+                    (render(StreamEvent::Failed(e)), true, false)
+                }
+                None => {
+                    if let Some(t) = timer.take() {
+                        t.failed(GatewayError::Upstream.kind());
+                    }
+                    (
+                        render(StreamEvent::Failed(GatewayError::Upstream)),
+                        true,
+                        false,
+                    )
+                }
             };
             if !send(events).await {
                 if let Some(t) = timer.take() {
@@ -413,10 +429,7 @@ where
                 }
             };
         }
-        if let Some(t) = timer.take() {
-            t.failed("upstream");
-        }
-        drop((permit, lease));
+        drop((timer, permit, lease));
     });
     (
         [

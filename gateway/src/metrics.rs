@@ -98,6 +98,9 @@ pub(crate) struct GenAiTimer {
     first: Option<Instant>,
     model: String,
     attrs: Vec<KeyValue>,
+    /// Recorded (finished or failed); otherwise dropping it records a
+    /// cancellation (the client went away before the end).
+    recorded: bool,
 }
 
 impl GenAiTimer {
@@ -108,6 +111,7 @@ impl GenAiTimer {
             started: Instant::now(),
             first: None,
             model: model.to_owned(),
+            recorded: false,
             attrs: vec![
                 KeyValue::new("gen_ai.operation.name", operation),
                 KeyValue::new("gen_ai.provider.name", PROVIDER),
@@ -125,6 +129,7 @@ impl GenAiTimer {
 
     /// A successful end with the worker's usage.
     pub(crate) fn finished(mut self, prompt_tokens: usize, completion_tokens: usize) {
+        self.recorded = true;
         self.first_token();
         let i = instruments();
         let now = Instant::now();
@@ -146,13 +151,28 @@ impl GenAiTimer {
         i.tokens.record(completion_tokens as u64, &output);
     }
 
-    /// A failed end; `error_type` is the error's code (`context_length_exceeded`,
-    /// `upstream`, `client_gone`, ...).
+    /// A failed end; `error_type` is the error's kind
+    /// (`context_length_exceeded`, `rate_limited`, `upstream`, `client_gone`,
+    /// ...).
     pub(crate) fn failed(mut self, error_type: &'static str) {
-        self.attrs.push(KeyValue::new("error.type", error_type));
+        self.record_failure(error_type);
+    }
+
+    fn record_failure(&mut self, error_type: &'static str) {
+        self.recorded = true;
+        let mut a = std::mem::take(&mut self.attrs);
+        a.push(KeyValue::new("error.type", error_type));
         instruments()
             .duration
-            .record(self.started.elapsed().as_secs_f64(), &self.attrs);
+            .record(self.started.elapsed().as_secs_f64(), &a);
+    }
+}
+
+impl Drop for GenAiTimer {
+    fn drop(&mut self) {
+        if !self.recorded {
+            self.record_failure("cancelled");
+        }
     }
 }
 

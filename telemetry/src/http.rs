@@ -28,6 +28,20 @@ pub enum Hop {
     Edge,
     /// Other components call it: both are honoured.
     Internal,
+    /// Paths under this prefix are [`Hop::Internal`], every other path is
+    /// [`Hop::Edge`] (a control plane's admin API beside its public status
+    /// page).
+    InternalUnder(&'static str),
+}
+
+impl Hop {
+    fn internal(self, path: &str) -> bool {
+        match self {
+            Hop::Edge => false,
+            Hop::Internal => true,
+            Hop::InternalUnder(prefix) => path.starts_with(prefix),
+        }
+    }
 }
 
 /// The id of the request being served: in the request's extensions, and
@@ -85,6 +99,11 @@ pub fn metrics_router() -> Router {
     Router::new().route("/metrics", get(metrics))
 }
 
+/// [`metrics_router`] on its own (an operator-only listener), instrumented.
+pub fn metrics_app() -> Router {
+    instrument(metrics_router(), Hop::Internal, &["/metrics"])
+}
+
 #[derive(Debug)]
 struct HttpLayer {
     hop: Hop,
@@ -126,7 +145,7 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
         request_id = Empty,
     );
     let mut incoming = None;
-    if l.hop == Hop::Internal {
+    if l.hop.internal(req.uri().path()) {
         let _ = span.set_parent(parent_from_headers(req.headers()));
         incoming = req
             .headers()
@@ -256,6 +275,16 @@ mod tests {
         for bad in ["", "a b", "x\ny", "é", &"a".repeat(65), "a\"b"] {
             assert!(!RequestId::valid(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn only_admin_paths_of_a_mixed_router_are_internal() {
+        let hop = Hop::InternalUnder("/admin/");
+        assert!(hop.internal("/admin/v1/routing"));
+        assert!(!hop.internal("/api/v2/summary.json"));
+        assert!(!hop.internal("/administrator"));
+        assert!(!Hop::Edge.internal("/admin/v1/routing"));
+        assert!(Hop::Internal.internal("/v1/generate"));
     }
 
     #[test]

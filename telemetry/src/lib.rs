@@ -21,7 +21,7 @@ mod http;
 mod propagate;
 mod setup;
 
-pub use http::{Hop, REQUEST_ID_HEADER, RequestId, instrument, metrics_router};
+pub use http::{Hop, REQUEST_ID_HEADER, RequestId, instrument, metrics_app, metrics_router};
 pub use propagate::{inject_headers, parent_from, set_remote_parent, traceparent, traceparent_of};
 pub use setup::{Telemetry, TelemetryError, init};
 

@@ -87,8 +87,8 @@ enum LinkEvent {
     },
     /// The receiver aborted a transfer after a failed check.
     Aborting(u64, TransferId),
-    /// The receiver finished with a transfer (its pages are home).
-    Ended(u64, TransferId),
+    /// The receiver finished with a transfer (its pages are home), and how.
+    Ended(u64, TransferId, &'static str),
     /// The receiver saw the connection end.
     Closed(u64),
     Tick,
@@ -228,6 +228,8 @@ struct Deadline {
     until: Instant,
     /// When this side aborted it (waiting for the acknowledgement).
     aborting_since: Option<Instant>,
+    /// What decided the transfer before the receiver ended it.
+    outcome: Option<&'static str>,
     span: tracing::Span,
 }
 
@@ -375,6 +377,7 @@ impl Link {
                     Deadline {
                         until: Instant::now() + self.options.transfer_timeout,
                         aborting_since: None,
+                        outcome: None,
                         span,
                     },
                 );
@@ -390,14 +393,15 @@ impl Link {
             LinkEvent::Aborting(epoch, t) if epoch == self.epoch => {
                 if let Some(d) = self.open.get_mut(&t) {
                     d.aborting_since = Some(Instant::now());
-                    d.span.record("bulkhead.transfer.outcome", "aborted");
+                    d.outcome.get_or_insert("aborted");
                 }
             }
-            LinkEvent::Ended(epoch, t) if epoch == self.epoch => {
-                if let Some(d) = self.open.remove(&t)
-                    && d.aborting_since.is_none()
-                {
-                    d.span.record("bulkhead.transfer.outcome", "committed");
+            LinkEvent::Ended(epoch, t, how) if epoch == self.epoch => {
+                if let Some(d) = self.open.remove(&t) {
+                    // The first thing that decided it: a timeout or our
+                    // abort, else how the receiver ended it.
+                    d.span
+                        .record("bulkhead.transfer.outcome", d.outcome.unwrap_or(how));
                 }
             }
             LinkEvent::Closed(epoch) if epoch == self.epoch => self.close().await,
@@ -416,7 +420,7 @@ impl Link {
                     // Fail the client now; the pages stay out (held) until
                     // the peer acknowledges or the connection is gone.
                     d.aborting_since = Some(now);
-                    d.span.record("bulkhead.transfer.outcome", "timeout");
+                    d.outcome.get_or_insert("timeout");
                     self.engine.fail_transfer(*t, TransferFault::Timeout);
                     let _ = conn.inbox.send(Inbox::Expire(*t));
                     let _ = conn.writer.send(Message::Abort { transfer: *t });
@@ -440,8 +444,10 @@ impl Link {
         conn.receiver.abort();
         let _ = conn.receiver.await;
         for (t, d) in self.open.drain() {
-            d.span
-                .record("bulkhead.transfer.outcome", "connection_lost");
+            d.span.record(
+                "bulkhead.transfer.outcome",
+                d.outcome.unwrap_or("connection_lost"),
+            );
             self.engine.fence_transfer(t, TransferFault::ConnectionLost);
         }
     }
@@ -502,7 +508,9 @@ impl Receiver {
         self.landing.clear();
         for t in self.ledger.connection_lost() {
             self.engine.fence_transfer(t, TransferFault::ConnectionLost);
-            let _ = self.events.send(LinkEvent::Ended(self.epoch, t));
+            let _ = self
+                .events
+                .send(LinkEvent::Ended(self.epoch, t, "connection_lost"));
         }
         self.publish();
         let _ = self.events.send(LinkEvent::Closed(self.epoch));
@@ -623,7 +631,7 @@ impl Receiver {
             Message::Done(d) => match self.ledger.on_done(&d) {
                 DoneVerdict::Commit(t) => {
                     // Pages home first, then the commit (same channel, in order).
-                    self.end(t);
+                    self.end(t, "committed");
                     self.engine.commit_transfer(t, d.logits);
                     let _ = self.writer.send(Message::Release { transfer: t });
                 }
@@ -632,14 +640,14 @@ impl Receiver {
             },
             Message::Rejected { transfer, error } => {
                 if self.ledger.on_rejected(transfer) {
-                    self.end(transfer);
+                    self.end(transfer, "rejected");
                     self.engine.reject_transfer(transfer, error);
                 }
             }
             Message::Abort { transfer } => {
                 if self.ledger.on_peer_abort(transfer) {
                     // The peer wrote its last frame for it before this.
-                    self.end(transfer);
+                    self.end(transfer, "aborted_by_prefill");
                     self.engine
                         .fence_transfer(transfer, TransferFault::PeerAborted);
                     let _ = self.writer.send(Message::AbortAck { transfer });
@@ -647,7 +655,7 @@ impl Receiver {
             }
             Message::AbortAck { transfer } => {
                 if self.ledger.on_abort_ack(transfer) {
-                    self.end(transfer);
+                    self.end(transfer, "aborted");
                     self.engine
                         .fence_transfer(transfer, TransferFault::PeerAborted);
                 }
@@ -666,9 +674,9 @@ impl Receiver {
     /// No write for `t` can arrive any more: its landing pages go home
     /// (before whatever the caller tells the engine next) and the link
     /// forgets its deadline.
-    fn end(&mut self, t: TransferId) {
+    fn end(&mut self, t: TransferId, how: &'static str) {
         self.landing.remove(&t);
-        let _ = self.events.send(LinkEvent::Ended(self.epoch, t));
+        let _ = self.events.send(LinkEvent::Ended(self.epoch, t, how));
     }
 
     /// A check failed: fail the request now, keep the pages until the peer

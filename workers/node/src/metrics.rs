@@ -17,7 +17,16 @@ use std::time::{Duration, Instant};
 /// [`AdmissionError::reason`]; `grant_mismatch` for a prefill request whose
 /// slots do not match its prompt).
 pub(crate) fn admission_rejected(reason: &'static str) {
-    rejections().add(1, &[KeyValue::new("reason", reason)]);
+    rejections().add(1, &rejection_attrs(reason));
+}
+
+/// This worker's `node` and `role`, set once by [`register`].
+static BASE: OnceLock<Vec<KeyValue>> = OnceLock::new();
+
+fn rejection_attrs(reason: &'static str) -> Vec<KeyValue> {
+    let mut a = BASE.get().cloned().unwrap_or_default();
+    a.push(KeyValue::new("reason", reason));
+    a
 }
 
 fn rejections() -> &'static Counter<u64> {
@@ -44,11 +53,12 @@ pub fn register(role: &Role, node: &str) {
         KeyValue::new("node", node.to_owned()),
         KeyValue::new("role", role_name),
     ];
+    let _ = BASE.set(base.clone());
     for reason in AdmissionError::REASONS
         .into_iter()
         .chain(["grant_mismatch"])
     {
-        rejections().add(0, &[KeyValue::new("reason", reason)]);
+        rejections().add(0, &rejection_attrs(reason));
     }
     let engine = match role {
         Role::Colocated(e) => Arc::clone(e),
