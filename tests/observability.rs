@@ -841,7 +841,7 @@ fn every_metric_the_dashboards_query_is_exposed_by_a_component_after_a_workload(
             .any(|l| l.contains(MODEL))
     );
     // Metrics are never on the tenant port or the public status page.
-    for public in [p.gateway(), cp.clone()] {
+    for public in [p.gateway(), cp] {
         let (s, _, _) = http(&public, "GET", "/metrics", &[], "");
         assert_eq!(s, 404, "{public}/metrics");
     }
