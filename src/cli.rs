@@ -73,6 +73,9 @@ enum BenchCommand {
     /// Gateway throughput and latency, its added latency on a full request
     /// against calling the worker directly, and how fast a flip is applied.
     Gateway(crate::bench_gateway::GatewayBenchArgs),
+    /// The per-request cost of traces and metrics against the same route
+    /// without them.
+    Telemetry(crate::bench_telemetry::TelemetryBenchArgs),
 }
 
 /// Model and engine flags shared by the subcommands that run the model.
@@ -179,5 +182,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Gateway(args),
         } => crate::bench_gateway::run(&args),
+        Command::Bench {
+            command: BenchCommand::Telemetry(args),
+        } => crate::bench_telemetry::run(&args),
     }
 }

@@ -23,7 +23,7 @@ mod setup;
 
 pub use http::{Hop, REQUEST_ID_HEADER, RequestId, instrument, metrics_app, metrics_router};
 pub use propagate::{inject_headers, parent_from, set_remote_parent, traceparent, traceparent_of};
-pub use setup::{Telemetry, TelemetryError, init};
+pub use setup::{Telemetry, TelemetryError, init, init_with_logs};
 
 /// The meter every Bulkhead instrument comes from.
 pub fn meter() -> opentelemetry::metrics::Meter {

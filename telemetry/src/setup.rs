@@ -72,8 +72,22 @@ pub(crate) fn registry() -> Option<&'static prometheus::Registry> {
 static REGISTRY: OnceLock<prometheus::Registry> = OnceLock::new();
 
 /// Sets up traces, metrics and logs for `service` (`service.name`) running
-/// as `instance` (`service.instance.id`).
+/// as `instance` (`service.instance.id`); logs at `info` unless `RUST_LOG`
+/// says otherwise.
 pub fn init(service: &'static str, instance: &str) -> Result<Telemetry, TelemetryError> {
+    init_with_logs(
+        service,
+        instance,
+        "info,opentelemetry=warn,opentelemetry_sdk=warn",
+    )
+}
+
+/// [`init`], with `default_logs` as the log filter when `RUST_LOG` is unset.
+pub fn init_with_logs(
+    service: &'static str,
+    instance: &str,
+    default_logs: &str,
+) -> Result<Telemetry, TelemetryError> {
     if let Ok(p) = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL")
         && p != "http/protobuf"
     {
@@ -125,7 +139,7 @@ pub fn init(service: &'static str, instance: &str) -> Result<Telemetry, Telemetr
         Ok(s) if !s.is_empty() => {
             EnvFilter::try_new(s).map_err(|e| TelemetryError::Filter(e.to_string()))?
         }
-        _ => EnvFilter::new("info,opentelemetry=warn,opentelemetry_sdk=warn"),
+        _ => EnvFilter::try_new(default_logs).map_err(|e| TelemetryError::Filter(e.to_string()))?,
     };
     let json = std::env::var("BULKHEAD_LOG_FORMAT").is_ok_and(|f| f == "json");
     let fmt = tracing_subscriber::fmt::layer()
