@@ -126,6 +126,18 @@ fn announce(line: &str) {
     let _ = out.flush();
 }
 
+/// Registers the worker's instruments under its node name.
+fn metrics(
+    role: &Role,
+    register: &RegisterArgs,
+    kind: NodeRole,
+    http: &TcpListener,
+) -> anyhow::Result<()> {
+    let node = register.node_name(kind, &http.local_addr()?.to_string());
+    bulkhead_node::metrics::register(role, &node);
+    Ok(())
+}
+
 async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
@@ -151,10 +163,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
             http.local_addr()?
         ));
         let role = Role::Colocated(engine);
-        let node = args
-            .register
-            .node_name(NodeRole::Colocated, &http.local_addr()?.to_string());
-        bulkhead_node::metrics::register(&role, &node);
+        metrics(&role, &args.register, NodeRole::Colocated, &http)?;
         axum::serve(crate::nodelay(http), app(role))
             .with_graceful_shutdown(crate::control_plane::shutdown())
             .await?;
@@ -191,10 +200,7 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
             http.local_addr()?
         ));
         let role = Role::Prefill(worker.clone());
-        let node = args
-            .register
-            .node_name(NodeRole::Prefill, &http.local_addr()?.to_string());
-        bulkhead_node::metrics::register(&role, &node);
+        metrics(&role, &args.register, NodeRole::Prefill, &http)?;
         let api = app(role);
         tokio::spawn(async move { axum::serve(crate::nodelay(http), api).await });
         tokio::select! {
@@ -239,10 +245,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
             http.local_addr()?
         ));
         let role = Role::Decode(worker);
-        let node = args
-            .register
-            .node_name(NodeRole::Decode, &http.local_addr()?.to_string());
-        bulkhead_node::metrics::register(&role, &node);
+        metrics(&role, &args.register, NodeRole::Decode, &http)?;
         axum::serve(crate::nodelay(http), app(role))
             .with_graceful_shutdown(crate::control_plane::shutdown())
             .await?;

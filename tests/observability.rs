@@ -59,13 +59,7 @@ impl Received {
         for body in self.bodies("/v1/traces") {
             let req = ExportTraceServiceRequest::decode(body.as_slice()).expect("OTLP traces");
             for rs in req.resource_spans {
-                let service = rs
-                    .resource
-                    .as_ref()
-                    .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
-                    .and_then(|a| a.value.as_ref())
-                    .map(text)
-                    .unwrap_or_default();
+                let service = service_name(rs.resource.as_ref());
                 for ss in rs.scope_spans {
                     for s in ss.spans {
                         let mut attrs: Vec<(String, String)> = s
@@ -111,6 +105,14 @@ struct Span {
     id: String,
     parent: String,
     attrs: Vec<(String, String)>,
+}
+
+/// The `service.name` of an OTLP resource.
+fn service_name(r: Option<&opentelemetry_proto::tonic::resource::v1::Resource>) -> String {
+    r.and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
+        .and_then(|a| a.value.as_ref())
+        .map(text)
+        .unwrap_or_default()
 }
 
 fn text(v: &AnyValue) -> String {
@@ -418,8 +420,9 @@ fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) ->
     }
 }
 
-/// Waits until the trace `trace` holds spans from gateway, decode and
-/// prefill, and returns its spans.
+/// Waits until the trace `trace` holds every span of a request through
+/// gateway, decode and prefill (they arrive in separate batches), and
+/// returns its spans.
 fn whole_trace(c: &Received, trace: &str) -> Vec<Span> {
     wait_for(
         "one trace across gateway, decode and prefill",
@@ -431,8 +434,19 @@ fn whole_trace(c: &Received, trace: &str) -> Vec<Span> {
             (["bulkhead-gateway", "bulkhead-decode", "bulkhead-prefill"]
                 .iter()
                 .all(|s| services.contains(s))
-                && names.contains("kv.transfer.send")
-                && names.contains("generate"))
+                            && [
+                "upstream.generate",
+                "POST /v1/generate",
+                "kv.transfer",
+                "generate",
+                "prefill",
+                "prefill.compute",
+                "kv.transfer.send",
+            ]
+            .iter()
+            .all(|n| names.contains(n))
+            // The gateway's server span ends last, after the answer.
+            && names.iter().any(|n| n.starts_with("POST /client/v4/")))
             .then_some(spans)
         },
     )
@@ -446,13 +460,24 @@ fn one_request_is_one_trace_across_gateway_decode_transfer_and_prefill() {
     let (otlp, c) = collector();
     let p = platform(&otlp);
 
-    let (status, headers, body) = run(
-        &p,
-        &json!({"prompt": "What is the capital of France?", "max_tokens": 6, "temperature": 0}),
+    // A tenant's own trace context is not trusted at the edge.
+    let foreign = "0af7651916cd43dd8448eb211c80319c";
+    let (account, token) = p.account(0);
+    let (status, headers, body) = http(
+        &p.gateway(),
+        "POST",
+        &format!("/client/v4/accounts/{account}/ai/run/{MODEL}"),
+        &[
+            ("Authorization", &format!("Bearer {token}")),
+            ("traceparent", &format!("00-{foreign}-b7ad6b7169203331-01")),
+        ],
+        &json!({"prompt": "What is the capital of France?", "max_tokens": 6, "temperature": 0})
+            .to_string(),
     );
     assert_eq!(status, 200, "{body}");
     let id = headers.get("x-request-id").expect("x-request-id").clone();
     assert_eq!(id.len(), 32, "the request id is the trace id: {id}");
+    assert_ne!(id, foreign, "the gateway starts its own trace");
 
     let spans = whole_trace(&c, &id);
     let one = |service: &str, name: &str| -> &Span {
@@ -872,13 +897,7 @@ fn every_metric_the_dashboards_query_is_exposed_by_a_component_after_a_workload(
         for body in c.bodies("/v1/metrics") {
             let req = ExportMetricsServiceRequest::decode(body.as_slice()).expect("OTLP metrics");
             for rm in req.resource_metrics {
-                let service = rm
-                    .resource
-                    .as_ref()
-                    .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
-                    .and_then(|a| a.value.as_ref())
-                    .map(text)
-                    .unwrap_or_default();
+                let service = service_name(rm.resource.as_ref());
                 if rm.scope_metrics.iter().any(|s| !s.metrics.is_empty()) {
                     services.insert(service);
                 }

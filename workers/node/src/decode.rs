@@ -12,7 +12,7 @@
 //!   is gone). A landing page is never readable before the whole transfer
 //!   is verified, and never reused while it is out.
 
-use crate::hello::{HelloCheck, check_peer, peer_limits};
+use crate::hello::{HelloCheck, check_peer, page_bytes, peer_limits};
 use bulkhead_engine::{Engine, GenerateRequest, RequestHandle, TransferFault};
 use bulkhead_kv::{AdmissionError, LentPage, Limits, TenantId, TransferId};
 use bulkhead_transfer::{
@@ -688,10 +688,6 @@ impl Receiver {
             let _ = self.events.send(LinkEvent::Aborting(self.epoch, t));
         }
     }
-}
-
-fn page_bytes(h: &Hello) -> usize {
-    (h.layers * 2 * h.kv_heads * h.head_dim * h.page_size) as usize * h.dtype_bytes as usize
 }
 
 fn fault_of(f: Fault) -> TransferFault {

@@ -125,6 +125,11 @@ pub fn peer_limits(peer: &Hello) -> Limits {
     }
 }
 
+/// Bytes of one KV page on the wire (keys and values of every layer).
+pub(crate) fn page_bytes(h: &Hello) -> usize {
+    (h.layers * 2 * h.kv_heads * h.head_dim * h.page_size) as usize * h.dtype_bytes as usize
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

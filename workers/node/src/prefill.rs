@@ -102,8 +102,7 @@ impl PrefillWorker {
 
     /// Bytes of one KV page on the wire.
     pub fn page_bytes(&self) -> usize {
-        let h = &self.hello;
-        (h.layers * 2 * h.kv_heads * h.head_dim * h.page_size) as usize * h.dtype_bytes as usize
+        crate::hello::page_bytes(&self.hello)
     }
 
     /// Sends an operator command to every connection.
