@@ -1,20 +1,19 @@
 //! `bulkhead bench transfer`: KV transfer throughput over loopback TCP with
-//! and without checksums against a raw socket copy of the same bytes, and
-//! time to first token disaggregated against colocated, in one run.
+//! and without checksums against a raw socket copy of the same bytes, time
+//! to first token disaggregated against colocated, and what the stale-byte
+//! guard (zeroing the unwritten slots of a reused page) adds to each, in
+//! one run.
 
 use crate::bench::Prompts;
 use crate::cli::ModelArgs;
 use anyhow::{Context, bail};
 use bulkhead_engine::{Engine, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
-use bulkhead_kv::{
-    Generation, KvDtype, KvGeometry, KvPool, Limits, Owner, PageTable, RequestId, TenantId,
-    TransferId,
-};
+use bulkhead_kv::{Generation, KvDtype, KvGeometry, KvPool, PageTable, TenantId, TransferId};
 use bulkhead_node::{DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, hello};
 use bulkhead_transfer::checksum::transfer_digest;
 use bulkhead_transfer::{
     Checksums, Done, DoneVerdict, Grant, Head, Ledger, Message, PageVerdict, TcpTransport,
-    Transport, read_payload,
+    Transport, read_payload, read_payload_into,
 };
 use clap::Args;
 use serde_json::json;
@@ -56,7 +55,7 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
     let rounds = args.rounds.max(1);
     let pages = args.pages.max(1);
     let bytes = pages * geometry.bytes_per_page();
-    let (mut src, table) = filled_pool(geometry, pages);
+    let (mut src, table, tokens) = filled_pool(geometry, pages)?;
     // One long-lived destination pool, as a decode worker has.
     let mut dst = KvPool::new(geometry, pages, false);
     let raw_src = vec![7u8; bytes];
@@ -68,9 +67,9 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
         let (t, d) = raw_copy(&raw_src, raw_dst, geometry.bytes_per_page())?;
         raw.push(t);
         raw_dst = d;
-        let (t, d) = protocol_copy(&mut src, &table, dst, Checksums::On)?;
+        let (t, d) = protocol_copy(&mut src, &table, tokens, dst, Checksums::On)?;
         on.push(t);
-        let (t, d) = protocol_copy(&mut src, &table, d, Checksums::OffForBenchmark)?;
+        let (t, d) = protocol_copy(&mut src, &table, tokens, d, Checksums::OffForBenchmark)?;
         off.push(t);
         dst = d;
     }
@@ -87,6 +86,11 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
 
     let (colocated, disagg) = ttft(&model, args, rounds)?;
     let (col_s, dis_s) = (median(&colocated), median(&disagg));
+    // The stale-byte guard's only work on the transfer path: zeroing the
+    // slots of reused pages that the new owner's prompt leaves unwritten.
+    let guard_transfer_s = stale_guard_cost(geometry, pages, tokens, rounds)?;
+    let ttft_pages = (args.prompt_tokens + 1).div_ceil(geometry.page_size);
+    let guard_ttft_s = stale_guard_cost(geometry, ttft_pages, args.prompt_tokens, rounds)?;
     let v = json!({
         "pages": pages,
         "bytes": bytes,
@@ -101,6 +105,10 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
         "ttft_colocated_ms": col_s * 1e3,
         "ttft_disaggregated_ms": dis_s * 1e3,
         "ttft_ratio_disagg_to_colocated": dis_s / col_s,
+        "stale_guard_us_per_transfer": guard_transfer_s * 1e6,
+        "stale_guard_share_of_transfer": guard_transfer_s / on_s,
+        "stale_guard_us_per_ttft": guard_ttft_s * 1e6,
+        "stale_guard_share_of_ttft": guard_ttft_s / dis_s,
     });
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -142,38 +150,71 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
             dis_s * 1e3,
             dis_s / col_s
         )?;
+        writeln!(
+            out,
+            "Stale-byte guard (zeroing what a reused page's new owner leaves unwritten): {:.1} us per transfer ({:.4}% of it), {:.1} us per first token ({:.4}% of it)",
+            guard_transfer_s * 1e6,
+            guard_transfer_s / on_s * 100.0,
+            guard_ttft_s * 1e6,
+            guard_ttft_s / dis_s * 100.0
+        )?;
     }
     Ok(())
 }
 
-/// A pool of `pages` pages, all owned by one sequence and written.
-fn filled_pool(geometry: KvGeometry, pages: usize) -> (KvPool, PageTable) {
+/// A pool of `pages` pages, all owned by one sequence whose prompt ends
+/// half way into the last page, written as prefill writes them. Returns
+/// the pool, the table and the prompt's token count.
+fn filled_pool(geometry: KvGeometry, pages: usize) -> anyhow::Result<(KvPool, PageTable, usize)> {
     let mut pool = KvPool::new(geometry, pages, false);
-    let limits = Limits {
-        context_window: usize::MAX,
-        pool_tokens: pool.capacity_tokens(),
-        page_size: geometry.page_size,
-    };
-    let owner = Owner {
-        tenant: TenantId::new(1),
-        request: RequestId::new(1),
-    };
-    let tokens = pages * geometry.page_size;
-    let admitted = limits
-        .admit(owner, tokens, 1, ())
-        .or_else(|_| limits.admit(owner, tokens - 1, 1, ()))
-        .expect("fits by construction");
-    let table = pool.allocate(&admitted).expect("fits by construction");
+    let ps = geometry.page_size;
+    let tokens = pages * ps - ps / 2;
+    let admitted = pool
+        .limits(usize::MAX)
+        .admit(TenantId::new(1), tokens, 1, ())?;
+    let table = pool.allocate(&admitted)?;
+    pool.begin_write(&table, 0, tokens)?;
     let width = geometry.kv_heads * geometry.head_dim;
-    for pos in 0..table.pages().len() * geometry.page_size {
+    for pos in 0..tokens {
         let k: Vec<f32> = (0..width)
             .map(|i| ((pos * 31 + i) % 997) as f32 * 1e-3)
             .collect();
         for layer in 0..geometry.layers {
-            let _ = pool.write_token(&table, layer, pos, &k, &k);
+            pool.write_token(&table, layer, pos, &k, &k)?;
         }
     }
-    (pool, table)
+    Ok((pool, table, tokens))
+}
+
+/// Median seconds [`KvPool::begin_write`] takes to make a `tokens`-token
+/// prompt ready on `pages` pages that another owner filled before: the
+/// work the stale-byte guard adds to a transfer (the unwritten slots of the
+/// partly filled last page are zeroed; pages the prompt fills whole are
+/// not touched).
+fn stale_guard_cost(
+    geometry: KvGeometry,
+    pages: usize,
+    tokens: usize,
+    rounds: usize,
+) -> anyhow::Result<f64> {
+    let mut pool = KvPool::new(geometry, pages, false);
+    let limits = pool.limits(usize::MAX);
+    let ps = geometry.page_size;
+    let mut times = Vec::new();
+    for _ in 0..rounds {
+        // A previous owner fills every page and leaves.
+        let before = limits.admit(TenantId::new(2), pages * ps - 1, 1, ())?;
+        let table = pool.allocate(&before)?;
+        pool.begin_write(&table, 0, pages * ps)?;
+        pool.release(table);
+        let admitted = limits.admit(TenantId::new(1), tokens, 1, ())?;
+        let table = pool.allocate(&admitted)?;
+        let start = Instant::now();
+        pool.begin_write(&table, 0, tokens)?;
+        times.push(start.elapsed().as_secs_f64());
+        pool.release(table);
+    }
+    Ok(median(&times))
 }
 
 /// Seconds to move `src` into `dst` (the same bytes, from and to memory of
@@ -247,11 +288,12 @@ fn raw_copy_repeated(page: &[u8], times: usize) -> anyhow::Result<(f64, ())> {
 fn protocol_copy(
     src: &mut KvPool,
     table: &PageTable,
+    tokens: usize,
     mut dst: KvPool,
     checksums: Checksums,
 ) -> anyhow::Result<(f64, KvPool)> {
     let geometry = src.geometry();
-    let n = table.pages().len();
+    let n = table.len();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -267,21 +309,11 @@ fn protocol_copy(
             rt.block_on(async move {
                 use tokio::io::AsyncWriteExt;
                 let mut s = tokio::net::TcpStream::from_std(s)?;
-                let limits = Limits {
-                    context_window: usize::MAX,
-                    pool_tokens: dst.capacity_tokens(),
-                    page_size: geometry.page_size,
-                };
-                let owner = Owner {
-                    tenant: TenantId::new(2),
-                    request: RequestId::new(2),
-                };
-                let tokens = n * geometry.page_size - 1;
-                let admitted = limits.admit(owner, tokens, 1, ())?;
+                let limits = dst.limits(usize::MAX);
+                let admitted = limits.admit(TenantId::new(2), tokens, 1, ())?;
                 let t = TransferId::new(1);
                 let landing = dst.allocate_receiving(&admitted, t)?;
-                let gens: Vec<Generation> =
-                    landing.pages().iter().map(|r| r.generation()).collect();
+                let gens: Vec<Generation> = landing.generations().collect();
                 let mut lent = dst.lend_landing(&landing, t, None);
                 // The grant goes to the sender first.
                 let mut g = Vec::with_capacity(gens.len() * 8);
@@ -298,7 +330,7 @@ fn protocol_copy(
                             let verdict = match ledger.landing_slot(&h, len) {
                                 Some(slot) => {
                                     let page = &mut lent[slot];
-                                    read_payload(&mut s, page.bytes_mut()).await?;
+                                    read_payload_into(&mut s, page, len).await?;
                                     ledger.on_page(&h, page.bytes())
                                 }
                                 None => {
@@ -316,7 +348,9 @@ fn protocol_copy(
                                 for p in lent.drain(..) {
                                     dst.restore(p);
                                 }
-                                dst.commit_received(&landing, t);
+                                if !dst.commit_received(&landing, t) {
+                                    bail!("a landing page was not written whole");
+                                }
                                 s.write_all(&[1]).await?;
                                 dst.release(landing);
                                 return Ok(dst);
@@ -345,14 +379,14 @@ fn protocol_copy(
         let start = Instant::now();
         let mut sent = Vec::with_capacity(n);
         let mut lent = Vec::with_capacity(n);
-        for (i, r) in table.pages().iter().enumerate() {
-            let page = src.lend_source(table.owner(), *r, i, None)?;
+        for i in 0..n {
+            let page = src.lend_source(table, i, None)?;
             let slot = grant.slot(i).context("slot granted")?;
             let sum = t.write_page(slot, page.bytes()).await?;
             sent.push((slot.generation(), sum));
             lent.push(page);
         }
-        let tokens = (n * geometry.page_size - 1) as u64;
+        let tokens = tokens as u64;
         let logits = vec![0.0f32; 16];
         let digest = transfer_digest(&sent, tokens, &logits);
         t.send(&Message::Done(Done {
@@ -401,11 +435,7 @@ fn ttft(
         let prefill = PrefillWorker::new(
             prefill_engine,
             p_hello,
-            PrefillOptions {
-                write_timeout: Duration::from_secs(30),
-                page_delay: None,
-                transport: tcp.clone(),
-            },
+            PrefillOptions::new(Duration::from_secs(30), tcp.clone()),
         );
         tokio::spawn(prefill.serve(listener));
         let d_hello = hello(&decode_engine, &tcp);

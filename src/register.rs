@@ -78,10 +78,10 @@ impl RegisterArgs {
             model: self.model_slug.clone(),
             address: a.address,
             transfer_address: a.transfer_address,
-            kv_pool_tokens: info.limits.pool_tokens as u64,
+            kv_pool_tokens: info.limits.pool_tokens() as u64,
             weights_sha256: sha,
             quantization: info.model.quantization.to_ascii_lowercase(),
-            page_size: u32::try_from(info.limits.page_size)?,
+            page_size: u32::try_from(info.limits.page_size())?,
             kv_budget_bytes: a.kv_budget_bytes,
             parallelism: Parallelism::default(),
         };

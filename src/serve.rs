@@ -68,6 +68,7 @@ pub(crate) struct PrefillArgs {
     #[arg(long, default_value_t = 30_000)]
     write_timeout_ms: u64,
     /// Testing only: wait this long before every frame sent (a slow link).
+    /// Refused unless built with the test-hooks feature (`cargo test` builds).
     #[arg(long, hide = true)]
     page_delay_ms: Option<u64>,
     #[command(flatten)]
@@ -173,13 +174,15 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 
 pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
     let transport = args.transport.kind()?;
-    let (engine, weights) = load(&args.model)?;
-    let hello = hello(&engine, &transport);
-    let options = PrefillOptions {
-        write_timeout: Duration::from_millis(args.write_timeout_ms.max(1)),
-        page_delay: args.page_delay_ms.map(Duration::from_millis),
+    let mut options = PrefillOptions::new(
+        Duration::from_millis(args.write_timeout_ms.max(1)),
         transport,
-    };
+    );
+    if let Some(ms) = args.page_delay_ms {
+        options.slow_link(Duration::from_millis(ms))?;
+    }
+    let (engine, weights) = load(&args.model)?;
+    let hello = hello(&engine, &options.transport);
     let worker = PrefillWorker::new(Arc::clone(&engine), hello, options);
     runtime()?.block_on(async {
         let listen = bind(&args.listen).await?;

@@ -12,8 +12,7 @@ fn bulkhead(args: &[&str]) -> std::process::Output {
 }
 
 fn golden() -> Value {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/golden/smollm2-135m-q4_1.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/smollm2-135m-q4_1.json");
     serde_json::from_str(&std::fs::read_to_string(path).expect("golden file")).expect("golden json")
 }
 
@@ -83,7 +82,14 @@ fn sampling_is_reproducible_by_seed() {
         ])["token_ids"]
             .clone()
     };
-    assert_eq!(run("7"), run("7"));
+    let first = run("7");
+    assert_eq!(first, run("7"), "the same seed gives the same tokens");
+    // A sampler that ignored the seed would give these the same tokens too.
+    let others: Vec<Value> = ["8", "9", "10"].iter().map(|s| run(s)).collect();
+    assert!(
+        others.iter().any(|o| *o != first),
+        "different seeds must sample differently: {first} vs {others:?}"
+    );
 }
 
 #[test]

@@ -308,8 +308,7 @@ fn responder_commands_flip_visibility_run_incidents_and_read_the_audit_log() {
 fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_smaller() {
     let golden: Value = serde_json::from_str(
         &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../shared/golden/smollm2-135m-q4_1.json"),
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/smollm2-135m-q4_1.json"),
         )
         .expect("golden file"),
     )

@@ -35,7 +35,7 @@ async fn fixture() -> Fixture {
     let golden: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../shared/golden/smollm2-135m-q4_1.json"
+            "/testdata/smollm2-135m-q4_1.json"
         ))
         .expect("golden"),
     )

@@ -15,8 +15,8 @@ use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
 use bulkhead_kv::{
-    AdmissionError, Admitted, Generation, Home, KvDtype, KvGeometry, KvPool, LentPage, Limits,
-    Owner, OwnerChecks, PageTable, PoolCounters, RequestId, TransferId,
+    AdmissionError, Admitted, AllocError, Generation, Home, KvDtype, KvGeometry, KvPool, LentPage,
+    Limits, Owner, PageTable, PoolCounters, RequestId, TenantId, TransferId,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -85,9 +85,9 @@ pub enum LogitsError {
     /// Admission refused the tokens.
     #[error(transparent)]
     Admission(#[from] AdmissionError),
-    /// The pool has no room now.
+    /// The pool has no room now (or can never hold the tokens).
     #[error(transparent)]
-    Busy(#[from] bulkhead_kv::PoolExhausted),
+    Busy(#[from] AllocError),
     /// The pass failed.
     #[error(transparent)]
     Engine(EngineError),
@@ -254,13 +254,8 @@ impl EngineCore {
                 page_bytes: geometry.bytes_per_page(),
             });
         }
-        let mut pool = KvPool::new(geometry, pages, config.scrub_on_free);
-        pool.set_owner_checks(config.owner_checks);
-        let limits = Limits {
-            context_window: c.context_window,
-            pool_tokens: pool.capacity_tokens(),
-            page_size: config.page_size,
-        };
+        let pool = KvPool::new(geometry, pages, config.scrub_on_free);
+        let limits = pool.limits(c.context_window);
         Ok(EngineCore {
             rope: Rope::new(c, config.numerics),
             numerics: config.numerics,
@@ -282,14 +277,19 @@ impl EngineCore {
         self.limits
     }
 
+    /// The element type of the pool's pages.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.pool.geometry().dtype
+    }
+
     /// Admits a request against this engine's limits (touches no page).
     pub fn admit(
         limits: &Limits,
-        owner: Owner,
+        tenant: TenantId,
         request: GenerateRequest,
         sink: Sink,
     ) -> Result<Admitted<PendingRequest>, AdmissionError> {
-        Self::admit_with(limits, owner, request, sink, None)
+        Self::admit_with(limits, tenant, request, sink, None)
     }
 
     /// Admits a request; with `landing`, its prompt KV will arrive through
@@ -297,7 +297,7 @@ impl EngineCore {
     /// slots and are lent out on the grant channel.
     pub(crate) fn admit_with(
         limits: &Limits,
-        owner: Owner,
+        tenant: TenantId,
         request: GenerateRequest,
         sink: Sink,
         landing: Option<(TransferId, oneshot::Sender<Grant>)>,
@@ -308,7 +308,7 @@ impl EngineCore {
             sink,
             landing,
         };
-        limits.admit(owner, prompt, max, pending)
+        limits.admit(tenant, prompt, max, pending)
     }
 
     /// Admits a prefill-only job: `max_tokens` counts against the limits
@@ -316,7 +316,7 @@ impl EngineCore {
     /// reserved here.
     pub fn admit_prefill(
         limits: &Limits,
-        owner: Owner,
+        tenant: TenantId,
         prompt: Vec<u32>,
         max_tokens: usize,
         transfer: TransferId,
@@ -328,7 +328,7 @@ impl EngineCore {
             transfer,
             events,
         };
-        Ok(limits.admit(owner, n, max_tokens, job)?.prompt_only())
+        Ok(limits.admit(tenant, n, max_tokens, job)?.prompt_only())
     }
 
     /// Queues an admitted request; it joins the batch when its pages fit.
@@ -372,7 +372,11 @@ impl EngineCore {
             return;
         }
         let seq = &mut self.running[i];
-        self.pool.commit_received(&seq.table, transfer);
+        if !self.pool.commit_received(&seq.table, transfer) {
+            // A landing page was not written whole: never readable.
+            self.fence_transfer(transfer, TransferFault::Incomplete);
+            return;
+        }
         seq.computed = seq.prompt_len;
         let Role::Generate(g) = &mut seq.role else {
             return;
@@ -471,7 +475,7 @@ impl EngineCore {
 
     /// Cancels a request: its pages return to the pool at once.
     pub fn cancel(&mut self, id: RequestId) {
-        if let Some(i) = self.waiting.iter().position(|a| a.owner().request == id) {
+        if let Some(i) = self.waiting.iter().position(|a| a.owner().request() == id) {
             if let Some(Pending::Generate(p)) = self.waiting.remove(i).map(Admitted::into_payload) {
                 let _ = p.sink.send(SeqEvent::Finished {
                     reason: FinishReason::Cancelled,
@@ -484,7 +488,7 @@ impl EngineCore {
             }
             return;
         }
-        if let Some(seq) = self.running.iter_mut().find(|s| s.owner.request == id) {
+        if let Some(seq) = self.running.iter_mut().find(|s| s.owner.request() == id) {
             match &mut seq.role {
                 // Never abort a transfer mid-flight: cancel once it ends.
                 Role::Generate(Generator {
@@ -507,15 +511,35 @@ impl EngineCore {
     }
 
     /// The pool, for inspection in tests.
+    #[cfg(feature = "test-hooks")]
     pub fn pool(&self) -> &KvPool {
         &self.pool
     }
 
     /// Changes the pool's tag checks and scrubbing between runs, so the
-    /// overhead benchmark can compare settings on the same memory.
-    pub fn set_pool_options(&mut self, checks: OwnerChecks, scrub_on_free: bool) {
-        self.pool.set_owner_checks(checks);
-        self.pool.set_scrub_on_free(scrub_on_free);
+    /// overhead benchmark can compare settings on the same memory. Refused
+    /// in a build without the `test-hooks` feature (the serving build).
+    #[allow(clippy::unused_self, clippy::needless_pass_by_ref_mut)]
+    pub fn set_pool_options(
+        &mut self,
+        owner_checks: bool,
+        scrub_on_free: bool,
+    ) -> Result<(), crate::hooks::HooksDisabled> {
+        #[cfg(feature = "test-hooks")]
+        {
+            self.pool.set_owner_checks(if owner_checks {
+                bulkhead_kv::OwnerChecks::Enforced
+            } else {
+                bulkhead_kv::OwnerChecks::OffForBenchmark
+            });
+            self.pool.set_scrub_on_free(scrub_on_free);
+            Ok(())
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        {
+            let _ = (owner_checks, scrub_on_free);
+            Err(crate::hooks::HooksDisabled("turning owner checks off"))
+        }
     }
 
     /// Runs one step. Returns whether any work was done. Call inside the
@@ -546,7 +570,6 @@ impl EngineCore {
             .map(|&(i, start, len)| {
                 let s = &self.running[i];
                 BatchSeq {
-                    owner: s.owner,
                     table: &s.table,
                     start,
                     tokens: &s.tokens[start..start + len],
@@ -603,8 +626,12 @@ impl EngineCore {
     /// Runs `tokens` through the model on pages of this pool (admitted,
     /// allocated and released like any request) and returns the logits of
     /// the last position. Used to score text and to test the forward pass.
-    pub fn last_logits(&mut self, owner: Owner, tokens: &[u32]) -> Result<Vec<f32>, LogitsError> {
-        let admitted = self.limits.admit(owner, tokens.len(), 1, ())?;
+    pub fn last_logits(
+        &mut self,
+        tenant: TenantId,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, LogitsError> {
+        let admitted = self.limits.admit(tenant, tokens.len(), 1, ())?;
         let table = self.pool.allocate(&admitted)?;
         let model = Arc::clone(&self.model);
         let mut start = 0;
@@ -612,7 +639,6 @@ impl EngineCore {
         while start < tokens.len() {
             let len = (tokens.len() - start).min(self.step_tokens);
             let batch = [BatchSeq {
-                owner,
                 table: &table,
                 start,
                 tokens: &tokens[start..start + len],
@@ -649,8 +675,32 @@ impl EngineCore {
                 }) => self.pool.allocate_receiving(front, *transfer),
                 _ => self.pool.allocate(front),
             };
-            let Ok(table) = allocated else {
-                break;
+            let table = match allocated {
+                Ok(table) => table,
+                // First in, first served: the front waits for pages.
+                Err(AllocError::Exhausted(_)) => break,
+                // Pages were quarantined since admission (or the request was
+                // admitted elsewhere): it can never fit here. Refuse it with
+                // its 4xx and serve the requests behind it.
+                Err(_) => {
+                    let refused = self.waiting.pop_front().expect("front exists");
+                    let error = AdmissionError::PoolCapacityExceeded {
+                        prompt_tokens: refused.prompt_tokens(),
+                        max_tokens: refused.max_tokens(),
+                        limit: self.pool.capacity_tokens(),
+                    };
+                    match refused.into_payload() {
+                        Pending::Generate(p) => {
+                            let _ = p.sink.send(SeqEvent::Failed(EngineError::Rejected(error)));
+                        }
+                        Pending::Prefill(p) => {
+                            let _ = p
+                                .events
+                                .send(PrefillEvent::Failed(EngineError::Rejected(error)));
+                        }
+                    }
+                    continue;
+                }
             };
             let admitted = self.waiting.pop_front().expect("front exists");
             let owner = admitted.owner();
@@ -677,10 +727,7 @@ impl EngineCore {
                     let landing = match landing {
                         None => None,
                         Some((transfer, granted)) => {
-                            let generations = table.pages()[..prompt_pages]
-                                .iter()
-                                .map(|r| r.generation())
-                                .collect();
+                            let generations = table.generations().take(prompt_pages).collect();
                             let pages =
                                 self.pool.lend_landing(&table, transfer, self.home.as_ref());
                             if let Err(grant) = granted.send(Grant { generations, pages }) {
@@ -737,7 +784,7 @@ impl EngineCore {
 
     /// Fault injection for tests: points page-table entry `index` of
     /// `victim` at the page `source` holds at `source_index`.
-    #[cfg(feature = "fault-injection")]
+    #[cfg(feature = "test-hooks")]
     pub fn redirect_page_for_fault_injection(
         &mut self,
         victim: RequestId,
@@ -745,29 +792,43 @@ impl EngineCore {
         source: RequestId,
         source_index: usize,
     ) -> bool {
-        let Some(target) = self
+        let Some(si) = self
             .running
             .iter()
-            .find(|s| s.owner.request == source)
-            .map(|s| s.table.pages()[source_index])
+            .position(|s| s.owner.request() == source)
         else {
             return false;
         };
-        match self.running.iter_mut().find(|s| s.owner.request == victim) {
-            Some(s) => {
-                s.table.redirect_for_fault_injection(index, target);
-                true
-            }
-            None => false,
+        let Some(vi) = self
+            .running
+            .iter()
+            .position(|s| s.owner.request() == victim)
+        else {
+            return false;
+        };
+        if si == vi {
+            return false;
         }
+        // Two disjoint borrows of `running`.
+        let (lo, hi) = self.running.split_at_mut(si.max(vi));
+        let (victim, source) = if vi < si {
+            (&mut lo[vi], &hi[0])
+        } else {
+            (&mut hi[0], &lo[si])
+        };
+        victim
+            .table
+            .redirect_for_fault_injection(index, &source.table, source_index);
+        true
     }
 
     /// Physical pages a running request holds (for tests).
-    pub fn pages_of(&self, id: RequestId) -> Option<Vec<bulkhead_kv::PageRef>> {
+    #[cfg(feature = "test-hooks")]
+    pub fn pages_of(&self, id: RequestId) -> Option<Vec<bulkhead_kv::PageId>> {
         self.running
             .iter()
-            .find(|s| s.owner.request == id)
-            .map(|s| s.table.pages().to_vec())
+            .find(|s| s.owner.request() == id)
+            .map(|s| s.table.page_ids())
     }
 }
 
@@ -820,9 +881,9 @@ impl Sequence {
         let Role::Prefill { events, .. } = &self.role else {
             return;
         };
-        let mut pages = Vec::with_capacity(self.table.pages().len());
-        for (slot, r) in self.table.pages().iter().enumerate() {
-            match pool.lend_source(self.owner, *r, slot, home.cloned()) {
+        let mut pages = Vec::with_capacity(self.table.len());
+        for slot in 0..self.table.len() {
+            match pool.lend_source(&self.table, slot, home.cloned()) {
                 Ok(p) => pages.push(p),
                 Err(v) => {
                     for p in pages {

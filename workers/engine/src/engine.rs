@@ -11,11 +11,10 @@ use crate::forward::Numerics;
 use crate::gguf::{ModelConfig, ModelFile};
 use crate::tokenizer::Tokenizer;
 use bulkhead_kv::{
-    AdmissionError, Admitted, LentPage, Limits, Owner, OwnerChecks, PoolCounters, RequestId,
-    TenantId, TransferId,
+    AdmissionError, Admitted, Capacity, LentPage, Limits, PoolCounters, RequestId, TenantId,
+    TransferId,
 };
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -34,16 +33,14 @@ pub struct EngineConfig {
     pub step_tokens: usize,
     /// Compute threads.
     pub threads: usize,
-    /// Owner-tag checks; `Enforced` except in the overhead benchmark.
-    pub owner_checks: OwnerChecks,
     /// Rounding of the forward pass; `LlamaCpp` by default.
     pub numerics: Numerics,
 }
 
 impl EngineConfig {
     /// The serving defaults for a KV budget of `kv_budget_bytes`: 16-token
-    /// pages, no scrubbing, 512-token steps, one thread per core, checks on,
-    /// llama.cpp numerics.
+    /// pages, no scrubbing, 512-token steps, one thread per core, llama.cpp
+    /// numerics. Owner checks are always on.
     pub fn with_budget(kv_budget_bytes: usize) -> Self {
         EngineConfig {
             kv_budget_bytes,
@@ -51,7 +48,6 @@ impl EngineConfig {
             scrub_on_free: false,
             step_tokens: 512,
             threads: std::thread::available_parallelism().map_or(1, usize::from),
-            owner_checks: OwnerChecks::Enforced,
             numerics: Numerics::LlamaCpp,
         }
     }
@@ -94,7 +90,6 @@ pub struct Engine {
     commands: mpsc::Sender<Command>,
     model: Arc<ModelFile>,
     info: EngineInfo,
-    next_request: AtomicU64,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -138,7 +133,7 @@ impl Engine {
             model: model.config().clone(),
             limits: core.limits(),
             total_pages: core.counters().total_pages,
-            kv_dtype: core.pool().geometry().dtype,
+            kv_dtype: core.kv_dtype(),
         };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.threads.max(1))
@@ -160,7 +155,6 @@ impl Engine {
             commands: tx,
             model,
             info,
-            next_request: AtomicU64::new(1),
             thread: Some(thread),
         })
     }
@@ -212,11 +206,10 @@ impl Engine {
         landing: Option<(TransferId, oneshot::Sender<Grant>)>,
     ) -> Result<RequestHandle, AdmissionError> {
         self.check_tokens(&request.prompt)?;
-        let owner = self.next_owner(tenant);
         let (sink, events) = unbounded_channel();
-        let admitted = EngineCore::admit_with(limits, owner, request, sink, landing)?;
+        let admitted = EngineCore::admit_with(limits, tenant, request, sink, landing)?;
         let mut handle = RequestHandle {
-            id: owner.request,
+            id: admitted.owner().request(),
             events,
             commands: self.commands.clone(),
             ended: false,
@@ -225,14 +218,6 @@ impl Engine {
             handle.ended = true;
         }
         Ok(handle)
-    }
-
-    /// A fresh request id for `tenant`.
-    fn next_owner(&self, tenant: TenantId) -> Owner {
-        Owner {
-            tenant,
-            request: RequestId::new(self.next_request.fetch_add(1, Ordering::Relaxed)),
-        }
     }
 
     /// Current pool counters (waits for the engine thread).
@@ -258,14 +243,19 @@ impl Engine {
         &self,
         tenant: TenantId,
         request: GenerateRequest,
-        peer: &Limits,
+        peer: &Capacity,
         transfer: TransferId,
     ) -> Result<(RequestHandle, oneshot::Receiver<Grant>), AdmissionError> {
         // Hellos refuse a peer with another page size, so the pair always
-        // intersects; if not, nothing fits.
-        let limits = self.info.limits.intersect(peer).unwrap_or(Limits {
-            pool_tokens: 0,
-            ..self.info.limits
+        // narrows; if not, nothing fits.
+        let limits = self.info.limits.narrow(peer).unwrap_or_else(|| {
+            self.info
+                .limits
+                .narrow(&Capacity {
+                    pool_tokens: 0,
+                    ..self.info.limits.capacity()
+                })
+                .expect("same page size")
         });
         let (granted, grant) = oneshot::channel();
         let handle = self.submit_generate(tenant, request, &limits, Some((transfer, granted)))?;
@@ -283,11 +273,10 @@ impl Engine {
         transfer: TransferId,
     ) -> Result<UnboundedReceiver<PrefillEvent>, AdmissionError> {
         self.check_tokens(&prompt)?;
-        let owner = self.next_owner(tenant);
         let (events, rx) = unbounded_channel();
         let admitted = EngineCore::admit_prefill(
             &self.info.limits,
-            owner,
+            tenant,
             prompt,
             max_tokens,
             transfer,

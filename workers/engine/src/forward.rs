@@ -14,14 +14,13 @@ use bulkhead_kernels::ops::{
     add_assign, rms_norm, rope_pairs, round_f16_slice, silu_mul, softmax_ggml,
 };
 use bulkhead_kernels::{Matrix, Workspace};
-use bulkhead_kv::{KvData, KvDtype, KvPool, Owner, OwnerViolation, PageTable, PageView};
+use bulkhead_kv::{KvData, KvDtype, KvPool, OwnerViolation, PageTable, PageView};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// One sequence's part of a step.
 #[derive(Debug)]
 pub(crate) struct BatchSeq<'a> {
-    pub(crate) owner: Owner,
     pub(crate) table: &'a PageTable,
     /// Position of `tokens[0]` in the sequence.
     pub(crate) start: usize,
@@ -182,7 +181,12 @@ pub(crate) fn forward(
     for (r, tok) in batch.iter().flat_map(|b| b.tokens).enumerate() {
         w.embed.row_f32(*tok as usize, &mut x[r * h..(r + 1) * h]);
     }
-    let mut violated: Vec<Option<OwnerViolation>> = vec![None; batch.len()];
+    // Each row's slots are about to be written in every layer: the pages
+    // they fall in get every other stale slot zeroed first.
+    let mut violated: Vec<Option<OwnerViolation>> = batch
+        .iter()
+        .map(|b| pool.begin_write(b.table, b.start, b.tokens.len()).err())
+        .collect();
     let (xn, q, attn, o) = (
         take(xn, n * h),
         take(q, n * h),
@@ -263,8 +267,8 @@ pub(crate) fn forward(
                 }
                 let n_pages = n_ctx.div_ceil(ps);
                 let mut views = Vec::with_capacity(n_pages);
-                for pref in &b.table.pages()[..n_pages] {
-                    match reader.page(l, b.owner, *pref) {
+                for index in 0..n_pages {
+                    match reader.page(b.table, index, l) {
                         Ok(view) => views.push(view),
                         Err(e) => return Some((s, e)),
                     }

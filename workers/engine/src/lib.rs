@@ -23,6 +23,7 @@ mod error;
 pub mod fetch;
 mod forward;
 mod gguf;
+pub mod hooks;
 mod sampling;
 mod tokenizer;
 

@@ -18,10 +18,11 @@ pub fn model() -> Arc<ModelFile> {
     }))
 }
 
-/// `../shared/golden/smollm2-135m-q4_1.json`, beside the project root.
+/// `testdata/smollm2-135m-q4_1.json` at the project root: llama.cpp's
+/// numbers on the default model, kept in the repository.
 pub fn golden() -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/golden/smollm2-135m-q4_1.json");
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/smollm2-135m-q4_1.json");
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("reading {}", path.display()))
         .expect("golden file");

@@ -1,5 +1,5 @@
 //! The engine against llama.cpp's measurements on the same file
-//! (`shared/golden/smollm2-135m-q4_1.json`): tokenizer ids, the rendered chat
+//! (`testdata/smollm2-135m-q4_1.json`): tokenizer ids, the rendered chat
 //! template, and greedy output on the default (Q4_1) path.
 
 mod common;

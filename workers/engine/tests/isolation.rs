@@ -1,26 +1,28 @@
 //! Page ownership at the engine's boundary: a corrupted page table cannot
-//! read another tenant's page, every page returns to the pool whatever way a
-//! request ends, and a rejected prompt touches nothing.
+//! read another tenant's page, a quarantined page does not stall the queue,
+//! every page returns to the pool whatever way a request ends, and a
+//! rejected prompt touches nothing.
 
 mod common;
 
 use bulkhead_engine::{EngineConfig, EngineCore, EngineError, GenerateRequest, SeqEvent};
-use bulkhead_kv::{AdmissionError, Owner, PageTag, RequestId, TenantId};
+use bulkhead_kv::{AdmissionError, Owner, PageTag, TenantId};
 use common::{engine, greedy, model, run};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-fn owner(tenant: u64, request: u64) -> Owner {
-    Owner {
-        tenant: TenantId::new(tenant),
-        request: RequestId::new(request),
-    }
-}
-
-fn submit(core: &mut EngineCore, who: Owner, req: GenerateRequest) -> UnboundedReceiver<SeqEvent> {
+/// Admits and queues `req` for `tenant`; returns the owner admission gave
+/// it and its events.
+fn submit(
+    core: &mut EngineCore,
+    tenant: u64,
+    req: GenerateRequest,
+) -> (Owner, UnboundedReceiver<SeqEvent>) {
     let (tx, rx) = unbounded_channel();
-    let admitted = EngineCore::admit(&core.limits(), who, req, tx).expect("admitted");
+    let admitted =
+        EngineCore::admit(&core.limits(), TenantId::new(tenant), req, tx).expect("admitted");
+    let owner = admitted.owner();
     core.submit(admitted);
-    rx
+    (owner, rx)
 }
 
 fn drain(rx: &mut UnboundedReceiver<SeqEvent>) -> Vec<SeqEvent> {
@@ -49,19 +51,18 @@ fn a_page_table_pointing_at_another_tenants_page_fails_that_request_only() {
         .encode("Tell me a short story about a lighthouse.")
         .unwrap();
     let mut core = EngineCore::new(m, &EngineConfig::with_budget(64 << 20)).expect("engine core");
-    let (a, b) = (owner(1, 1), owner(2, 2));
-    let mut rx_a = submit(&mut core, a, greedy(prompt_a.clone(), 24));
-    let mut rx_b = submit(&mut core, b, greedy(prompt_b, 24));
+    let (a, mut rx_a) = submit(&mut core, 1, greedy(prompt_a.clone(), 24));
+    let (b, mut rx_b) = submit(&mut core, 2, greedy(prompt_b, 24));
     // Prefill both and decode a few tokens.
     for _ in 0..4 {
         assert!(core.step());
     }
     let before_b = drain(&mut rx_b);
     assert!(!token_ids(&before_b).is_empty());
-    let pages_a = core.pages_of(a.request).unwrap();
+    let pages_a = core.pages_of(a.request()).unwrap();
 
     // The index bug of the incident: B's first page-table entry now names A's first page.
-    assert!(core.redirect_page_for_fault_injection(b.request, 0, a.request, 0));
+    assert!(core.redirect_page_for_fault_injection(b.request(), 0, a.request(), 0));
     assert!(core.step());
 
     let after_b = drain(&mut rx_b);
@@ -72,7 +73,7 @@ fn a_page_table_pointing_at_another_tenants_page_fails_that_request_only() {
     );
     match after_b.as_slice() {
         [SeqEvent::Failed(EngineError::Integrity(v))] => {
-            assert_eq!(v.page, pages_a[0].page());
+            assert_eq!(v.page, pages_a[0]);
             assert_eq!(v.owner, b);
         }
         other => panic!("expected one integrity failure, got {other:?}"),
@@ -88,13 +89,63 @@ fn a_page_table_pointing_at_another_tenants_page_fails_that_request_only() {
     assert_eq!(a_tokens, alone);
 
     // The page is out of service now that A released it; nothing else leaked.
-    assert_eq!(
-        core.pool().tag(pages_a[0].page()),
-        Some(PageTag::Quarantined)
-    );
+    assert_eq!(core.pool().tag(pages_a[0]), Some(PageTag::Quarantined));
     let c = core.counters();
     assert_eq!((c.quarantined_pages, c.allocated_pages), (1, 0));
     assert_eq!(c.free_pages, c.total_pages - 1);
+}
+
+#[test]
+fn a_request_that_can_never_fit_after_a_quarantine_is_refused_and_the_queue_moves_on() {
+    let m = model();
+    let mut core = EngineCore::new(m, &EngineConfig::with_budget(8 << 20)).expect("engine core");
+    let limits = core.limits();
+    // One owner violation takes a page out of service for good.
+    let (a, mut rx_a) = submit(&mut core, 1, greedy(vec![28; 20], 8));
+    let (b, mut rx_b) = submit(&mut core, 2, greedy(vec![29; 20], 8));
+    assert!(core.step());
+    assert!(core.redirect_page_for_fault_injection(b.request(), 0, a.request(), 0));
+    while core.step() {}
+    assert!(matches!(
+        drain(&mut rx_b).last(),
+        Some(SeqEvent::Failed(EngineError::Integrity(_)))
+    ));
+    assert!(matches!(
+        drain(&mut rx_a).last(),
+        Some(SeqEvent::Finished { .. })
+    ));
+    assert_eq!(core.counters().quarantined_pages, 1);
+    assert_eq!(
+        core.limits().pool_tokens(),
+        limits.pool_tokens(),
+        "admission still uses the limits measured at start"
+    );
+
+    // Admitted against the whole pool, it can never be allocated now; the
+    // small request queued behind it must still be served.
+    let biggest = limits.max_request_tokens();
+    let (_, mut rx_big) = submit(&mut core, 3, greedy(vec![28; biggest - 1], 1));
+    let (_, mut rx_small) = submit(&mut core, 4, greedy(vec![30; 8], 4));
+    let mut steps = 0;
+    while core.step() {
+        steps += 1;
+        assert!(steps < 100, "the queue is stuck");
+    }
+    match drain(&mut rx_big).as_slice() {
+        [
+            SeqEvent::Failed(EngineError::Rejected(AdmissionError::PoolCapacityExceeded {
+                limit,
+                ..
+            })),
+        ] => {
+            assert_eq!(*limit, limits.pool_tokens() - limits.page_size());
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let small = drain(&mut rx_small);
+    assert_eq!(token_ids(&small).len(), 4, "{small:?}");
+    let c = core.counters();
+    assert_eq!((c.allocated_pages, c.quarantined_pages), (0, 1));
 }
 
 #[test]
@@ -164,24 +215,24 @@ fn a_rejected_over_long_prompt_leaves_the_pool_untouched() {
     // The incident's configuration: a pool smaller than the context window.
     let e = engine(8);
     let info = e.info().clone();
-    assert!(info.limits.pool_tokens < info.limits.context_window);
+    assert!(info.limits.pool_tokens() < info.limits.context_window());
     let before = e.counters().unwrap();
 
     let over_pool = e.submit(
         TenantId::new(1),
-        greedy(vec![28; info.limits.pool_tokens], 1),
+        greedy(vec![28; info.limits.pool_tokens()], 1),
     );
     assert_eq!(
         over_pool.unwrap_err(),
         AdmissionError::PoolCapacityExceeded {
-            prompt_tokens: info.limits.pool_tokens,
+            prompt_tokens: info.limits.pool_tokens(),
             max_tokens: 1,
-            limit: info.limits.pool_tokens,
+            limit: info.limits.pool_tokens(),
         }
     );
     let over_window = e.submit(
         TenantId::new(1),
-        greedy(vec![28; info.limits.context_window + 1], 1),
+        greedy(vec![28; info.limits.context_window() + 1], 1),
     );
     assert!(matches!(
         over_window.unwrap_err(),
@@ -189,7 +240,7 @@ fn a_rejected_over_long_prompt_leaves_the_pool_untouched() {
     ));
     let no_room_for_output = e.submit(
         TenantId::new(1),
-        greedy(vec![28; info.limits.pool_tokens - 4], 5),
+        greedy(vec![28; info.limits.pool_tokens() - 4], 5),
     );
     assert!(matches!(
         no_room_for_output.unwrap_err(),
@@ -198,6 +249,6 @@ fn a_rejected_over_long_prompt_leaves_the_pool_untouched() {
 
     assert_eq!(e.counters().unwrap(), before);
     // The largest admissible request still runs.
-    let (ids, _, _) = run(&e, 1, greedy(vec![28; info.limits.pool_tokens - 2], 2));
+    let (ids, _, _) = run(&e, 1, greedy(vec![28; info.limits.pool_tokens() - 2], 2));
     assert_eq!(ids.len(), 2);
 }

@@ -11,7 +11,7 @@ mod common;
 use anyhow::Result;
 use bulkhead_engine::fetch::{self, Progress};
 use bulkhead_engine::{EngineConfig, EngineCore, ModelFile, Numerics};
-use bulkhead_kv::{Owner, RequestId, TenantId};
+use bulkhead_kv::TenantId;
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
@@ -74,11 +74,7 @@ fn paged_logits_match_candle_with_f32_weights() -> Result<()> {
     ];
 
     for (i, tokens) in prompts.iter().enumerate() {
-        let owner = Owner {
-            tenant: TenantId::new(1),
-            request: RequestId::new(i as u64 + 1),
-        };
-        let ours = core.last_logits(owner, tokens)?;
+        let ours = core.last_logits(TenantId::new(1), tokens)?;
         let theirs = candle_logits(&bytes, tokens)?;
         assert_eq!(ours.len(), theirs.len());
         let max = ours

@@ -1,13 +1,35 @@
 //! Admission: the only way to obtain an [`Admitted`] request.
+//!
+//! [`Limits`] come from a pool ([`crate::KvPool::limits`]) and carry its
+//! identity and real geometry; they can only be narrowed (by a peer's
+//! [`Capacity`]), never widened. [`Limits::admit`] mints the request's
+//! [`Owner`]. So outside this crate nobody can build an owner, limits or an
+//! admission, and `KvPool::allocate` refuses an admission made for another
+//! pool.
 
-use crate::ids::Owner;
+use crate::ids::{Owner, TenantId};
 
-/// What a worker can hold for one request.
+/// What a worker can hold for one request, for one pool. Built only by
+/// [`crate::KvPool::limits`]; [`Limits::narrow`] only shrinks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
+    context_window: usize,
+    pool_tokens: usize,
+    page_size: usize,
+    pool: PoolId,
+}
+
+/// Which pool a [`Limits`] (and so an [`Admitted`]) was made for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PoolId(pub(crate) u64);
+
+/// A peer's announced capacity (plain numbers from the wire): it can only
+/// narrow this side's [`Limits`], never widen them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
     /// The model's context window, in tokens.
     pub context_window: usize,
-    /// Tokens the KV pool can hold in total (pages x page size).
+    /// Tokens the KV pool can hold in total.
     pub pool_tokens: usize,
     /// Tokens per page.
     pub page_size: usize,
@@ -83,7 +105,8 @@ impl AdmissionError {
 /// A request that passed admission, carrying its payload `T`.
 ///
 /// Its fields are private and it has no public constructor besides
-/// [`Limits::admit`]: holding one proves the request fits.
+/// [`Limits::admit`]: holding one proves the request fits the pool it was
+/// admitted for.
 #[derive(Debug)]
 pub struct Admitted<T> {
     owner: Owner,
@@ -91,31 +114,85 @@ pub struct Admitted<T> {
     max_tokens: usize,
     pages: usize,
     prompt_pages: usize,
+    pool: PoolId,
+    page_size: usize,
     payload: T,
 }
 
 impl Limits {
+    /// The limits of a pool: its context window is `context_window`, its
+    /// capacity what it holds now.
+    pub(crate) fn of_pool(
+        context_window: usize,
+        pool_tokens: usize,
+        page_size: usize,
+        pool: PoolId,
+    ) -> Limits {
+        Limits {
+            context_window,
+            pool_tokens,
+            page_size,
+            pool,
+        }
+    }
+
+    /// The model's context window, in tokens.
+    pub fn context_window(&self) -> usize {
+        self.context_window
+    }
+
+    /// Tokens the KV pool can hold in total (pages x page size).
+    pub fn pool_tokens(&self) -> usize {
+        self.pool_tokens
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// The same numbers as a plain [`Capacity`] (to announce to a peer).
+    pub fn capacity(&self) -> Capacity {
+        Capacity {
+            context_window: self.context_window,
+            pool_tokens: self.pool_tokens,
+            page_size: self.page_size,
+        }
+    }
+
     /// The effective per-request token limit: min(context window, pool).
     pub fn max_request_tokens(&self) -> usize {
         self.context_window.min(self.pool_tokens)
     }
 
-    /// The limits of a disaggregated pair: the smaller window and pool of
-    /// both workers. `None` when their page sizes differ (no transfer can
-    /// map pages one to one then).
-    pub fn intersect(&self, other: &Limits) -> Option<Limits> {
-        (self.page_size == other.page_size).then(|| Limits {
-            context_window: self.context_window.min(other.context_window),
-            pool_tokens: self.pool_tokens.min(other.pool_tokens),
-            page_size: self.page_size,
+    /// These limits narrowed to a peer's capacity (a disaggregated pair:
+    /// the smaller window and pool of both workers), still for this pool.
+    /// `None` when the page sizes differ (no transfer can map pages one to
+    /// one then).
+    pub fn narrow(&self, peer: &Capacity) -> Option<Limits> {
+        (self.page_size == peer.page_size).then(|| Limits {
+            context_window: self.context_window.min(peer.context_window),
+            pool_tokens: self.pool_tokens.min(peer.pool_tokens),
+            ..*self
         })
     }
 
-    /// Admits a request of `prompt_tokens` that may generate `max_tokens`,
-    /// or rejects it. Touches no page either way.
+    /// The same limits with a context window of at most `window` (a
+    /// model's configured window smaller than its native one).
+    #[must_use]
+    pub fn with_window_at_most(&self, window: usize) -> Limits {
+        Limits {
+            context_window: self.context_window.min(window),
+            ..*self
+        }
+    }
+
+    /// Admits a request of `tenant` with `prompt_tokens` that may generate
+    /// `max_tokens`, or rejects it. Touches no page either way. The
+    /// admission carries a fresh [`Owner`].
     pub fn admit<T>(
         &self,
-        owner: Owner,
+        tenant: TenantId,
         prompt_tokens: usize,
         max_tokens: usize,
         payload: T,
@@ -142,11 +219,13 @@ impl Limits {
             });
         }
         Ok(Admitted {
-            owner,
+            owner: Owner::fresh(tenant),
             prompt_tokens,
             max_tokens,
             pages: total.div_ceil(self.page_size),
             prompt_pages: prompt_tokens.div_ceil(self.page_size),
+            pool: self.pool,
+            page_size: self.page_size,
             payload,
         })
     }
@@ -196,8 +275,16 @@ impl<T> Admitted<T> {
             max_tokens: self.max_tokens,
             pages: self.pages,
             prompt_pages: self.prompt_pages,
+            pool: self.pool,
+            page_size: self.page_size,
             payload: f(self.payload),
         }
+    }
+
+    /// Whether this admission was made for the pool `pool` with pages of
+    /// `page_size` tokens.
+    pub(crate) fn made_for(&self, pool: PoolId, page_size: usize) -> bool {
+        self.pool == pool && self.page_size == page_size
     }
 
     /// The payload.
@@ -214,40 +301,66 @@ impl<T> Admitted<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{RequestId, TenantId};
 
-    fn owner() -> Owner {
-        Owner {
-            tenant: TenantId::new(1),
-            request: RequestId::new(1),
-        }
+    fn tenant() -> TenantId {
+        TenantId::new(1)
     }
 
     #[test]
     fn admission_applies_the_smaller_of_window_and_pool() {
         // The incident's shape: a context window larger than the pool.
-        let limits = Limits {
-            context_window: 1_048_576,
-            pool_tokens: 681_280,
-            page_size: 16,
-        };
+        let limits = Limits::of_pool(1_048_576, 681_280, 16, PoolId(1));
         assert_eq!(limits.max_request_tokens(), 681_280);
-        let err = limits.admit(owner(), 681_280, 1, ()).unwrap_err();
+        let err = limits.admit(tenant(), 681_280, 1, ()).unwrap_err();
         assert!(matches!(
             err,
             AdmissionError::PoolCapacityExceeded { limit: 681_280, .. }
         ));
-        let err = limits.admit(owner(), 1_048_577, 1, ()).unwrap_err();
+        let err = limits.admit(tenant(), 1_048_577, 1, ()).unwrap_err();
         assert!(matches!(err, AdmissionError::ContextWindowExceeded { .. }));
-        let ok = limits.admit(owner(), 681_279, 1, ()).unwrap();
+        let ok = limits.admit(tenant(), 681_279, 1, ()).unwrap();
         assert_eq!(ok.pages(), 681_280 / 16);
         assert_eq!(
-            limits.admit(owner(), 0, 1, ()).unwrap_err(),
+            limits.admit(tenant(), 0, 1, ()).unwrap_err(),
             AdmissionError::EmptyPrompt
         );
         assert_eq!(
-            limits.admit(owner(), 5, 0, ()).unwrap_err(),
+            limits.admit(tenant(), 5, 0, ()).unwrap_err(),
             AdmissionError::NoOutputTokens
         );
+    }
+
+    #[test]
+    fn a_peer_only_narrows_and_every_admission_has_its_own_owner() {
+        let limits = Limits::of_pool(8_192, 4_096, 16, PoolId(7));
+        let huge = Capacity {
+            context_window: usize::MAX,
+            pool_tokens: usize::MAX,
+            page_size: 16,
+        };
+        assert_eq!(limits.narrow(&huge), Some(limits));
+        let small = Capacity {
+            context_window: 1_000,
+            pool_tokens: 2_000,
+            page_size: 16,
+        };
+        let n = limits.narrow(&small).unwrap();
+        assert_eq!((n.context_window(), n.pool_tokens()), (1_000, 2_000));
+        assert!(n.admit(tenant(), 990, 11, ()).is_err());
+        assert_eq!(
+            limits.narrow(&Capacity {
+                page_size: 32,
+                ..small
+            }),
+            None
+        );
+        assert_eq!(limits.with_window_at_most(100_000), limits);
+        assert_eq!(limits.with_window_at_most(512).context_window(), 512);
+        let a = limits.admit(tenant(), 3, 1, ()).unwrap();
+        let b = limits.admit(tenant(), 3, 1, ()).unwrap();
+        assert_eq!(a.owner().tenant(), b.owner().tenant());
+        assert_ne!(a.owner(), b.owner());
+        assert!(a.made_for(PoolId(7), 16));
+        assert!(!a.made_for(PoolId(8), 16));
     }
 }

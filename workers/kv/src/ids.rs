@@ -1,6 +1,7 @@
 //! Newtype identifiers: no raw integer crosses a module boundary as an id.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A tenant (account) whose requests own KV pages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -24,16 +25,42 @@ pub struct Generation(u64);
 pub struct TransferId(u64);
 
 /// Who a sequence, and so each of its pages, belongs to.
+///
+/// Built only inside this crate, by [`crate::Limits::admit`], with a
+/// request id no other owner in this process has: code outside the crate
+/// can read an owner but never make one, so it cannot present another
+/// sequence's identity to the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Owner {
+    tenant: TenantId,
+    request: RequestId,
+}
+
+impl Owner {
+    /// A fresh owner for `tenant`: a request id never handed out before in
+    /// this process.
+    pub(crate) fn fresh(tenant: TenantId) -> Owner {
+        Owner {
+            tenant,
+            request: RequestId::fresh(),
+        }
+    }
+
     /// The tenant.
-    pub tenant: TenantId,
-    /// The request within the tenant.
-    pub request: RequestId,
+    pub fn tenant(&self) -> TenantId {
+        self.tenant
+    }
+
+    /// The request.
+    pub fn request(&self) -> RequestId {
+        self.request
+    }
 }
 
 impl TenantId {
-    /// Wraps a raw tenant number.
+    /// Wraps a raw tenant number, as authenticated at the edge. Naming a
+    /// tenant grants nothing: pages are reached through page tables, never
+    /// by owner.
     pub const fn new(raw: u64) -> Self {
         TenantId(raw)
     }
@@ -45,9 +72,10 @@ impl TenantId {
 }
 
 impl RequestId {
-    /// Wraps a raw request number.
-    pub const fn new(raw: u64) -> Self {
-        RequestId(raw)
+    /// A request id never handed out before in this process.
+    fn fresh() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        RequestId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 
     /// The raw number, for wire formats and logs.

@@ -1,8 +1,17 @@
 //! The physical page pool: tags, free list, page memory and checked access.
+//!
+//! No byte of a previous owner is ever readable by the next one: a page
+//! is *clean* when every byte in it was written by its current owner or
+//! zeroed for it. Pages are read, lent to a sender or committed only when
+//! clean. An ordinary page becomes clean when its owner starts writing it
+//! ([`KvPool::begin_write`] zeroes only the slots that write will not
+//! cover, so pages the owner fills whole are never zeroed); a landing page
+//! when its transfer has overwritten every byte of it.
 
-use crate::admission::Admitted;
+use crate::admission::{Admitted, Limits, PoolId};
 use crate::ids::{Generation, Owner, PageId, TransferId};
 use half::f16;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 mod lend;
 
@@ -110,20 +119,23 @@ pub enum PageTag {
     Quarantined,
 }
 
-/// Whether page accesses compare tags. Always `Enforced` when serving.
+/// Whether page accesses compare tags. Exists only in builds with the
+/// `test-hooks` feature (tests and `bench engine`), never in the serving
+/// build, where every access is checked.
+#[cfg(feature = "test-hooks")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OwnerChecks {
     /// Every read and write compares the page's tag with the sequence.
     Enforced,
-    /// No comparison: exists only so `bulkhead bench engine` can measure
-    /// what the checks cost. No serving command can select it.
+    /// No comparison: so `bulkhead bench engine` can measure what the
+    /// checks cost.
     OffForBenchmark,
 }
 
 /// One entry of a page table: a physical page and the generation it was
-/// allocated at.
+/// allocated at. Never leaves this crate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageRef {
+pub(crate) struct PageRef {
     page: PageId,
     generation: Generation,
 }
@@ -137,7 +149,7 @@ pub struct PageTable {
 
 /// A page access that the page's tag does not allow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("KV page {page} is not owned by {} of {}", .owner.request, .owner.tenant)]
+#[error("KV page {page} is not owned by {} of {}", .owner.request(), .owner.tenant())]
 pub struct OwnerViolation {
     /// The page that was refused.
     pub page: PageId,
@@ -153,6 +165,27 @@ pub struct PoolExhausted {
     pub needed: usize,
     /// Pages free now.
     pub free: usize,
+}
+
+/// Why [`KvPool::allocate`] gave no pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AllocError {
+    /// Too few pages are free now; the request may wait.
+    #[error(transparent)]
+    Exhausted(#[from] PoolExhausted),
+    /// More pages than the pool can ever give (pages were quarantined
+    /// since admission): the request can never fit and must be refused.
+    #[error("{needed} KV pages needed, the pool can hold {capacity}")]
+    NeverFits {
+        /// Pages the request needs.
+        needed: usize,
+        /// Pages the pool can still allocate at all.
+        capacity: usize,
+    },
+    /// The admission was made for another pool (or page size).
+    #[error("the admission was made for another KV pool")]
+    OtherPool,
 }
 
 /// Allocation counters of a pool.
@@ -184,6 +217,7 @@ pub struct PoolCounters {
 /// read-only with the attention threads through [`PageReader`].
 #[derive(Debug)]
 pub struct KvPool {
+    id: PoolId,
     geometry: KvGeometry,
     tags: Vec<PageTag>,
     free: Vec<PageId>,
@@ -192,7 +226,10 @@ pub struct KvPool {
     pending_quarantine: Vec<PageId>,
     planes: Planes,
     whereabouts: Vec<Whereabouts>,
+    /// Per page: no byte of a previous owner is left in it.
+    clean: Vec<bool>,
     scrub_on_free: bool,
+    #[cfg(feature = "test-hooks")]
     checks: OwnerChecks,
     allocations: u64,
     releases: u64,
@@ -224,8 +261,10 @@ impl KvPool {
     /// If `pages` does not fit a `u32` page id.
     pub fn new(geometry: KvGeometry, pages: usize, scrub_on_free: bool) -> Self {
         assert!(u32::try_from(pages).is_ok(), "too many pages");
+        static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
         let floats = geometry.layers * 2 * geometry.floats_per_layer_page();
         KvPool {
+            id: PoolId(NEXT_POOL.fetch_add(1, Ordering::Relaxed)),
             geometry,
             tags: vec![PageTag::Free; pages],
             // Pop from the end: lowest page ids are handed out first.
@@ -245,7 +284,10 @@ impl KvPool {
                 ),
             },
             whereabouts: vec![Whereabouts::Home; pages],
+            // Fresh memory is zeroed.
+            clean: vec![true; pages],
             scrub_on_free,
+            #[cfg(feature = "test-hooks")]
             checks: OwnerChecks::Enforced,
             allocations: 0,
             releases: 0,
@@ -254,11 +296,13 @@ impl KvPool {
     }
 
     /// Sets whether freed pages are zeroed.
+    #[cfg(feature = "test-hooks")]
     pub fn set_scrub_on_free(&mut self, scrub: bool) {
         self.scrub_on_free = scrub;
     }
 
     /// Sets whether accesses check tags (see [`OwnerChecks`]).
+    #[cfg(feature = "test-hooks")]
     pub fn set_owner_checks(&mut self, checks: OwnerChecks) {
         self.checks = checks;
     }
@@ -268,13 +312,37 @@ impl KvPool {
         self.geometry
     }
 
-    /// Tokens the whole pool can hold.
+    /// Tokens the pool can hold: every page not taken out of service.
     pub fn capacity_tokens(&self) -> usize {
-        self.tags.len() * self.geometry.page_size
+        self.capacity_pages() * self.geometry.page_size
+    }
+
+    fn capacity_pages(&self) -> usize {
+        self.tags.len() - self.quarantined_pages() - self.pending_quarantine.len()
+    }
+
+    fn quarantined_pages(&self) -> usize {
+        self.tags
+            .iter()
+            .filter(|t| **t == PageTag::Quarantined)
+            .count()
+    }
+
+    /// This pool's admission limits for a model whose context window is
+    /// `context_window`: the pool's real capacity and page size, and its
+    /// identity, so that [`KvPool::allocate`] takes only what was admitted
+    /// for it.
+    pub fn limits(&self, context_window: usize) -> Limits {
+        Limits::of_pool(
+            context_window,
+            self.capacity_tokens(),
+            self.geometry.page_size,
+            self.id,
+        )
     }
 
     /// Allocates every page the admitted request needs, or none.
-    pub fn allocate<T>(&mut self, admitted: &Admitted<T>) -> Result<PageTable, PoolExhausted> {
+    pub fn allocate<T>(&mut self, admitted: &Admitted<T>) -> Result<PageTable, AllocError> {
         self.allocate_with(admitted, None)
     }
 
@@ -285,7 +353,7 @@ impl KvPool {
         &mut self,
         admitted: &Admitted<T>,
         transfer: TransferId,
-    ) -> Result<PageTable, PoolExhausted> {
+    ) -> Result<PageTable, AllocError> {
         self.allocate_with(admitted, Some(transfer))
     }
 
@@ -293,13 +361,21 @@ impl KvPool {
         &mut self,
         admitted: &Admitted<T>,
         transfer: Option<TransferId>,
-    ) -> Result<PageTable, PoolExhausted> {
+    ) -> Result<PageTable, AllocError> {
+        if !admitted.made_for(self.id, self.geometry.page_size) {
+            return Err(AllocError::OtherPool);
+        }
         let needed = admitted.pages();
+        let capacity = self.capacity_pages();
+        if needed > capacity {
+            return Err(AllocError::NeverFits { needed, capacity });
+        }
         if needed > self.free.len() {
             return Err(PoolExhausted {
                 needed,
                 free: self.free.len(),
-            });
+            }
+            .into());
         }
         let owner = admitted.owner();
         let mut pages = Vec::with_capacity(needed);
@@ -369,7 +445,9 @@ impl KvPool {
                 self.tags[i] = PageTag::Quarantined;
             }
             Some(PageTag::Owned { .. } | PageTag::Receiving { .. }) => {
-                self.pending_quarantine.push(violation.page);
+                if !self.pending_quarantine.contains(&violation.page) {
+                    self.pending_quarantine.push(violation.page);
+                }
             }
             Some(PageTag::Quarantined) | None => {}
         }
@@ -389,6 +467,7 @@ impl KvPool {
         if scrub {
             self.scrub(page);
         }
+        self.clean[page.index()] = scrub;
         self.tags[page.index()] = PageTag::Free;
         self.free.push(page);
     }
@@ -400,11 +479,7 @@ impl KvPool {
 
     /// Counters for metrics and tests.
     pub fn counters(&self) -> PoolCounters {
-        let quarantined = self
-            .tags
-            .iter()
-            .filter(|t| **t == PageTag::Quarantined)
-            .count();
+        let quarantined = self.quarantined_pages();
         let receiving = self
             .tags
             .iter()
@@ -431,6 +506,10 @@ impl KvPool {
 
     /// Writes one token's keys and values (`kv_heads * head_dim` each) for
     /// `layer` at position `pos` of the table's sequence.
+    ///
+    /// A page still holding a previous owner's bytes is zeroed whole first
+    /// (call [`KvPool::begin_write`] before a run of writes to zero only
+    /// what the run leaves unwritten).
     pub fn write_token(
         &mut self,
         table: &PageTable,
@@ -440,8 +519,12 @@ impl KvPool {
         v: &[f32],
     ) -> Result<(), OwnerViolation> {
         let g = self.geometry;
-        let r = table.pages[pos / g.page_size];
-        self.check(table.owner, r)?;
+        let r = Self::entry(table, pos / g.page_size)?;
+        self.check_access(table.owner, r)?;
+        if !self.clean[r.page.index()] {
+            self.zero_slots(r.page, 0, g.page_size);
+            self.clean[r.page.index()] = true;
+        }
         let slot = pos % g.page_size;
         let n = g.floats_per_layer_page();
         let at = layer * 2 * n;
@@ -456,6 +539,61 @@ impl KvPool {
             }
         }
         Ok(())
+    }
+
+    /// Prepares the pages that positions `start..start + len` of the
+    /// table's sequence fall in for writing: in each page that still holds
+    /// a previous owner's bytes, every slot outside that range is zeroed
+    /// (the range itself is about to be written in every layer), so no
+    /// stale byte is left behind. Pages the range covers whole are not
+    /// touched.
+    pub fn begin_write(
+        &mut self,
+        table: &PageTable,
+        start: usize,
+        len: usize,
+    ) -> Result<(), OwnerViolation> {
+        let ps = self.geometry.page_size;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = start.saturating_add(len);
+        for index in start / ps..=(end - 1) / ps {
+            let r = Self::entry(table, index)?;
+            self.check_access(table.owner, r)?;
+            if self.clean[r.page.index()] {
+                continue;
+            }
+            let (from, to) = (
+                start.max(index * ps) - index * ps,
+                end.min((index + 1) * ps) - index * ps,
+            );
+            self.zero_slots(r.page, 0, from);
+            self.zero_slots(r.page, to, ps);
+            self.clean[r.page.index()] = true;
+        }
+        Ok(())
+    }
+
+    /// Zeroes slots `from..to` of a page in every layer, keys and values.
+    fn zero_slots(&mut self, page: PageId, from: usize, to: usize) {
+        if from >= to {
+            return;
+        }
+        let g = self.geometry;
+        match &mut self.planes {
+            Planes::F16(pages) => zero_range(&mut pages[page.index()], g, from, to, f16::ZERO),
+            Planes::F32(pages) => zero_range(&mut pages[page.index()], g, from, to, 0.0),
+        }
+    }
+
+    /// The table's entry `index`, or a violation naming nothing real when
+    /// the index is out of range.
+    fn entry(table: &PageTable, index: usize) -> Result<PageRef, OwnerViolation> {
+        table.pages.get(index).copied().ok_or(OwnerViolation {
+            page: PageId::from_index(0),
+            owner: table.owner,
+        })
     }
 
     /// Shared read access for attention.
@@ -489,11 +627,30 @@ impl KvPool {
         }
     }
 
-    fn check(&self, owner: Owner, r: PageRef) -> Result<(), OwnerViolation> {
+    /// Whether `owner` may write `r` (or lend it): the tag matches and the
+    /// memory is home.
+    fn check_access(&self, owner: Owner, r: PageRef) -> Result<(), OwnerViolation> {
         let home = self.whereabouts.get(r.page.index()) == Some(&Whereabouts::Home);
+        #[cfg(feature = "test-hooks")]
         let unchecked = self.checks == OwnerChecks::OffForBenchmark
             && matches!(self.tags.get(r.page.index()), Some(PageTag::Owned { .. }));
+        #[cfg(not(feature = "test-hooks"))]
+        let unchecked = false;
         if home && (unchecked || self.tag_matches(owner, r)) {
+            Ok(())
+        } else {
+            Err(OwnerViolation {
+                page: r.page,
+                owner,
+            })
+        }
+    }
+
+    /// Whether `owner` may read `r`: as [`Self::check_access`], and the
+    /// page holds no byte of a previous owner.
+    fn check_read(&self, owner: Owner, r: PageRef) -> Result<(), OwnerViolation> {
+        self.check_access(owner, r)?;
+        if self.clean[r.page.index()] {
             Ok(())
         } else {
             Err(OwnerViolation {
@@ -507,6 +664,20 @@ impl KvPool {
         match &mut self.planes {
             Planes::F16(pages) => pages[page.index()].fill(f16::ZERO),
             Planes::F32(pages) => pages[page.index()].fill(0.0),
+        }
+    }
+}
+
+/// Zeroes slots `from..to` of every layer of one page's memory.
+fn zero_range<T: Copy>(page: &mut [T], g: KvGeometry, from: usize, to: usize, zero: T) {
+    let n = g.floats_per_layer_page();
+    for layer in page.chunks_exact_mut(2 * n) {
+        let (keys, values) = layer.split_at_mut(n);
+        for row in keys.chunks_exact_mut(g.page_size) {
+            row[from..to].fill(zero);
+        }
+        for head in values.chunks_exact_mut(g.page_size * g.head_dim) {
+            head[from * g.head_dim..to * g.head_dim].fill(zero);
         }
     }
 }
@@ -537,15 +708,19 @@ fn scatter<T: Copy>(
 }
 
 impl<'a> PageReader<'a> {
-    /// The keys and values of page `r` in `layer`, if `owner` owns it at
-    /// `r`'s generation. Otherwise the data is not returned.
+    /// The keys and values in `layer` of entry `index` of `table`, if the
+    /// table's sequence owns that page at the entry's generation and the
+    /// page holds only its bytes. Otherwise the data is not returned. The
+    /// reader names its own table: there is no way to ask for a page by
+    /// owner or by physical id.
     pub fn page(
         &self,
+        table: &PageTable,
+        index: usize,
         layer: usize,
-        owner: Owner,
-        r: PageRef,
     ) -> Result<PageView<'a>, OwnerViolation> {
-        self.pool.check(owner, r)?;
+        let r = KvPool::entry(table, index)?;
+        self.pool.check_read(table.owner, r)?;
         let g = self.pool.geometry;
         let n = g.floats_per_layer_page();
         Ok(PageView {
@@ -580,42 +755,52 @@ impl<'a> PageView<'a> {
     }
 }
 
-impl PageRef {
-    /// The physical page.
-    pub fn page(&self) -> PageId {
-        self.page
-    }
-
-    /// The generation it was allocated at.
-    pub fn generation(&self) -> Generation {
-        self.generation
-    }
-}
-
 impl PageTable {
     /// The owning sequence.
     pub fn owner(&self) -> Owner {
         self.owner
     }
 
-    /// The page references, in token order.
-    pub fn pages(&self) -> &[PageRef] {
-        &self.pages
+    /// Entries (pages) in the table.
+    pub fn len(&self) -> usize {
+        self.pages.len()
     }
 
-    /// Points entry `index` at `target`: simulates the index bugs of the
-    /// 2026 incident so tests can show the tag check stops them.
-    #[cfg(feature = "fault-injection")]
-    pub fn redirect_for_fault_injection(&mut self, index: usize, target: PageRef) {
-        self.pages[index] = target;
+    /// Whether the table has no page.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// The generation of each entry, in token order (landing slots are
+    /// granted by generation; a generation grants nothing by itself).
+    pub fn generations(&self) -> impl Iterator<Item = Generation> + '_ {
+        self.pages.iter().map(|r| r.generation)
+    }
+
+    /// The physical page of each entry, for tests that inspect tags.
+    #[cfg(feature = "test-hooks")]
+    pub fn page_ids(&self) -> Vec<PageId> {
+        self.pages.iter().map(|r| r.page).collect()
+    }
+
+    /// Points entry `index` at what entry `source_index` of `source`
+    /// names: simulates the index bugs of the 2026 incident so tests can
+    /// show the tag check stops them.
+    #[cfg(feature = "test-hooks")]
+    pub fn redirect_for_fault_injection(
+        &mut self,
+        index: usize,
+        source: &PageTable,
+        source_index: usize,
+    ) {
+        self.pages[index] = source.pages[source_index];
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::admission::Limits;
-    use crate::ids::{RequestId, TenantId};
+    use crate::ids::TenantId;
 
     /// Two layers, one head of four, two tokens a page.
     pub(crate) const GEO: KvGeometry = KvGeometry {
@@ -626,65 +811,85 @@ pub(crate) mod tests {
         dtype: KvDtype::F32,
     };
 
-    pub(crate) fn owner(t: u64, r: u64) -> Owner {
-        Owner {
-            tenant: TenantId::new(t),
-            request: RequestId::new(r),
-        }
+    pub(crate) fn tenant(t: u64) -> TenantId {
+        TenantId::new(t)
     }
 
     pub(crate) fn limits(pool: &KvPool) -> Limits {
-        Limits {
-            context_window: 64,
-            pool_tokens: pool.capacity_tokens(),
-            page_size: pool.geometry().page_size,
+        pool.limits(64)
+    }
+
+    /// Every element of the page behind entry `index` (all layers).
+    fn page_floats(pool: &KvPool, table: &PageTable, index: usize) -> Vec<f32> {
+        let r = table.pages[index];
+        match &pool.planes {
+            Planes::F32(p) => p[r.page.index()].to_vec(),
+            Planes::F16(p) => p[r.page.index()].iter().map(|x| x.to_f32()).collect(),
         }
     }
 
     #[test]
     fn foreign_and_stale_pages_are_refused() {
         let mut pool = KvPool::new(GEO, 4, false);
-        let a = limits(&pool).admit(owner(1, 1), 3, 1, ()).unwrap();
+        let a = limits(&pool).admit(tenant(1), 3, 1, ()).unwrap();
         let table_a = pool.allocate(&a).unwrap();
         pool.write_token(&table_a, 0, 0, &[1.0; 4], &[2.0; 4])
             .unwrap();
-        let b = owner(2, 2);
-        let stolen = table_a.pages()[0];
-        let err = pool.reader().page(0, b, stolen).unwrap_err();
-        assert_eq!(err.page, stolen.page());
+        assert!(pool.reader().page(&table_a, 0, 0).is_ok());
+        // B's table pointed at A's page (the incident's index bug) reads nothing.
+        let b = limits(&pool).admit(tenant(2), 1, 1, ()).unwrap();
+        let mut table_b = pool.allocate(&b).unwrap();
+        let stolen = table_a.pages[0];
+        table_b.pages[0] = stolen;
+        let err = pool.reader().page(&table_b, 0, 0).unwrap_err();
+        assert_eq!(err.page, stolen.page);
+        assert!(
+            pool.write_token(&table_b, 0, 0, &[0.0; 4], &[0.0; 4])
+                .is_err()
+        );
+        assert!(pool.lend_source(&table_b, 0, None).is_err());
+        // An index past the table is refused, not a panic.
+        assert!(pool.reader().page(&table_a, 9, 0).is_err());
 
         // After release and reallocation the old generation is stale.
+        let keep = table_a.pages[0];
         pool.release(table_a);
-        let a2 = limits(&pool).admit(owner(1, 3), 7, 1, ()).unwrap();
-        let table_a2 = pool.allocate(&a2).unwrap();
-        let reused = *table_a2
-            .pages()
+        pool.release(table_b);
+        let a2 = limits(&pool).admit(tenant(1), 7, 1, ()).unwrap();
+        let mut table_a2 = pool.allocate(&a2).unwrap();
+        pool.begin_write(&table_a2, 0, 8).unwrap();
+        let reused = table_a2
+            .pages
             .iter()
-            .find(|r| r.page() == stolen.page())
+            .position(|r| r.page == keep.page)
             .unwrap();
-        assert_ne!(reused.generation(), stolen.generation());
-        assert!(pool.reader().page(0, owner(1, 1), stolen).is_err());
-        assert!(pool.reader().page(0, owner(1, 3), reused).is_ok());
+        assert_ne!(table_a2.pages[reused].generation, keep.generation);
+        assert!(pool.reader().page(&table_a2, reused, 0).is_ok());
+        table_a2.pages[reused] = keep;
+        assert!(pool.reader().page(&table_a2, reused, 0).is_err());
     }
 
     #[test]
     fn allocation_is_all_or_nothing_and_quarantine_removes_pages() {
         let mut pool = KvPool::new(GEO, 3, true);
-        let big = limits(&pool).admit(owner(1, 1), 5, 1, ()).unwrap();
+        let big = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
         assert_eq!(big.pages(), 3);
         let t = pool.allocate(&big).unwrap();
-        let again = limits(&pool).admit(owner(1, 2), 1, 1, ()).unwrap();
+        let again = limits(&pool).admit(tenant(1), 1, 1, ()).unwrap();
         assert_eq!(
             pool.allocate(&again).unwrap_err(),
-            PoolExhausted { needed: 1, free: 0 }
+            AllocError::Exhausted(PoolExhausted { needed: 1, free: 0 })
         );
-        let victim = t.pages()[1];
+        pool.begin_write(&t, 0, 6).unwrap();
+        let victim = t.pages[1];
         pool.quarantine(&OwnerViolation {
-            page: victim.page(),
-            owner: owner(2, 9),
+            page: victim.page,
+            owner: Owner::fresh(tenant(2)),
         });
-        // The rightful owner keeps its page until it releases it.
-        assert!(pool.reader().page(0, owner(1, 1), victim).is_ok());
+        // The rightful owner keeps its page until it releases it, but the
+        // pool already counts it out of service.
+        assert!(pool.reader().page(&t, 1, 0).is_ok());
+        assert_eq!(pool.capacity_tokens(), 4);
         pool.release(t);
         let c = pool.counters();
         assert_eq!(
@@ -692,6 +897,58 @@ pub(crate) mod tests {
             (2, 1, 0)
         );
         assert_eq!(c.owner_violations, 1);
-        assert_eq!(pool.tag(victim.page()), Some(PageTag::Quarantined));
+        assert_eq!(pool.tag(victim.page), Some(PageTag::Quarantined));
+        // A request admitted before the quarantine can never fit now.
+        assert_eq!(
+            pool.allocate(&big).unwrap_err(),
+            AllocError::NeverFits {
+                needed: 3,
+                capacity: 2
+            }
+        );
+        assert_eq!(pool.limits(64).pool_tokens(), 4);
+    }
+
+    #[test]
+    fn an_admission_for_another_pool_allocates_nothing() {
+        let mut a = KvPool::new(GEO, 4, false);
+        let b = KvPool::new(GEO, 4, false);
+        let for_b = limits(&b).admit(tenant(1), 1, 1, ()).unwrap();
+        assert_eq!(a.allocate(&for_b).unwrap_err(), AllocError::OtherPool);
+        assert_eq!(a.counters().allocations, 0);
+    }
+
+    #[test]
+    fn no_byte_of_a_previous_owner_is_readable_by_the_next() {
+        let mut pool = KvPool::new(GEO, 2, false);
+        let a = limits(&pool).admit(tenant(1), 3, 1, ()).unwrap();
+        let ta = pool.allocate(&a).unwrap();
+        pool.begin_write(&ta, 0, 4).unwrap();
+        for pos in 0..4 {
+            for layer in 0..2 {
+                pool.write_token(&ta, layer, pos, &[7.0; 4], &[7.0; 4])
+                    .unwrap();
+            }
+        }
+        pool.release(ta);
+        // B gets A's pages back and writes one token of the first page.
+        let b = limits(&pool).admit(tenant(2), 1, 2, ()).unwrap();
+        let tb = pool.allocate(&b).unwrap();
+        // Not yet written: not readable, not lendable.
+        assert!(pool.reader().page(&tb, 0, 0).is_err());
+        assert!(pool.lend_source(&tb, 0, None).is_err());
+        pool.begin_write(&tb, 0, 1).unwrap();
+        for layer in 0..2 {
+            pool.write_token(&tb, layer, 0, &[1.0; 4], &[1.0; 4])
+                .unwrap();
+        }
+        let floats = page_floats(&pool, &tb, 0);
+        assert!(floats.iter().all(|x| *x == 0.0 || *x == 1.0), "{floats:?}");
+        assert_eq!(floats.iter().filter(|x| **x == 1.0).count(), 16);
+        // A write without begin_write zeroes the stale page whole first.
+        pool.write_token(&tb, 0, 2, &[3.0; 4], &[3.0; 4]).unwrap();
+        let floats = page_floats(&pool, &tb, 1);
+        assert!(floats.iter().all(|x| *x == 0.0 || *x == 3.0), "{floats:?}");
+        assert!(pool.reader().page(&tb, 1, 0).is_ok());
     }
 }

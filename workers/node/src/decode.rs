@@ -14,10 +14,10 @@
 
 use crate::hello::{HelloCheck, check_peer, page_bytes, peer_limits};
 use bulkhead_engine::{Engine, GenerateRequest, RequestHandle, TransferFault};
-use bulkhead_kv::{AdmissionError, LentPage, Limits, TenantId, TransferId};
+use bulkhead_kv::{AdmissionError, Capacity, LentPage, Limits, TenantId, TransferId};
 use bulkhead_transfer::{
     Checksums, DoneVerdict, Fault, Head, Hello, Ledger, Message, PageVerdict, PrefillRequest,
-    TransferCounters, read_payload,
+    TransferCounters, read_payload, read_payload_into,
 };
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -68,7 +68,7 @@ pub enum SubmitError {
 pub struct DecodeWorker {
     engine: Arc<Engine>,
     link: mpsc::UnboundedSender<LinkEvent>,
-    peer: watch::Receiver<Option<Limits>>,
+    peer: watch::Receiver<Option<Capacity>>,
     counters: watch::Receiver<TransferCounters>,
     hello: Hello,
 }
@@ -165,7 +165,7 @@ impl DecodeWorker {
     /// worker's (`None` until the prefill worker has introduced itself).
     pub fn limits(&self) -> Option<Limits> {
         let peer = (*self.peer.borrow())?;
-        self.engine.info().limits.intersect(&peer)
+        self.engine.info().limits.narrow(&peer)
     }
 
     /// Waits until the prefill worker has introduced itself, up to `wait`.
@@ -242,7 +242,7 @@ struct Link {
     epoch: u64,
     /// Transfers open on the current connection.
     open: HashMap<TransferId, Deadline>,
-    peer: watch::Sender<Option<Limits>>,
+    peer: watch::Sender<Option<Capacity>>,
     counters: watch::Sender<TransferCounters>,
 }
 
@@ -573,7 +573,7 @@ impl Receiver {
     ) -> bool {
         let verdict = match Self::landing_page(&self.ledger, &mut self.landing, h, len) {
             Some(page) => {
-                if read_payload(rd, page.bytes_mut()).await.is_err() {
+                if read_payload_into(rd, page, len).await.is_err() {
                     return false;
                 }
                 self.ledger.on_page(h, page.bytes())
@@ -617,7 +617,7 @@ impl Receiver {
     fn received_page(&mut self, h: &bulkhead_transfer::PageHeader, payload: &[u8]) -> bool {
         let verdict = match Self::landing_page(&self.ledger, &mut self.landing, h, payload.len()) {
             Some(page) => {
-                page.bytes_mut().copy_from_slice(payload);
+                bytes::BufMut::put_slice(page, payload);
                 self.ledger.on_page(h, page.bytes())
             }
             None => self.ledger.on_page(h, payload),

@@ -2,7 +2,7 @@
 //! hand KV pages to each other.
 
 use bulkhead_engine::Engine;
-use bulkhead_kv::{KvDtype, Limits};
+use bulkhead_kv::{Capacity, KvDtype};
 use bulkhead_transfer::Hello;
 use bulkhead_transfer::wire::VERSION;
 
@@ -89,13 +89,13 @@ pub fn hello(engine: &Engine, transport: &TransportKind) -> Hello {
         layers: info.model.layers as u32,
         kv_heads: info.model.kv_heads as u32,
         head_dim: info.model.head_dim as u32,
-        page_size: info.limits.page_size as u32,
+        page_size: info.limits.page_size() as u32,
         dtype_bytes: match info.kv_dtype {
             KvDtype::F16 => 2,
             KvDtype::F32 => 4,
         },
-        context_window: info.limits.context_window as u64,
-        pool_tokens: info.limits.pool_tokens as u64,
+        context_window: info.limits.context_window() as u64,
+        pool_tokens: info.limits.pool_tokens() as u64,
         transport: transport.wire(),
     }
 }
@@ -116,9 +116,9 @@ pub fn check_peer(ours: &Hello, peer: &Hello) -> HelloCheck {
     }
 }
 
-/// The admission limits a peer's hello announces.
-pub fn peer_limits(peer: &Hello) -> Limits {
-    Limits {
+/// The capacity a peer's hello announces (it only ever narrows ours).
+pub fn peer_limits(peer: &Hello) -> Capacity {
+    Capacity {
         context_window: usize::try_from(peer.context_window).unwrap_or(usize::MAX),
         pool_tokens: usize::try_from(peer.pool_tokens).unwrap_or(usize::MAX),
         page_size: peer.page_size as usize,

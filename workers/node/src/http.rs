@@ -405,6 +405,7 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
                 "aborts_received": g(&c.aborts_received), "acks_sent": g(&c.acks_sent),
                 "acks_received": g(&c.acks_received), "dropped_frames": g(&c.dropped_frames),
                 "connection_losses": g(&c.connection_losses),
+                "delayed_frames": g(&c.delayed_frames),
             });
         }
         Role::Colocated(_) => {}

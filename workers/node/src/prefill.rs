@@ -14,7 +14,7 @@ use bulkhead_engine::{Engine, PrefillEvent};
 use bulkhead_kv::{Generation, LentPage, TenantId, TransferId};
 use bulkhead_transfer::checksum::transfer_digest;
 use bulkhead_transfer::{
-    Checksums, Done, Grant, Hello, Message, PrefillRequest, SlowTransport, TcpTransport, Transport,
+    Checksums, Done, Grant, Hello, Message, PrefillRequest, TcpTransport, Transport,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -28,10 +28,44 @@ use tokio::sync::{broadcast, mpsc};
 pub struct PrefillOptions {
     /// Longest a single frame write may block on a peer that does not read.
     pub write_timeout: Duration,
-    /// Testing: wait this long before every frame (a deliberately slow link).
-    pub page_delay: Option<Duration>,
     /// How pages travel.
     pub transport: crate::TransportKind,
+    /// Testing: wait this long before every frame (a deliberately slow link).
+    #[cfg(feature = "test-hooks")]
+    page_delay: Option<Duration>,
+}
+
+impl PrefillOptions {
+    /// Options for sending over `transport` with a per-frame write timeout.
+    pub fn new(write_timeout: Duration, transport: crate::TransportKind) -> Self {
+        PrefillOptions {
+            write_timeout,
+            transport,
+            #[cfg(feature = "test-hooks")]
+            page_delay: None,
+        }
+    }
+
+    /// Testing only: wait `delay` before every frame (a deliberately slow
+    /// link). Refused in a build without the `test-hooks` feature.
+    #[allow(clippy::needless_pass_by_ref_mut, clippy::unused_self)]
+    pub fn slow_link(
+        &mut self,
+        delay: Duration,
+    ) -> Result<(), bulkhead_engine::hooks::HooksDisabled> {
+        #[cfg(feature = "test-hooks")]
+        {
+            self.page_delay = Some(delay);
+            Ok(())
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        {
+            let _ = delay;
+            Err(bulkhead_engine::hooks::HooksDisabled(
+                "a slowed link (--page-delay-ms)",
+            ))
+        }
+    }
 }
 
 /// Counters of a prefill worker.
@@ -59,6 +93,9 @@ pub struct PrefillCounters {
     pub dropped_frames: AtomicU64,
     /// Connections whose loss released their transfers.
     pub connection_losses: AtomicU64,
+    /// Frames held back by a slowed link (test builds only; always 0 in
+    /// the serving build).
+    pub delayed_frames: Arc<AtomicU64>,
 }
 
 /// An operator command for every connection.
@@ -155,13 +192,17 @@ impl PrefillWorker {
         let (rd, wr) = sock.into_split();
         let transport = TcpTransport::new(wr, Checksums::On, self.options.write_timeout);
         let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx, data_tx));
+        #[cfg(feature = "test-hooks")]
         let ctrl = match self.options.page_delay {
             Some(d) => {
-                let t = SlowTransport::new(transport, d);
+                let delayed = Arc::clone(&self.counters.delayed_frames);
+                let t = bulkhead_transfer::SlowTransport::new(transport, d, delayed);
                 write_loop(t, self.clone(), ctrl_rx, data_rx, admin).await
             }
             None => write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await,
         };
+        #[cfg(not(feature = "test-hooks"))]
+        let ctrl = write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await;
         reader.abort();
         let _ = reader.await;
         release_unopened(&self, ctrl);

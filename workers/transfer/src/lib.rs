@@ -29,5 +29,10 @@ pub mod wire;
 
 pub use checksum::Checksums;
 pub use ledger::{DoneVerdict, Fault, Ledger, PageVerdict, TransferCounters};
-pub use transport::{Grant, Slot, SlowTransport, TcpTransport, Transport, TransportError};
-pub use wire::{Done, Head, Hello, Message, PageHeader, PrefillRequest, WireError, read_payload};
+#[cfg(feature = "test-hooks")]
+pub use transport::SlowTransport;
+pub use transport::{Grant, Slot, TcpTransport, Transport, TransportError};
+pub use wire::{
+    Done, Head, Hello, Message, PageHeader, PrefillRequest, WireError, read_payload,
+    read_payload_into,
+};

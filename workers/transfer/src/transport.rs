@@ -162,28 +162,49 @@ impl<W: AsyncWrite + Unpin + Send> Transport for TcpTransport<W> {
 }
 
 /// A transport that waits `delay` before every frame: a deliberately slow
-/// link, for tests of aborts and crashes in the middle of a transfer.
+/// link, for tests of aborts and crashes in the middle of a transfer. Only
+/// in builds with the `test-hooks` feature. Counts the frames it delayed,
+/// so a test can tell the delay was in force.
+#[cfg(feature = "test-hooks")]
 #[derive(Debug)]
 pub struct SlowTransport<T> {
     inner: T,
     delay: Duration,
+    delayed: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
+#[cfg(feature = "test-hooks")]
 impl<T: Transport> SlowTransport<T> {
-    /// Wraps `inner`.
-    pub fn new(inner: T, delay: Duration) -> Self {
-        SlowTransport { inner, delay }
+    /// Wraps `inner`; every delayed frame adds one to `delayed`.
+    pub fn new(
+        inner: T,
+        delay: Duration,
+        delayed: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
+        SlowTransport {
+            inner,
+            delay,
+            delayed,
+        }
     }
 }
 
+/// Waits `delay`, then counts one delayed frame.
+#[cfg(feature = "test-hooks")]
+async fn hold_back(delay: Duration, delayed: &std::sync::atomic::AtomicU64) {
+    tokio::time::sleep(delay).await;
+    delayed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[cfg(feature = "test-hooks")]
 impl<T: Transport> Transport for SlowTransport<T> {
     async fn write_page(&mut self, slot: Slot, page: &[u8]) -> Result<u64, TransportError> {
-        tokio::time::sleep(self.delay).await;
+        hold_back(self.delay, &self.delayed).await;
         self.inner.write_page(slot, page).await
     }
 
     async fn send(&mut self, msg: &Message) -> Result<(), TransportError> {
-        tokio::time::sleep(self.delay).await;
+        hold_back(self.delay, &self.delayed).await;
         self.inner.send(msg).await
     }
 }

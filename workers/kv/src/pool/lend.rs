@@ -4,7 +4,8 @@
 //! A page's memory is one contiguous block in the pool's own page-major
 //! layout (`[layer][keys | values]`, little-endian); that block is what
 //! travels. A landing page (`PageTag::Receiving`) becomes readable only
-//! through [`KvPool::commit_received`], once the whole transfer is verified.
+//! through [`KvPool::commit_received`], once the whole transfer is verified
+//! and every byte of it was written by the transfer.
 //!
 //! A KV transfer moves a page's memory, not a copy: the prefill side lends
 //! its finished prompt pages to the sender, and the decode side lends its
@@ -14,11 +15,17 @@
 //! is freed only when its memory comes back. "Release only after in-flight
 //! writes drain" is therefore ownership, not a timer.
 //!
+//! A source page is lent only when clean (no byte of a previous owner in
+//! it), so nothing stale goes on the wire. A landing page still holds
+//! whatever its last owner left: it is lent write-only ([`bytes::BufMut`],
+//! whose chunks cannot be read in safe code), and [`LentPage::bytes`] shows
+//! only the prefix the transfer has written.
+//!
 //! A [`LentPage`] returns itself when dropped, through its [`Home`]: the
 //! pool's owner (the engine thread) gets it back on its command channel.
 
 use super::{KvPool, PageRef, PageTable, PageTag, Planes, Whereabouts};
-use crate::ids::{Generation, Owner, PageId, TransferId};
+use crate::ids::{Generation, PageId, TransferId};
 use crate::pool::OwnerViolation;
 use half::f16;
 use std::sync::Arc;
@@ -43,12 +50,16 @@ impl std::fmt::Debug for Home {
     }
 }
 
-/// The memory of one page, out of its pool.
+/// The memory of one page, out of its pool: a source page (readable, all
+/// of it the owner's) or a landing page (write-only until written).
 pub struct LentPage {
     page: PageId,
     generation: Generation,
     slot: usize,
     mem: PageMem,
+    /// `None` for a source page; for a landing page, how many leading
+    /// bytes its transfer has written.
+    written: Option<usize>,
     home: Option<Home>,
 }
 
@@ -64,7 +75,24 @@ impl std::fmt::Debug for LentPage {
             .field("page", &self.page)
             .field("generation", &self.generation)
             .field("slot", &self.slot)
+            .field("written", &self.written)
             .finish_non_exhaustive()
+    }
+}
+
+impl PageMem {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            PageMem::F16(m) => bytemuck::cast_slice(m),
+            PageMem::F32(m) => bytemuck::cast_slice(m),
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            PageMem::F16(m) => bytemuck::cast_slice_mut(m),
+            PageMem::F32(m) => bytemuck::cast_slice_mut(m),
+        }
     }
 }
 
@@ -79,20 +107,59 @@ impl LentPage {
         self.generation
     }
 
-    /// The page's bytes, in the transfer's wire order.
+    /// The page's bytes in the transfer's wire order: all of a source
+    /// page; of a landing page, only what its transfer has written so far.
     pub fn bytes(&self) -> &[u8] {
-        match &self.mem {
-            PageMem::F16(m) => bytemuck::cast_slice(m),
-            PageMem::F32(m) => bytemuck::cast_slice(m),
+        let all = self.mem.bytes();
+        match self.written {
+            None => all,
+            Some(n) => &all[..n],
         }
     }
 
-    /// The page's bytes, writable (a landing page being received).
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        match &mut self.mem {
-            PageMem::F16(m) => bytemuck::cast_slice_mut(m),
-            PageMem::F32(m) => bytemuck::cast_slice_mut(m),
+    /// Bytes still to be written into a landing page (0 for a source page).
+    pub fn unwritten(&self) -> usize {
+        match self.written {
+            None => 0,
+            Some(n) => self.mem.bytes().len() - n,
         }
+    }
+
+    /// Whether this is a landing page its transfer has written whole.
+    pub fn is_written(&self) -> bool {
+        self.written == Some(self.mem.bytes().len())
+    }
+}
+
+// A landing page takes the wire's bytes in order, without ever showing
+// what was in it before: `chunk_mut` hands out an `UninitSlice`, which safe
+// code can write but not read. The memory is always initialised (it is a
+// real page), so advancing over written bytes upholds `BufMut`'s contract.
+#[allow(unsafe_code)]
+// SAFETY: `chunk_mut` returns exactly the `remaining_mut` unwritten bytes,
+// and `advance_mut` moves past at most those; the memory behind them is
+// initialised page memory.
+unsafe impl bytes::BufMut for LentPage {
+    fn remaining_mut(&self) -> usize {
+        self.unwritten()
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn advance_mut(&mut self, cnt: usize) {
+        assert!(
+            cnt <= self.unwritten(),
+            "advance past the end of a landing page"
+        );
+        if let Some(n) = &mut self.written {
+            *n += cnt;
+        }
+    }
+
+    fn chunk_mut(&mut self) -> &mut bytes::buf::UninitSlice {
+        let from = self.written.unwrap_or(usize::MAX);
+        let all = self.mem.bytes_mut();
+        let from = from.min(all.len());
+        bytes::buf::UninitSlice::new(&mut all[from..])
     }
 }
 
@@ -105,6 +172,7 @@ impl Drop for LentPage {
                 generation: self.generation,
                 slot: self.slot,
                 mem,
+                written: self.written,
                 home: None,
             });
         }
@@ -112,20 +180,22 @@ impl Drop for LentPage {
 }
 
 impl KvPool {
-    /// Lends page `r` (slot `slot` of a transfer) if `owner` owns it: the
-    /// prefill side's finished prompt pages.
+    /// Lends entry `index` of `table` (slot `index` of a transfer): the
+    /// prefill side's finished prompt pages. Refused unless the table's
+    /// sequence owns the page and the page holds only its bytes.
     pub fn lend_source(
         &mut self,
-        owner: Owner,
-        r: PageRef,
-        slot: usize,
+        table: &PageTable,
+        index: usize,
         home: Option<Home>,
     ) -> Result<LentPage, OwnerViolation> {
-        self.check(owner, r)?;
-        Ok(self.take(r, slot, home))
+        let r = Self::entry(table, index)?;
+        self.check_read(table.owner, r)?;
+        Ok(self.take(r, index, None, home))
     }
 
-    /// Lends every landing page of `transfer` in `table`, in slot order.
+    /// Lends every landing page of `transfer` in `table`, in slot order,
+    /// write-only.
     pub fn lend_landing(
         &mut self,
         table: &PageTable,
@@ -137,7 +207,7 @@ impl KvPool {
             if self.lands(table, transfer, *r)
                 && self.whereabouts[r.page.index()] == Whereabouts::Home
             {
-                out.push(self.take(*r, slot, home.cloned()));
+                out.push(self.take(*r, slot, Some(0), home.cloned()));
             }
         }
         out
@@ -148,11 +218,17 @@ impl KvPool {
     pub fn restore(&mut self, mut page: LentPage) {
         page.home = None;
         let i = page.page.index();
+        let whole = page.is_written();
+        let landing = page.written.is_some();
         let mem = std::mem::replace(&mut page.mem, PageMem::F16(Box::default()));
         match (&mut self.planes, mem) {
             (Planes::F16(pages), PageMem::F16(m)) if pages[i].is_empty() => pages[i] = m,
             (Planes::F32(pages), PageMem::F32(m)) if pages[i].is_empty() => pages[i] = m,
             _ => return,
+        }
+        if landing {
+            // Clean only if the transfer overwrote every byte.
+            self.clean[i] = whole;
         }
         match std::mem::replace(&mut self.whereabouts[i], Whereabouts::Home) {
             Whereabouts::LentThenFree { scrub } => self.free_page(page.page, scrub),
@@ -162,7 +238,17 @@ impl KvPool {
 
     /// Makes every landing slot of `transfer` in `table` an ordinary owned,
     /// readable page. Call only after the whole transfer was verified.
-    pub fn commit_received(&mut self, table: &PageTable, transfer: TransferId) {
+    /// Refused (nothing changes) unless every landing page is home and was
+    /// written whole by the transfer.
+    pub fn commit_received(&mut self, table: &PageTable, transfer: TransferId) -> bool {
+        let complete = table.pages.iter().all(|r| {
+            !self.lands(table, transfer, *r)
+                || (self.whereabouts[r.page.index()] == Whereabouts::Home
+                    && self.clean[r.page.index()])
+        });
+        if !complete {
+            return false;
+        }
         for r in &table.pages {
             if self.lands(table, transfer, *r) {
                 self.tags[r.page.index()] = PageTag::Owned {
@@ -171,6 +257,7 @@ impl KvPool {
                 };
             }
         }
+        true
     }
 
     fn lands(&self, table: &PageTable, transfer: TransferId, r: PageRef) -> bool {
@@ -190,9 +277,19 @@ impl KvPool {
         })
     }
 
-    fn take(&mut self, r: PageRef, slot: usize, home: Option<Home>) -> LentPage {
+    fn take(
+        &mut self,
+        r: PageRef,
+        slot: usize,
+        written: Option<usize>,
+        home: Option<Home>,
+    ) -> LentPage {
         let i = r.page.index();
         self.whereabouts[i] = Whereabouts::Lent;
+        if written.is_some() {
+            // A landing page is clean again only once written whole.
+            self.clean[i] = false;
+        }
         let mem = match &mut self.planes {
             Planes::F16(pages) => PageMem::F16(std::mem::take(&mut pages[i])),
             Planes::F32(pages) => PageMem::F32(std::mem::take(&mut pages[i])),
@@ -203,6 +300,7 @@ impl KvPool {
             generation: r.generation,
             slot,
             mem,
+            written,
             home,
         }
     }
@@ -211,8 +309,9 @@ impl KvPool {
 #[cfg(test)]
 mod tests {
     use crate::ids::TransferId;
-    use crate::pool::tests::{GEO, limits, owner};
-    use crate::pool::{Home, KvDtype, KvGeometry, KvPool, LentPage, OwnerChecks, PageTag};
+    use crate::pool::tests::{GEO, limits, tenant};
+    use crate::pool::{Home, KvDtype, KvGeometry, KvPool, LentPage, PageTag};
+    use bytes::BufMut;
     use std::sync::{Arc, Mutex};
 
     const F16: KvGeometry = KvGeometry {
@@ -230,9 +329,10 @@ mod tests {
     #[test]
     fn pages_travel_whole_and_land_unreadable_until_committed() {
         let mut src = KvPool::new(F16, 4, false);
-        let a = limits(&src).admit(owner(1, 1), 3, 1, ()).unwrap();
+        let a = limits(&src).admit(tenant(1), 3, 1, ()).unwrap();
         let st = src.allocate(&a.prompt_only()).unwrap();
-        assert_eq!(st.pages().len(), 2);
+        assert_eq!(st.len(), 2);
+        src.begin_write(&st, 0, 3).unwrap();
         for pos in 0..3 {
             for layer in 0..2 {
                 let x = (pos * 10 + layer) as f32;
@@ -241,23 +341,15 @@ mod tests {
         }
         let mut dst = KvPool::new(F16, 4, false);
         let t = TransferId::new(77);
-        let d = limits(&dst).admit(owner(5, 9), 3, 1, ()).unwrap();
+        let d = limits(&dst).admit(tenant(5), 3, 1, ()).unwrap();
         let dt = dst.allocate_receiving(&d, t).unwrap();
         assert_eq!(dst.counters().receiving_pages, 2);
-        // Landing pages refuse reads and token writes, even with checks off.
-        assert!(dst.reader().page(0, dt.owner(), dt.pages()[0]).is_err());
+        // Landing pages refuse reads and token writes.
+        assert!(dst.reader().page(&dt, 0, 0).is_err());
         assert!(dst.write_token(&dt, 0, 0, &[0.0; 4], &[0.0; 4]).is_err());
-        dst.set_owner_checks(OwnerChecks::OffForBenchmark);
-        assert!(dst.reader().page(0, dt.owner(), dt.pages()[0]).is_err());
-        dst.set_owner_checks(OwnerChecks::Enforced);
-        // A stranger cannot borrow the source pages.
-        assert!(
-            src.lend_source(owner(2, 2), st.pages()[0], 0, None)
-                .is_err()
-        );
 
         let sent: Vec<LentPage> = (0..2)
-            .map(|i| src.lend_source(st.owner(), st.pages()[i], i, None).unwrap())
+            .map(|i| src.lend_source(&st, i, None).unwrap())
             .collect();
         // Another transfer's grant lends nothing.
         assert!(dst.lend_landing(&dt, TransferId::new(78), None).is_empty());
@@ -265,7 +357,12 @@ mod tests {
         assert_eq!(landing.len(), 2);
         for (l, s) in landing.iter_mut().zip(&sent) {
             assert_eq!(l.slot(), s.slot());
-            l.bytes_mut().copy_from_slice(s.bytes());
+            // Nothing of the page's past shows before it is written.
+            assert!(l.bytes().is_empty());
+            assert_eq!(l.remaining_mut(), s.bytes().len());
+            l.put_slice(s.bytes());
+            assert!(l.is_written());
+            assert_eq!(l.bytes(), s.bytes());
         }
         assert!(!dst.landing_home(&dt, t));
         for p in landing {
@@ -273,18 +370,19 @@ mod tests {
         }
         assert!(dst.landing_home(&dt, t));
         // Home but not committed: still unreadable.
-        assert!(dst.reader().page(0, dt.owner(), dt.pages()[1]).is_err());
-        dst.commit_received(&dt, t);
+        assert!(dst.reader().page(&dt, 1, 0).is_err());
+        assert!(dst.commit_received(&dt, t));
         assert!(matches!(
-            dst.tag(dt.pages()[1].page()),
+            dst.tag(dt.pages[1].page),
             Some(PageTag::Owned { .. })
         ));
         for layer in 0..2 {
-            let got = dst.reader().page(layer, dt.owner(), dt.pages()[1]).unwrap();
-            // Token 2 is slot 0 of page 1: its first key element.
+            let got = dst.reader().page(&dt, 1, layer).unwrap();
+            // Token 2 is slot 0 of page 1: its first key element; slot 1
+            // was never written by the owner, so it is zero, not stale.
             let want = half::f16::from_f32((20 + layer) as f32);
             match got.keys(0) {
-                crate::KvData::F16(k) => assert_eq!(k[0], want),
+                crate::KvData::F16(k) => assert_eq!((k[0], k[1]), (want, half::f16::ZERO)),
                 crate::KvData::F32(_) => unreachable!(),
             }
         }
@@ -300,15 +398,36 @@ mod tests {
     }
 
     #[test]
+    fn a_landing_page_written_in_part_is_never_committed() {
+        let mut pool = KvPool::new(F16, 2, false);
+        let t = TransferId::new(9);
+        let a = limits(&pool).admit(tenant(1), 2, 1, ()).unwrap();
+        let table = pool.allocate_receiving(&a, t).unwrap();
+        let mut lent = pool.lend_landing(&table, t, None);
+        assert_eq!(lent.len(), 1);
+        lent[0].put_slice(&[1, 2, 3]);
+        assert_eq!(lent[0].bytes(), &[1, 2, 3]);
+        assert!(!lent[0].is_written());
+        for p in lent {
+            pool.restore(p);
+        }
+        assert!(pool.landing_home(&table, t));
+        assert!(!pool.commit_received(&table, t));
+        assert!(pool.reader().page(&table, 0, 0).is_err());
+        pool.release_scrubbed(table);
+        assert_eq!(pool.counters().free_pages, 2);
+    }
+
+    #[test]
     fn a_page_released_while_lent_is_freed_only_when_it_comes_back() {
         let mut pool = KvPool::new(F16, 3, false);
         let t = TransferId::new(5);
-        let a = limits(&pool).admit(owner(1, 1), 3, 1, ()).unwrap();
+        let a = limits(&pool).admit(tenant(1), 3, 1, ()).unwrap();
         let table = pool.allocate_receiving(&a, t).unwrap();
         let (home, returned) = collector();
         let mut lent = pool.lend_landing(&table, t, Some(&home));
         assert_eq!(lent.len(), 2);
-        lent[1].bytes_mut().fill(9);
+        lent[1].put_bytes(9, 10);
         assert!(!pool.landing_home(&table, t));
         // The request ends while the memory is out: nothing is freed yet.
         pool.release_scrubbed(table);
