@@ -149,12 +149,13 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
 fn tampered(tamper: Tamper, expect_counter: &str) {
     let p = prefill(&[]);
     let via = proxy(p.addr("transfer"), tamper);
-    let d = decode(&via, &[]);
+    let d = decode(&via.addr, &[]);
     let r = generate(
         &d.addr("http"),
         5,
         &json!({"tokens": tokens(100), "max_tokens": 8}),
     );
+    assert!(via.injected() > 0, "the proxy injected no fault");
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.body.contains("kv_transfer_failed"), "{}", r.body);
     assert!(!r.body.contains("\"token\""), "no token may be produced");
@@ -270,11 +271,16 @@ fn duplicate_and_late_frames_are_dropped_and_counted() {
             m => vec![m],
         }),
     );
-    let d = decode(&via, &[]);
+    let d = decode(&via.addr, &[]);
     let c = colocated();
     let body = json!({"tokens": tokens(40), "max_tokens": 6, "ignore_eos": true});
     let r = generate(&d.addr("http"), 2, &body);
     assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        via.injected(),
+        1,
+        "the Done frame came with a duplicate and a late copy"
+    );
     assert_eq!(r.tokens().0, generate(&c.addr("http"), 2, &body).tokens().0);
     let ds = wait_stats(&d.addr("http"), |s| s["transfer"]["dropped_frames"] == 2);
     assert_eq!(ds["transfer"]["dropped_frames"], 2, "{ds}");
@@ -304,8 +310,17 @@ fn decode_aborts_mid_transfer_and_keeps_its_pages_until_prefill_drains() {
     assert_eq!(ds["transfer"]["timeouts"], 1);
     assert_eq!(ds["transfer"]["acks_received"], 1);
     let ps = stats(&p.addr("http"));
+    assert_delayed(&ps);
     assert_eq!(ps["transfer"]["aborts_received"], 1);
     assert_eq!(ps["transfer"]["acks_sent"], 1);
+}
+
+/// The slowed link was in force: prefill held frames back.
+fn assert_delayed(prefill_stats: &serde_json::Value) {
+    assert!(
+        prefill_stats["transfer"]["delayed_frames"].as_u64() > Some(0),
+        "the slowed link delayed nothing: {prefill_stats}"
+    );
 }
 
 #[test]
@@ -329,6 +344,7 @@ fn prefill_aborts_mid_transfer_and_gets_exactly_one_ack() {
     assert_eq!(ds["transfer"]["aborts_received"], 1);
     assert_eq!(ds["transfer"]["acks_sent"], 1);
     let ps = wait_stats(&p.addr("http"), |s| s["transfer"]["acks_received"] == 1);
+    assert_delayed(&ps);
     assert_eq!(ps["transfer"]["aborts_sent"], 1);
     assert_eq!(ps["transfer"]["acks_received"], 1);
 }
@@ -347,8 +363,9 @@ fn kill_9_of_decode_mid_transfer_releases_prefill_pages() {
         s["transfer"]["pages_sent"].as_u64() >= Some(2)
     });
     let during = stats(&p.addr("http"));
+    assert_delayed(&during);
     assert!(during["pool"]["allocated_pages"].as_u64().unwrap() > 0);
-    d.kill9();
+    assert_eq!(d.kill9(), Some(9), "decode was killed by SIGKILL");
     assert_baseline(&[&p.addr("http")]);
     let ps = stats(&p.addr("http"));
     assert_eq!(ps["transfer"]["connection_losses"], 1);
@@ -367,7 +384,8 @@ fn kill_9_of_prefill_mid_transfer_fails_the_request_and_frees_decode_pages() {
         s["pool"]["receiving_pages"].as_u64() > Some(0)
     });
     std::thread::sleep(Duration::from_millis(700));
-    p.kill9();
+    assert_delayed(&stats(&p.addr("http")));
+    assert_eq!(p.kill9(), Some(9), "prefill was killed by SIGKILL");
     let r = client.join().unwrap();
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.body.contains("connection"), "{}", r.body);
@@ -400,6 +418,7 @@ fn a_client_disconnect_never_aborts_a_transfer_mid_flight() {
     // The transfer runs to its end and is released; then the request is
     // cancelled and every page comes back. Nothing was aborted.
     let ps = wait_stats(&p.addr("http"), |s| s["transfer"]["released"] == 1);
+    assert_delayed(&ps);
     assert_eq!(ps["transfer"]["released"], 1, "{ps}");
     assert_eq!(ps["transfer"]["aborts_received"], 0);
     assert_baseline(&[&d.addr("http"), &p.addr("http")]);
@@ -429,12 +448,13 @@ fn logits_of_the_wrong_length_fail_the_request_even_with_a_valid_digest() {
             m => vec![m],
         }),
     );
-    let d = decode(&via, &[]);
+    let d = decode(&via.addr, &[]);
     let r = generate(
         &d.addr("http"),
         5,
         &json!({"tokens": tokens(40), "max_tokens": 4}),
     );
+    assert!(via.injected() > 0, "the proxy changed no frame");
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.body.contains("kv_transfer_failed"), "{}", r.body);
     assert!(!r.body.contains("\"token\""));

@@ -51,16 +51,18 @@ impl Worker {
             .to_owned()
     }
 
-    /// `kill -9`.
-    pub fn kill9(&mut self) {
+    /// `kill -9`; the signal that ended the process (`Some(9)` when this
+    /// kill did it).
+    pub fn kill9(&mut self) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.wait().ok().and_then(|s| s.signal())
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        self.kill9();
+        let _ = self.kill9();
     }
 }
 
@@ -197,11 +199,35 @@ pub fn tokens(n: usize) -> Vec<u32> {
 /// What the proxy does with each prefill-to-decode frame.
 pub type Tamper = Box<dyn FnMut(Message) -> Vec<Message> + Send>;
 
+/// A frame-level proxy between a decode worker and a real prefill worker.
+pub struct Proxy {
+    /// Where decode workers connect.
+    pub addr: String,
+    injected: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    recorded: std::sync::Arc<std::sync::Mutex<Vec<Message>>>,
+}
+
+impl Proxy {
+    /// Frames the tamper function changed, dropped or added: a fault test
+    /// asserts this is above zero, so a harness that injects nothing fails.
+    pub fn injected(&self) -> usize {
+        self.injected.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Every frame prefill sent, as prefill sent it, in order.
+    pub fn recorded(&self) -> Vec<Message> {
+        self.recorded.lock().expect("recording").clone()
+    }
+}
+
 /// A frame-level proxy between a decode worker and a real prefill worker,
-/// rewriting what prefill sends. Returns its address.
-pub fn proxy(prefill_addr: String, tamper: Tamper) -> String {
+/// recording and rewriting what prefill sends.
+pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
+    let injected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let recorded = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (inj, rec) = (injected.clone(), recorded.clone());
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -229,18 +255,28 @@ pub fn proxy(prefill_addr: String, tamper: Tamper) -> String {
                     }
                 });
                 let mut t = tamper.take().unwrap_or_else(|| Box::new(|m| vec![m]));
+                let (inj, rec) = (inj.clone(), rec.clone());
                 tokio::spawn(async move {
                     use tokio::io::AsyncWriteExt;
                     while let Ok(m) = Message::read(&mut ur).await {
-                        for m in t(m) {
-                            if dw.write_all(&m.encode()).await.is_err() {
-                                return;
-                            }
+                        let original = m.encode();
+                        rec.lock().expect("recording").push(m.clone());
+                        let out = t(m);
+                        let sent: Vec<u8> = out.iter().flat_map(Message::encode).collect();
+                        if sent != original {
+                            inj.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        if dw.write_all(&sent).await.is_err() {
+                            return;
                         }
                     }
                 });
             }
         });
     });
-    addr
+    Proxy {
+        addr,
+        injected,
+        recorded,
+    }
 }

@@ -224,6 +224,10 @@ pub struct EngineCore {
     draining: HashMap<TransferId, PageTable>,
     /// Source pages of prefilled transfers, held until acknowledged.
     held: HashMap<TransferId, PageTable>,
+    /// Tests only: each committed transfer's tenant and page bytes, when
+    /// recording is on.
+    #[cfg(feature = "test-hooks")]
+    committed: Option<Vec<(TenantId, Vec<Vec<u8>>)>>,
     /// Where lent pages go when dropped (the engine's command channel).
     home: Option<Home>,
     buffers: Buffers,
@@ -267,6 +271,8 @@ impl EngineCore {
             running: Vec::new(),
             draining: HashMap::new(),
             held: HashMap::new(),
+            #[cfg(feature = "test-hooks")]
+            committed: None,
             home: None,
             buffers: Buffers::default(),
         })
@@ -378,6 +384,13 @@ impl EngineCore {
             return;
         }
         seq.computed = seq.prompt_len;
+        #[cfg(feature = "test-hooks")]
+        if let Some(log) = &mut self.committed {
+            let pages = (0..seq.table.len())
+                .filter_map(|i| self.pool.page_bytes_for_test(&seq.table, i))
+                .collect();
+            log.push((seq.owner.tenant(), pages));
+        }
         let Role::Generate(g) = &mut seq.role else {
             return;
         };
@@ -820,6 +833,14 @@ impl EngineCore {
             .table
             .redirect_for_fault_injection(index, &source.table, source_index);
         true
+    }
+
+    /// Tests only: from now on, keep the bytes of every committed
+    /// transfer's pages (as they are when committed); returns and clears
+    /// what was kept so far.
+    #[cfg(feature = "test-hooks")]
+    pub fn take_committed_for_test(&mut self) -> Vec<(TenantId, Vec<Vec<u8>>)> {
+        self.committed.replace(Vec::new()).unwrap_or_default()
     }
 
     /// Physical pages a running request holds (for tests).

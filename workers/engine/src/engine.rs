@@ -81,6 +81,8 @@ enum Command {
     ReleaseSource(TransferId),
     Counters(mpsc::Sender<PoolCounters>),
     Stats(mpsc::Sender<EngineStats>),
+    #[cfg(feature = "test-hooks")]
+    TakeCommitted(mpsc::Sender<Vec<(TenantId, Vec<Vec<u8>>)>>),
     Shutdown,
 }
 
@@ -107,6 +109,8 @@ impl std::fmt::Debug for Command {
             Command::ReleaseSource(_) => "ReleaseSource",
             Command::Counters(_) => "Counters",
             Command::Stats(_) => "Stats",
+            #[cfg(feature = "test-hooks")]
+            Command::TakeCommitted(_) => "TakeCommitted",
             Command::Shutdown => "Shutdown",
         })
     }
@@ -233,6 +237,18 @@ impl Engine {
         let (tx, rx) = mpsc::channel();
         self.commands.send(Command::Stats(tx)).ok()?;
         rx.recv().ok()
+    }
+
+    /// Tests only: starts keeping the page bytes of every transfer committed
+    /// from now on (tenant and pages, as committed), and returns those kept
+    /// since the last call. Waits for the engine thread.
+    #[cfg(feature = "test-hooks")]
+    pub fn take_committed_for_test(&self) -> Vec<(TenantId, Vec<Vec<u8>>)> {
+        let (tx, rx) = mpsc::channel();
+        if self.commands.send(Command::TakeCommitted(tx)).is_err() {
+            return Vec::new();
+        }
+        rx.recv().unwrap_or_default()
     }
 
     /// Decode side: admits a request against `peer` (the prefill worker's
@@ -415,6 +431,10 @@ fn apply(core: &mut EngineCore, cmd: Command) -> bool {
         }
         Command::Stats(reply) => {
             let _ = reply.send(core.stats());
+        }
+        #[cfg(feature = "test-hooks")]
+        Command::TakeCommitted(reply) => {
+            let _ = reply.send(core.take_committed_for_test());
         }
         Command::Shutdown => return false,
     }

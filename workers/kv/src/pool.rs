@@ -596,6 +596,18 @@ impl KvPool {
         })
     }
 
+    /// The raw bytes of entry `index` of `table`, if readable: for tests
+    /// that look for stale bytes in committed pages.
+    #[cfg(feature = "test-hooks")]
+    pub fn page_bytes_for_test(&self, table: &PageTable, index: usize) -> Option<Vec<u8>> {
+        let r = Self::entry(table, index).ok()?;
+        self.check_read(table.owner, r).ok()?;
+        Some(match &self.planes {
+            Planes::F16(p) => bytemuck::cast_slice(&p[r.page.index()]).to_vec(),
+            Planes::F32(p) => bytemuck::cast_slice(&p[r.page.index()]).to_vec(),
+        })
+    }
+
     /// Shared read access for attention.
     pub fn reader(&self) -> PageReader<'_> {
         PageReader { pool: self }
