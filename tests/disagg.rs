@@ -6,7 +6,6 @@ mod support;
 
 use bulkhead_transfer::Message;
 use serde_json::json;
-use std::time::Duration;
 use support::*;
 
 #[test]
@@ -383,8 +382,10 @@ fn kill_9_of_prefill_mid_transfer_fails_the_request_and_frees_decode_pages() {
     wait_stats(&d.addr("http"), |s| {
         s["pool"]["receiving_pages"].as_u64() > Some(0)
     });
-    std::thread::sleep(Duration::from_millis(700));
-    assert_delayed(&stats(&p.addr("http")));
+    // Mid-transfer: prefill has started sending through the slowed link.
+    assert_delayed(&wait_stats(&p.addr("http"), |s| {
+        s["transfer"]["delayed_frames"].as_u64() > Some(0)
+    }));
     assert_eq!(p.kill9(), Some(9), "prefill was killed by SIGKILL");
     let r = client.join().unwrap();
     assert_eq!(r.status, 502, "{}", r.body);
