@@ -107,7 +107,7 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
         )
     } else {
         eprintln!(
-            "note: owner-check and scrub costs need the test hooks: cargo run --release --features bulkhead-node/test-hooks -- bench engine"
+            "note: owner-check and scrub costs need the test hooks: cargo run --release --features test-hooks -- bench engine"
         );
         (None, None)
     };

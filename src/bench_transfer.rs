@@ -55,7 +55,8 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
     let rounds = args.rounds.max(1);
     let pages = args.pages.max(1);
     let bytes = pages * geometry.bytes_per_page();
-    let (mut src, table, tokens) = filled_pool(geometry, pages)?;
+    let window = c.context_window;
+    let (mut src, table, tokens) = filled_pool(geometry, pages, window)?;
     // One long-lived destination pool, as a decode worker has.
     let mut dst = KvPool::new(geometry, pages, false);
     let raw_src = vec![7u8; bytes];
@@ -67,9 +68,16 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
         let (t, d) = raw_copy(&raw_src, raw_dst, geometry.bytes_per_page())?;
         raw.push(t);
         raw_dst = d;
-        let (t, d) = protocol_copy(&mut src, &table, tokens, dst, Checksums::On)?;
+        let (t, d) = protocol_copy(&mut src, &table, tokens, window, dst, Checksums::On)?;
         on.push(t);
-        let (t, d) = protocol_copy(&mut src, &table, tokens, d, Checksums::OffForBenchmark)?;
+        let (t, d) = protocol_copy(
+            &mut src,
+            &table,
+            tokens,
+            window,
+            d,
+            Checksums::OffForBenchmark,
+        )?;
         off.push(t);
         dst = d;
     }
@@ -88,9 +96,9 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
     let (col_s, dis_s) = (median(&colocated), median(&disagg));
     // The stale-byte guard's only work on the transfer path: zeroing the
     // slots of reused pages that the new owner's prompt leaves unwritten.
-    let guard_transfer_s = stale_guard_cost(geometry, pages, tokens, rounds)?;
+    let guard_transfer_s = stale_guard_cost(geometry, window, pages, tokens, rounds)?;
     let ttft_pages = (args.prompt_tokens + 1).div_ceil(geometry.page_size);
-    let guard_ttft_s = stale_guard_cost(geometry, ttft_pages, args.prompt_tokens, rounds)?;
+    let guard_ttft_s = stale_guard_cost(geometry, window, ttft_pages, args.prompt_tokens, rounds)?;
     let v = json!({
         "pages": pages,
         "bytes": bytes,
@@ -165,13 +173,15 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
 /// A pool of `pages` pages, all owned by one sequence whose prompt ends
 /// half way into the last page, written as prefill writes them. Returns
 /// the pool, the table and the prompt's token count.
-fn filled_pool(geometry: KvGeometry, pages: usize) -> anyhow::Result<(KvPool, PageTable, usize)> {
+fn filled_pool(
+    geometry: KvGeometry,
+    pages: usize,
+    window: usize,
+) -> anyhow::Result<(KvPool, PageTable, usize)> {
     let mut pool = KvPool::new(geometry, pages, false);
     let ps = geometry.page_size;
     let tokens = pages * ps - ps / 2;
-    let admitted = pool
-        .limits(usize::MAX)
-        .admit(TenantId::new(1), tokens, 1, ())?;
+    let admitted = pool.limits(window).admit(TenantId::new(1), tokens, 1, ())?;
     let table = pool.allocate(&admitted)?;
     pool.begin_write(&table, 0, tokens)?;
     let width = geometry.kv_heads * geometry.head_dim;
@@ -193,12 +203,13 @@ fn filled_pool(geometry: KvGeometry, pages: usize) -> anyhow::Result<(KvPool, Pa
 /// not touched).
 fn stale_guard_cost(
     geometry: KvGeometry,
+    window: usize,
     pages: usize,
     tokens: usize,
     rounds: usize,
 ) -> anyhow::Result<f64> {
     let mut pool = KvPool::new(geometry, pages, false);
-    let limits = pool.limits(usize::MAX);
+    let limits = pool.limits(window);
     let ps = geometry.page_size;
     let mut times = Vec::new();
     for _ in 0..rounds {
@@ -289,6 +300,7 @@ fn protocol_copy(
     src: &mut KvPool,
     table: &PageTable,
     tokens: usize,
+    window: usize,
     mut dst: KvPool,
     checksums: Checksums,
 ) -> anyhow::Result<(f64, KvPool)> {
@@ -309,7 +321,7 @@ fn protocol_copy(
             rt.block_on(async move {
                 use tokio::io::AsyncWriteExt;
                 let mut s = tokio::net::TcpStream::from_std(s)?;
-                let limits = dst.limits(usize::MAX);
+                let limits = dst.limits(window);
                 let admitted = limits.admit(TenantId::new(2), tokens, 1, ())?;
                 let t = TransferId::new(1);
                 let landing = dst.allocate_receiving(&admitted, t)?;

@@ -14,6 +14,7 @@ use crate::error::{ConfigError, EngineError, TransferFault};
 use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
+use crate::schedule::{PrefillWork, fair_chunks};
 use bulkhead_kv::{
     AdmissionError, Admitted, AllocError, Generation, Home, KvDtype, KvGeometry, KvPool, LentPage,
     Limits, Owner, PageTable, PoolCounters, RequestId, TenantId, TransferId,
@@ -218,6 +219,8 @@ pub struct EngineCore {
     pool: KvPool,
     limits: Limits,
     step_tokens: usize,
+    /// Which tenant's prefill goes first this step (rotates).
+    prefill_turn: usize,
     waiting: VecDeque<Admitted<Pending>>,
     running: Vec<Sequence>,
     /// Landing pages of failed transfers, held until fenced.
@@ -267,6 +270,7 @@ impl EngineCore {
             pool,
             limits,
             step_tokens: config.step_tokens.max(1),
+            prefill_turn: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
             draining: HashMap::new(),
@@ -562,7 +566,8 @@ impl EngineCore {
         if !self.running.iter().any(Sequence::runnable) {
             return false;
         }
-        // Decode tokens first, then prefill chunks, within the token budget.
+        // Decode tokens first, then prefill chunks, within the token budget,
+        // shared fairly across tenants (`schedule::fair_chunks`).
         let mut budget = self.step_tokens;
         let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
         for (i, s) in self.running.iter().enumerate() {
@@ -571,11 +576,28 @@ impl EngineCore {
                 budget -= 1;
             }
         }
-        for (i, s) in self.running.iter().enumerate() {
-            if s.runnable() && s.computed < s.prompt_len && budget > 0 {
-                let len = (s.prompt_len - s.computed).min(budget);
-                plan.push((i, s.computed, len));
-                budget -= len;
+        let prefilling: Vec<usize> = (0..self.running.len())
+            .filter(|&i| {
+                let s = &self.running[i];
+                s.runnable() && s.computed < s.prompt_len
+            })
+            .collect();
+        let work: Vec<PrefillWork> = prefilling
+            .iter()
+            .map(|&i| {
+                let s = &self.running[i];
+                PrefillWork {
+                    tenant: s.owner.tenant(),
+                    request: s.owner.request(),
+                    remaining: s.prompt_len - s.computed,
+                }
+            })
+            .collect();
+        let chunks = fair_chunks(&work, budget, self.prefill_turn);
+        self.prefill_turn = self.prefill_turn.wrapping_add(1);
+        for (&i, len) in prefilling.iter().zip(chunks) {
+            if len > 0 {
+                plan.push((i, self.running[i].computed, len));
             }
         }
         let batch: Vec<BatchSeq<'_>> = plan

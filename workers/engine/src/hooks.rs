@@ -10,6 +10,6 @@ pub const ENABLED: bool = cfg!(feature = "test-hooks");
 /// A test- or bench-only switch was asked for in a build without them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{0} exists only in test and benchmark builds (the test-hooks feature, e.g. `cargo run --release --features bulkhead-node/test-hooks`), not in this serving build"
+    "{0} exists only in test and benchmark builds (the test-hooks feature: `cargo run --release --features test-hooks -- ...`), not in this serving build"
 )]
 pub struct HooksDisabled(pub &'static str);

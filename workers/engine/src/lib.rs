@@ -25,6 +25,7 @@ mod forward;
 mod gguf;
 pub mod hooks;
 mod sampling;
+mod schedule;
 mod tokenizer;
 
 pub use crate::core::{

@@ -1,0 +1,158 @@
+//! How one step's prefill budget is shared: fairly across tenants, not by
+//! arrival. A tenant with a long prompt gets the same share of a step as a
+//! tenant with a short one, so a short prompt starts in the next step
+//! instead of waiting for every long prompt ahead of it to finish.
+
+use bulkhead_kv::{RequestId, TenantId};
+
+/// One sequence with prompt tokens still to compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PrefillWork {
+    /// Whose it is.
+    pub(crate) tenant: TenantId,
+    /// Its request (admission order: older ids first within a tenant).
+    pub(crate) request: RequestId,
+    /// Prompt tokens not yet computed.
+    pub(crate) remaining: usize,
+}
+
+/// Splits `budget` prompt tokens among `work` and returns each entry's
+/// chunk (0 for none).
+///
+/// Tenants take turns: each round, every tenant with work left gets an
+/// equal quantum of what is left of the budget (water-filling, so a tenant
+/// that needs less leaves the rest to the others), spent on its oldest
+/// sequences first. `turn` rotates which tenant goes first, so leftovers
+/// do not always favour the same one. A chunk of one token is given only
+/// to a sequence with one token left (a single-token chunk is summed in
+/// another order than a longer one).
+pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> Vec<usize> {
+    let mut chunks = vec![0; work.len()];
+    // Tenants in a stable order, rotated by `turn`; each with its entries
+    // oldest first.
+    let mut tenants: Vec<TenantId> = work.iter().map(|w| w.tenant).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    if tenants.is_empty() {
+        return chunks;
+    }
+    let first = turn % tenants.len();
+    tenants.rotate_left(first);
+    let mut queues: Vec<Vec<usize>> = tenants
+        .iter()
+        .map(|t| {
+            let mut q: Vec<usize> = (0..work.len()).filter(|&i| work[i].tenant == *t).collect();
+            q.sort_by_key(|&i| work[i].request);
+            q
+        })
+        .collect();
+    let mut left = budget;
+    loop {
+        let active: Vec<usize> = (0..queues.len())
+            .filter(|&t| queues[t].iter().any(|&i| chunks[i] < work[i].remaining))
+            .collect();
+        if active.is_empty() || left == 0 {
+            break;
+        }
+        let quantum = (left / active.len()).max(2);
+        let mut gave = 0;
+        for t in active {
+            let mut share = quantum.min(left);
+            for &i in &queues[t] {
+                let want = work[i].remaining - chunks[i];
+                let give = want.min(share);
+                // No one-token chunk in the middle of a prompt.
+                if give == 0 || (give == 1 && want > 1 && chunks[i] == 0) {
+                    continue;
+                }
+                chunks[i] += give;
+                share -= give;
+                left -= give;
+                gave += give;
+                if share == 0 {
+                    break;
+                }
+            }
+            if left == 0 {
+                break;
+            }
+        }
+        if gave == 0 {
+            break;
+        }
+        queues.retain(|q| q.iter().any(|&i| chunks[i] < work[i].remaining));
+    }
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn work(entries: &[(u64, usize)]) -> Vec<PrefillWork> {
+        // Request ids in admission order: mint them through real admissions.
+        let pool = bulkhead_kv::KvPool::new(
+            bulkhead_kv::KvGeometry {
+                layers: 1,
+                kv_heads: 1,
+                head_dim: 1,
+                page_size: 1,
+                dtype: bulkhead_kv::KvDtype::F32,
+            },
+            2,
+            false,
+        );
+        let limits = pool.limits(1 << 20);
+        entries
+            .iter()
+            .map(|&(tenant, remaining)| {
+                let a = limits
+                    .admit(TenantId::new(tenant), 1, 1, ())
+                    .unwrap_or_else(|e| panic!("{e}"));
+                PrefillWork {
+                    tenant: TenantId::new(tenant),
+                    request: a.owner().request(),
+                    remaining,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_tenant_gets_the_whole_budget_oldest_first() {
+        let w = work(&[(1, 600), (1, 300)]);
+        assert_eq!(fair_chunks(&w, 512, 0), vec![512, 0]);
+        let w = work(&[(1, 100), (1, 300)]);
+        assert_eq!(fair_chunks(&w, 512, 3), vec![100, 300]);
+    }
+
+    #[test]
+    fn a_short_prompt_is_not_stuck_behind_another_tenants_long_ones() {
+        // B queued four long prompts before A's four tokens.
+        let w = work(&[(2, 5_000), (2, 5_000), (2, 5_000), (2, 5_000), (1, 4)]);
+        for turn in 0..4 {
+            let c = fair_chunks(&w, 512, turn);
+            assert_eq!(c[4], 4, "A's prompt runs this step (turn {turn})");
+            assert_eq!(c.iter().sum::<usize>(), 512, "the budget is used");
+            assert_eq!(c[0], 508, "B's oldest gets the rest");
+        }
+    }
+
+    #[test]
+    fn tenants_split_the_budget_evenly_and_turns_rotate_the_leftover() {
+        let w = work(&[(1, 1_000), (2, 1_000), (3, 1_000)]);
+        let a = fair_chunks(&w, 512, 0);
+        assert_eq!(a.iter().sum::<usize>(), 512);
+        assert!(a.iter().all(|c| (170..=172).contains(c)), "{a:?}");
+        let b = fair_chunks(&w, 512, 1);
+        assert_ne!(a, b, "another tenant gets the leftover");
+        // No single-token chunk in the middle of a prompt.
+        let w = work(&[(1, 10), (2, 10), (3, 10)]);
+        let c = fair_chunks(&w, 7, 0);
+        assert!(c.iter().all(|&x| x != 1), "{c:?}");
+        assert!(c.iter().sum::<usize>() <= 7);
+        // A one-token remainder may take a one-token chunk.
+        let w = work(&[(1, 1), (2, 1)]);
+        assert_eq!(fair_chunks(&w, 512, 0), vec![1, 1]);
+    }
+}
