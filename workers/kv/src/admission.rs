@@ -177,16 +177,6 @@ impl Limits {
         })
     }
 
-    /// The same limits with a context window of at most `window` (a
-    /// model's configured window smaller than its native one).
-    #[must_use]
-    pub fn with_window_at_most(&self, window: usize) -> Limits {
-        Limits {
-            context_window: self.context_window.min(window),
-            ..*self
-        }
-    }
-
     /// Admits a request of `tenant` with `prompt_tokens` that may generate
     /// `max_tokens`, or rejects it. Touches no page either way. The
     /// admission carries a fresh [`Owner`].
@@ -354,8 +344,6 @@ mod tests {
             }),
             None
         );
-        assert_eq!(limits.with_window_at_most(100_000), limits);
-        assert_eq!(limits.with_window_at_most(512).context_window(), 512);
         let a = limits.admit(tenant(), 3, 1, ()).unwrap();
         let b = limits.admit(tenant(), 3, 1, ()).unwrap();
         assert_eq!(a.owner().tenant(), b.owner().tenant());

@@ -384,11 +384,15 @@ impl KvPool {
             let generation = self.next_generation;
             self.next_generation = generation.next();
             self.tags[page.index()] = match transfer {
-                Some(transfer) if i < admitted.prompt_pages() => PageTag::Receiving {
-                    owner,
-                    generation,
-                    transfer,
-                },
+                Some(transfer) if i < admitted.prompt_pages() => {
+                    // Clean only once its transfer has written all of it.
+                    self.clean[page.index()] = false;
+                    PageTag::Receiving {
+                        owner,
+                        generation,
+                        transfer,
+                    }
+                }
                 _ => PageTag::Owned { owner, generation },
             };
             pages.push(PageRef { page, generation });
