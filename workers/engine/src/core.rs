@@ -269,7 +269,8 @@ impl EngineCore {
             model,
             pool,
             limits,
-            step_tokens: config.step_tokens.max(1),
+            // Two at least: a prompt never moves one token at a time.
+            step_tokens: config.step_tokens.max(2),
             prefill_turn: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -599,6 +600,9 @@ impl EngineCore {
             if len > 0 {
                 plan.push((i, self.running[i].computed, len));
             }
+        }
+        if plan.is_empty() {
+            return false;
         }
         let batch: Vec<BatchSeq<'_>> = plan
             .iter()

@@ -25,7 +25,8 @@ pub(crate) struct PrefillWork {
 /// sequences first. `turn` rotates which tenant goes first, so leftovers
 /// do not always favour the same one. A chunk of one token is given only
 /// to a sequence with one token left (a single-token chunk is summed in
-/// another order than a longer one).
+/// another order than a longer one), and a shared step leaves no one-token
+/// remainder behind.
 pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> Vec<usize> {
     let mut chunks = vec![0; work.len()];
     // Tenants in a stable order, rotated by `turn`; each with its entries
@@ -55,12 +56,19 @@ pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> V
             break;
         }
         let quantum = (left / active.len()).max(2);
+        let shared = active.len() > 1;
         let mut gave = 0;
         for t in active {
             let mut share = quantum.min(left);
             for &i in &queues[t] {
                 let want = work[i].remaining - chunks[i];
-                let give = want.min(share);
+                let mut give = want.min(share);
+                // When tenants share the step, never leave a one-token
+                // remainder for the next (alone, a sequence's chunks
+                // follow the budget, as llama.cpp's batches do).
+                if shared && want - give == 1 && give >= 3 {
+                    give -= 1;
+                }
                 // No one-token chunk in the middle of a prompt.
                 if give == 0 || (give == 1 && want > 1 && chunks[i] == 0) {
                     continue;
@@ -154,5 +162,12 @@ mod tests {
         // A one-token remainder may take a one-token chunk.
         let w = work(&[(1, 1), (2, 1)]);
         assert_eq!(fair_chunks(&w, 512, 0), vec![1, 1]);
+        // Sharing leaves no one-token remainder for the next step.
+        let w = work(&[(1, 257), (2, 257)]);
+        let c = fair_chunks(&w, 512, 0);
+        assert!(c.iter().all(|&x| 257 - x != 1), "{c:?}");
+        // A budget of one moves nothing mid-prompt, and gives up.
+        let w = work(&[(1, 10), (2, 10)]);
+        assert_eq!(fair_chunks(&w, 1, 0), vec![0, 0]);
     }
 }

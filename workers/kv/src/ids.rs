@@ -85,6 +85,11 @@ impl RequestId {
 }
 
 impl PageId {
+    /// No page: what a refusal names when no real page was involved (an
+    /// index past the table, a page not written yet), so that nothing is
+    /// quarantined for it.
+    pub(crate) const NONE: PageId = PageId(u32::MAX);
+
     pub(crate) fn index(self) -> usize {
         self.0 as usize
     }

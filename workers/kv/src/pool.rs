@@ -2,11 +2,13 @@
 //!
 //! No byte of a previous owner is ever readable by the next one: a page
 //! is *clean* when every byte in it was written by its current owner or
-//! zeroed for it. Pages are read, lent to a sender or committed only when
-//! clean. An ordinary page becomes clean when its owner starts writing it
-//! ([`KvPool::begin_write`] zeroes only the slots that write will not
-//! cover, so pages the owner fills whole are never zeroed); a landing page
-//! when its transfer has overwritten every byte of it.
+//! zeroed for it. Pages are lent to a sender or committed only when clean,
+//! and a layer of a page is read only once no stale byte is left in it. An
+//! ordinary page gets there as its owner writes it:
+//! [`KvPool::begin_write`] zeroes only the slots a write run will not
+//! cover (so pages the owner fills whole are never zeroed), and each layer
+//! becomes readable once the run's slots in it are written. A landing page
+//! is clean once its transfer has overwritten every byte of it.
 
 use crate::admission::{Admitted, Limits, PoolId};
 use crate::ids::{Generation, Owner, PageId, TransferId};
@@ -53,10 +55,39 @@ pub enum KvData<'a> {
 /// Page memory: one contiguous block per page, `[layer][keys | values]`,
 /// so a page moves in and out (and is lent) as a whole. A lent page's
 /// block is out of the pool, held by its [`LentPage`].
-#[derive(Debug)]
 enum Planes {
     F16(Vec<Box<[f16]>>),
     F32(Vec<Box<[f32]>>),
+}
+
+impl std::fmt::Debug for Planes {
+    // Never the memory: a debug line of the pool (or of anything holding
+    // it) must not become a way out for tenants' KV.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, pages) = match self {
+            Planes::F16(p) => ("f16", p.len()),
+            Planes::F32(p) => ("f32", p.len()),
+        };
+        write!(f, "Planes({pages} {kind} pages)")
+    }
+}
+
+/// What a page's memory holds, with respect to its current owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// Every byte was written by the owner or zeroed for it.
+    Clean,
+    /// May hold a previous owner's bytes.
+    Stale,
+    /// A write run was begun: every slot outside `lo..hi` is zeroed, and
+    /// in `lo..hi` the layers below `layer` are written; in `layer`, the
+    /// slots in `mask` are.
+    Writing {
+        lo: u16,
+        hi: u16,
+        layer: u16,
+        mask: [u64; 4],
+    },
 }
 
 /// Where a page's memory is.
@@ -226,8 +257,8 @@ pub struct KvPool {
     pending_quarantine: Vec<PageId>,
     planes: Planes,
     whereabouts: Vec<Whereabouts>,
-    /// Per page: no byte of a previous owner is left in it.
-    clean: Vec<bool>,
+    /// Per page: which of its bytes are its owner's (see [`Fill`]).
+    fill: Vec<Fill>,
     scrub_on_free: bool,
     #[cfg(feature = "test-hooks")]
     checks: OwnerChecks,
@@ -260,7 +291,8 @@ impl KvPool {
     /// # Panics
     /// If `pages` does not fit a `u32` page id.
     pub fn new(geometry: KvGeometry, pages: usize, scrub_on_free: bool) -> Self {
-        assert!(u32::try_from(pages).is_ok(), "too many pages");
+        assert!(pages < u32::MAX as usize, "too many pages");
+        assert!(geometry.page_size <= 256, "pages hold at most 256 tokens");
         static NEXT_POOL: AtomicU64 = AtomicU64::new(1);
         let floats = geometry.layers * 2 * geometry.floats_per_layer_page();
         KvPool {
@@ -285,7 +317,7 @@ impl KvPool {
             },
             whereabouts: vec![Whereabouts::Home; pages],
             // Fresh memory is zeroed.
-            clean: vec![true; pages],
+            fill: vec![Fill::Clean; pages],
             scrub_on_free,
             #[cfg(feature = "test-hooks")]
             checks: OwnerChecks::Enforced,
@@ -386,7 +418,7 @@ impl KvPool {
             self.tags[page.index()] = match transfer {
                 Some(transfer) if i < admitted.prompt_pages() => {
                     // Clean only once its transfer has written all of it.
-                    self.clean[page.index()] = false;
+                    self.fill[page.index()] = Fill::Stale;
                     PageTag::Receiving {
                         owner,
                         generation,
@@ -471,7 +503,7 @@ impl KvPool {
         if scrub {
             self.scrub(page);
         }
-        self.clean[page.index()] = scrub;
+        self.fill[page.index()] = if scrub { Fill::Clean } else { Fill::Stale };
         self.tags[page.index()] = PageTag::Free;
         self.free.push(page);
     }
@@ -513,7 +545,8 @@ impl KvPool {
     ///
     /// A page still holding a previous owner's bytes is zeroed whole first
     /// (call [`KvPool::begin_write`] before a run of writes to zero only
-    /// what the run leaves unwritten).
+    /// what the run leaves unwritten); so is what a begun run has not
+    /// written yet, when a write leaves the run's order.
     pub fn write_token(
         &mut self,
         table: &PageTable,
@@ -525,11 +558,44 @@ impl KvPool {
         let g = self.geometry;
         let r = Self::entry(table, pos / g.page_size)?;
         self.check_access(table.owner, r)?;
-        if !self.clean[r.page.index()] {
-            self.zero_slots(r.page, 0, g.page_size);
-            self.clean[r.page.index()] = true;
-        }
         let slot = pos % g.page_size;
+        let i = r.page.index();
+        self.fill[i] = match self.fill[i] {
+            Fill::Clean => Fill::Clean,
+            Fill::Stale => {
+                self.zero_slots(r.page, 0, g.page_size, 0);
+                Fill::Clean
+            }
+            Fill::Writing {
+                lo,
+                hi,
+                layer: at,
+                mut mask,
+            } => {
+                let (lo, hi, at) = (usize::from(lo), usize::from(hi), usize::from(at));
+                if (lo..hi).contains(&slot) && layer < at {
+                    // A layer the run has written already.
+                    self.fill[i]
+                } else if (lo..hi).contains(&slot) && layer == at {
+                    mask[slot / 64] |= 1 << (slot % 64);
+                    if (lo..hi).all(|s| mask[s / 64] & (1 << (s % 64)) != 0) {
+                        Self::next_layer(lo, hi, at + 1, g.layers)
+                    } else {
+                        Fill::Writing {
+                            lo: lo as u16,
+                            hi: hi as u16,
+                            layer: at as u16,
+                            mask,
+                        }
+                    }
+                } else {
+                    // Out of the run's order: zero what it has not written.
+                    self.zero_slots(r.page, lo, hi, at);
+                    Fill::Clean
+                }
+            }
+        };
+
         let n = g.floats_per_layer_page();
         let at = layer * 2 * n;
         match &mut self.planes {
@@ -562,40 +628,66 @@ impl KvPool {
             return Ok(());
         }
         let end = start.saturating_add(len);
-        for index in start / ps..=(end - 1) / ps {
+        let pages = start / ps..=(end - 1) / ps;
+        // Every page is checked before any is changed.
+        let mut refs = Vec::with_capacity(pages.clone().count());
+        for index in pages.clone() {
             let r = Self::entry(table, index)?;
             self.check_access(table.owner, r)?;
-            if self.clean[r.page.index()] {
+            refs.push(r);
+        }
+        for (index, r) in pages.zip(refs) {
+            if self.fill[r.page.index()] == Fill::Clean {
                 continue;
             }
+            // A stale page, or one whose earlier run never finished.
             let (from, to) = (
                 start.max(index * ps) - index * ps,
                 end.min((index + 1) * ps) - index * ps,
             );
-            self.zero_slots(r.page, 0, from);
-            self.zero_slots(r.page, to, ps);
-            self.clean[r.page.index()] = true;
+            self.zero_slots(r.page, 0, from, 0);
+            self.zero_slots(r.page, to, ps, 0);
+            self.fill[r.page.index()] = Self::next_layer(from, to, 0, self.geometry.layers);
         }
         Ok(())
     }
 
-    /// Zeroes slots `from..to` of a page in every layer, keys and values.
-    fn zero_slots(&mut self, page: PageId, from: usize, to: usize) {
+    /// A run over slots `lo..hi` whose layers below `layer` are written.
+    fn next_layer(lo: usize, hi: usize, layer: usize, layers: usize) -> Fill {
+        if layer >= layers {
+            Fill::Clean
+        } else {
+            // Page sizes are at most 256 and layers fit u16 (checked at use).
+            Fill::Writing {
+                lo: lo as u16,
+                hi: hi as u16,
+                layer: u16::try_from(layer).unwrap_or(u16::MAX),
+                mask: [0; 4],
+            }
+        }
+    }
+
+    /// Zeroes slots `from..to` of a page in every layer from `layer` on,
+    /// keys and values.
+    fn zero_slots(&mut self, page: PageId, from: usize, to: usize, layer: usize) {
         if from >= to {
             return;
         }
         let g = self.geometry;
+        let skip = layer * 2 * g.floats_per_layer_page();
         match &mut self.planes {
-            Planes::F16(pages) => zero_range(&mut pages[page.index()], g, from, to, f16::ZERO),
-            Planes::F32(pages) => zero_range(&mut pages[page.index()], g, from, to, 0.0),
+            Planes::F16(pages) => {
+                zero_range(&mut pages[page.index()][skip..], g, from, to, f16::ZERO);
+            }
+            Planes::F32(pages) => zero_range(&mut pages[page.index()][skip..], g, from, to, 0.0),
         }
     }
 
-    /// The table's entry `index`, or a violation naming nothing real when
-    /// the index is out of range.
+    /// The table's entry `index`, or a refusal naming no real page (so
+    /// nothing is quarantined for it) when the index is out of range.
     fn entry(table: &PageTable, index: usize) -> Result<PageRef, OwnerViolation> {
         table.pages.get(index).copied().ok_or(OwnerViolation {
-            page: PageId::from_index(0),
+            page: PageId::NONE,
             owner: table.owner,
         })
     }
@@ -605,7 +697,7 @@ impl KvPool {
     #[cfg(feature = "test-hooks")]
     pub fn page_bytes_for_test(&self, table: &PageTable, index: usize) -> Option<Vec<u8>> {
         let r = Self::entry(table, index).ok()?;
-        self.check_read(table.owner, r).ok()?;
+        self.check_read(table.owner, r, None).ok()?;
         Some(match &self.planes {
             Planes::F16(p) => bytemuck::cast_slice(&p[r.page.index()]).to_vec(),
             Planes::F32(p) => bytemuck::cast_slice(&p[r.page.index()]).to_vec(),
@@ -662,15 +754,27 @@ impl KvPool {
         }
     }
 
-    /// Whether `owner` may read `r`: as [`Self::check_access`], and the
-    /// page holds no byte of a previous owner.
-    fn check_read(&self, owner: Owner, r: PageRef) -> Result<(), OwnerViolation> {
+    /// Whether `owner` may read `layer` of `r` (all layers: `None`): as
+    /// [`Self::check_access`], and no byte of a previous owner is left
+    /// there. A page not written that far is refused without naming it
+    /// (it is the owner's own: nothing to quarantine).
+    fn check_read(
+        &self,
+        owner: Owner,
+        r: PageRef,
+        layer: Option<usize>,
+    ) -> Result<(), OwnerViolation> {
         self.check_access(owner, r)?;
-        if self.clean[r.page.index()] {
+        let readable = match (self.fill[r.page.index()], layer) {
+            (Fill::Clean, _) => true,
+            (Fill::Writing { layer: done, .. }, Some(l)) => l < usize::from(done),
+            _ => false,
+        };
+        if readable {
             Ok(())
         } else {
             Err(OwnerViolation {
-                page: r.page,
+                page: PageId::NONE,
                 owner,
             })
         }
@@ -736,7 +840,7 @@ impl<'a> PageReader<'a> {
         layer: usize,
     ) -> Result<PageView<'a>, OwnerViolation> {
         let r = KvPool::entry(table, index)?;
-        self.pool.check_read(table.owner, r)?;
+        self.pool.check_read(table.owner, r, Some(layer))?;
         let g = self.pool.geometry;
         let n = g.floats_per_layer_page();
         Ok(PageView {
@@ -835,6 +939,18 @@ pub(crate) mod tests {
         pool.limits(64)
     }
 
+    /// Writes positions `start..start + len` of `table` in every layer, as
+    /// a step of the engine does.
+    pub(crate) fn fill(pool: &mut KvPool, table: &PageTable, start: usize, len: usize, x: f32) {
+        pool.begin_write(table, start, len).unwrap();
+        for layer in 0..pool.geometry().layers {
+            for pos in start..start + len {
+                pool.write_token(table, layer, pos, &[x; 4], &[x; 4])
+                    .unwrap();
+            }
+        }
+    }
+
     /// Every element of the page behind entry `index` (all layers).
     fn page_floats(pool: &KvPool, table: &PageTable, index: usize) -> Vec<f32> {
         let r = table.pages[index];
@@ -873,7 +989,7 @@ pub(crate) mod tests {
         pool.release(table_b);
         let a2 = limits(&pool).admit(tenant(1), 7, 1, ()).unwrap();
         let mut table_a2 = pool.allocate(&a2).unwrap();
-        pool.begin_write(&table_a2, 0, 8).unwrap();
+        fill(&mut pool, &table_a2, 0, 8, 5.0);
         let reused = table_a2
             .pages
             .iter()
@@ -896,7 +1012,7 @@ pub(crate) mod tests {
             pool.allocate(&again).unwrap_err(),
             AllocError::Exhausted(PoolExhausted { needed: 1, free: 0 })
         );
-        pool.begin_write(&t, 0, 6).unwrap();
+        fill(&mut pool, &t, 0, 6, 1.0);
         let victim = t.pages[1];
         pool.quarantine(&OwnerViolation {
             page: victim.page,
@@ -966,5 +1082,74 @@ pub(crate) mod tests {
         let floats = page_floats(&pool, &tb, 1);
         assert!(floats.iter().all(|x| *x == 0.0 || *x == 3.0), "{floats:?}");
         assert!(pool.reader().page(&tb, 1, 0).is_ok());
+    }
+
+    #[test]
+    fn a_begun_run_is_readable_layer_by_layer_only_once_written() {
+        let mut pool = KvPool::new(GEO, 1, false);
+        let a = limits(&pool).admit(tenant(1), 1, 1, ()).unwrap();
+        let ta = pool.allocate(&a).unwrap();
+        fill(&mut pool, &ta, 0, 2, 7.0);
+        pool.release(ta);
+        let b = limits(&pool).admit(tenant(2), 1, 1, ()).unwrap();
+        let tb = pool.allocate(&b).unwrap();
+        // Promising to write is not writing: nothing is readable or lendable yet.
+        pool.begin_write(&tb, 0, 2).unwrap();
+        assert!(pool.reader().page(&tb, 0, 0).is_err());
+        assert!(pool.lend_source(&tb, 0, None).is_err());
+        // Layer 0 written in both slots: layer 0 readable, layer 1 not.
+        for pos in 0..2 {
+            pool.write_token(&tb, 0, pos, &[1.0; 4], &[1.0; 4]).unwrap();
+        }
+        assert!(pool.reader().page(&tb, 0, 0).is_ok());
+        assert!(pool.reader().page(&tb, 0, 1).is_err());
+        assert!(pool.lend_source(&tb, 0, None).is_err());
+        pool.write_token(&tb, 1, 0, &[2.0; 4], &[2.0; 4]).unwrap();
+        assert!(pool.reader().page(&tb, 0, 1).is_err());
+        pool.write_token(&tb, 1, 1, &[2.0; 4], &[2.0; 4]).unwrap();
+        assert!(pool.reader().page(&tb, 0, 1).is_ok());
+        let lent = pool.lend_source(&tb, 0, None).unwrap();
+        pool.restore(lent);
+        pool.release(tb);
+        // A write out of the run's order zeroes what the run has not written.
+        let c = limits(&pool).admit(tenant(3), 1, 1, ()).unwrap();
+        let tc = pool.allocate(&c).unwrap();
+        pool.begin_write(&tc, 0, 1).unwrap();
+        pool.write_token(&tc, 0, 1, &[3.0; 4], &[3.0; 4]).unwrap();
+        assert!(pool.reader().page(&tc, 0, 1).is_ok());
+        let floats = page_floats(&pool, &tc, 0);
+        assert!(floats.iter().all(|x| *x == 0.0 || *x == 3.0), "{floats:?}");
+        let tb = tc;
+        // An index past the table names no page: nothing is quarantined.
+        let v = pool.reader().page(&tb, 5, 0).unwrap_err();
+        pool.quarantine(&v);
+        assert_eq!(pool.counters().quarantined_pages, 0);
+    }
+
+    #[test]
+    fn a_page_from_another_pool_is_never_installed() {
+        let mut a = KvPool::new(GEO, 1, false);
+        let mut b = KvPool::new(GEO, 1, false);
+        let ta = a
+            .allocate(&limits(&a).admit(tenant(1), 1, 1, ()).unwrap())
+            .unwrap();
+        let tb = b
+            .allocate(&limits(&b).admit(tenant(2), 1, 1, ()).unwrap())
+            .unwrap();
+        fill(&mut a, &ta, 0, 2, 9.0);
+        fill(&mut b, &tb, 0, 2, 1.0);
+        let from_a = a.lend_source(&ta, 0, None).unwrap();
+        let from_b = b.lend_source(&tb, 0, None).unwrap();
+        // B's slot is out; A's page of the same index must not take its place.
+        b.restore(from_a);
+        assert_eq!(b.counters().lent_pages, 1);
+        assert!(b.reader().page(&tb, 0, 0).is_err());
+        b.restore(from_b);
+        assert_eq!(b.counters().lent_pages, 0);
+        assert!(!page_floats(&b, &tb, 0).contains(&9.0));
+        assert!(
+            !format!("{b:?}").contains("9.0"),
+            "debug output shows no KV"
+        );
     }
 }

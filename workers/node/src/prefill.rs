@@ -10,8 +10,8 @@
 //! worker releases or aborts the transfer, or the connection is gone.
 
 use crate::hello::{HelloCheck, check_peer};
-use bulkhead_engine::{Engine, PrefillEvent};
-use bulkhead_kv::{Generation, LentPage, TenantId, TransferId};
+use bulkhead_engine::{Engine, EngineError, PrefillEvent};
+use bulkhead_kv::{AdmissionError, Generation, LentPage, TenantId, TransferId};
 use bulkhead_transfer::checksum::transfer_digest;
 use bulkhead_transfer::{
     Checksums, Done, Grant, Hello, Message, PrefillRequest, TcpTransport, Transport,
@@ -230,6 +230,9 @@ enum Item {
     /// A computed page, lent by the engine: written in place.
     Page(LentPage),
     Computed(Vec<f32>),
+    /// Refused after admission (pages were quarantined meanwhile and it
+    /// can never fit): nothing was computed or sent.
+    Refused(AdmissionError),
     Failed,
 }
 
@@ -353,6 +356,10 @@ impl PrefillWorker {
                             PrefillEvent::Computed { logits } => {
                                 spans.take();
                                 vec![Item::Computed(logits)]
+                            }
+                            PrefillEvent::Failed(EngineError::Rejected(error)) => {
+                                spans.take();
+                                vec![Item::Refused(error)]
                             }
                             PrefillEvent::Failed(_) => {
                                 spans.take();
@@ -494,6 +501,13 @@ async fn write_loop<T: Transport>(
                         s.done = true;
                         c.completed.fetch_add(1, Ordering::Relaxed);
                         t.send(&Message::Done(Done { transfer, tokens: s.tokens, digest, logits })).await
+                    }
+                    Item::Refused(error) => {
+                        // Never allocated: no page to release, nothing sent.
+                        s.span.record("bulkhead.transfer.outcome", "rejected");
+                        live.remove(&transfer);
+                        c.rejected.fetch_add(1, Ordering::Relaxed);
+                        t.send(&Message::Rejected { transfer, error }).await
                     }
                     Item::Failed => {
                         s.aborting = true;

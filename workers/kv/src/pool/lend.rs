@@ -24,7 +24,8 @@
 //! A [`LentPage`] returns itself when dropped, through its [`Home`]: the
 //! pool's owner (the engine thread) gets it back on its command channel.
 
-use super::{KvPool, PageRef, PageTable, PageTag, Planes, Whereabouts};
+use super::{Fill, KvPool, PageRef, PageTable, PageTag, Planes, Whereabouts};
+use crate::admission::PoolId;
 use crate::ids::{Generation, PageId, TransferId};
 use crate::pool::OwnerViolation;
 use half::f16;
@@ -53,6 +54,7 @@ impl std::fmt::Debug for Home {
 /// The memory of one page, out of its pool: a source page (readable, all
 /// of it the owner's) or a landing page (write-only until written).
 pub struct LentPage {
+    pool: PoolId,
     page: PageId,
     generation: Generation,
     slot: usize,
@@ -63,10 +65,16 @@ pub struct LentPage {
     home: Option<Home>,
 }
 
-#[derive(Debug)]
 pub(crate) enum PageMem {
     F16(Box<[f16]>),
     F32(Box<[f32]>),
+}
+
+impl std::fmt::Debug for PageMem {
+    // Never the bytes: a debug line must not become a way out for KV.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PageMem({} bytes)", self.bytes().len())
+    }
 }
 
 impl std::fmt::Debug for LentPage {
@@ -138,7 +146,10 @@ impl LentPage {
 #[allow(unsafe_code)]
 // SAFETY: `chunk_mut` returns exactly the `remaining_mut` unwritten bytes,
 // and `advance_mut` moves past at most those; the memory behind them is
-// initialised page memory.
+// initialised page memory. (A caller that advanced over bytes it never
+// wrote would see old contents through `bytes`: `advance_mut` is `unsafe`
+// for that reason, and the only callers, tokio's `read_buf` and
+// `put_slice`, advance over what they wrote.)
 unsafe impl bytes::BufMut for LentPage {
     fn remaining_mut(&self) -> usize {
         self.unwritten()
@@ -168,6 +179,7 @@ impl Drop for LentPage {
         if let Some(home) = self.home.take() {
             let mem = std::mem::replace(&mut self.mem, PageMem::F16(Box::default()));
             (home.0)(LentPage {
+                pool: self.pool,
                 page: self.page,
                 generation: self.generation,
                 slot: self.slot,
@@ -190,7 +202,7 @@ impl KvPool {
         home: Option<Home>,
     ) -> Result<LentPage, OwnerViolation> {
         let r = Self::entry(table, index)?;
-        self.check_read(table.owner, r)?;
+        self.check_read(table.owner, r, None)?;
         Ok(self.take(r, index, None, home))
     }
 
@@ -214,10 +226,24 @@ impl KvPool {
     }
 
     /// Takes a lent page's memory back. A page released while it was out
-    /// is freed now (zeroed if the release asked for it).
+    /// is freed now (zeroed if the release asked for it). A page that was
+    /// not lent by this pool at this generation is dropped, never installed.
     pub fn restore(&mut self, mut page: LentPage) {
         page.home = None;
         let i = page.page.index();
+        let ours = page.pool == self.id
+            && self
+                .whereabouts
+                .get(i)
+                .is_some_and(|w| *w != Whereabouts::Home)
+            && matches!(
+                self.tags[i],
+                PageTag::Owned { generation, .. } | PageTag::Receiving { generation, .. }
+                    if generation == page.generation
+            );
+        if !ours {
+            return;
+        }
         let whole = page.is_written();
         let landing = page.written.is_some();
         let mem = std::mem::replace(&mut page.mem, PageMem::F16(Box::default()));
@@ -228,7 +254,7 @@ impl KvPool {
         }
         if landing {
             // Clean only if the transfer overwrote every byte.
-            self.clean[i] = whole;
+            self.fill[i] = if whole { Fill::Clean } else { Fill::Stale };
         }
         match std::mem::replace(&mut self.whereabouts[i], Whereabouts::Home) {
             Whereabouts::LentThenFree { scrub } => self.free_page(page.page, scrub),
@@ -244,7 +270,7 @@ impl KvPool {
         let complete = table.pages.iter().all(|r| {
             !self.lands(table, transfer, *r)
                 || (self.whereabouts[r.page.index()] == Whereabouts::Home
-                    && self.clean[r.page.index()])
+                    && self.fill[r.page.index()] == Fill::Clean)
         });
         if !complete {
             return false;
@@ -288,7 +314,7 @@ impl KvPool {
         self.whereabouts[i] = Whereabouts::Lent;
         if written.is_some() {
             // A landing page is clean again only once written whole.
-            self.clean[i] = false;
+            self.fill[i] = Fill::Stale;
         }
         let mem = match &mut self.planes {
             Planes::F16(pages) => PageMem::F16(std::mem::take(&mut pages[i])),
@@ -296,6 +322,7 @@ impl KvPool {
         };
         debug_assert!(!matches!(self.tags[i], PageTag::Free));
         LentPage {
+            pool: self.id,
             page: r.page,
             generation: r.generation,
             slot,
