@@ -44,6 +44,10 @@ pub(crate) enum GatewayError {
     Upstream,
     /// No such route.
     NoRoute,
+    /// The route does not take this method.
+    MethodNotAllowed,
+    /// The request body is over the gateway's limit.
+    TooLarge,
 }
 
 impl From<UpstreamError> for GatewayError {
@@ -98,6 +102,8 @@ impl GatewayError {
             GatewayError::Unavailable(_) => "unavailable",
             GatewayError::Upstream => "upstream",
             GatewayError::NoRoute => "no_route",
+            GatewayError::MethodNotAllowed => "method_not_allowed",
+            GatewayError::TooLarge => "request_too_large",
         }
     }
 }
@@ -134,6 +140,8 @@ impl GatewayError {
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream => StatusCode::BAD_GATEWAY,
             GatewayError::NoRoute => StatusCode::NOT_FOUND,
+            GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            GatewayError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 
@@ -151,6 +159,11 @@ impl GatewayError {
             GatewayError::Unavailable(m) => format!("Capacity temporarily unavailable: {m}"),
             GatewayError::Upstream => "the inference worker failed the request; retry".to_owned(),
             GatewayError::NoRoute => "no such route".to_owned(),
+            GatewayError::MethodNotAllowed => "this route does not take that method".to_owned(),
+            GatewayError::TooLarge => format!(
+                "the request body is larger than {} bytes",
+                crate::edge::MAX_BODY_BYTES
+            ),
         }
     }
 
@@ -165,6 +178,8 @@ impl GatewayError {
             GatewayError::Unavailable(_) => 3040,
             GatewayError::Upstream => 3043,
             GatewayError::NoRoute => 7000,
+            GatewayError::MethodNotAllowed => 7001,
+            GatewayError::TooLarge => 3006,
         }
     }
 
@@ -182,6 +197,8 @@ impl GatewayError {
             GatewayError::Unavailable(_) => ("service_unavailable", None),
             GatewayError::Upstream => ("api_error", None),
             GatewayError::NoRoute => ("invalid_request_error", Some("unknown_url")),
+            GatewayError::MethodNotAllowed => ("invalid_request_error", Some("method_not_allowed")),
+            GatewayError::TooLarge => ("invalid_request_error", Some("request_too_large")),
         }
     }
 
@@ -200,9 +217,10 @@ impl GatewayError {
 
     fn wa_message(&self) -> String {
         match self {
-            GatewayError::Unauthenticated | GatewayError::WrongAccount | GatewayError::NoRoute => {
-                self.message()
-            }
+            GatewayError::Unauthenticated
+            | GatewayError::WrongAccount
+            | GatewayError::NoRoute
+            | GatewayError::MethodNotAllowed => self.message(),
             _ => format!("AiError: {}", self.message()),
         }
     }

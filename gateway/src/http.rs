@@ -4,7 +4,7 @@
 //! worker's first line decides the status, the rest streams.
 
 use crate::auth::{self, JwtConfig, Principal};
-use crate::errors::{Flavor, GatewayError};
+use crate::errors::GatewayError;
 use crate::limits::{Limiter, Permit};
 use crate::metrics::{self, GenAiTimer};
 use crate::pick::{NodeLease, Picker};
@@ -63,6 +63,16 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*model}", get(openai::model))
         .route("/health", get(health))
+        // Before any handler: strangers and declared over-large bodies are
+        // refused without reading a byte of the body.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::edge::guard,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            crate::edge::MAX_BODY_BYTES,
+        ))
+        .method_not_allowed_fallback(crate::edge::method_not_allowed)
         .fallback(fallback)
         .with_state(state);
     // Tenants call this router: a trace starts here, whatever they send.
@@ -81,12 +91,9 @@ async fn health(axum::extract::State(s): axum::extract::State<AppState>) -> Resp
 }
 
 async fn fallback(uri: Uri) -> Response {
-    let flavor = if uri.path().starts_with("/client/v4/") {
-        Flavor::WorkersAi
-    } else {
-        Flavor::OpenAi
-    };
-    GatewayError::NoRoute.in_(flavor).into_response()
+    GatewayError::NoRoute
+        .in_(crate::edge::flavor_of(uri.path()))
+        .into_response()
 }
 
 /// An authenticated request against one routing table.

@@ -19,6 +19,7 @@
 //! control plane through `bulkhead-control-api`.
 
 pub mod auth;
+mod edge;
 mod errors;
 mod http;
 mod limits;

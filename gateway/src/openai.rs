@@ -8,6 +8,7 @@ use crate::errors::{ApiError, Flavor, GatewayError};
 use crate::http::{self, AppState, Ctx, StreamEvent};
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -176,9 +177,10 @@ fn usage_json(u: Usage) -> Value {
 pub(crate) async fn chat(
     State(s): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
+    let body = body.map_err(|e| crate::edge::body_refused(&e, O))?;
     chat_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
 }
 
@@ -187,10 +189,11 @@ pub(crate) async fn account_chat(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
     let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(O))?;
+    let body = body.map_err(|e| crate::edge::body_refused(&e, O))?;
     chat_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
 }
 
@@ -289,9 +292,10 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
 pub(crate) async fn completions(
     State(s): State<AppState>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
+    let body = body.map_err(|e| crate::edge::body_refused(&e, O))?;
     completions_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
 }
 

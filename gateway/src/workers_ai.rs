@@ -7,6 +7,7 @@ use crate::errors::{ApiError, Flavor, GatewayError};
 use crate::http::{self, AppState, StreamEvent};
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
@@ -131,11 +132,12 @@ pub(crate) async fn run(
     State(s): State<AppState>,
     path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path((account, slug)) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
     let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(W))?;
     let model = http::model(&ctx, &slug).map_err(|e| e.in_(W))?;
+    let body = body.map_err(|e| crate::edge::body_refused(&e, W))?;
     let req: RunBody = http::parse_json(&body).map_err(|e| e.in_(W))?;
     let worker = req.to_worker().map_err(|e| e.in_(W))?;
     let g = http::start(&s, &ctx, model, worker)

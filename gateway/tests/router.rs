@@ -610,3 +610,100 @@ async fn a_token_revoked_while_gateways_run_stops_working_at_once() {
         200
     );
 }
+
+/// A request whose body never ends: a handler that read it would wait forever.
+fn endless_body() -> axum::body::Body {
+    let first = futures_once(bytes_of(b"{\"prompt\": \""));
+    axum::body::Body::from_stream(first)
+}
+
+fn bytes_of(b: &'static [u8]) -> Result<axum::body::Bytes, std::io::Error> {
+    Ok(axum::body::Bytes::from_static(b))
+}
+
+/// One chunk, then a stream that never yields again.
+fn futures_once(
+    chunk: Result<axum::body::Bytes, std::io::Error>,
+) -> impl tokio_stream::Stream<Item = Result<axum::body::Bytes, std::io::Error>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::once(chunk).chain(tokio_stream::pending())
+}
+
+#[tokio::test]
+async fn strangers_and_oversized_bodies_are_refused_before_the_body_is_read_in_each_apis_shape() {
+    use tower::ServiceExt;
+    let p = platform().await;
+    let gw = p.gateway(None, Platform::limiter()).await;
+    let a = bearer(&p.a_token);
+    let send = |req: axum::http::Request<axum::body::Body>| {
+        let gw = gw.clone();
+        async move {
+            let resp = tokio::time::timeout(Duration::from_secs(5), gw.oneshot(req))
+                .await
+                .expect("answered without reading the body")
+                .expect("router");
+            let status = resp.status().as_u16();
+            let bytes = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .expect("body")
+                .to_bytes();
+            let v: Value = serde_json::from_slice(&bytes).expect("a JSON error body");
+            (status, v)
+        }
+    };
+    let wa_path = run_path(&p.a, OPEN);
+    for (path, wa) in [(wa_path.as_str(), true), ("/v1/chat/completions", false)] {
+        // No credential, a body that never ends: refused at once.
+        let req = axum::http::Request::post(path)
+            .header("content-type", "application/json")
+            .body(endless_body())
+            .expect("request");
+        let (status, v) = send(req).await;
+        assert_eq!(status, 401, "{v}");
+        if wa {
+            assert_wa(&v, 10000);
+        } else {
+            assert_oa(&v, "authentication_error", &json!("invalid_api_key"));
+        }
+        // A declared 50 MiB body: 413 from the header alone.
+        let req = axum::http::Request::post(path)
+            .header("authorization", &a)
+            .header("content-type", "application/json")
+            .header("content-length", (50u64 << 20).to_string())
+            .body(endless_body())
+            .expect("request");
+        let (status, v) = send(req).await;
+        assert_eq!(status, 413, "{v}");
+        if wa {
+            assert_wa(&v, 3006);
+        } else {
+            assert_oa(&v, "invalid_request_error", &json!("request_too_large"));
+        }
+        // An undeclared body past the limit: 413 in the same shape.
+        let big = format!("{{\"prompt\": \"{}\"}}", "x".repeat(3 << 20));
+        let req = axum::http::Request::post(path)
+            .header("authorization", &a)
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from_stream(tokio_stream::iter(
+                big.into_bytes()
+                    .chunks(64 << 10)
+                    .map(|c| Ok::<_, std::io::Error>(axum::body::Bytes::copy_from_slice(c)))
+                    .collect::<Vec<_>>(),
+            )))
+            .expect("request");
+        let (status, v) = send(req).await;
+        assert_eq!(status, 413, "{v}");
+        // A method the route does not take: 405 in the API's shape.
+        let req = axum::http::Request::delete(path)
+            .header("authorization", &a)
+            .body(axum::body::Body::empty())
+            .expect("request");
+        let (status, v) = send(req).await;
+        assert_eq!(status, 405, "{v}");
+        if wa {
+            assert_wa(&v, 7001);
+        } else {
+            assert_oa(&v, "invalid_request_error", &json!("method_not_allowed"));
+        }
+    }
+}

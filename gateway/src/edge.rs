@@ -1,0 +1,63 @@
+//! The gateway's door, before any handler (and so before a byte of a
+//! request body is read): the bearer credential must be one the current
+//! routing table accepts, and a declared body must fit the limit. A
+//! stranger costs a header parse, never a buffered body. Bodies that turn
+//! out larger than declared are refused by the handlers' extractor, in the
+//! API's own shape too.
+
+use crate::errors::{ApiError, Flavor, GatewayError};
+use crate::http::{AppState, authorize};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+/// The largest request body the gateway reads (2 MiB).
+pub(crate) const MAX_BODY_BYTES: usize = 2 << 20;
+
+/// Which API's shape a path answers in.
+pub(crate) fn flavor_of(path: &str) -> Flavor {
+    if path.starts_with("/client/v4/") && !path.contains("/ai/v1/") {
+        Flavor::WorkersAi
+    } else {
+        Flavor::OpenAi
+    }
+}
+
+/// Refuses strangers and declared over-large bodies before the handler runs.
+pub(crate) async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    if path == "/health" {
+        return next.run(req).await;
+    }
+    let flavor = flavor_of(path);
+    if let Err(e) = authorize(&s, req.headers(), None) {
+        return e.in_(flavor).into_response();
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return GatewayError::TooLarge.in_(flavor).into_response();
+    }
+    next.run(req).await
+}
+
+/// A method the route does not take, in the API's shape.
+pub(crate) async fn method_not_allowed(req: Request) -> Response {
+    GatewayError::MethodNotAllowed
+        .in_(flavor_of(req.uri().path()))
+        .into_response()
+}
+
+/// A body the extractor refused: too large (413) or unreadable (400).
+pub(crate) fn body_refused(e: &BytesRejection, flavor: Flavor) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        GatewayError::TooLarge.in_(flavor)
+    } else {
+        GatewayError::BadInput("the request body could not be read".to_owned()).in_(flavor)
+    }
+}
