@@ -2,9 +2,10 @@
 //! and `step()`, one forward pass over a mixed batch.
 //!
 //! Continuous batching: between steps, waiting requests join the running
-//! batch as soon as the pool can hold all their pages; each step takes one
+//! batch as soon as the pool can hold all their pages, taking turns by
+//! tenant (the tenant holding the fewest pages first); each step takes one
 //! token from every decoding sequence and fills the rest of the token budget
-//! with prefill chunks. Finished, failed and cancelled sequences return their
+//! with prefill chunks shared fairly across tenants. Finished, failed and cancelled sequences return their
 //! pages at once.
 
 use crate::GenerateRequest;
@@ -705,8 +706,41 @@ impl EngineCore {
         result
     }
 
+    /// The waiting request to try next: the oldest one of the tenant that
+    /// holds the fewest pages now (ties: the one that came first). So a
+    /// tenant whose requests fill the pool cannot make another tenant's
+    /// request wait behind its own queue; within a tenant, first come,
+    /// first served.
+    fn next_waiting(&self) -> Option<usize> {
+        let mut held: HashMap<TenantId, usize> = HashMap::new();
+        let tables = self
+            .running
+            .iter()
+            .map(|s| &s.table)
+            .chain(self.held.values())
+            .chain(self.draining.values());
+        for t in tables {
+            *held.entry(t.owner().tenant()).or_default() += t.len();
+        }
+        let mut seen: Vec<TenantId> = Vec::new();
+        let mut best: Option<(usize, usize)> = None; // (pages held, index)
+        for (i, a) in self.waiting.iter().enumerate() {
+            let tenant = a.owner().tenant();
+            if seen.contains(&tenant) {
+                continue;
+            }
+            seen.push(tenant);
+            let h = held.get(&tenant).copied().unwrap_or(0);
+            if best.is_none_or(|(bh, _)| h < bh) {
+                best = Some((h, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
     fn join_waiting(&mut self) {
-        while let Some(front) = self.waiting.front() {
+        while let Some(next) = self.next_waiting() {
+            let front = &self.waiting[next];
             let allocated = match front.payload() {
                 Pending::Generate(PendingRequest {
                     landing: Some((transfer, _)),
@@ -716,13 +750,13 @@ impl EngineCore {
             };
             let table = match allocated {
                 Ok(table) => table,
-                // First in, first served: the front waits for pages.
+                // The tenant's turn: it waits for pages.
                 Err(AllocError::Exhausted(_)) => break,
                 // Pages were quarantined since admission (or the request was
                 // admitted elsewhere): it can never fit here. Refuse it with
                 // its 4xx and serve the requests behind it.
                 Err(_) => {
-                    let refused = self.waiting.pop_front().expect("front exists");
+                    let refused = self.waiting.remove(next).expect("index exists");
                     let error = AdmissionError::PoolCapacityExceeded {
                         prompt_tokens: refused.prompt_tokens(),
                         max_tokens: refused.max_tokens(),
@@ -741,7 +775,7 @@ impl EngineCore {
                     continue;
                 }
             };
-            let admitted = self.waiting.pop_front().expect("front exists");
+            let admitted = self.waiting.remove(next).expect("index exists");
             let owner = admitted.owner();
             let max_tokens = admitted.max_tokens();
             let prompt_pages = admitted.prompt_pages();
