@@ -38,6 +38,18 @@ pub(crate) struct GatewayArgs {
     /// Requests in flight per account.
     #[arg(long, default_value_t = 16)]
     concurrency: u64,
+    /// Connections open at once, from everyone; past it a new one is closed.
+    #[arg(long, default_value_t = 4096)]
+    max_connections: usize,
+    /// Connections open at once from one address.
+    #[arg(long, default_value_t = 256)]
+    max_connections_per_address: usize,
+    /// Longest a request's headers may take to arrive, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    header_timeout_ms: u64,
+    /// Longest a request's body may take to arrive, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    body_timeout_ms: u64,
     /// File holding the HS256 secret for JWTs (at least 32 bytes).
     #[arg(long)]
     jwt_hs256_secret_file: Option<PathBuf>,
@@ -181,11 +193,18 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     );
     let _ = out.flush();
     drop(out);
-    axum::serve(
-        crate::nodelay(listener),
+    let conn = bulkhead_gateway::ConnLimits {
+        max_connections: args.max_connections.max(1),
+        max_per_address: args.max_connections_per_address.max(1),
+        header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+        body_timeout: Duration::from_millis(args.body_timeout_ms.max(1)),
+    };
+    bulkhead_gateway::serve(
+        listener,
         app(AppState::new(watch, jwt, limiter)),
+        conn,
+        crate::control_plane::shutdown(),
     )
-    .with_graceful_shutdown(crate::control_plane::shutdown())
     .await?;
     Ok(())
 }

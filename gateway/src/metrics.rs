@@ -19,6 +19,7 @@ struct Instruments {
     tpot: Histogram<f64>,
     tokens: Histogram<u64>,
     refusals: Counter<u64>,
+    connections_refused: Counter<u64>,
 }
 
 fn instruments() -> &'static Instruments {
@@ -70,8 +71,20 @@ fn instruments() -> &'static Instruments {
                     "Requests refused by a per-account limit, before any counter moved",
                 )
                 .build(),
+            connections_refused: m
+                .u64_counter("bulkhead.gateway.connections.refused")
+                .with_unit("{connection}")
+                .with_description("Connections closed at accept by a connection cap")
+                .build(),
         }
     })
+}
+
+/// Counts a connection closed at accept by the cap named `cap`.
+pub(crate) fn connection_refused(cap: &'static str) {
+    instruments()
+        .connections_refused
+        .add(1, &[KeyValue::new("cap", cap)]);
 }
 
 /// Counts a refusal by the limit named `what` (the limiter's words).
