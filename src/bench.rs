@@ -65,46 +65,11 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
     }
     drop(engine);
 
-    // Owner checks and scrub-on-free: the same batched workload with a
-    // setting on and off, on two engine cores driven on one compute pool.
-    // Switching them at run time is a test hook, absent from the serving
-    // build: there these figures are left out (null).
-    // The cores swap roles every round and the order alternates (ABBA), so
-    // neither memory placement nor drift favours a setting; best of each.
-    let workload: Vec<Vec<u32>> = (0..8).map(decode_prompt).collect();
-    let compute = rayon::ThreadPoolBuilder::new()
-        .num_threads(config.threads)
-        .build()?;
-    let mut cores = [
-        EngineCore::new(Arc::clone(&model), &config)?,
-        EngineCore::new(Arc::clone(&model), &config)?,
-    ];
-    // Each round runs the two settings three times each, interleaved
-    // (A B B A A B), and keeps the best of each; the figure is the median
-    // over rounds of (best with) / (best without) - 1.
-    let mut overhead = |with: (bool, bool), without: (bool, bool)| -> anyhow::Result<f64> {
-        let mut ratios = Vec::new();
-        for i in 0..2 * rounds + 5 {
-            let (a, b) = if i % 2 == 0 { (0, 1) } else { (1, 0) };
-            cores[a].set_pool_options(with.0, with.1)?;
-            cores[b].set_pool_options(without.0, without.1)?;
-            let mut best = [f64::MAX; 2]; // [with, without]
-            for setting in [0, 1, 1, 0, 0, 1] {
-                let core = if setting == 0 { a } else { b };
-                let t = run_core(&mut cores[core], &compute, &workload, 48)?.as_secs_f64();
-                best[setting] = best[setting].min(t);
-            }
-            ratios.push(best[0] / best[1]);
-        }
-        ratios.sort_by(f64::total_cmp);
-        Ok(ratios[ratios.len() / 2] - 1.0)
-    };
-    // (owner checks on, scrub on free)
+    // (owner checks on, scrub on free); switching them at run time is a
+    // test hook, absent from the serving build: there these are null.
     let (owner_check_overhead, scrub_overhead) = if bulkhead_engine::hooks::ENABLED {
-        (
-            Some(overhead((true, false), (false, false))?),
-            Some(overhead((true, true), (true, false))?),
-        )
+        let (checks, scrub) = guard_overheads(&model, &config, rounds, &decode_prompt)?;
+        (Some(checks), Some(scrub))
     } else {
         eprintln!(
             "note: owner-check and scrub costs need the test hooks: cargo run --release --features test-hooks -- bench engine"
@@ -149,6 +114,52 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
         print_table(&mut stdout, &out)?;
     }
     Ok(())
+}
+
+/// What owner checks and scrub-on-free cost: the same batched workload
+/// with a setting on and off, on two engine cores driven on one compute
+/// pool. The cores swap roles every round and the order alternates (ABBA),
+/// so neither memory placement nor drift favours a setting. Returns
+/// (owner-check overhead, scrub overhead).
+fn guard_overheads(
+    model: &Arc<ModelFile>,
+    config: &bulkhead_engine::EngineConfig,
+    rounds: usize,
+    decode_prompt: &dyn Fn(usize) -> Vec<u32>,
+) -> anyhow::Result<(f64, f64)> {
+    let workload: Vec<Vec<u32>> = (0..8).map(decode_prompt).collect();
+    let compute = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.threads)
+        .build()?;
+    let mut cores = [
+        EngineCore::new(Arc::clone(model), config)?,
+        EngineCore::new(Arc::clone(model), config)?,
+    ];
+    // Each round runs the two settings three times each, interleaved
+    // (A B B A A B), and keeps the best of each; the figure is the median
+    // over rounds of (best with) / (best without) - 1.
+    let mut overhead = |with: (bool, bool), without: (bool, bool)| -> anyhow::Result<f64> {
+        let mut ratios = Vec::new();
+        for i in 0..2 * rounds + 5 {
+            let (a, b) = if i % 2 == 0 { (0, 1) } else { (1, 0) };
+            cores[a].set_pool_options(with.0, with.1)?;
+            cores[b].set_pool_options(without.0, without.1)?;
+            let mut best = [f64::MAX; 2]; // [with, without]
+            for setting in [0, 1, 1, 0, 0, 1] {
+                let core = if setting == 0 { a } else { b };
+                let t = run_core(&mut cores[core], &compute, &workload, 48)?.as_secs_f64();
+                best[setting] = best[setting].min(t);
+            }
+            ratios.push(best[0] / best[1]);
+        }
+        ratios.sort_by(f64::total_cmp);
+        Ok(ratios[ratios.len() / 2] - 1.0)
+    };
+    // (owner checks on, scrub on free)
+    Ok((
+        overhead((true, false), (false, false))?,
+        overhead((true, true), (true, false))?,
+    ))
 }
 
 /// Runs `prompts` to completion on `core` (greedy, `max_tokens` each),

@@ -6,7 +6,7 @@
 //! API's own shape too.
 
 use crate::errors::{ApiError, Flavor, GatewayError};
-use crate::http::{AppState, authorize};
+use crate::http::{AppState, authenticate};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
@@ -26,15 +26,17 @@ pub(crate) fn flavor_of(path: &str) -> Flavor {
 }
 
 /// Refuses strangers and declared over-large bodies before the handler runs.
-pub(crate) async fn guard(State(s): State<AppState>, req: Request, next: Next) -> Response {
+/// The request's [`crate::http::Ctx`] goes to the handler as an extension.
+pub(crate) async fn guard(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/health" {
         return next.run(req).await;
     }
     let flavor = flavor_of(path);
-    if let Err(e) = authorize(&s, req.headers(), None) {
-        return e.in_(flavor).into_response();
-    }
+    let ctx = match authenticate(&s, req.headers()) {
+        Ok(ctx) => ctx,
+        Err(e) => return e.in_(flavor).into_response(),
+    };
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -43,6 +45,7 @@ pub(crate) async fn guard(State(s): State<AppState>, req: Request, next: Next) -
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return GatewayError::TooLarge.in_(flavor).into_response();
     }
+    req.extensions_mut().insert(ctx);
     next.run(req).await
 }
 

@@ -96,20 +96,17 @@ async fn fallback(uri: Uri) -> Response {
         .into_response()
 }
 
-/// An authenticated request against one routing table.
-#[derive(Debug)]
+/// An authenticated request against one routing table. The door
+/// (`edge::guard`) makes it from the headers before any handler runs and
+/// hands it to the handler as a request extension.
+#[derive(Debug, Clone)]
 pub(crate) struct Ctx {
     pub(crate) snap: Arc<Snapshot>,
     pub(crate) principal: Principal,
 }
 
-/// Authenticates the request; `url_account` is the account in the URL, if
-/// the route has one.
-pub(crate) fn authorize(
-    state: &AppState,
-    headers: &HeaderMap,
-    url_account: Option<&str>,
-) -> Result<Ctx, GatewayError> {
+/// Authenticates the request from its headers against the current table.
+pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Ctx, GatewayError> {
     let snap = state.watch.current().map_err(|e| match e {
         WatchError::NotReady => GatewayError::Unavailable("the gateway is starting"),
         WatchError::Stale => {
@@ -122,12 +119,18 @@ pub(crate) fn authorize(
     let token = auth::bearer(header).map_err(|_| GatewayError::Unauthenticated)?;
     let principal = auth::authenticate(token, &snap.table, state.jwt.as_deref())
         .map_err(|_| GatewayError::Unauthenticated)?;
-    if let Some(a) = url_account
-        && a != principal.account_id
-    {
-        return Err(GatewayError::WrongAccount);
-    }
     Ok(Ctx { snap, principal })
+}
+
+impl Ctx {
+    /// Refuses a credential used on another account's URL.
+    pub(crate) fn for_account(&self, url_account: &str) -> Result<(), GatewayError> {
+        if url_account == self.principal.account_id {
+            Ok(())
+        } else {
+            Err(GatewayError::WrongAccount)
+        }
+    }
 }
 
 /// A request the worker has started answering.

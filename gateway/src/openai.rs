@@ -6,12 +6,12 @@
 
 use crate::errors::{ApiError, Flavor, GatewayError};
 use crate::http::{self, AppState, Ctx, StreamEvent};
+use axum::Extension;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bulkhead_control_api::RoutedModel;
 use bulkhead_worker_api::{GenerateBody, Message, Usage};
@@ -176,10 +176,9 @@ fn usage_json(u: Usage) -> Value {
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    Extension(ctx): Extension<Ctx>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
     let body = body.map_err(|e| crate::edge::body_refused(&e, O))?;
     chat_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
 }
@@ -188,11 +187,11 @@ pub(crate) async fn chat(
 pub(crate) async fn account_chat(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
+    Extension(ctx): Extension<Ctx>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
-    let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(O))?;
+    ctx.for_account(&account).map_err(|e| e.in_(O))?;
     let body = body.map_err(|e| crate::edge::body_refused(&e, O))?;
     chat_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
 }
@@ -291,10 +290,9 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
 /// `POST /v1/completions`: raw text in, no chat template.
 pub(crate) async fn completions(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    Extension(ctx): Extension<Ctx>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
     let body = body.map_err(|e| crate::edge::body_refused(&e, O))?;
     completions_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
 }
@@ -381,33 +379,26 @@ fn list_models(ctx: &Ctx) -> Response {
 }
 
 /// `GET /v1/models`.
-pub(crate) async fn models(
-    State(s): State<AppState>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
+pub(crate) async fn models(Extension(ctx): Extension<Ctx>) -> Result<Response, ApiError> {
     Ok(list_models(&ctx))
 }
 
 /// `GET /client/v4/accounts/{account_id}/ai/v1/models`.
 pub(crate) async fn account_models(
-    State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
+    Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
     let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
-    let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(O))?;
+    ctx.for_account(&account).map_err(|e| e.in_(O))?;
     Ok(list_models(&ctx))
 }
 
 /// `GET /v1/models/{model}`.
 pub(crate) async fn model(
-    State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    headers: HeaderMap,
+    Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
     let Path(slug) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
-    let ctx = http::authorize(&s, &headers, None).map_err(|e| e.in_(O))?;
     let m = http::model(&ctx, &slug).map_err(|e| e.in_(O))?;
     Ok(Json(model_json(m)).into_response())
 }

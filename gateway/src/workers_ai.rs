@@ -4,13 +4,13 @@
 //! envelope `{"result", "success", "errors", "messages"}`.
 
 use crate::errors::{ApiError, Flavor, GatewayError};
-use crate::http::{self, AppState, StreamEvent};
+use crate::http::{self, AppState, Ctx, StreamEvent};
+use axum::Extension;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bulkhead_worker_api::{GenerateBody, Message};
 use serde::Deserialize;
@@ -131,11 +131,11 @@ fn usage_json(u: bulkhead_worker_api::Usage) -> Value {
 pub(crate) async fn run(
     State(s): State<AppState>,
     path: Result<Path<(String, String)>, PathRejection>,
-    headers: HeaderMap,
+    Extension(ctx): Extension<Ctx>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path((account, slug)) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
-    let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(W))?;
+    ctx.for_account(&account).map_err(|e| e.in_(W))?;
     let model = http::model(&ctx, &slug).map_err(|e| e.in_(W))?;
     let body = body.map_err(|e| crate::edge::body_refused(&e, W))?;
     let req: RunBody = http::parse_json(&body).map_err(|e| e.in_(W))?;
@@ -167,13 +167,12 @@ pub(crate) async fn run(
 /// `task`, paged by `page` and `per_page`; a page past the end has an empty
 /// `result` (the SDK pages until it sees one).
 pub(crate) async fn search(
-    State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
-    headers: HeaderMap,
+    Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
     let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
-    let ctx = http::authorize(&s, &headers, Some(&account)).map_err(|e| e.in_(W))?;
+    ctx.for_account(&account).map_err(|e| e.in_(W))?;
     let Query(q) = query.map_err(|_| bad("invalid query string").in_(W))?;
     let number = |key: &str, default: usize, max: usize| -> Result<usize, ApiError> {
         match q.get(key) {

@@ -4,9 +4,9 @@
 //! Continuous batching: between steps, waiting requests join the running
 //! batch as soon as the pool can hold all their pages, taking turns by
 //! tenant (the tenant holding the fewest pages first); each step takes one
-//! token from every decoding sequence and fills the rest of the token budget
-//! with prefill chunks shared fairly across tenants. Finished, failed and cancelled sequences return their
-//! pages at once.
+//! token from every decoding sequence and fills the rest of the token
+//! budget with prefill chunks shared fairly across tenants. Finished,
+//! failed and cancelled sequences return their pages at once.
 
 use crate::GenerateRequest;
 use crate::detok::{Detokenizer, Piece};

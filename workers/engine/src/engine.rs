@@ -264,15 +264,15 @@ impl Engine {
     ) -> Result<(RequestHandle, oneshot::Receiver<Grant>), AdmissionError> {
         // Hellos refuse a peer with another page size, so the pair always
         // narrows; if not, nothing fits.
-        let limits = self.info.limits.narrow(peer).unwrap_or_else(|| {
-            self.info
-                .limits
-                .narrow(&Capacity {
-                    pool_tokens: 0,
-                    ..self.info.limits.capacity()
-                })
-                .expect("same page size")
-        });
+        let limits = self
+            .info
+            .limits
+            .narrow(peer)
+            .ok_or(AdmissionError::PoolCapacityExceeded {
+                prompt_tokens: request.prompt.len(),
+                max_tokens: request.sampling.max_tokens,
+                limit: 0,
+            })?;
         let (granted, grant) = oneshot::channel();
         let handle = self.submit_generate(tenant, request, &limits, Some((transfer, granted)))?;
         Ok((handle, grant))

@@ -255,6 +255,8 @@ pub struct KvPool {
     next_generation: Generation,
     /// Owned pages to quarantine when their owner releases them.
     pending_quarantine: Vec<PageId>,
+    /// Pages tagged `Quarantined` (they never come back).
+    quarantined: usize,
     planes: Planes,
     whereabouts: Vec<Whereabouts>,
     /// Per page: which of its bytes are its owner's (see [`Fill`]).
@@ -303,6 +305,7 @@ impl KvPool {
             free: (0..pages).rev().map(PageId::from_index).collect(),
             next_generation: Generation::FIRST,
             pending_quarantine: Vec::new(),
+            quarantined: 0,
             planes: match geometry.dtype {
                 KvDtype::F16 => Planes::F16(
                     (0..pages)
@@ -350,14 +353,7 @@ impl KvPool {
     }
 
     fn capacity_pages(&self) -> usize {
-        self.tags.len() - self.quarantined_pages() - self.pending_quarantine.len()
-    }
-
-    fn quarantined_pages(&self) -> usize {
-        self.tags
-            .iter()
-            .filter(|t| **t == PageTag::Quarantined)
-            .count()
+        self.tags.len() - self.quarantined - self.pending_quarantine.len()
     }
 
     /// This pool's admission limits for a model whose context window is
@@ -479,6 +475,7 @@ impl KvPool {
             Some(PageTag::Free) => {
                 self.free.retain(|p| *p != violation.page);
                 self.tags[i] = PageTag::Quarantined;
+                self.quarantined += 1;
             }
             Some(PageTag::Owned { .. } | PageTag::Receiving { .. }) => {
                 if !self.pending_quarantine.contains(&violation.page) {
@@ -498,6 +495,7 @@ impl KvPool {
         if let Some(at) = self.pending_quarantine.iter().position(|p| *p == page) {
             self.pending_quarantine.swap_remove(at);
             self.tags[page.index()] = PageTag::Quarantined;
+            self.quarantined += 1;
             return;
         }
         if scrub {
@@ -515,7 +513,7 @@ impl KvPool {
 
     /// Counters for metrics and tests.
     pub fn counters(&self) -> PoolCounters {
-        let quarantined = self.quarantined_pages();
+        let quarantined = self.quarantined;
         let receiving = self
             .tags
             .iter()
@@ -563,7 +561,7 @@ impl KvPool {
         self.fill[i] = match self.fill[i] {
             Fill::Clean => Fill::Clean,
             Fill::Stale => {
-                self.zero_slots(r.page, 0, g.page_size, 0);
+                self.scrub(r.page);
                 Fill::Clean
             }
             Fill::Writing {
@@ -578,7 +576,9 @@ impl KvPool {
                     self.fill[i]
                 } else if (lo..hi).contains(&slot) && layer == at {
                     mask[slot / 64] |= 1 << (slot % 64);
-                    if (lo..hi).all(|s| mask[s / 64] & (1 << (s % 64)) != 0) {
+                    // Only slots of the run ever get a bit.
+                    let written: u32 = mask.iter().map(|w| w.count_ones()).sum();
+                    if written as usize == hi - lo {
                         Self::next_layer(lo, hi, at + 1, g.layers)
                     } else {
                         Fill::Writing {
@@ -630,13 +630,11 @@ impl KvPool {
         let end = start.saturating_add(len);
         let pages = start / ps..=(end - 1) / ps;
         // Every page is checked before any is changed.
-        let mut refs = Vec::with_capacity(pages.clone().count());
         for index in pages.clone() {
-            let r = Self::entry(table, index)?;
-            self.check_access(table.owner, r)?;
-            refs.push(r);
+            self.check_access(table.owner, Self::entry(table, index)?)?;
         }
-        for (index, r) in pages.zip(refs) {
+        for index in pages {
+            let r = Self::entry(table, index)?;
             if self.fill[r.page.index()] == Fill::Clean {
                 continue;
             }
