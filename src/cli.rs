@@ -96,6 +96,17 @@ pub(crate) struct ModelArgs {
     /// Zero KV pages when they are freed.
     #[arg(long)]
     pub(crate) scrub_on_free: bool,
+    /// Longest a prompt may take to prefill alone at the speed measured at
+    /// start; longer prompts are refused at admission (4xx).
+    #[arg(long, default_value_t = 60)]
+    pub(crate) prefill_deadline_secs: u64,
+    /// About how long one engine step may take (bounds how long a new
+    /// request waits for its turn).
+    #[arg(long, default_value_t = 200)]
+    pub(crate) step_ms: u64,
+    /// Percent of the KV pool one tenant may hold while another waits.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) tenant_share_percent: usize,
 }
 
 impl ModelArgs {
@@ -117,6 +128,9 @@ impl ModelArgs {
         }
         c.page_size = self.page_size;
         c.scrub_on_free = self.scrub_on_free;
+        c.prefill_deadline = std::time::Duration::from_secs(self.prefill_deadline_secs.max(1));
+        c.step_time = std::time::Duration::from_millis(self.step_ms.max(1));
+        c.tenant_share_percent = self.tenant_share_percent.clamp(1, 100);
         c
     }
 }

@@ -88,7 +88,8 @@ pub(crate) struct DecodeArgs {
     /// The prefill worker's transfer address.
     #[arg(long, default_value = "127.0.0.1:9100")]
     prefill: String,
-    /// Longest a transfer may take before it is aborted.
+    /// Longest a transfer may go without a sign of life (the prefill
+    /// worker reports progress after every step) before it is aborted.
     #[arg(long, default_value_t = 60_000)]
     transfer_timeout_ms: u64,
     /// Longest to wait for an abort's acknowledgement before closing the connection.

@@ -60,6 +60,8 @@ impl From<UpstreamError> for GatewayError {
                     "The estimated number of input and maximum output tokens exceeded this model's context window limit."
                         .to_owned(),
                 ),
+                // Names only the prompt's length and the deployment's limit.
+                "prefill_too_long" => GatewayError::ContextTooLong(message),
                 "invalid_request" => GatewayError::BadInput(message),
                 "unavailable" => GatewayError::Unavailable("no worker can take the request now"),
                 _ => GatewayError::Upstream,

@@ -2,11 +2,15 @@
 //! and `step()`, one forward pass over a mixed batch.
 //!
 //! Continuous batching: between steps, waiting requests join the running
-//! batch as soon as the pool can hold all their pages, taking turns by
-//! tenant (the tenant holding the fewest pages first); each step takes one
-//! token from every decoding sequence and fills the rest of the token
-//! budget with prefill chunks shared fairly across tenants. Finished,
-//! failed and cancelled sequences return their pages at once.
+//! batch as soon as the pool can hold their prompt and a first slice of
+//! output, taking turns by tenant (the tenant holding the fewest pages
+//! first); each step takes one token from every decoding sequence and
+//! fills the rest of a time budget with prefill chunks shared fairly
+//! across tenants. A sequence takes pages as it grows; when none is free,
+//! or its tenant holds more than its share while another waits, a sequence
+//! of the tenant holding the most is preempted: its pages go back and it
+//! waits to recompute what it had and go on. Finished, failed and
+//! cancelled sequences return their pages at once.
 
 use crate::GenerateRequest;
 use crate::detok::{Detokenizer, Piece};
@@ -16,12 +20,14 @@ use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
 use crate::schedule::{PrefillWork, fair_chunks};
+use crate::speed::{PrefillSpeed, UNIT};
 use bulkhead_kv::{
     AdmissionError, Admitted, AllocError, Generation, Home, KvDtype, KvGeometry, KvPool, LentPage,
     Limits, Owner, PageTable, PoolCounters, RequestId, TenantId, TransferId,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
@@ -105,6 +111,12 @@ pub enum PrefillEvent {
     /// in place. They come home when dropped; the pages themselves stay
     /// held until [`EngineCore::release_source`] (and until they are home).
     Pages(Vec<LentPage>),
+    /// Part of the prompt is computed (sent after every step that moved it
+    /// on, so the decode side knows the transfer is alive).
+    Progress {
+        /// Prompt tokens computed so far.
+        computed: usize,
+    },
     /// The prompt is computed: the last position's logits (sent after
     /// [`PrefillEvent::Pages`]).
     Computed {
@@ -142,6 +154,8 @@ pub struct EngineStats {
     /// Prefilled transfers whose source pages are held until the decode
     /// worker acknowledges.
     pub held_transfers: usize,
+    /// Sequences preempted so far (pages taken back; each resumed later).
+    pub preemptions: u64,
 }
 
 pub(crate) type Sink = UnboundedSender<SeqEvent>;
@@ -167,6 +181,25 @@ pub struct PendingPrefill {
 enum Pending {
     Generate(PendingRequest),
     Prefill(PendingPrefill),
+}
+
+/// An entry of the wait queue.
+#[derive(Debug)]
+enum Waiting {
+    /// Admitted, never run.
+    New(Admitted<Pending>),
+    /// Preempted: its pages went back to the pool; it recomputes what it
+    /// had (prompt and generated tokens) and goes on where it stopped.
+    Resume(Box<Sequence>),
+}
+
+impl Waiting {
+    fn owner(&self) -> Owner {
+        match self {
+            Waiting::New(a) => a.owner(),
+            Waiting::Resume(s) => s.owner,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -220,9 +253,15 @@ pub struct EngineCore {
     pool: KvPool,
     limits: Limits,
     step_tokens: usize,
+    step_time: Duration,
+    speed: PrefillSpeed,
+    prefill_deadline: Duration,
+    first_slice: usize,
+    tenant_share_percent: usize,
+    preemptions: u64,
     /// Which tenant's prefill goes first this step (rotates).
     prefill_turn: usize,
-    waiting: VecDeque<Admitted<Pending>>,
+    waiting: VecDeque<Waiting>,
     running: Vec<Sequence>,
     /// Landing pages of failed transfers, held until fenced.
     draining: HashMap<TransferId, PageTable>,
@@ -263,7 +302,10 @@ impl EngineCore {
             });
         }
         let pool = KvPool::new(geometry, pages, config.scrub_on_free);
-        let limits = pool.limits(c.context_window);
+        let speed = PrefillSpeed::nominal(c);
+        let limits = pool
+            .limits(c.context_window)
+            .with_prefill_limit(speed.max_prompt_within(config.prefill_deadline));
         Ok(EngineCore {
             rope: Rope::new(c, config.numerics),
             numerics: config.numerics,
@@ -272,6 +314,12 @@ impl EngineCore {
             limits,
             // Two at least: a prompt never moves one token at a time.
             step_tokens: config.step_tokens.max(2),
+            step_time: config.step_time,
+            speed,
+            prefill_deadline: config.prefill_deadline,
+            first_slice: config.first_slice_tokens.max(1),
+            tenant_share_percent: config.tenant_share_percent.clamp(1, 100),
+            preemptions: 0,
             prefill_turn: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -287,6 +335,38 @@ impl EngineCore {
     /// What one request may hold.
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    /// The prefill speed (nominal until [`EngineCore::calibrate`]).
+    pub fn speed(&self) -> PrefillSpeed {
+        self.speed
+    }
+
+    /// Measures this machine's prefill speed (two short passes on pages of
+    /// this pool; the faster counts) and sets the prompt limit from it: the
+    /// longest prompt prefilled alone within the deadline. Call inside the
+    /// engine's rayon pool, before anything is admitted.
+    pub fn calibrate(&mut self) {
+        const TOKENS: usize = 32;
+        let vocab = u32::try_from(self.model.config.vocab).unwrap_or(u32::MAX);
+        let tokens: Vec<u32> = (0..TOKENS as u32)
+            .map(|i| (i * 7_919 + 13) % vocab)
+            .collect();
+        let mut best = f64::INFINITY;
+        for _ in 0..2 {
+            let t = Instant::now();
+            if self.last_logits(TenantId::new(0), &tokens).is_err() {
+                return; // a pool too small to measure on keeps the nominal figure
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let shape = PrefillSpeed::nominal(&self.model.config);
+        let tokens_equivalent = shape.prompt_secs(TOKENS) / shape.secs_per_token();
+        self.speed = PrefillSpeed::measured(&self.model.config, best / tokens_equivalent);
+        self.limits = self
+            .pool
+            .limits(self.model.config.context_window)
+            .with_prefill_limit(self.speed.max_prompt_within(self.prefill_deadline));
     }
 
     /// The element type of the pool's pages.
@@ -343,14 +423,18 @@ impl EngineCore {
         Ok(limits.admit(tenant, n, max_tokens, job)?.prompt_only())
     }
 
-    /// Queues an admitted request; it joins the batch when its pages fit.
+    /// Queues an admitted request; it joins the batch when its prompt and
+    /// first slice of output fit.
     pub fn submit(&mut self, admitted: Admitted<PendingRequest>) {
-        self.waiting.push_back(admitted.map(Pending::Generate));
+        let admitted = admitted.first_slice(self.first_slice);
+        self.waiting
+            .push_back(Waiting::New(admitted.map(Pending::Generate)));
     }
 
     /// Queues an admitted prefill-only job.
     pub fn submit_prefill(&mut self, admitted: Admitted<PendingPrefill>) {
-        self.waiting.push_back(admitted.map(Pending::Prefill));
+        self.waiting
+            .push_back(Waiting::New(admitted.map(Pending::Prefill)));
     }
 
     /// Where lent pages return when their holder drops them.
@@ -466,11 +550,9 @@ impl EngineCore {
             self.reap();
             return;
         }
-        if let Some(i) = self
-            .waiting
-            .iter()
-            .position(|a| matches!(a.payload(), Pending::Prefill(p) if p.transfer == transfer))
-        {
+        if let Some(i) = self.waiting.iter().position(|w| {
+            matches!(w, Waiting::New(a) if matches!(a.payload(), Pending::Prefill(p) if p.transfer == transfer))
+        }) {
             self.waiting.remove(i);
         }
     }
@@ -483,6 +565,7 @@ impl EngineCore {
             waiting: self.waiting.len(),
             draining_transfers: self.draining.len(),
             held_transfers: self.held.len(),
+            preemptions: self.preemptions,
         }
     }
 
@@ -494,16 +577,25 @@ impl EngineCore {
 
     /// Cancels a request: its pages return to the pool at once.
     pub fn cancel(&mut self, id: RequestId) {
-        if let Some(i) = self.waiting.iter().position(|a| a.owner().request() == id) {
-            if let Some(Pending::Generate(p)) = self.waiting.remove(i).map(Admitted::into_payload) {
-                let _ = p.sink.send(SeqEvent::Finished {
-                    reason: FinishReason::Cancelled,
-                    text: String::new(),
-                    usage: Usage {
-                        prompt_tokens: p.request.prompt.len(),
-                        completion_tokens: 0,
-                    },
-                });
+        if let Some(i) = self.waiting.iter().position(|w| w.owner().request() == id) {
+            match self.waiting.remove(i) {
+                Some(Waiting::New(a)) => {
+                    if let Pending::Generate(p) = a.into_payload() {
+                        let _ = p.sink.send(SeqEvent::Finished {
+                            reason: FinishReason::Cancelled,
+                            text: String::new(),
+                            usage: Usage {
+                                prompt_tokens: p.request.prompt.len(),
+                                completion_tokens: 0,
+                            },
+                        });
+                    }
+                }
+                Some(Waiting::Resume(mut seq)) => {
+                    seq.finish(FinishReason::Cancelled);
+                    self.pool.release(seq.table);
+                }
+                None => {}
             }
             return;
         }
@@ -565,23 +657,35 @@ impl EngineCore {
     /// engine's rayon pool.
     pub fn step(&mut self) -> bool {
         self.join_waiting();
+        let stalled = self.grow_decoding();
         if !self.running.iter().any(Sequence::runnable) {
             return false;
         }
-        // Decode tokens first, then prefill chunks, within the token budget,
-        // shared fairly across tenants (`schedule::fair_chunks`).
-        let mut budget = self.step_tokens;
+        // Decode tokens first, then prefill chunks, within a budget of
+        // about `step_time` of compute at the measured speed, shared fairly
+        // across tenants by cost (`schedule::fair_chunks`).
+        let ps = self.pool.geometry().page_size;
+        let budget = self
+            .speed
+            .units_in(self.step_time)
+            .clamp(2 * UNIT as usize, self.step_tokens * UNIT as usize);
+        let mut decode_units = 0;
         let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
         for (i, s) in self.running.iter().enumerate() {
-            if s.runnable() && s.computed >= s.prompt_len && budget > 0 {
-                plan.push((i, s.computed, s.tokens.len() - s.computed));
-                budget -= 1;
+            if s.runnable()
+                && s.decoding()
+                && plan.len() < self.step_tokens
+                && s.table.len() * ps >= s.tokens.len()
+                && !stalled.contains(&s.owner.request())
+            {
+                plan.push((i, s.computed, 1));
+                decode_units += self.speed.unit_at(s.computed);
             }
         }
         let prefilling: Vec<usize> = (0..self.running.len())
             .filter(|&i| {
                 let s = &self.running[i];
-                s.runnable() && s.computed < s.prompt_len
+                s.runnable() && !s.decoding() && s.computed < s.tokens.len()
             })
             .collect();
         let work: Vec<PrefillWork> = prefilling
@@ -591,15 +695,26 @@ impl EngineCore {
                 PrefillWork {
                     tenant: s.owner.tenant(),
                     request: s.owner.request(),
-                    remaining: s.prompt_len - s.computed,
+                    remaining: s.tokens.len() - s.computed,
+                    unit: self.speed.unit_at(s.computed),
                 }
             })
             .collect();
-        let chunks = fair_chunks(&work, budget, self.prefill_turn);
+        // Decode never takes more than half the step from prompts, and every
+        // prompt can always move by two tokens.
+        let deepest = work.iter().map(|w| w.unit).max().unwrap_or(0);
+        let prefill_budget = budget
+            .saturating_sub(decode_units)
+            .max(budget / 2)
+            .max(2 * deepest);
+        let chunks = fair_chunks(&work, prefill_budget, self.prefill_turn);
         self.prefill_turn = self.prefill_turn.wrapping_add(1);
+        let mut tokens = plan.len();
         for (&i, len) in prefilling.iter().zip(chunks) {
+            let len = len.min(self.step_tokens.saturating_sub(tokens));
             if len > 0 {
                 plan.push((i, self.running[i].computed, len));
+                tokens += len;
             }
         }
         if plan.is_empty() {
@@ -633,8 +748,17 @@ impl EngineCore {
             self.running[plan[b].0].fail(EngineError::Integrity(violation));
         }
         for &(i, _, len) in &plan {
-            self.running[i].computed += len;
-            self.running[i].lend_pages(&mut self.pool, self.home.as_ref());
+            let seq = &mut self.running[i];
+            seq.computed += len;
+            if let Role::Prefill { events, .. } = &seq.role
+                && !seq.done
+                && seq.computed < seq.prompt_len
+            {
+                let _ = events.send(PrefillEvent::Progress {
+                    computed: seq.computed,
+                });
+            }
+            seq.lend_pages(&mut self.pool, self.home.as_ref());
         }
         let tokenizer = model.tokenizer();
         let vocab = model.config.vocab;
@@ -706,12 +830,8 @@ impl EngineCore {
         result
     }
 
-    /// The waiting request to try next: the oldest one of the tenant that
-    /// holds the fewest pages now (ties: the one that came first). So a
-    /// tenant whose requests fill the pool cannot make another tenant's
-    /// request wait behind its own queue; within a tenant, first come,
-    /// first served.
-    fn next_waiting(&self) -> Option<usize> {
+    /// Pages held now per tenant: running, held for a transfer and draining.
+    fn held_pages(&self) -> HashMap<TenantId, usize> {
         let mut held: HashMap<TenantId, usize> = HashMap::new();
         let tables = self
             .running
@@ -722,124 +842,291 @@ impl EngineCore {
         for t in tables {
             *held.entry(t.owner().tenant()).or_default() += t.len();
         }
-        let mut seen: Vec<TenantId> = Vec::new();
-        let mut best: Option<(usize, usize)> = None; // (pages held, index)
-        for (i, a) in self.waiting.iter().enumerate() {
-            let tenant = a.owner().tenant();
-            if seen.contains(&tenant) {
-                continue;
-            }
-            seen.push(tenant);
-            let h = held.get(&tenant).copied().unwrap_or(0);
-            if best.is_none_or(|(bh, _)| h < bh) {
-                best = Some((h, i));
+        held
+    }
+
+    /// Pages one tenant may hold while another tenant waits.
+    fn tenant_cap(&self) -> usize {
+        (self.pool.counters().total_pages * self.tenant_share_percent / 100).max(1)
+    }
+
+    /// Pages one of `tenants` active tenants is due: an equal part of the pool.
+    fn fair_share(&self, tenants: usize) -> usize {
+        self.pool.counters().total_pages / tenants.max(1)
+    }
+
+    /// Tenants with a sequence running or waiting.
+    fn active_tenants(&self) -> usize {
+        let mut t: Vec<TenantId> = self
+            .running
+            .iter()
+            .map(|s| s.owner.tenant())
+            .chain(self.waiting.iter().map(|w| w.owner().tenant()))
+            .collect();
+        t.sort_unstable();
+        t.dedup();
+        t.len()
+    }
+
+    /// The waiting request to try next: the oldest one of the tenant that
+    /// holds the fewest pages now (ties: the one that came first). So a
+    /// tenant whose requests fill the pool cannot make another tenant's
+    /// request wait behind its own queue; within a tenant, oldest first (a
+    /// preempted sequence before the requests that came after it).
+    fn next_waiting(&self, held: &HashMap<TenantId, usize>) -> Option<usize> {
+        let mut best: Option<(usize, RequestId, usize)> = None; // (pages held, request, index)
+        for (i, w) in self.waiting.iter().enumerate() {
+            let owner = w.owner();
+            let h = held.get(&owner.tenant()).copied().unwrap_or(0);
+            if best.is_none_or(|(bh, br, _)| (h, owner.request()) < (bh, br)) {
+                best = Some((h, owner.request(), i));
             }
         }
-        best.map(|(_, i)| i)
+        best.map(|(_, _, i)| i)
+    }
+
+    /// Pages a waiting entry takes when it joins.
+    fn pages_to_join(&self, w: &Waiting) -> usize {
+        match w {
+            Waiting::New(a) => a.reserve(),
+            Waiting::Resume(s) => s.pages_to_resume(self.first_slice, self.pool.geometry().page_size),
+        }
     }
 
     fn join_waiting(&mut self) {
-        while let Some(next) = self.next_waiting() {
-            let front = &self.waiting[next];
-            let allocated = match front.payload() {
-                Pending::Generate(PendingRequest {
-                    landing: Some((transfer, _)),
-                    ..
-                }) => self.pool.allocate_receiving(front, *transfer),
-                _ => self.pool.allocate(front),
+        loop {
+            let held = self.held_pages();
+            let Some(next) = self.next_waiting(&held) else {
+                return;
             };
-            let table = match allocated {
-                Ok(table) => table,
-                // The tenant's turn: it waits for pages.
-                Err(AllocError::Exhausted(_)) => break,
-                // Pages were quarantined since admission (or the request was
-                // admitted elsewhere): it can never fit here. Refuse it with
-                // its 4xx and serve the requests behind it.
-                Err(_) => {
-                    let refused = self.waiting.remove(next).expect("index exists");
-                    let error = AdmissionError::PoolCapacityExceeded {
-                        prompt_tokens: refused.prompt_tokens(),
-                        max_tokens: refused.max_tokens(),
-                        limit: self.pool.capacity_tokens(),
-                    };
-                    match refused.into_payload() {
-                        Pending::Generate(p) => {
-                            let _ = p.sink.send(SeqEvent::Failed(EngineError::Rejected(error)));
-                        }
-                        Pending::Prefill(p) => {
-                            let _ = p
-                                .events
-                                .send(PrefillEvent::Failed(EngineError::Rejected(error)));
+            let tenant = self.waiting[next].owner().tenant();
+            let need = self.pages_to_join(&self.waiting[next]);
+            let mine = held.get(&tenant).copied().unwrap_or(0);
+            let others_wait = self.waiting.iter().any(|w| w.owner().tenant() != tenant);
+            // Over its cap while another tenant waits: it waits too (the
+            // tenant holding the fewest goes first, so everyone else is
+            // over it as well).
+            if others_wait && mine + need > self.tenant_cap() && mine > 0 {
+                return;
+            }
+            if self.pool.free_pages() < need {
+                // Below its fair share: take pages back from tenants above
+                // theirs, the tenant holding the most first.
+                let fair = self.fair_share(self.active_tenants());
+                if mine + need <= fair.max(need) {
+                    while self.pool.free_pages() < need {
+                        if !self.preempt_one(|t, h| t != tenant && h > fair) {
+                            break;
                         }
                     }
-                    continue;
                 }
-            };
-            let admitted = self.waiting.remove(next).expect("index exists");
-            let owner = admitted.owner();
-            let max_tokens = admitted.max_tokens();
-            let prompt_pages = admitted.prompt_pages();
-            let seq = match admitted.into_payload() {
-                Pending::Prefill(p) => Sequence {
+            }
+            let entry = self.waiting.remove(next).expect("index exists");
+            match entry {
+                Waiting::Resume(mut seq) => {
+                    let want = seq.pages_to_resume(self.first_slice, self.pool.geometry().page_size);
+                    match self.pool.grow(&mut seq.table, want) {
+                        Ok(()) => self.running.push(*seq),
+                        Err(AllocError::Exhausted(_)) => {
+                            self.waiting.insert(next, Waiting::Resume(seq));
+                            return;
+                        }
+                        Err(_) => {
+                            // Pages were quarantined since: it can never fit.
+                            let error = seq.never_fits(self.pool.capacity_tokens());
+                            seq.fail(error);
+                            self.pool.release(seq.table);
+                        }
+                    }
+                }
+                Waiting::New(admitted) => {
+                    if let Err(back) = self.join_new(admitted) {
+                        self.waiting.insert(next, Waiting::New(back));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Allocates an admitted request's first pages and starts it; gives it
+    /// back when too few pages are free now.
+    fn join_new(&mut self, admitted: Admitted<Pending>) -> Result<(), Admitted<Pending>> {
+        let allocated = match admitted.payload() {
+            Pending::Generate(PendingRequest {
+                landing: Some((transfer, _)),
+                ..
+            }) => self.pool.allocate_receiving(&admitted, *transfer),
+            _ => self.pool.allocate(&admitted),
+        };
+        let table = match allocated {
+            Ok(table) => table,
+            // The tenant's turn: it waits for pages.
+            Err(AllocError::Exhausted(_)) => return Err(admitted),
+            // Pages were quarantined since admission (or the request was
+            // admitted elsewhere): it can never fit here. Refuse it with
+            // its 4xx and serve the requests behind it.
+            Err(_) => {
+                let error = AdmissionError::PoolCapacityExceeded {
+                    prompt_tokens: admitted.prompt_tokens(),
+                    max_tokens: admitted.max_tokens(),
+                    limit: self.pool.capacity_tokens(),
+                };
+                match admitted.into_payload() {
+                    Pending::Generate(p) => {
+                        let _ = p.sink.send(SeqEvent::Failed(EngineError::Rejected(error)));
+                    }
+                    Pending::Prefill(p) => {
+                        let _ = p
+                            .events
+                            .send(PrefillEvent::Failed(EngineError::Rejected(error)));
+                    }
+                }
+                return Ok(());
+            }
+        };
+        let owner = admitted.owner();
+        let max_tokens = admitted.max_tokens();
+        let prompt_pages = admitted.prompt_pages();
+        let seq = match admitted.into_payload() {
+            Pending::Prefill(p) => Sequence {
+                owner,
+                table,
+                prompt_len: p.prompt.len(),
+                tokens: p.prompt,
+                computed: 0,
+                done: false,
+                role: Role::Prefill {
+                    transfer: p.transfer,
+                    events: p.events,
+                },
+            },
+            Pending::Generate(PendingRequest {
+                request,
+                sink,
+                landing,
+            }) => {
+                let landing = match landing {
+                    None => None,
+                    Some((transfer, granted)) => {
+                        let generations = table.generations().take(prompt_pages).collect();
+                        let pages = self.pool.lend_landing(&table, transfer, self.home.as_ref());
+                        if let Err(grant) = granted.send(Grant { generations, pages }) {
+                            // The caller is gone before anything was sent.
+                            self.pool.release(table);
+                            for p in grant.pages {
+                                self.pool.restore(p);
+                            }
+                            return Ok(());
+                        }
+                        Some(Landing {
+                            transfer,
+                            cancel_after: false,
+                        })
+                    }
+                };
+                let prompt_len = request.prompt.len();
+                let mut tokens = request.prompt;
+                tokens.reserve(max_tokens);
+                Sequence {
                     owner,
                     table,
-                    prompt_len: p.prompt.len(),
-                    tokens: p.prompt,
+                    tokens,
+                    prompt_len,
                     computed: 0,
                     done: false,
-                    role: Role::Prefill {
-                        transfer: p.transfer,
-                        events: p.events,
-                    },
-                },
-                Pending::Generate(PendingRequest {
-                    request,
-                    sink,
-                    landing,
-                }) => {
-                    let landing = match landing {
-                        None => None,
-                        Some((transfer, granted)) => {
-                            let generations = table.generations().take(prompt_pages).collect();
-                            let pages =
-                                self.pool.lend_landing(&table, transfer, self.home.as_ref());
-                            if let Err(grant) = granted.send(Grant { generations, pages }) {
-                                // The caller is gone before anything was sent.
-                                self.pool.release(table);
-                                for p in grant.pages {
-                                    self.pool.restore(p);
-                                }
-                                continue;
-                            }
-                            Some(Landing {
-                                transfer,
-                                cancel_after: false,
-                            })
-                        }
-                    };
-                    let prompt_len = request.prompt.len();
-                    let mut tokens = request.prompt;
-                    tokens.reserve(max_tokens);
-                    Sequence {
-                        owner,
-                        table,
-                        tokens,
-                        prompt_len,
-                        computed: 0,
-                        done: false,
-                        role: Role::Generate(Generator {
-                            max_tokens,
-                            ignore_eos: request.ignore_eos,
-                            sampler: Sampler::new(request.sampling),
-                            detok: Detokenizer::new(request.stop),
-                            sink,
-                            landing,
-                        }),
+                    role: Role::Generate(Generator {
+                        max_tokens,
+                        ignore_eos: request.ignore_eos,
+                        sampler: Sampler::new(request.sampling),
+                        detok: Detokenizer::new(request.stop),
+                        sink,
+                        landing,
+                    }),
+                }
+            }
+        };
+        self.running.push(seq);
+        Ok(())
+    }
+
+    /// Gives every decoding sequence the page its next token needs. When
+    /// none is free, or its tenant holds more than its cap while another
+    /// tenant waits, a sequence is preempted: of the tenant holding the
+    /// most pages (of this tenant, in the second case), its youngest. Returns
+    /// the requests that found no page this step (nothing preemptable).
+    fn grow_decoding(&mut self) -> Vec<RequestId> {
+        let ps = self.pool.geometry().page_size;
+        let mut stalled = Vec::new();
+        loop {
+            let Some(i) = self.running.iter().position(|s| {
+                s.runnable()
+                    && s.decoding()
+                    && s.table.len() * ps < s.tokens.len()
+                    && !stalled.contains(&s.owner.request())
+            }) else {
+                return stalled;
+            };
+            let owner = self.running[i].owner;
+            let tenant = owner.tenant();
+            let need = self.running[i].tokens.len().div_ceil(ps);
+            let held = self.held_pages();
+            let others_wait = self.waiting.iter().any(|w| w.owner().tenant() != tenant);
+            if others_wait && held.get(&tenant).copied().unwrap_or(0) >= self.tenant_cap() {
+                // Over its cap while another tenant waits: it gives back
+                // instead of taking (its youngest, possibly this one).
+                if self.preempt_one(|t, _| t == tenant) {
+                    continue;
+                }
+            }
+            let grown = self.pool.grow(&mut self.running[i].table, need);
+            match grown {
+                Ok(()) => {}
+                Err(AllocError::Exhausted(_)) => {
+                    if !self.preempt_one(|_, _| true) {
+                        stalled.push(owner.request());
                     }
                 }
-            };
-            self.running.push(seq);
+                Err(_) => {
+                    let limit = self.pool.capacity_tokens();
+                    let seq = &mut self.running[i];
+                    let error = seq.never_fits(limit);
+                    seq.fail(error);
+                    self.reap();
+                }
+            }
         }
+    }
+
+    /// Preempts the youngest preemptable sequence of the tenant holding the
+    /// most pages among those `eligible(tenant, pages held)` accepts; its
+    /// pages go back to the pool and it waits to resume. `false` if there
+    /// is none.
+    fn preempt_one(&mut self, eligible: impl Fn(TenantId, usize) -> bool) -> bool {
+        let held = self.held_pages();
+        let victim = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.preemptable())
+            .filter(|(_, s)| {
+                let t = s.owner.tenant();
+                eligible(t, held.get(&t).copied().unwrap_or(0))
+            })
+            .max_by_key(|(_, s)| {
+                let t = s.owner.tenant();
+                (held.get(&t).copied().unwrap_or(0), s.owner.request())
+            })
+            .map(|(i, _)| i);
+        let Some(i) = victim else {
+            return false;
+        };
+        let mut seq = self.running.swap_remove(i);
+        self.pool.release_pages(&mut seq.table);
+        seq.computed = 0;
+        self.preemptions += 1;
+        self.waiting.push_back(Waiting::Resume(Box::new(seq)));
+        true
     }
 
     /// Removes finished sequences and returns their pages.
@@ -914,6 +1201,45 @@ impl EngineCore {
 }
 
 impl Sequence {
+    /// Whether its next token is a decode step: the prompt (and anything a
+    /// resume recomputes) is in the pages and one token is left to compute.
+    fn decoding(&self) -> bool {
+        self.computed >= self.prompt_len && self.tokens.len() - self.computed == 1
+    }
+
+    /// Whether it may be preempted: a generating sequence not landing a
+    /// transfer (a prefill job holds only its prompt and hands it over).
+    fn preemptable(&self) -> bool {
+        !self.done
+            && matches!(
+                self.role,
+                Role::Generate(Generator { landing: None, .. })
+            )
+    }
+
+    /// Pages a preempted sequence takes to resume: what it had and a first
+    /// slice of what it may still generate.
+    fn pages_to_resume(&self, slice: usize, page_size: usize) -> usize {
+        let left = match &self.role {
+            Role::Generate(g) => g.max_tokens.saturating_sub(self.tokens.len() - self.prompt_len),
+            Role::Prefill { .. } => 0,
+        };
+        (self.tokens.len() + slice.min(left)).div_ceil(page_size)
+    }
+
+    /// The refusal of a sequence that can no longer fit a pool of `limit` tokens.
+    fn never_fits(&self, limit: usize) -> EngineError {
+        let max_tokens = match &self.role {
+            Role::Generate(g) => g.max_tokens,
+            Role::Prefill { .. } => 0,
+        };
+        EngineError::Rejected(AdmissionError::PoolCapacityExceeded {
+            prompt_tokens: self.prompt_len,
+            max_tokens,
+            limit,
+        })
+    }
+
     /// Whether the next step may compute for it (not waiting for a transfer).
     fn runnable(&self) -> bool {
         !matches!(

@@ -9,6 +9,7 @@ use crate::core::{
 use crate::error::{ConfigError, TransferFault};
 use crate::forward::Numerics;
 use crate::gguf::{ModelConfig, ModelFile};
+use crate::speed::PrefillSpeed;
 use crate::tokenizer::Tokenizer;
 use bulkhead_kv::{
     AdmissionError, Admitted, Capacity, LentPage, Limits, PoolCounters, RequestId, TenantId,
@@ -17,6 +18,7 @@ use bulkhead_kv::{
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio::sync::oneshot;
 
@@ -29,8 +31,22 @@ pub struct EngineConfig {
     pub page_size: usize,
     /// Zero pages when they are freed (costs time; off by default).
     pub scrub_on_free: bool,
-    /// Tokens one step may process (prefill chunk budget).
+    /// Tokens one step may process at most (prefill chunk budget).
     pub step_tokens: usize,
+    /// About how long one step may take: the prefill budget of a step is
+    /// what the measured speed computes in this time, so a request that
+    /// arrives waits at most about one step for its turn.
+    pub step_time: Duration,
+    /// The longest a prompt may take to prefill alone at the measured
+    /// speed; longer prompts are refused at admission
+    /// ([`bulkhead_kv::AdmissionError::PrefillTooLong`]).
+    pub prefill_deadline: Duration,
+    /// Output tokens reserved with the prompt; the rest of `max_tokens` is
+    /// taken page by page as the sequence generates.
+    pub first_slice_tokens: usize,
+    /// The share of the pool (percent) one tenant may hold while another
+    /// tenant waits for pages.
+    pub tenant_share_percent: usize,
     /// Compute threads.
     pub threads: usize,
     /// Rounding of the forward pass; `LlamaCpp` by default.
@@ -39,14 +55,20 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     /// The serving defaults for a KV budget of `kv_budget_bytes`: 16-token
-    /// pages, no scrubbing, 512-token steps, one thread per core, llama.cpp
-    /// numerics. Owner checks are always on.
+    /// pages, no scrubbing, steps of about 200 ms and at most 512 tokens, a
+    /// 60 s prefill deadline, 64 output tokens reserved with the prompt, a
+    /// tenant holding at most half the pool while others wait, one thread
+    /// per core, llama.cpp numerics. Owner checks are always on.
     pub fn with_budget(kv_budget_bytes: usize) -> Self {
         EngineConfig {
             kv_budget_bytes,
             page_size: 16,
             scrub_on_free: false,
             step_tokens: 512,
+            step_time: Duration::from_millis(200),
+            prefill_deadline: Duration::from_secs(60),
+            first_slice_tokens: 64,
+            tenant_share_percent: 50,
             threads: std::thread::available_parallelism().map_or(1, usize::from),
             numerics: Numerics::LlamaCpp,
         }
@@ -64,6 +86,10 @@ pub struct EngineInfo {
     pub total_pages: usize,
     /// Element type of the pool's pages.
     pub kv_dtype: bulkhead_kv::KvDtype,
+    /// The prefill speed measured at start.
+    pub speed: PrefillSpeed,
+    /// The prefill deadline the prompt limit was computed for.
+    pub prefill_deadline: Duration,
 }
 
 enum Command {
@@ -133,17 +159,21 @@ impl Engine {
     /// If the OS refuses to create threads.
     pub fn start(model: Arc<ModelFile>, config: &EngineConfig) -> Result<Self, ConfigError> {
         let mut core = EngineCore::new(Arc::clone(&model), config)?;
-        let info = EngineInfo {
-            model: model.config().clone(),
-            limits: core.limits(),
-            total_pages: core.counters().total_pages,
-            kv_dtype: core.kv_dtype(),
-        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.threads.max(1))
             .thread_name(|i| format!("bulkhead-compute-{i}"))
             .build()
             .expect("compute threads");
+        // Measure before anything is admitted: the prompt limit depends on it.
+        pool.install(|| core.calibrate());
+        let info = EngineInfo {
+            model: model.config().clone(),
+            limits: core.limits(),
+            total_pages: core.counters().total_pages,
+            kv_dtype: core.kv_dtype(),
+            speed: core.speed(),
+            prefill_deadline: config.prefill_deadline,
+        };
         let (tx, rx) = mpsc::channel::<Command>();
         // Lent pages come home through the command channel, in order with
         // every other command.

@@ -2,6 +2,10 @@
 //! arrival. A tenant with a long prompt gets the same share of a step as a
 //! tenant with a short one, so a short prompt starts in the next step
 //! instead of waiting for every long prompt ahead of it to finish.
+//!
+//! Shares are of compute, not of tokens: a token deep in a long prompt
+//! attends to every token before it and costs more than one near the
+//! start ([`PrefillWork::unit`]), so a tenant's share buys fewer of them.
 
 use bulkhead_kv::{RequestId, TenantId};
 
@@ -14,15 +18,17 @@ pub(crate) struct PrefillWork {
     pub(crate) request: RequestId,
     /// Prompt tokens not yet computed.
     pub(crate) remaining: usize,
+    /// What one of its next tokens costs, in budget units (at least 1).
+    pub(crate) unit: usize,
 }
 
-/// Splits `budget` prompt tokens among `work` and returns each entry's
-/// chunk (0 for none).
+/// Splits a `budget` (in cost units) among `work` and returns each
+/// entry's chunk in tokens (0 for none).
 ///
 /// Tenants take turns: each round, every tenant with work left gets an
 /// equal quantum of what is left of the budget (water-filling, so a tenant
 /// that needs less leaves the rest to the others), spent on its oldest
-/// sequences first. `turn` rotates which tenant goes first, so leftovers
+/// sequences first, each token at its entry's [`PrefillWork::unit`]. `turn` rotates which tenant goes first, so leftovers
 /// do not always favour the same one. A chunk of one token is given only
 /// to a sequence with one token left (a single-token chunk is summed in
 /// another order than a longer one), and a shared step leaves no one-token
@@ -62,7 +68,8 @@ pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> V
             let mut share = quantum.min(left);
             for &i in &queues[t] {
                 let want = work[i].remaining - chunks[i];
-                let mut give = want.min(share);
+                let unit = work[i].unit.max(1);
+                let mut give = want.min(share / unit);
                 // When tenants share the step, never leave a one-token
                 // remainder for the next (alone, a sequence's chunks
                 // follow the budget, as llama.cpp's batches do).
@@ -74,8 +81,8 @@ pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> V
                     continue;
                 }
                 chunks[i] += give;
-                share -= give;
-                left -= give;
+                share -= give * unit;
+                left -= give * unit;
                 gave += give;
                 if share == 0 {
                     break;
@@ -121,6 +128,7 @@ mod tests {
                     tenant: TenantId::new(tenant),
                     request: a.owner().request(),
                     remaining,
+                    unit: 1,
                 }
             })
             .collect()
@@ -169,5 +177,17 @@ mod tests {
         // A budget of one moves nothing mid-prompt, and gives up.
         let w = work(&[(1, 10), (2, 10)]);
         assert_eq!(fair_chunks(&w, 1, 0), vec![0, 0]);
+    }
+
+    #[test]
+    fn a_share_buys_fewer_deep_tokens_than_shallow_ones() {
+        // B's prompt is deep (each token costs 5 units), A's is fresh.
+        let mut w = work(&[(2, 5_000), (1, 100)]);
+        w[0].unit = 5;
+        w[1].unit = 1;
+        let c = fair_chunks(&w, 100, 0);
+        assert_eq!(c, vec![10, 50], "equal compute, not equal tokens");
+        // Alone, B gets the whole budget's worth.
+        assert_eq!(fair_chunks(&w[..1], 100, 0), vec![20]);
     }
 }

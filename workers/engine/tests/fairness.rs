@@ -6,7 +6,7 @@ mod common;
 use bulkhead_engine::{EngineConfig, EngineCore, SeqEvent};
 use bulkhead_kv::TenantId;
 use common::{greedy, model};
-use tokio::sync::mpsc::unbounded_channel;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 #[test]
 fn a_short_prompt_runs_in_the_first_step_despite_another_tenants_long_prompts() {
@@ -55,9 +55,10 @@ fn a_short_prompt_runs_in_the_first_step_despite_another_tenants_long_prompts() 
 
 #[test]
 fn a_request_that_fits_is_not_queued_behind_another_tenants_waiting_ones() {
-    // 45 pages of 16 tokens.
-    let mut core =
-        EngineCore::new(model(), &EngineConfig::with_budget(16 << 20)).expect("engine core");
+    // 45 pages of 16 tokens; every request reserves all its pages at once.
+    let mut config = EngineConfig::with_budget(16 << 20);
+    config.first_slice_tokens = 1 << 20;
+    let mut core = EngineCore::new(model(), &config).expect("engine core");
     let limits = core.limits();
     assert_eq!(core.counters().total_pages, 45);
     let submit = |core: &mut EngineCore, tenant: u64, prompt: usize, max: usize| {
@@ -86,4 +87,97 @@ fn a_request_that_fits_is_not_queued_behind_another_tenants_waiting_ones() {
         "A's request fits and runs at once, not behind B's queue"
     );
     assert_eq!(core.counters().free_pages, 1);
+}
+
+/// Events of one request so far: (tokens, finished with completion tokens, failed).
+fn drain(rx: &mut UnboundedReceiver<SeqEvent>) -> (usize, Option<usize>, bool) {
+    let (mut tokens, mut finished, mut failed) = (0, None, false);
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            SeqEvent::Token { .. } => tokens += 1,
+            SeqEvent::Finished { usage, .. } => finished = Some(usage.completion_tokens),
+            SeqEvent::Failed(e) => {
+                eprintln!("failed: {e}");
+                failed = true;
+            }
+        }
+    }
+    (tokens, finished, failed)
+}
+
+#[test]
+fn a_tenant_whose_sequences_fill_the_pool_is_preempted_and_every_request_completes() {
+    // 11 pages of 16 tokens; a request takes its prompt and 16 output
+    // tokens at first and grows a page at a time.
+    let mut config = EngineConfig::with_budget(4 << 20);
+    config.first_slice_tokens = 16;
+    let mut core = EngineCore::new(model(), &config).expect("engine core");
+    let limits = core.limits();
+    assert_eq!(core.counters().total_pages, 11);
+    let submit = |core: &mut EngineCore, tenant: u64, prompt: usize, max: usize| {
+        let (tx, rx) = unbounded_channel();
+        let admitted = EngineCore::admit(
+            &limits,
+            TenantId::new(tenant),
+            greedy(vec![28 + tenant as u32; prompt], max),
+            tx,
+        )
+        .expect("admitted");
+        core.submit(admitted);
+        rx
+    };
+    // Tenant B: three requests that would hold 15 pages at the end.
+    let mut b: Vec<_> = (0..3).map(|_| submit(&mut core, 2, 16, 64)).collect();
+    assert!(core.step());
+    assert_eq!(
+        core.counters().free_pages,
+        5,
+        "each holds its prompt and first slice only"
+    );
+    let mut tokens = [0usize; 3];
+    let mut steps = 0;
+    while core.stats().preemptions == 0 {
+        assert!(core.step(), "B runs until the pool is full");
+        for (t, rx) in tokens.iter_mut().zip(&mut b) {
+            let (n, _, failed) = drain(rx);
+            assert!(!failed);
+            *t += n;
+        }
+        steps += 1;
+        assert!(steps < 200, "the pool fills");
+    }
+    // B alone may use the whole pool; it preempted its own youngest.
+    assert_eq!(core.stats().preemptions, 1);
+    // Tenant A arrives: it holds nothing, less than its share, so B gives
+    // pages back at once and A's first token comes out of the next step.
+    let mut a = submit(&mut core, 1, 16, 16);
+    assert!(core.step());
+    let (first, _, failed) = drain(&mut a);
+    assert!(!failed);
+    assert_eq!(first, 1, "A's first token comes out of the first step");
+    let mut a_tokens = first;
+    let mut a_done = None;
+    let mut b_done = [None; 3];
+    while core.step() {
+        let (n, done, failed) = drain(&mut a);
+        assert!(!failed);
+        a_tokens += n;
+        a_done = a_done.or(done);
+        for (i, rx) in b.iter_mut().enumerate() {
+            let (n, done, failed) = drain(rx);
+            assert!(!failed, "a preempted request resumes, it does not fail");
+            tokens[i] += n;
+            b_done[i] = b_done[i].or(done);
+        }
+    }
+    assert_eq!((a_tokens, a_done), (16, Some(16)));
+    for i in 0..3 {
+        assert_eq!(
+            (tokens[i], b_done[i]),
+            (64, Some(64)),
+            "B's request {i} produced every token once, after resuming"
+        );
+    }
+    assert!(core.stats().preemptions >= 2);
+    assert_eq!(core.counters().free_pages, 11);
 }

@@ -16,6 +16,8 @@ pub struct Limits {
     context_window: usize,
     pool_tokens: usize,
     page_size: usize,
+    /// The longest prompt the worker can prefill within its deadline.
+    prefill_tokens: usize,
     pool: PoolId,
 }
 
@@ -33,6 +35,8 @@ pub struct Capacity {
     pub pool_tokens: usize,
     /// Tokens per page.
     pub page_size: usize,
+    /// The longest prompt the peer can prefill within its deadline.
+    pub prefill_tokens: usize,
 }
 
 /// Why a request was rejected. Rejection is terminal.
@@ -65,6 +69,17 @@ pub enum AdmissionError {
         /// The context window.
         limit: usize,
     },
+    /// The prompt is longer than the worker can prefill within its
+    /// deadline (measured prefill speed).
+    #[error(
+        "the prompt ({prompt_tokens} tokens) is longer than this deployment can prefill within its deadline ({limit} tokens)"
+    )]
+    PrefillTooLong {
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// The longest prompt prefilled in time.
+        limit: usize,
+    },
     /// Prompt plus output exceed what the whole KV pool can hold.
     #[error(
         "the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the KV pool capacity of {limit} tokens"
@@ -89,16 +104,18 @@ impl AdmissionError {
             AdmissionError::TokenOutOfRange { .. } => "token_out_of_range",
             AdmissionError::ContextWindowExceeded { .. } => "context_window_exceeded",
             AdmissionError::PoolCapacityExceeded { .. } => "pool_capacity_exceeded",
+            AdmissionError::PrefillTooLong { .. } => "prefill_too_long",
         }
     }
 
     /// Every [`AdmissionError::reason`].
-    pub const REASONS: [&'static str; 5] = [
+    pub const REASONS: [&'static str; 6] = [
         "empty_prompt",
         "no_output_tokens",
         "token_out_of_range",
         "context_window_exceeded",
         "pool_capacity_exceeded",
+        "prefill_too_long",
     ];
 }
 
@@ -113,6 +130,8 @@ pub struct Admitted<T> {
     prompt_tokens: usize,
     max_tokens: usize,
     pages: usize,
+    /// Pages taken at allocation (the rest are taken as the sequence grows).
+    reserve: usize,
     prompt_pages: usize,
     pool: PoolId,
     page_size: usize,
@@ -132,8 +151,24 @@ impl Limits {
             context_window,
             pool_tokens,
             page_size,
+            prefill_tokens: usize::MAX,
             pool,
         }
+    }
+
+    /// These limits with prompts capped at `tokens` (what the worker can
+    /// prefill within its deadline); only ever lowers the cap.
+    #[must_use]
+    pub fn with_prefill_limit(self, tokens: usize) -> Limits {
+        Limits {
+            prefill_tokens: self.prefill_tokens.min(tokens),
+            ..self
+        }
+    }
+
+    /// The longest prompt prefilled within the deadline.
+    pub fn prefill_tokens(&self) -> usize {
+        self.prefill_tokens
     }
 
     /// The model's context window, in tokens.
@@ -157,6 +192,7 @@ impl Limits {
             context_window: self.context_window,
             pool_tokens: self.pool_tokens,
             page_size: self.page_size,
+            prefill_tokens: self.prefill_tokens,
         }
     }
 
@@ -173,6 +209,7 @@ impl Limits {
         (self.page_size == peer.page_size).then(|| Limits {
             context_window: self.context_window.min(peer.context_window),
             pool_tokens: self.pool_tokens.min(peer.pool_tokens),
+            prefill_tokens: self.prefill_tokens.min(peer.prefill_tokens),
             ..*self
         })
     }
@@ -208,11 +245,19 @@ impl Limits {
                 limit: self.pool_tokens,
             });
         }
+        if prompt_tokens > self.prefill_tokens {
+            return Err(AdmissionError::PrefillTooLong {
+                prompt_tokens,
+                limit: self.prefill_tokens,
+            });
+        }
+        let pages = total.div_ceil(self.page_size);
         Ok(Admitted {
             owner: Owner::fresh(tenant),
             prompt_tokens,
             max_tokens,
-            pages: total.div_ceil(self.page_size),
+            pages,
+            reserve: pages,
             prompt_pages: prompt_tokens.div_ceil(self.page_size),
             pool: self.pool,
             page_size: self.page_size,
@@ -242,6 +287,11 @@ impl<T> Admitted<T> {
         self.pages
     }
 
+    /// Pages taken at allocation; the table may grow to [`Admitted::pages`].
+    pub fn reserve(&self) -> usize {
+        self.reserve
+    }
+
     /// Pages the prompt alone fills: the slots a KV transfer carries.
     pub fn prompt_pages(&self) -> usize {
         self.prompt_pages
@@ -253,6 +303,19 @@ impl<T> Admitted<T> {
     pub fn prompt_only(self) -> Self {
         Admitted {
             pages: self.prompt_pages,
+            reserve: self.prompt_pages,
+            ..self
+        }
+    }
+
+    /// The same admission taking only the prompt and the first `tokens` of
+    /// output at allocation; the table grows page by page as it generates
+    /// ([`crate::KvPool::grow`]), never past [`Admitted::pages`].
+    #[must_use]
+    pub fn first_slice(self, tokens: usize) -> Self {
+        let first = (self.prompt_tokens + tokens.min(self.max_tokens)).div_ceil(self.page_size);
+        Admitted {
+            reserve: first.clamp(self.prompt_pages, self.pages),
             ..self
         }
     }
@@ -264,6 +327,7 @@ impl<T> Admitted<T> {
             prompt_tokens: self.prompt_tokens,
             max_tokens: self.max_tokens,
             pages: self.pages,
+            reserve: self.reserve,
             prompt_pages: self.prompt_pages,
             pool: self.pool,
             page_size: self.page_size,
@@ -308,6 +372,17 @@ mod tests {
         ));
         let err = limits.admit(tenant(), 1_048_577, 1, ()).unwrap_err();
         assert!(matches!(err, AdmissionError::ContextWindowExceeded { .. }));
+        // A prompt longer than the worker prefills within its deadline.
+        let timed = limits.with_prefill_limit(3_000).with_prefill_limit(9_000);
+        assert_eq!(timed.prefill_tokens(), 3_000);
+        assert_eq!(
+            timed.admit(tenant(), 3_001, 1, ()).unwrap_err(),
+            AdmissionError::PrefillTooLong {
+                prompt_tokens: 3_001,
+                limit: 3_000
+            }
+        );
+        assert!(timed.admit(tenant(), 3_000, 1, ()).is_ok());
         let ok = limits.admit(tenant(), 681_279, 1, ()).unwrap();
         assert_eq!(ok.pages(), 681_280 / 16);
         assert_eq!(
@@ -327,15 +402,18 @@ mod tests {
             context_window: usize::MAX,
             pool_tokens: usize::MAX,
             page_size: 16,
+            prefill_tokens: usize::MAX,
         };
         assert_eq!(limits.narrow(&huge), Some(limits));
         let small = Capacity {
             context_window: 1_000,
             pool_tokens: 2_000,
             page_size: 16,
+            prefill_tokens: 1_500,
         };
         let n = limits.narrow(&small).unwrap();
         assert_eq!((n.context_window(), n.pool_tokens()), (1_000, 2_000));
+        assert_eq!(n.prefill_tokens(), 1_500);
         assert!(n.admit(tenant(), 990, 11, ()).is_err());
         assert_eq!(
             limits.narrow(&Capacity {

@@ -176,6 +176,8 @@ pub(crate) struct PageRef {
 pub struct PageTable {
     owner: Owner,
     pages: Vec<PageRef>,
+    /// The most pages its admission allows it to hold.
+    limit: usize,
 }
 
 /// A page access that the page's tag does not allow.
@@ -393,11 +395,14 @@ impl KvPool {
         if !admitted.made_for(self.id, self.geometry.page_size) {
             return Err(AllocError::OtherPool);
         }
-        let needed = admitted.pages();
         let capacity = self.capacity_pages();
-        if needed > capacity {
-            return Err(AllocError::NeverFits { needed, capacity });
+        if admitted.pages() > capacity {
+            return Err(AllocError::NeverFits {
+                needed: admitted.pages(),
+                capacity,
+            });
         }
+        let needed = admitted.reserve();
         if needed > self.free.len() {
             return Err(PoolExhausted {
                 needed,
@@ -426,7 +431,63 @@ impl KvPool {
             pages.push(PageRef { page, generation });
         }
         self.allocations += 1;
-        Ok(PageTable { owner, pages })
+        Ok(PageTable {
+            owner,
+            pages,
+            limit: admitted.pages(),
+        })
+    }
+
+    /// Adds pages to `table` until it holds `pages` pages, or none if too
+    /// few are free; never past what its admission allowed
+    /// ([`AllocError::NeverFits`]). New pages are owned, as allocated ones.
+    pub fn grow(&mut self, table: &mut PageTable, pages: usize) -> Result<(), AllocError> {
+        if pages <= table.pages.len() {
+            return Ok(());
+        }
+        if pages > table.limit {
+            return Err(AllocError::NeverFits {
+                needed: pages,
+                capacity: table.limit,
+            });
+        }
+        let needed = pages - table.pages.len();
+        if needed > self.free.len() {
+            return Err(PoolExhausted {
+                needed,
+                free: self.free.len(),
+            }
+            .into());
+        }
+        for _ in 0..needed {
+            let page = self.free.pop().expect("length checked above");
+            let generation = self.next_generation;
+            self.next_generation = generation.next();
+            self.tags[page.index()] = PageTag::Owned {
+                owner: table.owner,
+                generation,
+            };
+            table.pages.push(PageRef { page, generation });
+        }
+        Ok(())
+    }
+
+    /// Returns every page of `table` to the pool, as [`KvPool::release`]
+    /// does, and leaves the table empty: a preempted sequence keeps its
+    /// owner and limit and [`KvPool::grow`]s again when it resumes.
+    pub fn release_pages(&mut self, table: &mut PageTable) {
+        let emptied = PageTable {
+            owner: table.owner,
+            pages: Vec::new(),
+            limit: table.limit,
+        };
+        let held = std::mem::replace(table, emptied);
+        self.release(held);
+    }
+
+    /// Free pages now.
+    pub fn free_pages(&self) -> usize {
+        self.free.len()
     }
 
     /// Returns a table's pages to the free list. Entries whose tag no longer
@@ -956,6 +1017,51 @@ pub(crate) mod tests {
             Planes::F32(p) => p[r.page.index()].to_vec(),
             Planes::F16(p) => p[r.page.index()].iter().map(|x| x.to_f32()).collect(),
         }
+    }
+
+    #[test]
+    fn a_table_grows_within_its_admission_and_empties_for_a_resume() {
+        let mut pool = KvPool::new(GEO, 8, false);
+        // Prompt 3 (2 pages) + up to 9 output tokens: 6 pages at most.
+        let a = limits(&pool)
+            .admit(tenant(1), 3, 9, ())
+            .unwrap()
+            .first_slice(1);
+        assert_eq!((a.reserve(), a.pages()), (2, 6));
+        let mut table = pool.allocate(&a).unwrap();
+        assert_eq!((table.len(), pool.free_pages()), (2, 6));
+        fill(&mut pool, &table, 0, 4, 1.0);
+        pool.grow(&mut table, 3).unwrap();
+        assert_eq!(table.len(), 3);
+        // The new page is owned and written like any other.
+        fill(&mut pool, &table, 4, 1, 2.0);
+        assert!(pool.reader().page(&table, 2, 1).is_ok());
+        // Never past the admission.
+        assert!(matches!(
+            pool.grow(&mut table, 7),
+            Err(AllocError::NeverFits { needed: 7, capacity: 6 })
+        ));
+        // Not enough free pages: nothing is taken.
+        let b = limits(&pool).admit(tenant(2), 9, 1, ()).unwrap();
+        let other = pool.allocate(&b).unwrap();
+        assert_eq!(pool.free_pages(), 0);
+        assert!(matches!(
+            pool.grow(&mut table, 4),
+            Err(AllocError::Exhausted(_))
+        ));
+        assert_eq!(table.len(), 3);
+        // Preempted: every page goes back; the table keeps its owner.
+        let owner = table.owner();
+        pool.release_pages(&mut table);
+        assert_eq!((table.len(), pool.free_pages()), (0, 3));
+        assert!(pool.reader().page(&table, 0, 0).is_err());
+        pool.grow(&mut table, 3).unwrap();
+        assert_eq!(table.owner(), owner);
+        // Resumed pages are stale until written again.
+        assert!(pool.reader().page(&table, 0, 0).is_err());
+        pool.release(table);
+        pool.release(other);
+        assert_eq!(pool.free_pages(), 8);
     }
 
     #[test]

@@ -34,7 +34,8 @@ use tokio::task::JoinHandle;
 pub struct DecodeOptions {
     /// The prefill worker's transfer address.
     pub prefill: String,
-    /// Longest a transfer may take from request to `Done` before it is aborted.
+    /// Longest a transfer may go without a sign of life (its request, or
+    /// the prefill worker's last progress report) before it is aborted.
     pub transfer_timeout: Duration,
     /// Longest to wait for an abort's acknowledgement before the connection
     /// is closed (closing fences every write on it).
@@ -89,6 +90,8 @@ enum LinkEvent {
     Aborting(u64, TransferId),
     /// The receiver finished with a transfer (its pages are home), and how.
     Ended(u64, TransferId, &'static str),
+    /// The prefill worker reported progress on a transfer: it is alive.
+    Progress(u64, TransferId),
     /// The receiver saw the connection end.
     Closed(u64),
     Tick,
@@ -404,8 +407,20 @@ impl Link {
                         .record("bulkhead.transfer.outcome", d.outcome.unwrap_or(how));
                 }
             }
+            LinkEvent::Progress(epoch, t) if epoch == self.epoch => {
+                // The deadline runs from the last sign of life, so a long
+                // prompt being computed is never timed out.
+                if let Some(d) = self.open.get_mut(&t)
+                    && d.aborting_since.is_none()
+                {
+                    d.until = Instant::now() + self.options.transfer_timeout;
+                }
+            }
             LinkEvent::Closed(epoch) if epoch == self.epoch => self.close().await,
-            LinkEvent::Aborting(..) | LinkEvent::Ended(..) | LinkEvent::Closed(_) => {}
+            LinkEvent::Aborting(..)
+            | LinkEvent::Ended(..)
+            | LinkEvent::Progress(..)
+            | LinkEvent::Closed(_) => {}
             LinkEvent::Tick => self.tick().await,
         }
     }
@@ -652,6 +667,11 @@ impl Receiver {
                         .fence_transfer(transfer, TransferFault::PeerAborted);
                     let _ = self.writer.send(Message::AbortAck { transfer });
                 }
+            }
+            Message::Progress { transfer, .. } => {
+                let _ = self
+                    .events
+                    .send(LinkEvent::Progress(self.epoch, transfer));
             }
             Message::AbortAck { transfer } => {
                 if self.ledger.on_abort_ack(transfer) {

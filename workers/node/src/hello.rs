@@ -96,6 +96,7 @@ pub fn hello(engine: &Engine, transport: &TransportKind) -> Hello {
         },
         context_window: info.limits.context_window() as u64,
         pool_tokens: info.limits.pool_tokens() as u64,
+        prefill_tokens: info.limits.prefill_tokens() as u64,
         transport: transport.wire(),
     }
 }
@@ -122,6 +123,7 @@ pub fn peer_limits(peer: &Hello) -> Capacity {
         context_window: usize::try_from(peer.context_window).unwrap_or(usize::MAX),
         pool_tokens: usize::try_from(peer.pool_tokens).unwrap_or(usize::MAX),
         page_size: peer.page_size as usize,
+        prefill_tokens: usize::try_from(peer.prefill_tokens).unwrap_or(usize::MAX),
     }
 }
 
@@ -147,12 +149,14 @@ mod tests {
             dtype_bytes: 2,
             context_window: 8192,
             pool_tokens: 46_592,
+            prefill_tokens: 3_100,
             transport: TRANSPORT_TCP,
         };
         // Capacity may differ (admission takes the smaller one).
         let smaller = Hello {
             pool_tokens: 1_024,
             context_window: 2_048,
+            prefill_tokens: 900,
             ..ours
         };
         assert_eq!(check_peer(&ours, &smaller), HelloCheck::Compatible);

@@ -89,6 +89,7 @@ impl From<AdmissionError> for ApiError {
         let code = match e {
             AdmissionError::ContextWindowExceeded { .. }
             | AdmissionError::PoolCapacityExceeded { .. } => "context_length_exceeded",
+            AdmissionError::PrefillTooLong { .. } => "prefill_too_long",
             _ => "invalid_request",
         };
         ApiError::bad(code, e.to_string())

@@ -230,6 +230,8 @@ enum Item {
     /// A computed page, lent by the engine: written in place.
     Page(LentPage),
     Computed(Vec<f32>),
+    /// Prompt tokens computed so far (tells decode the transfer is alive).
+    Progress(usize),
     /// Refused after admission (pages were quarantined meanwhile and it
     /// can never fit): nothing was computed or sent.
     Refused(AdmissionError),
@@ -357,6 +359,7 @@ impl PrefillWorker {
                                 spans.take();
                                 vec![Item::Computed(logits)]
                             }
+                            PrefillEvent::Progress { computed } => vec![Item::Progress(computed)],
                             PrefillEvent::Failed(EngineError::Rejected(error)) => {
                                 spans.take();
                                 vec![Item::Refused(error)]
@@ -501,6 +504,9 @@ async fn write_loop<T: Transport>(
                         s.done = true;
                         c.completed.fetch_add(1, Ordering::Relaxed);
                         t.send(&Message::Done(Done { transfer, tokens: s.tokens, digest, logits })).await
+                    }
+                    Item::Progress(computed) => {
+                        t.send(&Message::Progress { transfer, computed: computed as u64 }).await
                     }
                     Item::Refused(error) => {
                         // Never allocated: no page to release, nothing sent.

@@ -9,7 +9,7 @@ use bulkhead_kv::{AdmissionError, Generation, TransferId};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Protocol version; both ends must agree.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Largest frame accepted (a page of a large model fits many times over).
 pub const MAX_FRAME: usize = 256 << 20;
 
@@ -34,6 +34,9 @@ pub struct Hello {
     pub context_window: u64,
     /// Tokens this worker's pool holds.
     pub pool_tokens: u64,
+    /// The longest prompt this worker prefills within its deadline
+    /// (measured prefill speed).
+    pub prefill_tokens: u64,
     /// How pages travel: [`TRANSPORT_TCP`] or [`TRANSPORT_RDMA`]; both ends
     /// must agree.
     pub transport: u8,
@@ -117,6 +120,15 @@ pub enum Message {
         /// The transfer.
         transfer: TransferId,
     },
+    /// Prefill to decode: the prompt is being computed; `computed` of its
+    /// tokens are done. A live transfer is never timed out while these
+    /// keep coming.
+    Progress {
+        /// The transfer.
+        transfer: TransferId,
+        /// Prompt tokens computed so far.
+        computed: u64,
+    },
     /// Either way: stop this transfer.
     Abort {
         /// The transfer.
@@ -189,6 +201,7 @@ const DONE: u8 = 5;
 const RELEASE: u8 = 6;
 const ABORT: u8 = 7;
 const ABORT_ACK: u8 = 8;
+const PROGRESS: u8 = 9;
 
 /// Bytes of a page frame before its payload (length prefix included).
 pub const PAGE_HEADER_LEN: usize = 4 + 1 + 8 + 4 + 8 + 8;
@@ -227,6 +240,7 @@ impl Message {
                 w.u8(h.dtype_bytes);
                 w.u64(h.context_window);
                 w.u64(h.pool_tokens);
+                w.u64(h.prefill_tokens);
                 w.u8(h.transport);
             }
             Message::Prefill(p) => {
@@ -267,6 +281,10 @@ impl Message {
                         limit,
                     } => (4, prompt_tokens, max_tokens, limit),
                     AdmissionError::TokenOutOfRange { token, vocab } => (5, token, vocab, 0),
+                    AdmissionError::PrefillTooLong {
+                        prompt_tokens,
+                        limit,
+                    } => (6, prompt_tokens, 0, limit),
                     _ => (0, 0, 0, 0),
                 };
                 w.u8(code);
@@ -298,6 +316,11 @@ impl Message {
             Message::Abort { transfer } => {
                 w.u8(ABORT);
                 w.u64(transfer.get());
+            }
+            Message::Progress { transfer, computed } => {
+                w.u8(PROGRESS);
+                w.u64(transfer.get());
+                w.u64(*computed);
             }
             Message::AbortAck { transfer } => {
                 w.u8(ABORT_ACK);
@@ -357,6 +380,7 @@ impl Message {
                 dtype_bytes: c.u8()?,
                 context_window: c.u64()?,
                 pool_tokens: c.u64()?,
+                prefill_tokens: c.u64()?,
                 transport: c.u8()?,
             }),
             PREFILL => {
@@ -409,6 +433,10 @@ impl Message {
                         token: prompt_tokens,
                         vocab: max_tokens,
                     },
+                    6 => AdmissionError::PrefillTooLong {
+                        prompt_tokens,
+                        limit,
+                    },
                     _ => return Err(WireError::Malformed("unknown rejection code")),
                 };
                 Message::Rejected { transfer, error }
@@ -433,6 +461,10 @@ impl Message {
             },
             ABORT => Message::Abort {
                 transfer: TransferId::new(c.u64()?),
+            },
+            PROGRESS => Message::Progress {
+                transfer: TransferId::new(c.u64()?),
+                computed: c.u64()?,
             },
             ABORT_ACK => Message::AbortAck {
                 transfer: TransferId::new(c.u64()?),
@@ -527,6 +559,7 @@ mod tests {
                 dtype_bytes: 2,
                 context_window: 8192,
                 pool_tokens: 46_592,
+                prefill_tokens: 3_100,
                 transport: TRANSPORT_TCP,
             }),
             Message::Prefill(PrefillRequest {
@@ -562,6 +595,17 @@ mod tests {
                 digest: 12,
                 logits: vec![0.5, -1.0],
             }),
+            Message::Rejected {
+                transfer: t,
+                error: AdmissionError::PrefillTooLong {
+                    prompt_tokens: 5_000,
+                    limit: 3_100,
+                },
+            },
+            Message::Progress {
+                transfer: t,
+                computed: 512,
+            },
             Message::Release { transfer: t },
             Message::Abort { transfer: t },
             Message::AbortAck { transfer: t },
