@@ -28,11 +28,11 @@ pub(crate) struct PrefillWork {
 /// Tenants take turns: each round, every tenant with work left gets an
 /// equal quantum of what is left of the budget (water-filling, so a tenant
 /// that needs less leaves the rest to the others), spent on its oldest
-/// sequences first, each token at its entry's [`PrefillWork::unit`]. `turn` rotates which tenant goes first, so leftovers
-/// do not always favour the same one. A chunk of one token is given only
-/// to a sequence with one token left (a single-token chunk is summed in
-/// another order than a longer one), and a shared step leaves no one-token
-/// remainder behind.
+/// sequences first, each token at its entry's [`PrefillWork::unit`].
+/// `turn` rotates which tenant goes first, so leftovers do not always
+/// favour the same one. A chunk of one token is given only to a sequence
+/// with one token left (a single-token chunk is summed in another order
+/// than a longer one), and no chunk leaves a one-token remainder behind.
 pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> Vec<usize> {
     let mut chunks = vec![0; work.len()];
     // Tenants in a stable order, rotated by `turn`; each with its entries
@@ -62,7 +62,6 @@ pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> V
             break;
         }
         let quantum = (left / active.len()).max(2);
-        let shared = active.len() > 1;
         let mut gave = 0;
         for t in active {
             let mut share = quantum.min(left);
@@ -70,10 +69,11 @@ pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> V
                 let want = work[i].remaining - chunks[i];
                 let unit = work[i].unit.max(1);
                 let mut give = want.min(share / unit);
-                // When tenants share the step, never leave a one-token
-                // remainder for the next (alone, a sequence's chunks
-                // follow the budget, as llama.cpp's batches do).
-                if shared && want - give == 1 && give >= 3 {
+                // Never leave a one-token remainder for the next step: a
+                // one-token chunk is summed in another order than a longer
+                // one, and llama.cpp computes such a prompt's last token
+                // with the others.
+                if want - give == 1 && give >= 3 {
                     give -= 1;
                 }
                 // No one-token chunk in the middle of a prompt.
