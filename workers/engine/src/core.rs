@@ -342,26 +342,50 @@ impl EngineCore {
         self.speed
     }
 
-    /// Measures this machine's prefill speed (two short passes on pages of
-    /// this pool; the faster counts) and sets the prompt limit from it: the
-    /// longest prompt prefilled alone within the deadline. Call inside the
-    /// engine's rayon pool, before anything is admitted.
+    /// Measures this machine's prefill speed (two short passes on a
+    /// scratch pool of its own, so the serving pool is never touched; the
+    /// faster pass counts) and sets the prompt limit from it: the longest
+    /// prompt prefilled alone within the deadline. Call inside the engine's
+    /// rayon pool, before anything is admitted.
     pub fn calibrate(&mut self) {
         const TOKENS: usize = 32;
         let vocab = u32::try_from(self.model.config.vocab).unwrap_or(u32::MAX);
         let tokens: Vec<u32> = (0..TOKENS as u32)
             .map(|i| (i * 7_919 + 13) % vocab)
             .collect();
+        let geometry = self.pool.geometry();
+        let mut scratch = KvPool::new(geometry, TOKENS.div_ceil(geometry.page_size), false);
+        let Ok(admitted) = scratch.limits(TOKENS).admit(TenantId::new(0), TOKENS - 1, 1, ()) else {
+            return;
+        };
+        let Ok(table) = scratch.allocate(&admitted) else {
+            return;
+        };
+        let model = Arc::clone(&self.model);
         let mut best = f64::INFINITY;
         for _ in 0..2 {
             let t = Instant::now();
-            if self.last_logits(TenantId::new(0), &tokens).is_err() {
-                return; // a pool too small to measure on keeps the nominal figure
+            let batch = [BatchSeq {
+                table: &table,
+                start: 0,
+                tokens: &tokens[..TOKENS - 1],
+                want_logits: true,
+            }];
+            let out = forward(
+                &model,
+                &self.rope,
+                self.numerics,
+                &mut scratch,
+                &batch,
+                &mut self.buffers,
+            );
+            if !out.violations.is_empty() {
+                return; // cannot happen on a private pool; keep the nominal figure
             }
             best = best.min(t.elapsed().as_secs_f64());
         }
         let shape = PrefillSpeed::nominal(&self.model.config);
-        let tokens_equivalent = shape.prompt_secs(TOKENS) / shape.secs_per_token();
+        let tokens_equivalent = shape.prompt_secs(TOKENS - 1) / shape.secs_per_token();
         self.speed = PrefillSpeed::measured(&self.model.config, best / tokens_equivalent);
         self.limits = self
             .pool
