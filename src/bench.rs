@@ -302,6 +302,11 @@ impl Prompts {
         Ok(Prompts(all))
     }
 
+    /// Tokens of the shortest prompt.
+    pub(crate) fn len(&self) -> usize {
+        self.0.iter().map(Vec::len).min().unwrap_or(0)
+    }
+
     pub(crate) fn get(&self, i: usize, len: usize) -> Vec<u32> {
         self.0[i % self.0.len()][..len].to_vec()
     }

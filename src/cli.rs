@@ -76,6 +76,9 @@ enum BenchCommand {
     /// The per-request cost of traces and metrics against the same route
     /// without them.
     Telemetry(crate::bench_telemetry::TelemetryBenchArgs),
+    /// Tenant A's time to first token alone and while tenant B floods the
+    /// pair with long prompts and with maximal reservations.
+    Neighbours(crate::bench_neighbours::NeighboursBenchArgs),
 }
 
 /// Model and engine flags shared by the subcommands that run the model.
@@ -199,5 +202,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Telemetry(args),
         } => crate::bench_telemetry::run(&args),
+        Command::Bench {
+            command: BenchCommand::Neighbours(args),
+        } => crate::bench_neighbours::run(&args),
     }
 }

@@ -6,7 +6,7 @@
 use anyhow::Context;
 use bulkhead_control_api::{
     Client, ClientError, Credentials, Heartbeat, ModelSlug, NodeLoad, NodeRole, NodeStatus,
-    Parallelism, RegisterNode,
+    Parallelism, PrefillFigures, RegisterNode,
 };
 use bulkhead_engine::Engine;
 use clap::Args;
@@ -84,6 +84,7 @@ impl RegisterArgs {
             page_size: u32::try_from(info.limits.page_size())?,
             kv_budget_bytes: a.kv_budget_bytes,
             parallelism: Parallelism::default(),
+            prefill: Some(prefill_figures(info)),
         };
         let status: NodeStatus = client
             .post("/admin/v1/nodes", &body)
@@ -93,6 +94,20 @@ impl RegisterArgs {
         let engine = Arc::clone(a.engine);
         tokio::spawn(heartbeats(client, body, status, engine));
         Ok(())
+    }
+}
+
+/// The engine's measured prefill speed and deadline, as registered.
+fn prefill_figures(info: &bulkhead_engine::EngineInfo) -> PrefillFigures {
+    let ns = |secs: f64| {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = (secs * 1e9).ceil() as u64;
+        n.max(1)
+    };
+    PrefillFigures {
+        ns_per_token: ns(info.speed.secs_per_token()),
+        ns_per_pair: ns(info.speed.secs_per_pair()),
+        deadline_ms: u64::try_from(info.prefill_deadline.as_millis()).unwrap_or(u64::MAX),
     }
 }
 

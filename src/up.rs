@@ -9,7 +9,7 @@
 
 use anyhow::Context;
 use bulkhead_control_api::{
-    ConfigSpec, CreateModel, KvBudget, ModelSlug, Parallelism, Properties, Role, Timestamp,
+    ConfigSpec, ConfigView, CreateModel, NodeView, KvBudget, ModelSlug, Parallelism, Properties, Role, Timestamp,
     Visibility,
 };
 use bulkhead_control_plane::{AccountId, Db, store};
@@ -42,6 +42,11 @@ pub(crate) struct UpArgs {
     /// Max output of the registered config.
     #[arg(long, default_value_t = 2048)]
     max_output: u64,
+    /// Longest a prompt may take to prefill on a worker at the speed it
+    /// measures when it starts; if the context window takes longer on this
+    /// machine, `up` serves the longest window that does not, and says so.
+    #[arg(long, default_value_t = 60)]
+    prefill_deadline_secs: u64,
 }
 
 /// What `up` writes for people and scripts.
@@ -177,19 +182,72 @@ async fn check_routable(creds: &CredentialsFile, internal: &Internal) -> anyhow:
         control_plane_url: creds.control_plane_url.clone(),
         operator_token: internal.admin.clone(),
     })?;
-    let nodes: Vec<bulkhead_control_api::NodeView> = client.get("/admin/v1/nodes").await?;
-    for name in ["up-prefill", "up-decode"] {
-        let n = nodes
+    let workers = |nodes: &[NodeView]| -> anyhow::Result<Vec<NodeView>> {
+        ["up-prefill", "up-decode"]
             .iter()
-            .find(|n| n.registration.name == name)
-            .with_context(|| format!("{name} did not register"))?;
+            .map(|name| {
+                nodes
+                    .iter()
+                    .find(|n| n.registration.name == *name)
+                    .cloned()
+                    .with_context(|| format!("{name} did not register"))
+            })
+            .collect()
+    };
+    let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
+    let mut ours = workers(&nodes)?;
+    // A window this machine cannot prefill within the workers' deadline is
+    // not advertised: serve the longest one it can, and say why.
+    let servable = ours
+        .iter()
+        .filter_map(|n| n.registration.prefill.map(|f| (f.max_prompt(), f)))
+        .min_by_key(|(max, _)| *max);
+    let slug = crate::register::DEFAULT_SLUG;
+    let path = format!("/admin/v1/models/{}/configs", urlencode(slug));
+    let configs: Vec<ConfigView> = client.get(&path).await?;
+    if let (Some((max, figures)), Some(active)) = (servable, configs.iter().find(|c| c.active))
+        && active.spec.properties.context_window > max
+    {
+        let window = (max / 256) * 256;
+        anyhow::ensure!(
+            window >= 256,
+            "this machine prefills at most {max} tokens within {} s; no useful context window fits",
+            figures.deadline_ms / 1000
+        );
+        let was = active.spec.properties.context_window;
+        eprintln!(
+            "bulkhead up: prefilling the {was}-token context window would take about {} s here, over the \
+             {} s prefill deadline; serving a {window}-token window (raise --prefill-deadline-secs to serve more)",
+            figures.prompt_ms(was).div_ceil(1000),
+            figures.deadline_ms / 1000,
+        );
+        let mut spec = active.spec.clone();
+        spec.properties.context_window = window;
+        spec.properties.max_output = spec.properties.max_output.min(window);
+        let added: ConfigView = client.post(&path, &spec).await?;
+        let _: ConfigView = client
+            .post(
+                &format!("{path}/{}/activate", added.version),
+                &serde_json::json!({"reason": format!("bulkhead up: the {was}-token window cannot be prefilled within the deadline here")}),
+            )
+            .await?;
+        let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
+        ours = workers(&nodes)?;
+    }
+    for n in &ours {
         if let Some(why) = &n.unroutable_reason {
             anyhow::bail!(
-                "{name} is not routable: {why} (adjust --kv-budget-mib, --context-window or --max-output)"
+                "{} is not routable: {why} (adjust --kv-budget-mib, --context-window or --max-output)",
+                n.registration.name
             );
         }
     }
     Ok(())
+}
+
+/// `@` and `/` escaped for a path segment.
+fn urlencode(s: &str) -> String {
+    s.replace('@', "%40").replace('/', "%2F")
 }
 
 /// Database, operators, model and demo accounts; reuses what a previous
@@ -492,6 +550,8 @@ fn start(
         a.extend_from_slice(&["--node-token", &internal.node, "--node-name"]);
         let node_name = format!("up-{role}");
         a.push(&node_name);
+        let deadline = args.prefill_deadline_secs.to_string();
+        a.extend_from_slice(&["--prefill-deadline-secs", &deadline]);
         let threads = args.threads.map(|t| t.to_string());
         if let Some(t) = &threads {
             a.extend_from_slice(&["--threads", t]);

@@ -65,7 +65,7 @@ fn up(dir: &std::path::Path) -> Up {
 fn post(url: &str, path: &str, token: &str, body: &str) -> (u16, String) {
     let addr = url.trim_start_matches("http://");
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    s.set_read_timeout(Some(Duration::from_secs(600))).ok();
     let req = format!(
         "POST {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
@@ -80,6 +80,40 @@ fn post(url: &str, path: &str, token: &str, body: &str) -> (u16, String) {
         .and_then(|s| s.parse().ok())
         .expect("status");
     (status, body.to_owned())
+}
+
+fn get(url: &str, path: &str, token: &str) -> Value {
+    let addr = url.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n");
+    s.write_all(req.as_bytes()).expect("send");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("read");
+    let (_, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
+    serde_json::from_str(body).expect("JSON")
+}
+
+/// Text the default model's tokenizer turns into exactly `n` tokens.
+fn text_of_tokens(n: usize) -> String {
+    use std::sync::OnceLock;
+    static MODEL: OnceLock<bulkhead_engine::ModelFile> = OnceLock::new();
+    let model = MODEL.get_or_init(|| {
+        let path = bulkhead_engine::fetch::ensure_default_model(bulkhead_engine::fetch::Progress::Quiet)
+            .expect("model");
+        bulkhead_engine::ModelFile::load(&path).expect("model loads")
+    });
+    let count = |t: &str| model.tokenizer().encode(t).expect("tokenizes").len();
+    let mut words = n;
+    loop {
+        let text = format!("the{}", " the".repeat(words.saturating_sub(1)));
+        let got = count(&text);
+        if got == n {
+            return text;
+        }
+        assert!(words > 0 && words < 4 * n + 8, "no text of {n} tokens");
+        words = if got > n { words - 1 } else { words + 1 };
+    }
 }
 
 fn stop(mut u: Up, urls: &[&String]) {
@@ -183,6 +217,53 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
             .is_some_and(|r| r.contains("Paris")),
         "{v}"
     );
+
+    // A prompt at the full context window of up's config succeeds: `up`
+    // serves the window this machine prefills within the deadline.
+    let cp = creds["control_plane_url"].as_str().unwrap_or_default();
+    let configs = get(
+        cp,
+        "/admin/v1/models/%40cf%2Fhuggingfacetb%2Fsmollm2-135m-instruct/configs",
+        creds["operator_token"].as_str().unwrap_or_default(),
+    );
+    let active = configs
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["active"] == true))
+        .expect("an active config")
+        .clone();
+    let window = active["context_window"].as_u64().expect("window");
+    assert!(window >= 1_024, "{active}");
+    let max_tokens = 4;
+    let prompt_tokens = usize::try_from(window).expect("window") - max_tokens;
+    let full = serde_json::json!({
+        "prompt": text_of_tokens(prompt_tokens),
+        "raw": true,
+        "max_tokens": max_tokens,
+    })
+    .to_string();
+    let started = std::time::Instant::now();
+    let (status, text) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), &full);
+    assert_eq!(status, 200, "{}", &text[..text.len().min(500)]);
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(
+        v["result"]["usage"]["prompt_tokens"].as_u64(),
+        Some(prompt_tokens as u64),
+        "{}",
+        v["result"]["usage"]
+    );
+    eprintln!(
+        "a {prompt_tokens}-token prompt at the {window}-token window took {:?}",
+        started.elapsed()
+    );
+    // One token over the window is a 4xx at once.
+    let over = serde_json::json!({
+        "prompt": text_of_tokens(prompt_tokens + 1),
+        "raw": true,
+        "max_tokens": max_tokens,
+    })
+    .to_string();
+    let (status, text) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), &over);
+    assert_eq!(status, 413, "{text}");
 
     // B cannot use A's URL; the responder commands work from credentials.json.
     let (status, _) = post(

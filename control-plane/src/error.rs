@@ -39,6 +39,20 @@ pub enum Error {
         /// Their sum.
         required: u64,
     },
+    /// A config's context window cannot be prefilled in time on a node.
+    #[error("config {version} of {model} cannot be served by node `{node}` ({role}): {why}")]
+    ConfigTooSlow {
+        /// The model.
+        model: String,
+        /// The refused version.
+        version: crate::ConfigVersion,
+        /// The first node too slow for it.
+        node: String,
+        /// That node's role.
+        role: bulkhead_control_api::NodeRole,
+        /// The numbers.
+        why: String,
+    },
     /// The host failed us (no randomness for a token); logged, never shown.
     #[error("{0}")]
     Internal(String),

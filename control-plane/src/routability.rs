@@ -5,7 +5,7 @@
 
 use crate::store::configs::ConfigRow;
 use crate::store::nodes::NodeRow;
-use bulkhead_control_api::{Properties, Timestamp};
+use bulkhead_control_api::{PrefillFigures, Properties, Timestamp};
 use std::time::Duration;
 
 /// The verdict on one node.
@@ -21,6 +21,24 @@ pub enum Routability {
 /// (context window + max output).
 pub fn check_fits(p: &Properties, pool_tokens: u64) -> bool {
     pool_tokens >= p.required_tokens()
+}
+
+/// Why a node cannot prefill a context window of `window` tokens within
+/// its deadline at the speed it registered (`None`: it can).
+pub(crate) fn prefill_shortfall(prefill: Option<&PrefillFigures>, window: u64) -> Option<String> {
+    let Some(f) = prefill else {
+        return Some("registered no measured prefill speed".to_owned());
+    };
+    let ms = f.prompt_ms(window);
+    (ms > f.deadline_ms).then(|| {
+        format!(
+            "prefilling the {window}-token context window would take about {} s at its measured speed, \
+             over its {} s prefill deadline (it prefills at most {} tokens in time)",
+            ms.div_ceil(1000),
+            f.deadline_ms / 1000,
+            f.max_prompt()
+        )
+    })
 }
 
 /// Whether `node` was seen within `ttl` of `now`.
@@ -57,6 +75,9 @@ pub(crate) fn evaluate(
                     p.required_tokens(),
                     c.version
                 ));
+            }
+            if let Some(why) = prefill_shortfall(r.prefill.as_ref(), p.context_window) {
+                reasons.push(format!("{why} (config {})", c.version));
             }
             if !r
                 .weights_sha256

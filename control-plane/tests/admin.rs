@@ -830,3 +830,78 @@ async fn bad_input_gets_a_clear_error_in_the_api_format() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutable() {
+    each_backend(|h| async move {
+        create_model(&h, "public").await?;
+        // The reference machine's figures: 5.9 ms per token, 8.1 µs per
+        // pair, a 60 s deadline: about 3,180 tokens in time.
+        let mut slow = node("decode-slow", "decode", 100_000);
+        slow["prefill"] = json!({"ns_per_token": 5_900_000, "ns_per_pair": 8_100, "deadline_ms": 60_000});
+        h.ok(Method::POST, "/admin/v1/nodes", &h.node, Some(slow), StatusCode::OK)
+            .await?;
+        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
+        h.ok(Method::POST, &path, &h.admin, Some(config(8_192, 2_048)), StatusCode::CREATED)
+            .await?;
+        let (status, err) = h
+            .call(
+                Method::POST,
+                &format!("{path}/1/activate"),
+                Some(&h.admin),
+                Some(json!({"reason": "full window"})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{err}");
+        assert_eq!(err["error"]["code"], "config_does_not_fit");
+        let msg = err["error"]["message"].as_str().unwrap_or_default();
+        for needle in ["`decode-slow`", "8192-token", "60 s", "at most 31"] {
+            assert!(msg.contains(needle), "{needle} missing from: {msg}");
+        }
+        // A window it can prefill in time activates.
+        h.ok(Method::POST, &path, &h.admin, Some(config(3_072, 1_024)), StatusCode::CREATED)
+            .await?;
+        h.ok(
+            Method::POST,
+            &format!("{path}/2/activate"),
+            &h.admin,
+            Some(json!({"reason": "what this machine serves"})),
+            StatusCode::OK,
+        )
+        .await?;
+        let nodes = h
+            .ok(Method::GET, "/admin/v1/nodes", &h.responder, None, StatusCode::OK)
+            .await?;
+        let n = &nodes_by_name(&nodes)["decode-slow"];
+        assert_eq!(n["routable"], true, "{n}");
+        assert_eq!(n["prefill"]["deadline_ms"], 60_000);
+        // Re-registered slower (another machine under the same name): it
+        // is unroutable at once, with the numbers; one without figures too.
+        let mut slower = node("decode-slow", "decode", 100_000);
+        slower["prefill"] = json!({"ns_per_token": 20_000_000, "ns_per_pair": 30_000, "deadline_ms": 60_000});
+        h.ok(Method::POST, "/admin/v1/nodes", &h.node, Some(slower), StatusCode::OK)
+            .await?;
+        let mut blind = node("decode-blind", "decode", 100_000);
+        blind.as_object_mut().map(|o| o.remove("prefill"));
+        h.ok(Method::POST, "/admin/v1/nodes", &h.node, Some(blind), StatusCode::OK)
+            .await?;
+        let nodes = h
+            .ok(Method::GET, "/admin/v1/nodes", &h.responder, None, StatusCode::OK)
+            .await?;
+        let by = nodes_by_name(&nodes);
+        let n = &by["decode-slow"];
+        assert_eq!(n["routable"], false, "{n}");
+        let why = n["unroutable_reason"].as_str().unwrap_or_default();
+        assert!(why.contains("3072-token context window"), "{why}");
+        let b = &by["decode-blind"];
+        assert_eq!(b["routable"], false, "{b}");
+        assert!(
+            b["unroutable_reason"]
+                .as_str()
+                .is_some_and(|w| w.contains("no measured prefill speed")),
+            "{b}"
+        );
+        Ok(())
+    })
+    .await;
+}

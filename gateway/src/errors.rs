@@ -48,6 +48,10 @@ pub(crate) enum GatewayError {
     MethodNotAllowed,
     /// The request body is over the gateway's limit.
     TooLarge,
+    /// The request's headers are over the gateway's limit.
+    HeadersTooLarge,
+    /// The request's head could not be parsed.
+    BadHead,
 }
 
 impl From<UpstreamError> for GatewayError {
@@ -106,6 +110,8 @@ impl GatewayError {
             GatewayError::NoRoute => "no_route",
             GatewayError::MethodNotAllowed => "method_not_allowed",
             GatewayError::TooLarge => "request_too_large",
+            GatewayError::HeadersTooLarge => "headers_too_large",
+            GatewayError::BadHead => "bad_request_head",
         }
     }
 }
@@ -144,6 +150,8 @@ impl GatewayError {
             GatewayError::NoRoute => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            GatewayError::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            GatewayError::BadHead => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -166,6 +174,11 @@ impl GatewayError {
                 "the request body is larger than {} bytes",
                 crate::edge::MAX_BODY_BYTES
             ),
+            GatewayError::HeadersTooLarge => format!(
+                "the request's headers are larger than {} bytes",
+                crate::serve::MAX_HEADER_BYTES
+            ),
+            GatewayError::BadHead => "the request line or a header is malformed".to_owned(),
         }
     }
 
@@ -182,6 +195,8 @@ impl GatewayError {
             GatewayError::NoRoute => 7000,
             GatewayError::MethodNotAllowed => 7001,
             GatewayError::TooLarge => 3006,
+            GatewayError::HeadersTooLarge => 3006,
+            GatewayError::BadHead => 5006,
         }
     }
 
@@ -201,6 +216,8 @@ impl GatewayError {
             GatewayError::NoRoute => ("invalid_request_error", Some("unknown_url")),
             GatewayError::MethodNotAllowed => ("invalid_request_error", Some("method_not_allowed")),
             GatewayError::TooLarge => ("invalid_request_error", Some("request_too_large")),
+            GatewayError::HeadersTooLarge => ("invalid_request_error", Some("headers_too_large")),
+            GatewayError::BadHead => ("invalid_request_error", Some("bad_request")),
         }
     }
 
@@ -228,10 +245,10 @@ impl GatewayError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The status and JSON body of the answer.
+    pub(crate) fn status_and_body(&self) -> (StatusCode, serde_json::Value) {
         let e = &self.error;
-        let status = e.status(self.flavor);
         let body = match self.flavor {
             Flavor::WorkersAi => json!({
                 "result": null,
@@ -244,6 +261,14 @@ impl IntoResponse for ApiError {
                 json!({"error": {"message": e.message(), "type": kind, "param": null, "code": code}})
             }
         };
+        (e.status(self.flavor), body)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let e = &self.error;
+        let (status, body) = self.status_and_body();
         let mut resp = (status, Json(body)).into_response();
         if let GatewayError::RateLimited {
             retry_after_secs, ..

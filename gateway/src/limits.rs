@@ -5,13 +5,16 @@
 //! counters). Windows are fixed calendar minutes.
 //!
 //! A refused request consumes nothing: all three limits are checked before
-//! any counter moves. Admission is cancel-safe: if the caller goes away
+//! any counter moves. A request refused for concurrency is told when a slot
+//! is expected: when the oldest request in flight should end, from the
+//! account's running mean request duration. Admission is cancel-safe: if the caller goes away
 //! while it runs, the slot it took is given back. In Redis the requests in
 //! flight are a sorted set of request ids with deadlines, so a gateway that
 //! dies with requests open cannot leak the account's concurrency.
 
 use redis::aio::ConnectionManager;
 use std::collections::HashMap;
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 /// The limits every account gets.
@@ -59,23 +62,27 @@ pub struct Permit {
 
 #[derive(Debug)]
 enum Release {
-    Memory(mpsc::UnboundedSender<Event>, String),
+    Memory(mpsc::UnboundedSender<Event>, String, Instant),
     Redis(ConnectionManager, String, String),
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         match self.release.take() {
-            Some(Release::Memory(tx, account)) => {
-                let _ = tx.send(Event::Release { account });
+            Some(Release::Memory(tx, account, started)) => {
+                let _ = tx.send(Event::Release { account, started });
             }
-            Some(Release::Redis(mut con, key, id)) => {
+            Some(Release::Redis(mut con, base, id)) => {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     rt.spawn(async move {
-                        let _: Result<i64, _> = redis::cmd("ZREM")
-                            .arg(&key)
+                        let now = now_ms();
+                        let _: Result<i64, _> = redis::Script::new(RELEASE_SCRIPT)
+                            .key(format!("{base}:inflight"))
+                            .key(format!("{base}:duration"))
                             .arg(&id)
-                            .query_async(&mut con)
+                            .arg(now)
+                            .arg(MAX_REQUEST_MS)
+                            .invoke_async(&mut con)
                             .await;
                     });
                 }
@@ -83,6 +90,22 @@ impl Drop for Permit {
             None => {}
         }
     }
+}
+
+/// Mean request duration assumed before an account has finished any.
+const FIRST_GUESS_MS: u64 = 10_000;
+
+/// When a concurrency slot is expected, in whole seconds from now (1 to
+/// 60): the oldest request in flight started `oldest_age_ms` ago and
+/// requests take `mean_ms` on average.
+fn slot_expected_in(oldest_age_ms: u64, mean_ms: u64) -> u64 {
+    mean_ms.saturating_sub(oldest_age_ms).div_ceil(1000).clamp(1, 60)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0))
 }
 
 /// The limiter; cheap to clone.
@@ -106,30 +129,52 @@ enum Event {
     Admit {
         account: String,
         tokens: u64,
+        started: Instant,
         reply: oneshot::Sender<Result<(), LimiterError>>,
     },
     Release {
         account: String,
+        started: Instant,
     },
 }
 
-/// KEYS: requests this minute, tokens this minute, in-flight set.
-/// ARGV: rpm, tpm, concurrency, tokens, now (ms), request id, deadline (ms),
-/// in-flight key lifetime (ms). Returns 0 (admitted) or which limit: 1, 2, 3.
+/// KEYS: requests this minute, tokens this minute, in-flight set, mean
+/// duration. ARGV: rpm, tpm, concurrency, tokens, now (ms), request id,
+/// deadline (ms), in-flight key lifetime (ms), first guess of the mean (ms).
+/// Returns {0} (admitted) or which limit: {1}, {2}, or {3, ms until a slot
+/// is expected}.
 const SCRIPT: &str = r"
 local r = tonumber(redis.call('GET', KEYS[1]) or '0')
-if r + 1 > tonumber(ARGV[1]) then return 1 end
+if r + 1 > tonumber(ARGV[1]) then return {1} end
 local t = tonumber(redis.call('GET', KEYS[2]) or '0')
-if t + tonumber(ARGV[4]) > tonumber(ARGV[2]) then return 2 end
+if t + tonumber(ARGV[4]) > tonumber(ARGV[2]) then return {2} end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[5])
-if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then return 3 end
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then
+  local oldest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  local age = tonumber(ARGV[5]) - (tonumber(oldest[2]) - tonumber(ARGV[8]))
+  local mean = tonumber(redis.call('GET', KEYS[4]) or ARGV[9])
+  return {3, math.max(mean - age, 0)}
+end
 redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], 120)
 redis.call('INCRBY', KEYS[2], ARGV[4])
 redis.call('EXPIRE', KEYS[2], 120)
 redis.call('ZADD', KEYS[3], ARGV[7], ARGV[6])
 redis.call('PEXPIRE', KEYS[3], ARGV[8])
-return 0
+return {0}
+";
+
+/// KEYS: in-flight set, mean duration. ARGV: request id, now (ms),
+/// in-flight lifetime (ms). Folds the request's duration into the mean
+/// (weight 1/5) and removes it.
+const RELEASE_SCRIPT: &str = r"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score then
+  local took = tonumber(ARGV[2]) - (tonumber(score) - tonumber(ARGV[3]))
+  local mean = tonumber(redis.call('GET', KEYS[2]) or tostring(took))
+  redis.call('SET', KEYS[2], math.floor(mean * 0.8 + took * 0.2), 'PX', 86400000)
+end
+return redis.call('ZREM', KEYS[1], ARGV[1])
 ";
 
 /// The longest a request may hold a concurrency slot in Redis.
@@ -174,16 +219,18 @@ impl Limiter {
         match &self.store {
             Store::Memory(tx) => {
                 let (reply, rx) = oneshot::channel();
+                let started = Instant::now();
                 tx.send(Event::Admit {
                     account: account.to_owned(),
                     tokens,
+                    started,
                     reply,
                 })
                 .map_err(|_| LimiterError::Unavailable("limiter stopped".to_owned()))?;
                 rx.await
                     .map_err(|_| LimiterError::Unavailable("limiter stopped".to_owned()))??;
                 Ok(Permit {
-                    release: Some(Release::Memory(tx.clone(), account.to_owned())),
+                    release: Some(Release::Memory(tx.clone(), account.to_owned(), started)),
                 })
             }
             Store::Redis { con, prefix } => {
@@ -213,13 +260,12 @@ async fn redis_admit(
     let mut id = [0u8; 8];
     getrandom::fill(&mut id).map_err(|e| LimiterError::Unavailable(e.to_string()))?;
     let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
-    let verdict: i64 = redis::Script::new(SCRIPT)
+    let now = now_ms();
+    let verdict: Vec<i64> = redis::Script::new(SCRIPT)
         .key(format!("{base}:{window}:req"))
         .key(format!("{base}:{window}:tok"))
         .key(&inflight)
+        .key(format!("{base}:duration"))
         .arg(limits.requests_per_minute)
         .arg(limits.tokens_per_minute)
         .arg(limits.concurrency)
@@ -228,16 +274,23 @@ async fn redis_admit(
         .arg(&id)
         .arg(now + MAX_REQUEST_MS)
         .arg(MAX_REQUEST_MS)
+        .arg(FIRST_GUESS_MS)
         .invoke_async(&mut con)
         .await
         .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
-    verdict_of(verdict, retry)?;
+    let code = verdict.first().copied().unwrap_or(-1);
+    let slot = verdict
+        .get(1)
+        .map_or(1, |ms| slot_expected_in(0, u64::try_from(*ms).unwrap_or(0)));
+    verdict_of(code, retry, slot)?;
     Ok(Permit {
-        release: Some(Release::Redis(con, inflight, id)),
+        release: Some(Release::Redis(con, base, id)),
     })
 }
 
-fn verdict_of(v: i64, retry: u64) -> Result<(), LimiterError> {
+/// `retry` is when the minute ends, `slot` when a concurrency slot is
+/// expected (seconds).
+fn verdict_of(v: i64, retry: u64, slot: u64) -> Result<(), LimiterError> {
     let what = match v {
         0 => return Ok(()),
         1 => "requests per minute",
@@ -245,7 +298,7 @@ fn verdict_of(v: i64, retry: u64) -> Result<(), LimiterError> {
         _ => {
             return Err(LimiterError::Limited {
                 what: "concurrent requests",
-                retry_after_secs: 1,
+                retry_after_secs: slot,
             });
         }
     };
@@ -268,7 +321,10 @@ struct Counters {
     window: u64,
     requests: u64,
     tokens: u64,
-    in_flight: u64,
+    /// When each request in flight started.
+    in_flight: Vec<Instant>,
+    /// Running mean duration of finished requests.
+    mean_ms: Option<u64>,
 }
 
 async fn own(mut rx: mpsc::UnboundedReceiver<Event>, limits: Limits) {
@@ -278,6 +334,7 @@ async fn own(mut rx: mpsc::UnboundedReceiver<Event>, limits: Limits) {
             Event::Admit {
                 account,
                 tokens,
+                started,
                 reply,
             } => {
                 let (w, retry) = window();
@@ -292,22 +349,32 @@ async fn own(mut rx: mpsc::UnboundedReceiver<Event>, limits: Limits) {
                     1
                 } else if c.tokens + tokens > limits.tokens_per_minute {
                     2
-                } else if c.in_flight >= limits.concurrency {
+                } else if c.in_flight.len() as u64 >= limits.concurrency {
                     3
                 } else {
                     c.requests += 1;
                     c.tokens += tokens;
-                    c.in_flight += 1;
+                    c.in_flight.push(started);
                     0
                 };
-                if reply.send(verdict_of(verdict, retry)).is_err() && verdict == 0 {
+                let oldest = c.in_flight.iter().min().map_or(0, |s| {
+                    u64::try_from(s.elapsed().as_millis()).unwrap_or(u64::MAX)
+                });
+                let slot = slot_expected_in(oldest, c.mean_ms.unwrap_or(FIRST_GUESS_MS));
+                if reply.send(verdict_of(verdict, retry, slot)).is_err() && verdict == 0 {
                     // The caller went away while we decided: give the slot back.
-                    c.in_flight = c.in_flight.saturating_sub(1);
+                    if let Some(i) = c.in_flight.iter().position(|s| *s == started) {
+                        c.in_flight.swap_remove(i);
+                    }
                 }
             }
-            Event::Release { account } => {
-                if let Some(c) = accounts.get_mut(&account) {
-                    c.in_flight = c.in_flight.saturating_sub(1);
+            Event::Release { account, started } => {
+                if let Some(c) = accounts.get_mut(&account)
+                    && let Some(i) = c.in_flight.iter().position(|s| *s == started)
+                {
+                    c.in_flight.swap_remove(i);
+                    let took = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    c.mean_ms = Some(c.mean_ms.map_or(took, |m| (m * 4 + took) / 5));
                 }
             }
         }

@@ -20,6 +20,7 @@ struct Instruments {
     tokens: Histogram<u64>,
     refusals: Counter<u64>,
     connections_refused: Counter<u64>,
+    heads_refused: Counter<u64>,
 }
 
 fn instruments() -> &'static Instruments {
@@ -76,6 +77,11 @@ fn instruments() -> &'static Instruments {
                 .with_unit("{connection}")
                 .with_description("Connections closed at accept by a connection cap")
                 .build(),
+            heads_refused: m
+                .u64_counter("bulkhead.gateway.heads.refused")
+                .with_unit("{request}")
+                .with_description("Requests refused before routing: headers over the limit or malformed")
+                .build(),
         }
     })
 }
@@ -85,6 +91,13 @@ pub(crate) fn connection_refused(cap: &'static str) {
     instruments()
         .connections_refused
         .add(1, &[KeyValue::new("cap", cap)]);
+}
+
+/// Counts a request whose head was refused (`error.type`).
+pub(crate) fn head_refused(kind: &'static str) {
+    instruments()
+        .heads_refused
+        .add(1, &[KeyValue::new("error.type", kind)]);
 }
 
 /// Counts a refusal by the limit named `what` (the limiter's words).

@@ -84,6 +84,7 @@ mod tests {
                 page_size: 16,
                 kv_budget_bytes: 1,
                 parallelism: Parallelism::default(),
+                prefill: None,
             },
             load: Some(NodeLoad {
                 free_pages: free,

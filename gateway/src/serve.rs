@@ -5,7 +5,10 @@
 //! `header_timeout` and its body within `body_timeout`, else the connection
 //! is closed (headers) or the request refused (body). The accept loop is
 //! the one owner of the connection counts; each connection's task tells it
-//! when it ends.
+//! when it ends. A head hyper refuses itself (431, 400) is answered in the
+//! API's JSON shape (`head_errors`).
+
+mod head_errors;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -42,7 +45,7 @@ impl Default for ConnLimits {
 }
 
 /// Largest buffer for a request's headers (hyper's minimum is 8 KiB).
-const MAX_HEADER_BYTES: usize = 64 << 10;
+pub(crate) const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// Serves `router` on `listener` within `limits` until `shutdown`
 /// completes; then stops accepting and waits up to 10 s for open
@@ -103,7 +106,8 @@ pub async fn serve(
                     http.timer(TokioTimer::new())
                         .header_read_timeout(limits.header_timeout)
                         .max_buf_size(MAX_HEADER_BYTES);
-                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    let io = TokioIo::new(head_errors::HeadErrors::new(stream));
+                    let _ = http.serve_connection(io, service).await;
                     let _ = done.send(ip);
                 });
             }

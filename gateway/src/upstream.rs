@@ -13,6 +13,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 
+/// Longest to wait for a worker's first answer. The worker refuses at once
+/// a prompt it cannot prefill within its own deadline (60 s by default) and
+/// keeps a live transfer alive however long it queues, so this only catches
+/// a worker that hangs.
+const UPSTREAM_HEAD_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Why a worker call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum UpstreamError {
@@ -67,7 +73,7 @@ impl Upstream {
             req.headers_mut()
                 .insert(bulkhead_telemetry::REQUEST_ID_HEADER, v);
         }
-        let resp = tokio::time::timeout(Duration::from_secs(120), self.http.request(req))
+        let resp = tokio::time::timeout(UPSTREAM_HEAD_TIMEOUT, self.http.request(req))
             .await
             .map_err(|_| UpstreamError::Unreachable)?
             .map_err(|_| UpstreamError::Unreachable)?;

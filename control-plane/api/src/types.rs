@@ -294,6 +294,47 @@ pub struct RegisterNode {
     /// Its device split.
     #[serde(default)]
     pub parallelism: Parallelism,
+    /// Its prefill speed, measured at start, and its prefill deadline.
+    #[serde(default)]
+    pub prefill: Option<PrefillFigures>,
+}
+
+/// How fast a worker prefills (measured when it starts) and the longest a
+/// prompt may take on it: `n` prompt tokens take about
+/// `ns_per_token * n + ns_per_pair * n * (n - 1) / 2` nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefillFigures {
+    /// Nanoseconds per prompt token for the weight matrices.
+    pub ns_per_token: u64,
+    /// Nanoseconds of attention per pair of prompt tokens.
+    pub ns_per_pair: u64,
+    /// The longest a prompt may take to prefill, in milliseconds.
+    pub deadline_ms: u64,
+}
+
+impl PrefillFigures {
+    /// Estimated milliseconds to prefill a prompt of `n` tokens alone.
+    pub fn prompt_ms(&self, n: u64) -> u64 {
+        let pairs = u128::from(n) * u128::from(n.saturating_sub(1)) / 2;
+        let ns = u128::from(self.ns_per_token) * u128::from(n)
+            + u128::from(self.ns_per_pair) * pairs;
+        u64::try_from(ns / 1_000_000).unwrap_or(u64::MAX)
+    }
+
+    /// The longest prompt prefilled within the deadline.
+    pub fn max_prompt(&self) -> u64 {
+        let (mut lo, mut hi) = (0u64, 1u64 << 32);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if self.prompt_ms(mid) <= self.deadline_ms {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
 }
 
 /// `POST /admin/v1/nodes/{id}/heartbeat`.

@@ -52,7 +52,7 @@ impl From<Error> for ApiError {
             Error::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string()),
             Error::Invalid(_) => ApiError::bad_request(e.to_string()),
             Error::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string()),
-            Error::ConfigDoesNotFit { .. } => {
+            Error::ConfigDoesNotFit { .. } | Error::ConfigTooSlow { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "config_does_not_fit", e.to_string())
             }
             Error::Internal(why) => {

@@ -5,7 +5,7 @@
 use super::audit::{self, NewEntry};
 use super::models::{self, ModelRow};
 use super::{Conn, get_opt_time, get_time, get_u64, nodes, to_i64};
-use crate::routability::{check_fits, is_live};
+use crate::routability::{check_fits, is_live, prefill_shortfall};
 use crate::{ConfigVersion, Error};
 use bulkhead_control_api::{
     AuditEntry, ConfigSpec, ConfigView, KvBudget, Parallelism, Properties, Timestamp,
@@ -135,8 +135,10 @@ pub async fn list(conn: &mut Conn, model: &ModelRow) -> Result<Vec<ConfigRow>, E
 }
 
 /// Makes `version` the active config after checking it against every node
-/// seen within `node_ttl`; the refusal names the first node it does not fit
-/// and both numbers. Appends a `config.activate` audit entry.
+/// seen within `node_ttl` (its pool holds context window + max output, and
+/// it prefills the context window within its deadline at the speed it
+/// measured); the refusal names the first node it does not fit and the
+/// numbers. Appends a `config.activate` audit entry.
 pub async fn activate(
     conn: &mut Conn,
     model: &ModelRow,
@@ -150,7 +152,19 @@ pub async fn activate(
     let p = config.spec.properties;
     for node in nodes::list(conn, Some(model.id)).await? {
         let r = &node.registration;
-        if is_live(&node, now, node_ttl) && !check_fits(&p, r.kv_pool_tokens) {
+        if !is_live(&node, now, node_ttl) {
+            continue;
+        }
+        if let Some(why) = prefill_shortfall(r.prefill.as_ref(), p.context_window) {
+            return Err(Error::ConfigTooSlow {
+                model: model.slug.to_string(),
+                version,
+                node: r.name.clone(),
+                role: r.role,
+                why,
+            });
+        }
+        if !check_fits(&p, r.kv_pool_tokens) {
             return Err(Error::ConfigDoesNotFit {
                 model: model.slug.to_string(),
                 version,

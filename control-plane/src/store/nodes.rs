@@ -7,7 +7,8 @@ use super::{Conn, configs, get_enum, get_time, get_u64, models, to_i64};
 use crate::routability::{self, Routability};
 use crate::{Error, ModelId, NodeId};
 use bulkhead_control_api::{
-    Heartbeat, ModelSlug, NodeLoad, NodeView, Parallelism, RegisterNode, Role, Timestamp,
+    Heartbeat, ModelSlug, NodeLoad, NodeView, Parallelism, PrefillFigures, RegisterNode, Role,
+    Timestamp,
 };
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -35,7 +36,8 @@ macro_rules! node_columns {
     () => {
         "n.id, n.model_id, m.slug, n.name, n.role, n.address, n.transfer_address, n.kv_pool_tokens, \
      n.weights_sha256, n.quantization, n.page_size, n.kv_budget_bytes, n.tensor_parallel, n.pipeline_parallel, \
-     n.free_pages, n.total_pages, n.queue_depth, n.registered_at, n.last_seen_at"
+     n.free_pages, n.total_pages, n.queue_depth, n.registered_at, n.last_seen_at, \
+     n.prefill_ns_per_token, n.prefill_ns_per_pair, n.prefill_deadline_ms"
     };
 }
 
@@ -60,14 +62,18 @@ pub async fn register(
     let row = sqlx::query(
         "INSERT INTO nodes (name, role, model_id, address, transfer_address, kv_pool_tokens, weights_sha256, \
          quantization, page_size, kv_budget_bytes, tensor_parallel, pipeline_parallel, registered_at, last_seen_at, \
-         operator_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14) \
+         operator_id, prefill_ns_per_token, prefill_ns_per_pair, prefill_deadline_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14, $16, $17, $18) \
          ON CONFLICT (name) DO UPDATE SET role = excluded.role, model_id = excluded.model_id, \
          address = excluded.address, transfer_address = excluded.transfer_address, \
          kv_pool_tokens = excluded.kv_pool_tokens, weights_sha256 = excluded.weights_sha256, \
          quantization = excluded.quantization, page_size = excluded.page_size, \
          kv_budget_bytes = excluded.kv_budget_bytes, tensor_parallel = excluded.tensor_parallel, \
          pipeline_parallel = excluded.pipeline_parallel, free_pages = NULL, total_pages = NULL, \
-         queue_depth = NULL, last_seen_at = excluded.last_seen_at, operator_id = excluded.operator_id \
+         queue_depth = NULL, last_seen_at = excluded.last_seen_at, operator_id = excluded.operator_id, \
+         prefill_ns_per_token = excluded.prefill_ns_per_token, \
+         prefill_ns_per_pair = excluded.prefill_ns_per_pair, \
+         prefill_deadline_ms = excluded.prefill_deadline_ms \
          WHERE nodes.operator_id = excluded.operator_id OR $15 = 1 \
          RETURNING id",
     )
@@ -86,6 +92,9 @@ pub async fn register(
     .bind(now.millis())
     .bind(by.id.get())
     .bind(i64::from(by.role == Role::Admin))
+    .bind(reg.prefill.map(|p| to_i64(p.ns_per_token, "ns_per_token")).transpose()?)
+    .bind(reg.prefill.map(|p| to_i64(p.ns_per_pair, "ns_per_pair")).transpose()?)
+    .bind(reg.prefill.map(|p| to_i64(p.deadline_ms, "deadline_ms")).transpose()?)
     .fetch_optional(&mut *conn)
     .await?
     .ok_or_else(|| Error::Conflict(format!("node name `{}` is registered by another operator", reg.name)))?;
@@ -241,9 +250,32 @@ fn node_row(r: &AnyRow) -> Result<NodeRow, Error> {
                 tensor: small("tensor_parallel")?,
                 pipeline: small("pipeline_parallel")?,
             },
+            prefill: prefill_of(r)?,
         },
         load,
         registered_at: get_time(r, "registered_at")?,
         last_seen_at: get_time(r, "last_seen_at")?,
     })
+}
+
+/// The registered prefill figures, if the node sent them.
+fn prefill_of(r: &AnyRow) -> Result<Option<PrefillFigures>, sqlx::Error> {
+    let get = |c: &str| -> Result<Option<u64>, sqlx::Error> {
+        Ok(r.try_get::<Option<i64>, _>(c)?
+            .map(|v| u64::try_from(v).unwrap_or(0)))
+    };
+    Ok(
+        match (
+            get("prefill_ns_per_token")?,
+            get("prefill_ns_per_pair")?,
+            get("prefill_deadline_ms")?,
+        ) {
+            (Some(ns_per_token), Some(ns_per_pair), Some(deadline_ms)) => Some(PrefillFigures {
+                ns_per_token,
+                ns_per_pair,
+                deadline_ms,
+            }),
+            _ => None,
+        },
+    )
 }

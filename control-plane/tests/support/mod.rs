@@ -297,6 +297,8 @@ pub fn node(name: &str, role: &str, pool: u64) -> Value {
         "weights_sha256": SHA,
         "quantization": "q4_1",
         "page_size": 16,
-        "kv_budget_bytes": 1u64 << 30
+        "kv_budget_bytes": 1u64 << 30,
+        // Fast enough for any window the tests configure.
+        "prefill": { "ns_per_token": 1000, "ns_per_pair": 0, "deadline_ms": 60000 }
     })
 }

@@ -259,6 +259,8 @@ pub struct EngineCore {
     first_slice: usize,
     tenant_share_percent: usize,
     preemptions: u64,
+    /// Compute each tenant got lately (step units, decayed every step).
+    served: HashMap<TenantId, usize>,
     /// Which tenant's prefill goes first this step (rotates).
     prefill_turn: usize,
     waiting: VecDeque<Waiting>,
@@ -320,6 +322,7 @@ impl EngineCore {
             first_slice: config.first_slice_tokens.max(1),
             tenant_share_percent: config.tenant_share_percent.clamp(1, 100),
             preemptions: 0,
+            served: HashMap::new(),
             prefill_turn: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -731,7 +734,19 @@ impl EngineCore {
             .saturating_sub(decode_units)
             .max(budget / 2)
             .max(2 * deepest);
-        let chunks = fair_chunks(&work, prefill_budget, self.prefill_turn);
+        // The tenant with prompt work that was served least lately.
+        let least = work
+            .iter()
+            .map(|w| w.tenant)
+            .min_by_key(|t| self.served.get(t).copied().unwrap_or(0));
+        let chunks = fair_chunks(&work, prefill_budget, self.prefill_turn, least);
+        for v in self.served.values_mut() {
+            *v -= *v / 8;
+        }
+        self.served.retain(|_, v| *v > 0);
+        for (w, len) in work.iter().zip(&chunks) {
+            *self.served.entry(w.tenant).or_default() += len * w.unit;
+        }
         self.prefill_turn = self.prefill_turn.wrapping_add(1);
         let mut tokens = plan.len();
         for (&i, len) in prefilling.iter().zip(chunks) {

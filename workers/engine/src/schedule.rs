@@ -33,8 +33,29 @@ pub(crate) struct PrefillWork {
 /// favour the same one. A chunk of one token is given only to a sequence
 /// with one token left (a single-token chunk is summed in another order
 /// than a longer one), and no chunk leaves a one-token remainder behind.
-pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> Vec<usize> {
+pub(crate) fn fair_chunks(
+    work: &[PrefillWork],
+    budget: usize,
+    turn: usize,
+    first: Option<TenantId>,
+) -> Vec<usize> {
     let mut chunks = vec![0; work.len()];
+    let mut budget = budget;
+    // The tenant served least lately finishes its oldest prompt in this
+    // step if the whole step can hold it: a short request that arrives
+    // behind long ones waits for one step, not for its share of several.
+    if let Some(t) = first
+        && let Some(i) = work
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.tenant == t)
+            .min_by_key(|(_, w)| w.request)
+            .map(|(i, _)| i)
+        && work[i].remaining * work[i].unit.max(1) <= budget
+    {
+        chunks[i] = work[i].remaining;
+        budget -= work[i].remaining * work[i].unit.max(1);
+    }
     // Tenants in a stable order, rotated by `turn`; each with its entries
     // oldest first.
     let mut tenants: Vec<TenantId> = work.iter().map(|w| w.tenant).collect();
@@ -43,8 +64,8 @@ pub(crate) fn fair_chunks(work: &[PrefillWork], budget: usize, turn: usize) -> V
     if tenants.is_empty() {
         return chunks;
     }
-    let first = turn % tenants.len();
-    tenants.rotate_left(first);
+    let start = turn % tenants.len();
+    tenants.rotate_left(start);
     let mut queues: Vec<Vec<usize>> = tenants
         .iter()
         .map(|t| {
@@ -137,9 +158,9 @@ mod tests {
     #[test]
     fn one_tenant_gets_the_whole_budget_oldest_first() {
         let w = work(&[(1, 600), (1, 300)]);
-        assert_eq!(fair_chunks(&w, 512, 0), vec![512, 0]);
+        assert_eq!(fair_chunks(&w, 512, 0, None), vec![512, 0]);
         let w = work(&[(1, 100), (1, 300)]);
-        assert_eq!(fair_chunks(&w, 512, 3), vec![100, 300]);
+        assert_eq!(fair_chunks(&w, 512, 3, None), vec![100, 300]);
     }
 
     #[test]
@@ -147,7 +168,7 @@ mod tests {
         // B queued four long prompts before A's four tokens.
         let w = work(&[(2, 5_000), (2, 5_000), (2, 5_000), (2, 5_000), (1, 4)]);
         for turn in 0..4 {
-            let c = fair_chunks(&w, 512, turn);
+            let c = fair_chunks(&w, 512, turn, None);
             assert_eq!(c[4], 4, "A's prompt runs this step (turn {turn})");
             assert_eq!(c.iter().sum::<usize>(), 512, "the budget is used");
             assert_eq!(c[0], 508, "B's oldest gets the rest");
@@ -157,26 +178,40 @@ mod tests {
     #[test]
     fn tenants_split_the_budget_evenly_and_turns_rotate_the_leftover() {
         let w = work(&[(1, 1_000), (2, 1_000), (3, 1_000)]);
-        let a = fair_chunks(&w, 512, 0);
+        let a = fair_chunks(&w, 512, 0, None);
         assert_eq!(a.iter().sum::<usize>(), 512);
         assert!(a.iter().all(|c| (170..=172).contains(c)), "{a:?}");
-        let b = fair_chunks(&w, 512, 1);
+        let b = fair_chunks(&w, 512, 1, None);
         assert_ne!(a, b, "another tenant gets the leftover");
         // No single-token chunk in the middle of a prompt.
         let w = work(&[(1, 10), (2, 10), (3, 10)]);
-        let c = fair_chunks(&w, 7, 0);
+        let c = fair_chunks(&w, 7, 0, None);
         assert!(c.iter().all(|&x| x != 1), "{c:?}");
         assert!(c.iter().sum::<usize>() <= 7);
         // A one-token remainder may take a one-token chunk.
         let w = work(&[(1, 1), (2, 1)]);
-        assert_eq!(fair_chunks(&w, 512, 0), vec![1, 1]);
+        assert_eq!(fair_chunks(&w, 512, 0, None), vec![1, 1]);
         // Sharing leaves no one-token remainder for the next step.
         let w = work(&[(1, 257), (2, 257)]);
-        let c = fair_chunks(&w, 512, 0);
+        let c = fair_chunks(&w, 512, 0, None);
         assert!(c.iter().all(|&x| 257 - x != 1), "{c:?}");
         // A budget of one moves nothing mid-prompt, and gives up.
         let w = work(&[(1, 10), (2, 10)]);
-        assert_eq!(fair_chunks(&w, 1, 0), vec![0, 0]);
+        assert_eq!(fair_chunks(&w, 1, 0, None), vec![0, 0]);
+    }
+
+    #[test]
+    fn the_tenant_served_least_lately_finishes_a_prompt_that_fits_the_step() {
+        // B's long prompt is deep; A's 24 tokens cost more than half the step.
+        let mut w = work(&[(2, 5_000), (1, 24)]);
+        w[0].unit = 3;
+        w[1].unit = 1;
+        assert_eq!(fair_chunks(&w, 40, 0, None), vec![6, 22], "shares alone");
+        let c = fair_chunks(&w, 40, 0, Some(TenantId::new(1)));
+        assert_eq!(c, vec![5, 24], "A finishes now; B gets the rest");
+        // A prompt that does not fit the step gets its share only.
+        let w = work(&[(2, 5_000), (1, 500)]);
+        assert_eq!(fair_chunks(&w, 40, 0, Some(TenantId::new(1))), vec![20, 20]);
     }
 
     #[test]
@@ -185,9 +220,9 @@ mod tests {
         let mut w = work(&[(2, 5_000), (1, 100)]);
         w[0].unit = 5;
         w[1].unit = 1;
-        let c = fair_chunks(&w, 100, 0);
+        let c = fair_chunks(&w, 100, 0, None);
         assert_eq!(c, vec![10, 50], "equal compute, not equal tokens");
         // Alone, B gets the whole budget's worth.
-        assert_eq!(fair_chunks(&w[..1], 100, 0), vec![20]);
+        assert_eq!(fair_chunks(&w[..1], 100, 0, None), vec![20]);
     }
 }
