@@ -385,6 +385,13 @@ async fn own(mut rx: mpsc::UnboundedReceiver<Event>, limits: Limits) {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_slot_is_expected_when_the_oldest_request_should_end() {
+        assert_eq!(slot_expected_in(2_000, 10_000), 8);
+        assert_eq!(slot_expected_in(12_000, 10_000), 1);
+        assert_eq!(slot_expected_in(0, 600_000), 60);
+    }
+
     #[tokio::test]
     async fn memory_limits_requests_tokens_and_concurrency() {
         let l = Limiter::memory(Limits {
@@ -395,20 +402,27 @@ mod tests {
         let a = l.admit("a", 10).await.unwrap();
         let _b = l.admit("a", 10).await.unwrap();
         let e = l.admit("a", 10).await.unwrap_err();
-        assert!(
-            matches!(
-                e,
-                LimiterError::Limited {
-                    what: "concurrent requests",
-                    ..
-                }
-            ),
-            "{e}"
+        // Nothing finished yet: the first guess of a request's length.
+        assert_eq!(
+            e,
+            LimiterError::Limited {
+                what: "concurrent requests",
+                retry_after_secs: FIRST_GUESS_MS / 1000,
+            }
         );
         let _other = l.admit("b", 10).await.unwrap();
         drop(a);
         tokio::task::yield_now().await;
         let _c = l.admit("a", 10).await.unwrap();
+        // A request took well under a second: a slot is expected at once.
+        let e = l.admit("a", 10).await.unwrap_err();
+        assert_eq!(
+            e,
+            LimiterError::Limited {
+                what: "concurrent requests",
+                retry_after_secs: 1,
+            }
+        );
         let e = l.admit("b", 995).await.unwrap_err();
         assert!(
             matches!(
