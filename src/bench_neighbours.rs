@@ -65,7 +65,10 @@ pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         .min(limits.pool_tokens())
         .min(prefill_engine.info().limits.prefill_tokens());
     if args.long_tokens + 1 > window {
-        bail!("--long-tokens {} does not fit the {window}-token window here", args.long_tokens);
+        bail!(
+            "--long-tokens {} does not fit the {window}-token window here",
+            args.long_tokens
+        );
     }
     let short = Prompts::new(&model, args.short_tokens, args.samples.max(1))?;
     let long = Prompts::new(&model, args.long_tokens, 8)?;
@@ -172,12 +175,36 @@ pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         if args.json {
             println!("{report}");
         } else {
-            println!("tenant A's time to first token ({} requests per phase, window {window} tokens)", args.samples);
-            println!("{:<34} {:>9} {:>9} {:>8} {:>18}", "phase", "p50 ms", "p99 ms", "p99/alone", "B ok/refused/failed");
-            println!("{:<34} {:>9.1} {:>9.1} {:>8} {:>18}", "alone", a50 * 1e3, a99 * 1e3, "1.00", "-");
+            println!(
+                "tenant A's time to first token ({} requests per phase, window {window} tokens)",
+                args.samples
+            );
+            println!(
+                "{:<34} {:>9} {:>9} {:>8} {:>18}",
+                "phase", "p50 ms", "p99 ms", "p99/alone", "B ok/refused/failed"
+            );
+            println!(
+                "{:<34} {:>9.1} {:>9.1} {:>8} {:>18}",
+                "alone",
+                a50 * 1e3,
+                a99 * 1e3,
+                "1.00",
+                "-"
+            );
             for (name, t, b) in [
-                (format!("B: {} x {}-token prompts", args.long_streams, args.long_tokens), &long_ttft, long_b),
-                (format!("B: {} streams to the window", args.reserve_streams), &reserve_ttft, reserve_b),
+                (
+                    format!(
+                        "B: {} x {}-token prompts",
+                        args.long_streams, args.long_tokens
+                    ),
+                    &long_ttft,
+                    long_b,
+                ),
+                (
+                    format!("B: {} streams to the window", args.reserve_streams),
+                    &reserve_ttft,
+                    reserve_b,
+                ),
             ] {
                 println!(
                     "{:<34} {:>9.1} {:>9.1} {:>8.2} {:>18}",
@@ -233,7 +260,11 @@ async fn ttft_of_a(decode: &DecodeWorker, prompts: &Prompts, n: usize) -> anyhow
 
 /// One of B's requests to its end (or until `stop`, for a stream: then it
 /// is dropped, which cancels it, as a client that hangs up).
-async fn run_b(decode: &DecodeWorker, req: GenerateRequest, stop: Option<Arc<AtomicBool>>) -> Outcomes {
+async fn run_b(
+    decode: &DecodeWorker,
+    req: GenerateRequest,
+    stop: Option<Arc<AtomicBool>>,
+) -> Outcomes {
     let Ok(mut h) = decode.submit(TenantId::new(2), req) else {
         return Outcomes {
             refused: 1,
@@ -285,6 +316,9 @@ fn percentile(xs: &[f64], p: usize) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
-    let i = (p * v.len()).div_ceil(100).saturating_sub(1).min(v.len() - 1);
+    let i = (p * v.len())
+        .div_ceil(100)
+        .saturating_sub(1)
+        .min(v.len() - 1);
     v[i]
 }

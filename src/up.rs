@@ -9,8 +9,8 @@
 
 use anyhow::Context;
 use bulkhead_control_api::{
-    ConfigSpec, ConfigView, CreateModel, NodeView, KvBudget, ModelSlug, Parallelism, Properties, Role, Timestamp,
-    Visibility,
+    ConfigSpec, ConfigView, CreateModel, KvBudget, ModelSlug, NodeView, Parallelism, Properties,
+    Role, Timestamp, Visibility,
 };
 use bulkhead_control_plane::{AccountId, Db, store};
 use bulkhead_engine::fetch::{self, Progress};

@@ -339,6 +339,10 @@ fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_small
             &node,
             "--node-name",
             "colocated-0",
+            // This test is about the pool; a generous deadline keeps the
+            // prefill-speed check (tested in control-plane/tests) out of it.
+            "--prefill-deadline-secs",
+            "3600",
         ])
     };
     let node_view = || {

@@ -461,3 +461,54 @@ fn logits_of_the_wrong_length_fail_the_request_even_with_a_valid_digest() {
     assert!(!r.body.contains("\"token\""));
     assert_baseline(&[&d.addr("http"), &p.addr("http")]);
 }
+
+#[test]
+fn a_prompt_that_cannot_be_prefilled_in_time_is_refused_at_admission_and_a_slow_one_is_never_cut_off()
+ {
+    // A prefill worker with a 1 s deadline prefills a few hundred tokens
+    // in time at most; the pair narrows to it, so decode refuses at its
+    // own door, before any page or frame.
+    let p = prefill(&["--prefill-deadline-secs", "1"]);
+    let d = decode(&p.addr("transfer"), &[]);
+    let r = generate(
+        &d.addr("http"),
+        1,
+        &json!({"tokens": tokens(2_000), "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["error"]["code"], "prefill_too_long", "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("2000 tokens") && msg.contains("deadline"),
+        "{msg}"
+    );
+    assert_eq!(stats(&d.addr("http"))["pool"]["allocations"], 0);
+    assert_eq!(stats(&p.addr("http"))["transfer"]["requests"], 0);
+    drop(d);
+    drop(p);
+
+    // A transfer may go 1 s without a sign of life, and this prompt takes
+    // several seconds to prefill: the progress prefill reports after every
+    // step keeps it alive to the end.
+    let p = prefill(&[]);
+    let d = decode(&p.addr("transfer"), &["--transfer-timeout-ms", "1000"]);
+    let started = std::time::Instant::now();
+    let r = generate(
+        &d.addr("http"),
+        2,
+        &json!({"tokens": tokens(700), "max_tokens": 2, "ignore_eos": true}),
+    );
+    let took = started.elapsed();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (t, last) = r.tokens();
+    assert_eq!(t.len(), 2, "{}", r.body);
+    assert_eq!(last["finish_reason"], "length");
+    assert!(
+        took > std::time::Duration::from_millis(2_000),
+        "the prefill outlasted the transfer timeout twice over ({took:?}), or the test proves nothing"
+    );
+    let s = stats(&d.addr("http"));
+    assert_eq!(s["transfer"]["committed"], 1, "{s}");
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
+}

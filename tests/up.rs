@@ -86,7 +86,8 @@ fn get(url: &str, path: &str, token: &str) -> Value {
     let addr = url.trim_start_matches("http://");
     let mut s = TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-    let req = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n");
+    let req =
+        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n");
     s.write_all(req.as_bytes()).expect("send");
     let mut raw = String::new();
     s.read_to_string(&mut raw).expect("read");
@@ -99,8 +100,9 @@ fn text_of_tokens(n: usize) -> String {
     use std::sync::OnceLock;
     static MODEL: OnceLock<bulkhead_engine::ModelFile> = OnceLock::new();
     let model = MODEL.get_or_init(|| {
-        let path = bulkhead_engine::fetch::ensure_default_model(bulkhead_engine::fetch::Progress::Quiet)
-            .expect("model");
+        let path =
+            bulkhead_engine::fetch::ensure_default_model(bulkhead_engine::fetch::Progress::Quiet)
+                .expect("model");
         bulkhead_engine::ModelFile::load(&path).expect("model loads")
     });
     let count = |t: &str| model.tokenizer().encode(t).expect("tokenizes").len();

@@ -838,12 +838,25 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
         // The reference machine's figures: 5.9 ms per token, 8.1 µs per
         // pair, a 60 s deadline: about 3,180 tokens in time.
         let mut slow = node("decode-slow", "decode", 100_000);
-        slow["prefill"] = json!({"ns_per_token": 5_900_000, "ns_per_pair": 8_100, "deadline_ms": 60_000});
-        h.ok(Method::POST, "/admin/v1/nodes", &h.node, Some(slow), StatusCode::OK)
-            .await?;
+        slow["prefill"] =
+            json!({"ns_per_token": 5_900_000, "ns_per_pair": 8_100, "deadline_ms": 60_000});
+        h.ok(
+            Method::POST,
+            "/admin/v1/nodes",
+            &h.node,
+            Some(slow),
+            StatusCode::OK,
+        )
+        .await?;
         let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
-        h.ok(Method::POST, &path, &h.admin, Some(config(8_192, 2_048)), StatusCode::CREATED)
-            .await?;
+        h.ok(
+            Method::POST,
+            &path,
+            &h.admin,
+            Some(config(8_192, 2_048)),
+            StatusCode::CREATED,
+        )
+        .await?;
         let (status, err) = h
             .call(
                 Method::POST,
@@ -859,8 +872,14 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
             assert!(msg.contains(needle), "{needle} missing from: {msg}");
         }
         // A window it can prefill in time activates.
-        h.ok(Method::POST, &path, &h.admin, Some(config(3_072, 1_024)), StatusCode::CREATED)
-            .await?;
+        h.ok(
+            Method::POST,
+            &path,
+            &h.admin,
+            Some(config(3_072, 1_024)),
+            StatusCode::CREATED,
+        )
+        .await?;
         h.ok(
             Method::POST,
             &format!("{path}/2/activate"),
@@ -870,7 +889,13 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
         )
         .await?;
         let nodes = h
-            .ok(Method::GET, "/admin/v1/nodes", &h.responder, None, StatusCode::OK)
+            .ok(
+                Method::GET,
+                "/admin/v1/nodes",
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
             .await?;
         let n = &nodes_by_name(&nodes)["decode-slow"];
         assert_eq!(n["routable"], true, "{n}");
@@ -878,15 +903,34 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
         // Re-registered slower (another machine under the same name): it
         // is unroutable at once, with the numbers; one without figures too.
         let mut slower = node("decode-slow", "decode", 100_000);
-        slower["prefill"] = json!({"ns_per_token": 20_000_000, "ns_per_pair": 30_000, "deadline_ms": 60_000});
-        h.ok(Method::POST, "/admin/v1/nodes", &h.node, Some(slower), StatusCode::OK)
-            .await?;
+        slower["prefill"] =
+            json!({"ns_per_token": 20_000_000, "ns_per_pair": 30_000, "deadline_ms": 60_000});
+        h.ok(
+            Method::POST,
+            "/admin/v1/nodes",
+            &h.node,
+            Some(slower),
+            StatusCode::OK,
+        )
+        .await?;
         let mut blind = node("decode-blind", "decode", 100_000);
         blind.as_object_mut().map(|o| o.remove("prefill"));
-        h.ok(Method::POST, "/admin/v1/nodes", &h.node, Some(blind), StatusCode::OK)
-            .await?;
+        h.ok(
+            Method::POST,
+            "/admin/v1/nodes",
+            &h.node,
+            Some(blind),
+            StatusCode::OK,
+        )
+        .await?;
         let nodes = h
-            .ok(Method::GET, "/admin/v1/nodes", &h.responder, None, StatusCode::OK)
+            .ok(
+                Method::GET,
+                "/admin/v1/nodes",
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
             .await?;
         let by = nodes_by_name(&nodes);
         let n = &by["decode-slow"];

@@ -99,7 +99,10 @@ const FIRST_GUESS_MS: u64 = 10_000;
 /// 60): the oldest request in flight started `oldest_age_ms` ago and
 /// requests take `mean_ms` on average.
 fn slot_expected_in(oldest_age_ms: u64, mean_ms: u64) -> u64 {
-    mean_ms.saturating_sub(oldest_age_ms).div_ceil(1000).clamp(1, 60)
+    mean_ms
+        .saturating_sub(oldest_age_ms)
+        .div_ceil(1000)
+        .clamp(1, 60)
 }
 
 fn now_ms() -> u64 {

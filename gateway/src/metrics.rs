@@ -80,7 +80,9 @@ fn instruments() -> &'static Instruments {
             heads_refused: m
                 .u64_counter("bulkhead.gateway.heads.refused")
                 .with_unit("{request}")
-                .with_description("Requests refused before routing: headers over the limit or malformed")
+                .with_description(
+                    "Requests refused before routing: headers over the limit or malformed",
+                )
                 .build(),
         }
     })

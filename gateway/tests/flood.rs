@@ -161,7 +161,8 @@ async fn heads_hyper_refuses_are_answered_in_the_apis_shape() {
                 "\"invalid_request_error\"",
             ),
             (
-                "GET /client/v4/accounts/a/ai/models/search HTTP/1.1\r\nHo st: x\r\n\r\n".to_owned(),
+                "GET /client/v4/accounts/a/ai/models/search HTTP/1.1\r\nHo st: x\r\n\r\n"
+                    .to_owned(),
                 "HTTP/1.1 400",
                 "\"errors\":[{\"code\":5006",
             ),
@@ -171,7 +172,10 @@ async fn heads_hyper_refuses_are_answered_in_the_apis_shape() {
             let _ = s.write_all(request.as_bytes());
             let answer = read_answer(&mut s);
             assert!(answer.starts_with(status), "{request:.80}: {answer}");
-            assert!(answer.contains("content-type: application/json"), "{answer}");
+            assert!(
+                answer.contains("content-type: application/json"),
+                "{answer}"
+            );
             assert!(answer.contains(shape), "{shape} missing: {answer}");
         }
     });

@@ -317,8 +317,8 @@ impl PrefillFigures {
     /// Estimated milliseconds to prefill a prompt of `n` tokens alone.
     pub fn prompt_ms(&self, n: u64) -> u64 {
         let pairs = u128::from(n) * u128::from(n.saturating_sub(1)) / 2;
-        let ns = u128::from(self.ns_per_token) * u128::from(n)
-            + u128::from(self.ns_per_pair) * pairs;
+        let ns =
+            u128::from(self.ns_per_token) * u128::from(n) + u128::from(self.ns_per_pair) * pairs;
         u64::try_from(ns / 1_000_000).unwrap_or(u64::MAX)
     }
 

@@ -141,14 +141,21 @@ mod tests {
 
     #[test]
     fn only_hypers_bodiless_refusals_are_rewritten() {
-        let hyper431 = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
+        let hyper431 =
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: x\r\n\r\n";
         assert_eq!(refusal(hyper431), Some(GatewayError::HeadersTooLarge));
         let hyper400 = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
         assert_eq!(refusal(hyper400), Some(GatewayError::BadHead));
         let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 80\r\n\r\n";
         assert_eq!(refusal(ours), None);
-        assert_eq!(refusal(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"), None);
-        assert_eq!(flavor_of(b"POST /v1/chat/completions HTTP/1.1\r\n"), Flavor::OpenAi);
+        assert_eq!(
+            refusal(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            flavor_of(b"POST /v1/chat/completions HTTP/1.1\r\n"),
+            Flavor::OpenAi
+        );
         assert_eq!(
             flavor_of(b"POST /client/v4/accounts/a/ai/v1/chat/completions HTTP/1.1\r\n"),
             Flavor::OpenAi

@@ -358,7 +358,10 @@ impl EngineCore {
             .collect();
         let geometry = self.pool.geometry();
         let mut scratch = KvPool::new(geometry, TOKENS.div_ceil(geometry.page_size), false);
-        let Ok(admitted) = scratch.limits(TOKENS).admit(TenantId::new(0), TOKENS - 1, 1, ()) else {
+        let Ok(admitted) = scratch
+            .limits(TOKENS)
+            .admit(TenantId::new(0), TOKENS - 1, 1, ())
+        else {
             return;
         };
         let Ok(table) = scratch.allocate(&admitted) else {
@@ -912,11 +915,20 @@ impl EngineCore {
     /// tenant whose requests fill the pool cannot make another tenant's
     /// request wait behind its own queue; within a tenant, oldest first (a
     /// preempted sequence before the requests that came after it).
+    /// A tenant over its cap while another waits is passed over.
     fn next_waiting(&self, held: &HashMap<TenantId, usize>) -> Option<usize> {
+        let cap = self.tenant_cap();
         let mut best: Option<(usize, RequestId, usize)> = None; // (pages held, request, index)
         for (i, w) in self.waiting.iter().enumerate() {
             let owner = w.owner();
             let h = held.get(&owner.tenant()).copied().unwrap_or(0);
+            let others_wait = self
+                .waiting
+                .iter()
+                .any(|o| o.owner().tenant() != owner.tenant());
+            if others_wait && h > 0 && h + self.pages_to_join(w) > cap {
+                continue;
+            }
             if best.is_none_or(|(bh, br, _)| (h, owner.request()) < (bh, br)) {
                 best = Some((h, owner.request(), i));
             }
@@ -928,7 +940,9 @@ impl EngineCore {
     fn pages_to_join(&self, w: &Waiting) -> usize {
         match w {
             Waiting::New(a) => a.reserve(),
-            Waiting::Resume(s) => s.pages_to_resume(self.first_slice, self.pool.geometry().page_size),
+            Waiting::Resume(s) => {
+                s.pages_to_resume(self.first_slice, self.pool.geometry().page_size)
+            }
         }
     }
 
@@ -941,13 +955,6 @@ impl EngineCore {
             let tenant = self.waiting[next].owner().tenant();
             let need = self.pages_to_join(&self.waiting[next]);
             let mine = held.get(&tenant).copied().unwrap_or(0);
-            let others_wait = self.waiting.iter().any(|w| w.owner().tenant() != tenant);
-            // Over its cap while another tenant waits: it waits too (the
-            // tenant holding the fewest goes first, so everyone else is
-            // over it as well).
-            if others_wait && mine + need > self.tenant_cap() && mine > 0 {
-                return;
-            }
             if self.pool.free_pages() < need {
                 // Below its fair share: take pages back from tenants above
                 // theirs, the tenant holding the most first.
@@ -963,7 +970,8 @@ impl EngineCore {
             let entry = self.waiting.remove(next).expect("index exists");
             match entry {
                 Waiting::Resume(mut seq) => {
-                    let want = seq.pages_to_resume(self.first_slice, self.pool.geometry().page_size);
+                    let want =
+                        seq.pages_to_resume(self.first_slice, self.pool.geometry().page_size);
                     match self.pool.grow(&mut seq.table, want) {
                         Ok(()) => self.running.push(*seq),
                         Err(AllocError::Exhausted(_)) => {
@@ -1249,18 +1257,16 @@ impl Sequence {
     /// Whether it may be preempted: a generating sequence not landing a
     /// transfer (a prefill job holds only its prompt and hands it over).
     fn preemptable(&self) -> bool {
-        !self.done
-            && matches!(
-                self.role,
-                Role::Generate(Generator { landing: None, .. })
-            )
+        !self.done && matches!(self.role, Role::Generate(Generator { landing: None, .. }))
     }
 
     /// Pages a preempted sequence takes to resume: what it had and a first
     /// slice of what it may still generate.
     fn pages_to_resume(&self, slice: usize, page_size: usize) -> usize {
         let left = match &self.role {
-            Role::Generate(g) => g.max_tokens.saturating_sub(self.tokens.len() - self.prompt_len),
+            Role::Generate(g) => g
+                .max_tokens
+                .saturating_sub(self.tokens.len() - self.prompt_len),
             Role::Prefill { .. } => 0,
         };
         (self.tokens.len() + slice.min(left)).div_ceil(page_size)

@@ -1039,7 +1039,10 @@ pub(crate) mod tests {
         // Never past the admission.
         assert!(matches!(
             pool.grow(&mut table, 7),
-            Err(AllocError::NeverFits { needed: 7, capacity: 6 })
+            Err(AllocError::NeverFits {
+                needed: 7,
+                capacity: 6
+            })
         ));
         // Not enough free pages: nothing is taken.
         let b = limits(&pool).admit(tenant(2), 9, 1, ()).unwrap();

@@ -669,9 +669,7 @@ impl Receiver {
                 }
             }
             Message::Progress { transfer, .. } => {
-                let _ = self
-                    .events
-                    .send(LinkEvent::Progress(self.epoch, transfer));
+                let _ = self.events.send(LinkEvent::Progress(self.epoch, transfer));
             }
             Message::AbortAck { transfer } => {
                 if self.ledger.on_abort_ack(transfer) {
