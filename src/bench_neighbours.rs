@@ -8,11 +8,12 @@
 //! requests ended: answered, refused at admission, or failed after waiting.
 
 use crate::bench::Prompts;
+use crate::bench_transfer::in_process_pair;
 use crate::cli::ModelArgs;
 use anyhow::{Context, bail};
 use bulkhead_engine::{Engine, EngineError, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
 use bulkhead_kv::TenantId;
-use bulkhead_node::{DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, hello};
+use bulkhead_node::DecodeWorker;
 use clap::Args;
 use serde_json::json;
 use std::sync::Arc;
@@ -77,30 +78,8 @@ pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?.to_string();
-        let tcp = bulkhead_node::TransportKind::Tcp;
-        let p_hello = hello(&prefill_engine, &tcp);
-        let prefill = PrefillWorker::new(
-            Arc::clone(&prefill_engine),
-            p_hello,
-            PrefillOptions::new(Duration::from_secs(30), tcp.clone()),
-        );
-        tokio::spawn(prefill.serve(listener));
-        let d_hello = hello(&decode_engine, &tcp);
-        let decode = DecodeWorker::start(
-            Arc::clone(&decode_engine),
-            d_hello,
-            DecodeOptions {
-                prefill: addr,
-                transfer_timeout: Duration::from_secs(60),
-                ack_timeout: Duration::from_secs(10),
-                transport: tcp.clone(),
-            },
-        );
-        if !decode.ready(Duration::from_secs(10)).await {
-            bail!("the in-process prefill worker did not answer");
-        }
+        let decode =
+            in_process_pair(Arc::clone(&prefill_engine), Arc::clone(&decode_engine)).await?;
         // Warm-up, then A alone.
         ttft_of_a(&decode, &short, 1).await?;
         let alone = ttft_of_a(&decode, &short, args.samples).await?;

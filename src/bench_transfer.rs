@@ -440,30 +440,7 @@ fn ttft(
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?.to_string();
-        let tcp = bulkhead_node::TransportKind::Tcp;
-        let p_hello = hello(&prefill_engine, &tcp);
-        let prefill = PrefillWorker::new(
-            prefill_engine,
-            p_hello,
-            PrefillOptions::new(Duration::from_secs(30), tcp.clone()),
-        );
-        tokio::spawn(prefill.serve(listener));
-        let d_hello = hello(&decode_engine, &tcp);
-        let decode = DecodeWorker::start(
-            decode_engine,
-            d_hello,
-            DecodeOptions {
-                prefill: addr,
-                transfer_timeout: Duration::from_secs(60),
-                ack_timeout: Duration::from_secs(10),
-                transport: tcp.clone(),
-            },
-        );
-        if !decode.ready(Duration::from_secs(10)).await {
-            bail!("the in-process prefill worker did not answer");
-        }
+        let decode = in_process_pair(prefill_engine, decode_engine).await?;
         let request = |i: usize| GenerateRequest {
             prompt: prompts.get(i, args.prompt_tokens),
             sampling: SamplingParams::greedy(1),
@@ -492,6 +469,39 @@ fn ttft(
         }
         Ok((col, dis))
     })
+}
+
+/// A prefill worker on a loopback port and a decode worker linked to it,
+/// both in this process (call inside a tokio runtime).
+pub(crate) async fn in_process_pair(
+    prefill_engine: Arc<Engine>,
+    decode_engine: Arc<Engine>,
+) -> anyhow::Result<DecodeWorker> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?.to_string();
+    let tcp = bulkhead_node::TransportKind::Tcp;
+    let p_hello = hello(&prefill_engine, &tcp);
+    let prefill = PrefillWorker::new(
+        prefill_engine,
+        p_hello,
+        PrefillOptions::new(Duration::from_secs(30), tcp.clone()),
+    );
+    tokio::spawn(prefill.serve(listener));
+    let d_hello = hello(&decode_engine, &tcp);
+    let decode = DecodeWorker::start(
+        decode_engine,
+        d_hello,
+        DecodeOptions {
+            prefill: addr,
+            transfer_timeout: Duration::from_secs(60),
+            ack_timeout: Duration::from_secs(10),
+            transport: tcp,
+        },
+    );
+    if !decode.ready(Duration::from_secs(10)).await {
+        bail!("the in-process prefill worker did not answer");
+    }
+    Ok(decode)
 }
 
 fn first_token(ev: Option<SeqEvent>) -> anyhow::Result<()> {

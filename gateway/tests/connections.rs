@@ -9,7 +9,7 @@ use bulkhead_gateway::ConnLimits;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
-use support::{Platform, bearer, platform};
+use support::{Platform, bearer, platform, serve_on_loopback};
 
 /// Reads until the server closes the connection (or `limit` passes);
 /// returns what was read and whether it closed.
@@ -33,22 +33,13 @@ fn read_to_close(s: &mut TcpStream, limit: Duration) -> (String, bool) {
 async fn slow_and_surplus_connections_are_cut_off_and_others_are_served() {
     let p = platform().await;
     let router = p.gateway(None, Platform::limiter()).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let limits = ConnLimits {
         max_connections: 64,
         max_per_address: 3,
         header_timeout: Duration::from_millis(400),
         body_timeout: Duration::from_millis(400),
     };
-    tokio::spawn(bulkhead_gateway::serve(
-        listener,
-        router,
-        limits,
-        std::future::pending(),
-    ));
+    let addr = serve_on_loopback(router, limits).await;
     let token = bearer(&p.a_token);
     let result = tokio::task::spawn_blocking(move || {
         // Three connections that never finish their headers.

@@ -12,7 +12,7 @@ use bulkhead_gateway::ConnLimits;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
-use support::{Platform, bearer, platform};
+use support::{Platform, bearer, platform, serve_on_loopback};
 
 /// Connections in the flood.
 const FLOOD: usize = 200;
@@ -64,21 +64,12 @@ fn served(addr: SocketAddr, token: &str) -> Duration {
 async fn a_flood_of_slow_strangers_costs_little_memory_and_no_service() {
     let p = platform().await;
     let router = p.gateway(None, Platform::limiter()).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
     let limits = ConnLimits {
         max_connections: 1024,
         max_per_address: 512,
         ..ConnLimits::default()
     };
-    tokio::spawn(bulkhead_gateway::serve(
-        listener,
-        router,
-        limits,
-        std::future::pending(),
-    ));
+    let addr = serve_on_loopback(router, limits).await;
     let token = bearer(&p.a_token);
     let result = tokio::task::spawn_blocking(move || {
         let alone = served(addr, &token);
@@ -128,16 +119,7 @@ async fn a_flood_of_slow_strangers_costs_little_memory_and_no_service() {
 async fn heads_hyper_refuses_are_answered_in_the_apis_shape() {
     let p = platform().await;
     let router = p.gateway(None, Platform::limiter()).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(bulkhead_gateway::serve(
-        listener,
-        router,
-        ConnLimits::default(),
-        std::future::pending(),
-    ));
+    let addr = serve_on_loopback(router, ConnLimits::default()).await;
     let result = tokio::task::spawn_blocking(move || {
         let huge = "a".repeat(256 << 10);
         let cases = [

@@ -280,3 +280,22 @@ pub async fn call(
 pub fn bearer(t: &str) -> String {
     format!("Bearer {t}")
 }
+
+/// Serves `router` on a loopback port within `limits` (until the test
+/// ends) and returns the address.
+pub async fn serve_on_loopback(
+    router: axum::Router,
+    limits: bulkhead_gateway::ConnLimits,
+) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(bulkhead_gateway::serve(
+        listener,
+        router,
+        limits,
+        std::future::pending(),
+    ));
+    addr
+}

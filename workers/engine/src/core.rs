@@ -715,7 +715,7 @@ impl EngineCore {
         let prefilling: Vec<usize> = (0..self.running.len())
             .filter(|&i| {
                 let s = &self.running[i];
-                s.runnable() && !s.decoding() && s.computed < s.tokens.len()
+                s.runnable() && s.computed < s.prompt_len
             })
             .collect();
         let work: Vec<PrefillWork> = prefilling
@@ -725,7 +725,7 @@ impl EngineCore {
                 PrefillWork {
                     tenant: s.owner.tenant(),
                     request: s.owner.request(),
-                    remaining: s.tokens.len() - s.computed,
+                    remaining: s.prompt_len - s.computed,
                     unit: self.speed.unit_at(s.computed),
                 }
             })
@@ -987,7 +987,7 @@ impl EngineCore {
                     }
                 }
                 Waiting::New(admitted) => {
-                    if let Err(back) = self.join_new(admitted) {
+                    if let Some(back) = self.join_new(admitted) {
                         self.waiting.insert(next, Waiting::New(back));
                         return;
                     }
@@ -996,9 +996,9 @@ impl EngineCore {
         }
     }
 
-    /// Allocates an admitted request's first pages and starts it; gives it
-    /// back when too few pages are free now.
-    fn join_new(&mut self, admitted: Admitted<Pending>) -> Result<(), Admitted<Pending>> {
+    /// Allocates an admitted request's first pages and starts it (or
+    /// refuses it for good); gives it back when too few pages are free now.
+    fn join_new(&mut self, admitted: Admitted<Pending>) -> Option<Admitted<Pending>> {
         let allocated = match admitted.payload() {
             Pending::Generate(PendingRequest {
                 landing: Some((transfer, _)),
@@ -1009,7 +1009,7 @@ impl EngineCore {
         let table = match allocated {
             Ok(table) => table,
             // The tenant's turn: it waits for pages.
-            Err(AllocError::Exhausted(_)) => return Err(admitted),
+            Err(AllocError::Exhausted(_)) => return Some(admitted),
             // Pages were quarantined since admission (or the request was
             // admitted elsewhere): it can never fit here. Refuse it with
             // its 4xx and serve the requests behind it.
@@ -1029,7 +1029,7 @@ impl EngineCore {
                             .send(PrefillEvent::Failed(EngineError::Rejected(error)));
                     }
                 }
-                return Ok(());
+                return None;
             }
         };
         let owner = admitted.owner();
@@ -1064,7 +1064,7 @@ impl EngineCore {
                             for p in grant.pages {
                                 self.pool.restore(p);
                             }
-                            return Ok(());
+                            return None;
                         }
                         Some(Landing {
                             transfer,
@@ -1094,7 +1094,7 @@ impl EngineCore {
             }
         };
         self.running.push(seq);
-        Ok(())
+        None
     }
 
     /// Gives every decoding sequence the page its next token needs. When
@@ -1248,10 +1248,12 @@ impl EngineCore {
 }
 
 impl Sequence {
-    /// Whether its next token is a decode step: the prompt (and anything a
-    /// resume recomputes) is in the pages and one token is left to compute.
+    /// Whether its next token is computed alone, as a decode step: its
+    /// prompt is in the pages. A resumed sequence replays the tokens it had
+    /// generated this way, one a step, so its pages hold exactly what they
+    /// held before it was preempted and it goes on with the same tokens.
     fn decoding(&self) -> bool {
-        self.computed >= self.prompt_len && self.tokens.len() - self.computed == 1
+        self.computed >= self.prompt_len && self.computed < self.tokens.len()
     }
 
     /// Whether it may be preempted: a generating sequence not landing a

@@ -4,7 +4,7 @@
 mod common;
 
 use bulkhead_engine::{EngineConfig, EngineCore, SeqEvent};
-use bulkhead_kv::TenantId;
+use bulkhead_kv::{Limits, TenantId};
 use common::{greedy, model};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
@@ -58,20 +58,13 @@ fn a_request_that_fits_is_not_queued_behind_another_tenants_waiting_ones() {
     // 45 pages of 16 tokens; every request reserves all its pages at once.
     let mut config = EngineConfig::with_budget(16 << 20);
     config.first_slice_tokens = 1 << 20;
+    // Steps long enough for every prompt here: this is about joining.
+    config.step_time = std::time::Duration::from_secs(5);
     let mut core = EngineCore::new(model(), &config).expect("engine core");
     let limits = core.limits();
     assert_eq!(core.counters().total_pages, 45);
     let submit = |core: &mut EngineCore, tenant: u64, prompt: usize, max: usize| {
-        let (tx, rx) = unbounded_channel();
-        let admitted = EngineCore::admit(
-            &limits,
-            TenantId::new(tenant),
-            greedy(vec![28 + tenant as u32; prompt], max),
-            tx,
-        )
-        .expect("admitted");
-        core.submit(admitted);
-        rx
+        submit(core, &limits, tenant, prompt, max)
     };
     // Tenant B: two requests of 20 pages run, a third of 20 waits (5 free).
     let mut b1 = submit(&mut core, 2, 16, 304);
@@ -89,12 +82,33 @@ fn a_request_that_fits_is_not_queued_behind_another_tenants_waiting_ones() {
     assert_eq!(core.counters().free_pages, 1);
 }
 
-/// Events of one request so far: (tokens, finished with completion tokens, failed).
-fn drain(rx: &mut UnboundedReceiver<SeqEvent>) -> (usize, Option<usize>, bool) {
-    let (mut tokens, mut finished, mut failed) = (0, None, false);
+/// Admits and queues `prompt` tokens of `tenant` that may generate `max`.
+fn submit(
+    core: &mut EngineCore,
+    limits: &Limits,
+    tenant: u64,
+    prompt: usize,
+    max: usize,
+) -> UnboundedReceiver<SeqEvent> {
+    let (tx, rx) = unbounded_channel();
+    let admitted = EngineCore::admit(
+        limits,
+        TenantId::new(tenant),
+        greedy(vec![28 + tenant as u32; prompt], max),
+        tx,
+    )
+    .expect("admitted");
+    core.submit(admitted);
+    rx
+}
+
+/// Events of one request so far: (token ids, finished with completion
+/// tokens, failed).
+fn drain(rx: &mut UnboundedReceiver<SeqEvent>) -> (Vec<u32>, Option<usize>, bool) {
+    let (mut tokens, mut finished, mut failed) = (Vec::new(), None, false);
     while let Ok(ev) = rx.try_recv() {
         match ev {
-            SeqEvent::Token { .. } => tokens += 1,
+            SeqEvent::Token { id, .. } => tokens.push(id),
             SeqEvent::Finished { usage, .. } => finished = Some(usage.completion_tokens),
             SeqEvent::Failed(e) => {
                 eprintln!("failed: {e}");
@@ -115,16 +129,7 @@ fn a_tenant_whose_sequences_fill_the_pool_is_preempted_and_every_request_complet
     let limits = core.limits();
     assert_eq!(core.counters().total_pages, 11);
     let submit = |core: &mut EngineCore, tenant: u64, prompt: usize, max: usize| {
-        let (tx, rx) = unbounded_channel();
-        let admitted = EngineCore::admit(
-            &limits,
-            TenantId::new(tenant),
-            greedy(vec![28 + tenant as u32; prompt], max),
-            tx,
-        )
-        .expect("admitted");
-        core.submit(admitted);
-        rx
+        submit(core, &limits, tenant, prompt, max)
     };
     // Tenant B: three requests that would hold 15 pages at the end.
     let mut b: Vec<_> = (0..3).map(|_| submit(&mut core, 2, 16, 64)).collect();
@@ -134,14 +139,14 @@ fn a_tenant_whose_sequences_fill_the_pool_is_preempted_and_every_request_complet
         5,
         "each holds its prompt and first slice only"
     );
-    let mut tokens = [0usize; 3];
+    let mut tokens: [Vec<u32>; 3] = Default::default();
     let mut steps = 0;
     while core.stats().preemptions == 0 {
         assert!(core.step(), "B runs until the pool is full");
         for (t, rx) in tokens.iter_mut().zip(&mut b) {
             let (n, _, failed) = drain(rx);
             assert!(!failed);
-            *t += n;
+            t.extend(n);
         }
         steps += 1;
         assert!(steps < 200, "the pool fills");
@@ -154,28 +159,40 @@ fn a_tenant_whose_sequences_fill_the_pool_is_preempted_and_every_request_complet
     assert!(core.step());
     let (first, _, failed) = drain(&mut a);
     assert!(!failed);
-    assert_eq!(first, 1, "A's first token comes out of the first step");
+    assert_eq!(
+        first.len(),
+        1,
+        "A's first token comes out of the first step"
+    );
     let mut a_tokens = first;
     let mut a_done = None;
     let mut b_done = [None; 3];
     while core.step() {
         let (n, done, failed) = drain(&mut a);
         assert!(!failed);
-        a_tokens += n;
+        a_tokens.extend(n);
         a_done = a_done.or(done);
         for (i, rx) in b.iter_mut().enumerate() {
             let (n, done, failed) = drain(rx);
             assert!(!failed, "a preempted request resumes, it does not fail");
-            tokens[i] += n;
+            tokens[i].extend(n);
             b_done[i] = b_done[i].or(done);
         }
     }
-    assert_eq!((a_tokens, a_done), (16, Some(16)));
+    assert_eq!((a_tokens.len(), a_done), (16, Some(16)));
+    // Resumed, a request goes on exactly as if it had never stopped: the
+    // same tokens as the same request alone in a large pool.
+    let mut alone = EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("core");
+    let alone_limits = alone.limits();
+    let mut reference = submit(&mut alone, &alone_limits, 2, 16, 64);
+    while alone.step() {}
+    let (expected, _, _) = drain(&mut reference);
+    assert_eq!(expected.len(), 64);
     for i in 0..3 {
+        assert_eq!(b_done[i], Some(64));
         assert_eq!(
-            (tokens[i], b_done[i]),
-            (64, Some(64)),
-            "B's request {i} produced every token once, after resuming"
+            tokens[i], expected,
+            "B's request {i} produced every token once, the same as alone"
         );
     }
     assert!(core.stats().preemptions >= 2);
