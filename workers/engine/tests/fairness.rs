@@ -64,7 +64,7 @@ fn a_request_that_fits_is_not_queued_behind_another_tenants_waiting_ones() {
     let limits = core.limits();
     assert_eq!(core.counters().total_pages, 45);
     let submit = |core: &mut EngineCore, tenant: u64, prompt: usize, max: usize| {
-        submit(core, &limits, tenant, prompt, max)
+        queue(core, &limits, tenant, prompt, max)
     };
     // Tenant B: two requests of 20 pages run, a third of 20 waits (5 free).
     let mut b1 = submit(&mut core, 2, 16, 304);
@@ -83,7 +83,7 @@ fn a_request_that_fits_is_not_queued_behind_another_tenants_waiting_ones() {
 }
 
 /// Admits and queues `prompt` tokens of `tenant` that may generate `max`.
-fn submit(
+fn queue(
     core: &mut EngineCore,
     limits: &Limits,
     tenant: u64,
@@ -129,7 +129,7 @@ fn a_tenant_whose_sequences_fill_the_pool_is_preempted_and_every_request_complet
     let limits = core.limits();
     assert_eq!(core.counters().total_pages, 11);
     let submit = |core: &mut EngineCore, tenant: u64, prompt: usize, max: usize| {
-        submit(core, &limits, tenant, prompt, max)
+        queue(core, &limits, tenant, prompt, max)
     };
     // Tenant B: three requests that would hold 15 pages at the end.
     let mut b: Vec<_> = (0..3).map(|_| submit(&mut core, 2, 16, 64)).collect();
@@ -184,7 +184,7 @@ fn a_tenant_whose_sequences_fill_the_pool_is_preempted_and_every_request_complet
     // same tokens as the same request alone in a large pool.
     let mut alone = EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("core");
     let alone_limits = alone.limits();
-    let mut reference = submit(&mut alone, &alone_limits, 2, 16, 64);
+    let mut reference = queue(&mut alone, &alone_limits, 2, 16, 64);
     while alone.step() {}
     let (expected, _, _) = drain(&mut reference);
     assert_eq!(expected.len(), 64);
@@ -197,4 +197,32 @@ fn a_tenant_whose_sequences_fill_the_pool_is_preempted_and_every_request_complet
     }
     assert!(core.stats().preemptions >= 2);
     assert_eq!(core.counters().free_pages, 11);
+}
+
+#[test]
+fn while_another_tenant_waits_no_tenant_takes_more_than_its_share_of_the_pool() {
+    // 45 pages; a tenant may hold 22 while another waits.
+    let mut config = EngineConfig::with_budget(16 << 20);
+    config.first_slice_tokens = 1 << 20;
+    let mut core = EngineCore::new(model(), &config).expect("engine core");
+    let limits = core.limits();
+    // B: two requests of 20 pages each; A: one of 30 pages, which cannot
+    // fit next to B's first.
+    let mut b1 = queue(&mut core, &limits, 2, 16, 304);
+    let mut b2 = queue(&mut core, &limits, 2, 16, 304);
+    let mut a = queue(&mut core, &limits, 1, 16, 464);
+    for _ in 0..3 {
+        assert!(core.step());
+        let held = core.counters().allocated_pages;
+        assert_eq!(
+            held, 20,
+            "B runs one request; its second would take it past half the pool"
+        );
+        assert!(
+            drain(&mut b2).0.is_empty(),
+            "B's second waits while A waits"
+        );
+        assert!(drain(&mut a).0.is_empty(), "A waits for pages");
+    }
+    assert!(!drain(&mut b1).0.is_empty());
 }
