@@ -753,7 +753,12 @@ impl EngineCore {
         self.prefill_turn = self.prefill_turn.wrapping_add(1);
         let mut tokens = plan.len();
         for (&i, len) in prefilling.iter().zip(chunks) {
-            let len = len.min(self.step_tokens.saturating_sub(tokens));
+            let mut len = len.min(self.step_tokens.saturating_sub(tokens));
+            // As in `fair_chunks`: never a one-token remainder.
+            let remaining = self.running[i].prompt_len - self.running[i].computed;
+            if remaining.saturating_sub(len) == 1 {
+                len = if len >= 3 { len - 1 } else { remaining };
+            }
             if len > 0 {
                 plan.push((i, self.running[i].computed, len));
                 tokens += len;

@@ -94,16 +94,22 @@ pub(crate) fn fair_chunks(
                 // one-token chunk is summed in another order than a longer
                 // one, and llama.cpp computes such a prompt's last token
                 // with the others.
-                if want - give == 1 && give >= 3 {
-                    give -= 1;
+                // (Judged on the whole chunk, which may grow over rounds.)
+                let total = chunks[i] + give;
+                if work[i].remaining - total == 1 {
+                    if total >= 3 {
+                        give -= 1;
+                    } else {
+                        give = want; // the last token goes with these
+                    }
                 }
                 // No one-token chunk in the middle of a prompt.
                 if give == 0 || (give == 1 && want > 1 && chunks[i] == 0) {
                     continue;
                 }
                 chunks[i] += give;
-                share -= give * unit;
-                left -= give * unit;
+                share = share.saturating_sub(give * unit);
+                left = left.saturating_sub(give * unit);
                 gave += give;
                 if share == 0 {
                     break;
@@ -212,6 +218,20 @@ mod tests {
         // A prompt that does not fit the step gets its share only.
         let w = work(&[(2, 5_000), (1, 500)]);
         assert_eq!(fair_chunks(&w, 40, 0, Some(TenantId::new(1))), vec![20, 20]);
+    }
+
+    #[test]
+    fn no_chunk_leaves_one_token_however_the_rounds_fall() {
+        for budget in 2..80 {
+            for len in 2..40 {
+                let w = work(&[(1, len)]);
+                let c = fair_chunks(&w, budget, 0, None)[0];
+                assert!(len - c != 1, "budget {budget}, prompt {len}: chunk {c}");
+                let w = work(&[(1, len), (2, 500)]);
+                let c = fair_chunks(&w, budget, 0, None);
+                assert!(len - c[0] != 1 && 500 - c[1] != 1, "budget {budget}: {c:?}");
+            }
+        }
     }
 
     #[test]
