@@ -26,6 +26,18 @@ async fn create_model(h: &support::Harness, visibility: &str) -> anyhow::Result<
     .await
 }
 
+/// Registers a node as the node operator.
+async fn register(h: &support::Harness, body: Value) -> anyhow::Result<Value> {
+    h.ok(
+        Method::POST,
+        "/admin/v1/nodes",
+        &h.node,
+        Some(body),
+        StatusCode::OK,
+    )
+    .await
+}
+
 fn nodes_by_name(v: &Value) -> std::collections::BTreeMap<String, Value> {
     v.as_array()
         .into_iter()
@@ -840,14 +852,7 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
         let mut slow = node("decode-slow", "decode", 100_000);
         slow["prefill"] =
             json!({"ns_per_token": 5_900_000, "ns_per_pair": 8_100, "deadline_ms": 60_000});
-        h.ok(
-            Method::POST,
-            "/admin/v1/nodes",
-            &h.node,
-            Some(slow),
-            StatusCode::OK,
-        )
-        .await?;
+        register(&h, slow).await?;
         let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
         h.ok(
             Method::POST,
@@ -905,24 +910,10 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
         let mut slower = node("decode-slow", "decode", 100_000);
         slower["prefill"] =
             json!({"ns_per_token": 20_000_000, "ns_per_pair": 30_000, "deadline_ms": 60_000});
-        h.ok(
-            Method::POST,
-            "/admin/v1/nodes",
-            &h.node,
-            Some(slower),
-            StatusCode::OK,
-        )
-        .await?;
+        register(&h, slower).await?;
         let mut blind = node("decode-blind", "decode", 100_000);
         blind.as_object_mut().map(|o| o.remove("prefill"));
-        h.ok(
-            Method::POST,
-            "/admin/v1/nodes",
-            &h.node,
-            Some(blind),
-            StatusCode::OK,
-        )
-        .await?;
+        register(&h, blind).await?;
         let nodes = h
             .ok(
                 Method::GET,
