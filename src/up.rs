@@ -4,8 +4,9 @@
 //! and demo accounts, then starts the control plane, a prefill worker, a
 //! decode worker and a gateway as separate processes talking over loopback
 //! sockets, writes `credentials.json` and prints a ready-to-paste curl
-//! line. Ctrl-C (or SIGTERM) stops every component. A second `up` reuses
-//! the data directory: same accounts, same tokens.
+//! line. A component that exits is restarted where it was, with backoff;
+//! Ctrl-C (or SIGTERM) stops every component. A second `up` reuses the
+//! data directory: same accounts, same tokens.
 
 use anyhow::Context;
 use bulkhead_control_api::{
@@ -122,24 +123,19 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     }
     write_private(&path, &serde_json::to_string_pretty(&creds)?)?;
     announce(&creds, &args.data_dir);
-    let exited = rt.block_on(async {
+    // A component that exits is restarted (same addresses, backoff); the
+    // platform stops only on a signal.
+    rt.block_on(async {
         tokio::select! {
             biased;
-            () = signals.next() => None,
-            name = components.first_exit() => Some(name),
+            () = signals.next() => {}
+            () = components.supervise() => {}
         }
     });
-    if let Some(name) = exited {
-        eprintln!("bulkhead up: the {name} stopped; stopping the platform");
-    } else {
-        eprintln!("bulkhead up: stopping");
-    }
+    eprintln!("bulkhead up: stopping");
     components.stop();
     drop(lock);
-    match exited {
-        Some(name) => anyhow::bail!("the {name} exited"),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
 /// Ctrl-C and SIGTERM, registered once.
@@ -404,7 +400,31 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
 /// The child processes, stopped in reverse order.
 #[derive(Debug, Default)]
 struct Components {
-    running: Vec<(&'static str, Child)>,
+    running: Vec<Running>,
+}
+
+/// A started component and how to start it again.
+#[derive(Debug)]
+struct Running {
+    name: &'static str,
+    child: Child,
+    /// Its arguments with every `127.0.0.1:0` replaced by the address it
+    /// bound, so a restart listens where everyone else expects it.
+    args: Vec<String>,
+    started: std::time::Instant,
+    /// The wait before the next restart (doubles, at most 30 s; back to
+    /// 1 s after a minute up).
+    backoff: Duration,
+}
+
+/// The key of a listening line that names what `flag` bound.
+fn bound_key(flag: &str, line: &str) -> &'static str {
+    match flag {
+        "--http" => "http",
+        "--metrics-listen" => "metrics",
+        _ if line.contains("transfer=") => "transfer",
+        _ => "http",
+    }
 }
 
 impl Components {
@@ -422,7 +442,13 @@ impl Components {
             .with_context(|| format!("starting the {name}"))?;
         let stdout = child.stdout.take().context("child stdout")?;
         let stderr = child.stderr.take().context("child stderr")?;
-        self.running.push((name, child));
+        self.running.push(Running {
+            name,
+            child,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            started: std::time::Instant::now(),
+            backoff: Duration::from_secs(1),
+        });
         // Its log lines, prefixed with its name.
         std::thread::spawn(move || {
             // Never stops draining, even if our own stderr is gone: a
@@ -441,25 +467,71 @@ impl Components {
                 let _ = writeln!(std::io::stdout().lock(), "[{name}] {l}");
             }
         });
+        // Pin what it bound, for a restart.
+        if let Some(r) = self.running.last_mut() {
+            for i in 1..r.args.len() {
+                if r.args[i] == "127.0.0.1:0"
+                    && let Ok(a) = addr(&line, bound_key(&r.args[i - 1], &line))
+                {
+                    r.args[i] = a;
+                }
+            }
+        }
         Ok(line)
     }
 
-    /// Resolves with the name of the first component that exits.
-    async fn first_exit(&mut self) -> &'static str {
+    /// Restarts every component that exits, with backoff, until cancelled.
+    /// A restarted worker registers again; the others keep serving.
+    async fn supervise(&mut self) {
         loop {
-            for (name, child) in &mut self.running {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return name;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let Some(i) = self
+                .running
+                .iter_mut()
+                .position(|r| matches!(r.child.try_wait(), Ok(Some(_))))
+            else {
+                continue;
+            };
+            let dead = self.running.remove(i);
+            let backoff = if dead.started.elapsed() > Duration::from_secs(60) {
+                Duration::from_secs(1)
+            } else {
+                dead.backoff
+            };
+            eprintln!(
+                "bulkhead up: the {} exited; restarting it in {} s",
+                dead.name,
+                backoff.as_secs()
+            );
+            tokio::time::sleep(backoff).await;
+            let args: Vec<&str> = dead.args.iter().map(String::as_str).collect();
+            let started = tokio::task::block_in_place(|| self.spawn(dead.name, &args));
+            match started {
+                Ok(_) => {
+                    let r = self.running.last_mut().expect("just started");
+                    // Keep it in its place, so `stop` still goes newest first.
+                    r.backoff = (backoff * 2).min(Duration::from_secs(30));
+                    let r = self.running.pop().expect("just started");
+                    self.running.insert(i, r);
+                    eprintln!("bulkhead up: the {} is back", dead.name);
+                }
+                Err(e) => {
+                    eprintln!("bulkhead up: restarting the {} failed: {e:#}", dead.name);
+                    // Tried again when it is seen to have exited, after a
+                    // longer wait.
+                    if let Some(mut r) = self.running.pop() {
+                        r.backoff = (backoff * 2).min(Duration::from_secs(30));
+                        self.running.insert(i, r);
+                    }
                 }
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
     /// Stops every component, newest first: SIGTERM, so it flushes its
     /// telemetry, then SIGKILL after a grace period.
     fn stop(&mut self) {
-        while let Some((_, mut child)) = self.running.pop() {
+        while let Some(Running { mut child, .. }) = self.running.pop() {
             #[cfg(unix)]
             if let Ok(pid) = i32::try_from(child.id()) {
                 use nix::sys::signal::{Signal, kill};

@@ -118,6 +118,19 @@ fn text_of_tokens(n: usize) -> String {
     }
 }
 
+/// The pid of `up`'s child running `bulkhead <role> ...`.
+fn child_pid(up: u32, role: &str) -> u32 {
+    let out = Command::new("pgrep")
+        .args(["-P", &up.to_string(), "-f", &format!("bulkhead {role} ")])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {role} child of up {up}"))
+}
+
 fn stop(mut u: Up, urls: &[&String]) {
     let pid = u.child.id().to_string();
     let status = Command::new("kill")
@@ -288,6 +301,31 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("public"));
+    // A worker that dies is restarted where it was; the platform keeps
+    // serving and answers again once it is back.
+    let decode_pid = child_pid(first.child.id(), "decode");
+    let killed = Command::new("kill")
+        .args(["-KILL", &decode_pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success(), "the decode worker was killed");
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, _) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), body);
+        if status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the platform did not serve again after its decode worker was killed (last status {status})"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_ne!(
+        child_pid(first.child.id(), "decode"),
+        decode_pid,
+        "a new decode worker"
+    );
     let cp = creds["control_plane_url"]
         .as_str()
         .unwrap_or_default()
