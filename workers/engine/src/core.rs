@@ -390,8 +390,8 @@ impl EngineCore {
             }
             best = best.min(t.elapsed().as_secs_f64());
         }
-        let shape = PrefillSpeed::nominal(&self.model.config);
-        let tokens_equivalent = shape.prompt_secs(TOKENS - 1) / shape.secs_per_token();
+        // `self.speed` is still the nominal model: its shape, at a guessed pace.
+        let tokens_equivalent = self.speed.prompt_secs(TOKENS - 1) / self.speed.secs_per_token();
         self.speed = PrefillSpeed::measured(&self.model.config, best / tokens_equivalent);
         self.limits = self
             .pool
@@ -742,7 +742,13 @@ impl EngineCore {
             .iter()
             .map(|w| w.tenant)
             .min_by_key(|t| self.served.get(t).copied().unwrap_or(0));
-        let chunks = fair_chunks(&work, prefill_budget, self.prefill_turn, least);
+        let chunks = fair_chunks(
+            &work,
+            prefill_budget,
+            self.step_tokens.saturating_sub(plan.len()),
+            self.prefill_turn,
+            least,
+        );
         for v in self.served.values_mut() {
             *v -= *v / 8;
         }
@@ -751,17 +757,9 @@ impl EngineCore {
             *self.served.entry(w.tenant).or_default() += len * w.unit;
         }
         self.prefill_turn = self.prefill_turn.wrapping_add(1);
-        let mut tokens = plan.len();
         for (&i, len) in prefilling.iter().zip(chunks) {
-            let mut len = len.min(self.step_tokens.saturating_sub(tokens));
-            // As in `fair_chunks`: never a one-token remainder.
-            let remaining = self.running[i].prompt_len - self.running[i].computed;
-            if remaining.saturating_sub(len) == 1 {
-                len = if len >= 3 { len - 1 } else { remaining };
-            }
             if len > 0 {
                 plan.push((i, self.running[i].computed, len));
-                tokens += len;
             }
         }
         if plan.is_empty() {
@@ -923,14 +921,16 @@ impl EngineCore {
     /// A tenant over its cap while another waits is passed over.
     fn next_waiting(&self, held: &HashMap<TenantId, usize>) -> Option<usize> {
         let cap = self.tenant_cap();
+        // Another tenant waits for every waiting tenant once two do.
+        let first_tenant = self.waiting.front().map(|w| w.owner().tenant());
+        let others_wait = self
+            .waiting
+            .iter()
+            .any(|w| Some(w.owner().tenant()) != first_tenant);
         let mut best: Option<(usize, RequestId, usize)> = None; // (pages held, request, index)
         for (i, w) in self.waiting.iter().enumerate() {
             let owner = w.owner();
             let h = held.get(&owner.tenant()).copied().unwrap_or(0);
-            let others_wait = self
-                .waiting
-                .iter()
-                .any(|o| o.owner().tenant() != owner.tenant());
             if others_wait && h > 0 && h + self.pages_to_join(w) > cap {
                 continue;
             }

@@ -39,7 +39,7 @@ pub use error::{ConfigError, EngineError, LoadError, TransferFault};
 pub use forward::Numerics;
 pub use gguf::{ModelConfig, ModelFile};
 pub use sampling::SamplingParams;
-pub use speed::{ATTENTION_EFFICIENCY, PrefillSpeed};
+pub use speed::PrefillSpeed;
 pub use tokenizer::Tokenizer;
 
 /// Everything a sequence needs besides its prompt: how to sample and when to stop.

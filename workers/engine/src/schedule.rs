@@ -23,7 +23,8 @@ pub(crate) struct PrefillWork {
 }
 
 /// Splits a `budget` (in cost units) among `work` and returns each
-/// entry's chunk in tokens (0 for none).
+/// entry's chunk in tokens (0 for none), about `max_tokens` in all (a
+/// prompt's last two tokens may go over it together).
 ///
 /// Tenants take turns: each round, every tenant with work left gets an
 /// equal quantum of what is left of the budget (water-filling, so a tenant
@@ -36,11 +37,13 @@ pub(crate) struct PrefillWork {
 pub(crate) fn fair_chunks(
     work: &[PrefillWork],
     budget: usize,
+    max_tokens: usize,
     turn: usize,
     first: Option<TenantId>,
 ) -> Vec<usize> {
     let mut chunks = vec![0; work.len()];
     let mut budget = budget;
+    let mut tokens_left = max_tokens;
     // The tenant served least lately finishes its oldest prompt in this
     // step if the whole step can hold it: a short request that arrives
     // behind long ones waits for one step, not for its share of several.
@@ -52,9 +55,11 @@ pub(crate) fn fair_chunks(
             .min_by_key(|(_, w)| w.request)
             .map(|(i, _)| i)
         && work[i].remaining * work[i].unit.max(1) <= budget
+        && work[i].remaining <= tokens_left
     {
         chunks[i] = work[i].remaining;
         budget -= work[i].remaining * work[i].unit.max(1);
+        tokens_left -= work[i].remaining;
     }
     // Tenants in a stable order, rotated by `turn`; each with its entries
     // oldest first.
@@ -79,7 +84,7 @@ pub(crate) fn fair_chunks(
         let active: Vec<usize> = (0..queues.len())
             .filter(|&t| queues[t].iter().any(|&i| chunks[i] < work[i].remaining))
             .collect();
-        if active.is_empty() || left == 0 {
+        if active.is_empty() || left == 0 || tokens_left == 0 {
             break;
         }
         let quantum = (left / active.len()).max(2);
@@ -89,7 +94,7 @@ pub(crate) fn fair_chunks(
             for &i in &queues[t] {
                 let want = work[i].remaining - chunks[i];
                 let unit = work[i].unit.max(1);
-                let mut give = want.min(share / unit);
+                let mut give = want.min(share / unit).min(tokens_left);
                 // Never leave a one-token remainder for the next step: a
                 // one-token chunk is summed in another order than a longer
                 // one, and llama.cpp computes such a prompt's last token
@@ -108,6 +113,7 @@ pub(crate) fn fair_chunks(
                     continue;
                 }
                 chunks[i] += give;
+                tokens_left = tokens_left.saturating_sub(give);
                 share = share.saturating_sub(give * unit);
                 left = left.saturating_sub(give * unit);
                 gave += give;
@@ -164,9 +170,9 @@ mod tests {
     #[test]
     fn one_tenant_gets_the_whole_budget_oldest_first() {
         let w = work(&[(1, 600), (1, 300)]);
-        assert_eq!(fair_chunks(&w, 512, 0, None), vec![512, 0]);
+        assert_eq!(fair_chunks(&w, 512, usize::MAX, 0, None), vec![512, 0]);
         let w = work(&[(1, 100), (1, 300)]);
-        assert_eq!(fair_chunks(&w, 512, 3, None), vec![100, 300]);
+        assert_eq!(fair_chunks(&w, 512, usize::MAX, 3, None), vec![100, 300]);
     }
 
     #[test]
@@ -174,7 +180,7 @@ mod tests {
         // B queued four long prompts before A's four tokens.
         let w = work(&[(2, 5_000), (2, 5_000), (2, 5_000), (2, 5_000), (1, 4)]);
         for turn in 0..4 {
-            let c = fair_chunks(&w, 512, turn, None);
+            let c = fair_chunks(&w, 512, usize::MAX, turn, None);
             assert_eq!(c[4], 4, "A's prompt runs this step (turn {turn})");
             assert_eq!(c.iter().sum::<usize>(), 512, "the budget is used");
             assert_eq!(c[0], 508, "B's oldest gets the rest");
@@ -184,26 +190,26 @@ mod tests {
     #[test]
     fn tenants_split_the_budget_evenly_and_turns_rotate_the_leftover() {
         let w = work(&[(1, 1_000), (2, 1_000), (3, 1_000)]);
-        let a = fair_chunks(&w, 512, 0, None);
+        let a = fair_chunks(&w, 512, usize::MAX, 0, None);
         assert_eq!(a.iter().sum::<usize>(), 512);
         assert!(a.iter().all(|c| (170..=172).contains(c)), "{a:?}");
-        let b = fair_chunks(&w, 512, 1, None);
+        let b = fair_chunks(&w, 512, usize::MAX, 1, None);
         assert_ne!(a, b, "another tenant gets the leftover");
         // No single-token chunk in the middle of a prompt.
         let w = work(&[(1, 10), (2, 10), (3, 10)]);
-        let c = fair_chunks(&w, 7, 0, None);
+        let c = fair_chunks(&w, 7, usize::MAX, 0, None);
         assert!(c.iter().all(|&x| x != 1), "{c:?}");
         assert!(c.iter().sum::<usize>() <= 7);
         // A one-token remainder may take a one-token chunk.
         let w = work(&[(1, 1), (2, 1)]);
-        assert_eq!(fair_chunks(&w, 512, 0, None), vec![1, 1]);
+        assert_eq!(fair_chunks(&w, 512, usize::MAX, 0, None), vec![1, 1]);
         // Sharing leaves no one-token remainder for the next step.
         let w = work(&[(1, 257), (2, 257)]);
-        let c = fair_chunks(&w, 512, 0, None);
+        let c = fair_chunks(&w, 512, usize::MAX, 0, None);
         assert!(c.iter().all(|&x| 257 - x != 1), "{c:?}");
         // A budget of one moves nothing mid-prompt, and gives up.
         let w = work(&[(1, 10), (2, 10)]);
-        assert_eq!(fair_chunks(&w, 1, 0, None), vec![0, 0]);
+        assert_eq!(fair_chunks(&w, 1, usize::MAX, 0, None), vec![0, 0]);
     }
 
     #[test]
@@ -212,12 +218,19 @@ mod tests {
         let mut w = work(&[(2, 5_000), (1, 24)]);
         w[0].unit = 3;
         w[1].unit = 1;
-        assert_eq!(fair_chunks(&w, 40, 0, None), vec![6, 22], "shares alone");
-        let c = fair_chunks(&w, 40, 0, Some(TenantId::new(1)));
+        assert_eq!(
+            fair_chunks(&w, 40, usize::MAX, 0, None),
+            vec![6, 22],
+            "shares alone"
+        );
+        let c = fair_chunks(&w, 40, usize::MAX, 0, Some(TenantId::new(1)));
         assert_eq!(c, vec![5, 24], "A finishes now; B gets the rest");
         // A prompt that does not fit the step gets its share only.
         let w = work(&[(2, 5_000), (1, 500)]);
-        assert_eq!(fair_chunks(&w, 40, 0, Some(TenantId::new(1))), vec![20, 20]);
+        assert_eq!(
+            fair_chunks(&w, 40, usize::MAX, 0, Some(TenantId::new(1))),
+            vec![20, 20]
+        );
     }
 
     #[test]
@@ -225,11 +238,28 @@ mod tests {
         for budget in 2..80 {
             for len in 2..40 {
                 let w = work(&[(1, len)]);
-                let c = fair_chunks(&w, budget, 0, None)[0];
+                let c = fair_chunks(&w, budget, usize::MAX, 0, None)[0];
                 assert!(len - c != 1, "budget {budget}, prompt {len}: chunk {c}");
                 let w = work(&[(1, len), (2, 500)]);
-                let c = fair_chunks(&w, budget, 0, None);
+                let c = fair_chunks(&w, budget, usize::MAX, 0, None);
                 assert!(len - c[0] != 1 && 500 - c[1] != 1, "budget {budget}: {c:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_token_cap_holds_and_leaves_no_one_token_remainder() {
+        let w = work(&[(1, 300), (2, 300)]);
+        let c = fair_chunks(&w, 10_000, 40, 0, None);
+        assert_eq!(c.iter().sum::<usize>(), 40, "{c:?}");
+        for len in 2..30 {
+            let w = work(&[(1, len)]);
+            for cap in 1..30 {
+                let c = fair_chunks(&w, 10_000, cap, 0, Some(TenantId::new(1)))[0];
+                assert!(
+                    len - c != 1 && c <= cap.max(len.min(cap + 2)),
+                    "prompt {len}, cap {cap}: {c}"
+                );
             }
         }
     }
@@ -240,9 +270,9 @@ mod tests {
         let mut w = work(&[(2, 5_000), (1, 100)]);
         w[0].unit = 5;
         w[1].unit = 1;
-        let c = fair_chunks(&w, 100, 0, None);
+        let c = fair_chunks(&w, 100, usize::MAX, 0, None);
         assert_eq!(c, vec![10, 50], "equal compute, not equal tokens");
         // Alone, B gets the whole budget's worth.
-        assert_eq!(fair_chunks(&w[..1], 100, 0, None), vec![20]);
+        assert_eq!(fair_chunks(&w[..1], 100, usize::MAX, 0, None), vec![20]);
     }
 }

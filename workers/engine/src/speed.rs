@@ -15,7 +15,7 @@ use std::time::Duration;
 /// How much slower a multiply-add of attention runs than one of the
 /// weight matrices (measured on the reference 2-vCPU machine: 2,001
 /// tokens in 28 s and 8,001 in 307 s with the default model).
-pub const ATTENTION_EFFICIENCY: f64 = 4.2;
+pub(crate) const ATTENTION_EFFICIENCY: f64 = 4.2;
 
 /// Seconds per weight multiply-add assumed until the engine has measured
 /// its own (the reference machine's figure).
@@ -66,14 +66,6 @@ impl PrefillSpeed {
         #[allow(clippy::cast_precision_loss)]
         let n = n as f64;
         self.secs_per_token * (n + self.rho * n * (n - 1.0).max(0.0) / 2.0)
-    }
-
-    /// Estimated seconds to prefill `n` tokens alone, as seen by an
-    /// operator: the same model, from the two registered figures.
-    pub fn prompt_secs_from(secs_per_token: f64, secs_per_pair: f64, n: usize) -> f64 {
-        #[allow(clippy::cast_precision_loss)]
-        let n = n as f64;
-        secs_per_token * n + secs_per_pair * n * (n - 1.0).max(0.0) / 2.0
     }
 
     /// The longest prompt prefilled alone within `deadline`.
@@ -160,7 +152,11 @@ mod tests {
         assert!(s.prompt_secs(n) <= 60.0 && s.prompt_secs(n + 1) > 60.0);
         assert_eq!(s.unit_at(0), UNIT as usize);
         assert!(s.unit_at(3_000) > 4 * s.unit_at(0));
-        let from = PrefillSpeed::prompt_secs_from(s.secs_per_token(), s.secs_per_pair(), 2_001);
-        assert!((from - short).abs() < 1e-9);
+        let pairs = 2_001.0 * 2_000.0 / 2.0;
+        let from = s.secs_per_token() * 2_001.0 + s.secs_per_pair() * pairs;
+        assert!(
+            (from - short).abs() < 1e-9,
+            "the two registered figures give the same estimate"
+        );
     }
 }
