@@ -442,4 +442,58 @@ mod tests {
         let e = l.admit("b", 5000).await.unwrap_err();
         assert!(matches!(e, LimiterError::TooLarge { .. }), "{e}");
     }
+
+    #[tokio::test]
+    async fn in_redis_a_concurrency_refusal_says_when_a_slot_is_expected() {
+        let url =
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let prefix = format!("bulkhead-test-slot-{}-{nanos}", std::process::id());
+        let limits = Limits {
+            requests_per_minute: 100,
+            tokens_per_minute: 1_000,
+            concurrency: 1,
+        };
+        let l = match Limiter::redis(limits, &url, &prefix).await {
+            Ok(l) => l,
+            Err(e) => {
+                assert!(
+                    std::env::var("CI").as_deref() != Ok("true"),
+                    "CI=true but Redis at {url} is unreachable: {e}"
+                );
+                eprintln!("note: Redis unreachable; skipped outside CI");
+                return;
+            }
+        };
+        let a = l.admit("a", 1).await.expect("admitted");
+        // Nothing finished yet: the first guess of a request's length.
+        assert_eq!(
+            l.admit("a", 1).await.unwrap_err(),
+            LimiterError::Limited {
+                what: "concurrent requests",
+                retry_after_secs: FIRST_GUESS_MS / 1000,
+            }
+        );
+        drop(a);
+        // The release runs in the background; then the mean is what that
+        // request took (well under a second).
+        let mut again = None;
+        for _ in 0..100 {
+            if let Ok(p) = l.admit("a", 1).await {
+                again = Some(p);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(again.is_some(), "the slot came back");
+        assert_eq!(
+            l.admit("a", 1).await.unwrap_err(),
+            LimiterError::Limited {
+                what: "concurrent requests",
+                retry_after_secs: 1,
+            }
+        );
+    }
 }
