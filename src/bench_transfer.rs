@@ -492,7 +492,7 @@ pub(crate) async fn in_process_pair(
         decode_engine,
         d_hello,
         DecodeOptions {
-            prefill: addr,
+            prefill: vec![addr],
             transfer_timeout: Duration::from_secs(60),
             ack_timeout: Duration::from_secs(10),
             transport: tcp,

@@ -79,6 +79,9 @@ enum BenchCommand {
     /// Tenant A's time to first token alone and while tenant B floods the
     /// pair with long prompts and with maximal reservations.
     Neighbours(crate::bench_neighbours::NeighboursBenchArgs),
+    /// An OpenAI-compatible endpoint under closed-loop load, as `vllm bench
+    /// serve` measures one: requests/s, output tokens/s, TTFT, TPOT, latency.
+    Serving(crate::bench_serving::ServingBenchArgs),
 }
 
 /// Model and engine flags shared by the subcommands that run the model.
@@ -87,6 +90,10 @@ pub(crate) struct ModelArgs {
     /// A LLaMA-architecture GGUF file; default: the verified SmolLM2-135M-Instruct Q4_1.
     #[arg(long)]
     pub(crate) model: Option<PathBuf>,
+    /// Convert the weights at load: `q8_0` quantizes every quantized matrix
+    /// again to Q8_0 (a variant of the same model, served under its own slug).
+    #[arg(long, value_parser = ["q8_0"])]
+    pub(crate) quantize: Option<String>,
     /// KV pool memory budget in MiB.
     #[arg(long, default_value_t = 1024)]
     pub(crate) kv_budget_mib: usize,
@@ -121,6 +128,18 @@ impl ModelArgs {
                 fetch::ensure_default_model(Progress::Show).context("fetching the default model")
             }
         }
+    }
+
+    /// The model file loaded (and converted, with `--quantize`), and its path.
+    pub(crate) fn load(&self) -> anyhow::Result<(bulkhead_engine::ModelFile, PathBuf)> {
+        let path = self.path()?;
+        let file = bulkhead_engine::ModelFile::load(&path)
+            .with_context(|| format!("loading {}", path.display()))?;
+        let file = match self.quantize.as_deref() {
+            Some("q8_0") => file.requantized_q8_0(),
+            _ => file,
+        };
+        Ok((file, path))
     }
 
     /// The engine configuration these flags describe.
@@ -205,5 +224,8 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Neighbours(args),
         } => crate::bench_neighbours::run(&args),
+        Command::Bench {
+            command: BenchCommand::Serving(args),
+        } => crate::bench_serving::run(&args),
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::cli::ModelArgs;
 use anyhow::{Context, bail};
-use bulkhead_engine::{ChatMessage, Engine, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
+use bulkhead_engine::{ChatMessage, Engine, GenerateRequest, SamplingParams, SeqEvent};
 use bulkhead_kv::TenantId;
 use clap::Args;
 use std::io::Write;
@@ -46,9 +46,7 @@ pub(crate) struct GenerateArgs {
 }
 
 pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
-    let path = args.model.path()?;
-    let model =
-        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let model = Arc::new(args.model.load()?.0);
     let text = match (&args.prompt, &args.raw) {
         (Some(p), _) => {
             let template = model

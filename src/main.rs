@@ -4,6 +4,7 @@
 mod bench;
 mod bench_gateway;
 mod bench_neighbours;
+mod bench_serving;
 mod bench_telemetry;
 mod bench_transfer;
 mod cli;

@@ -13,6 +13,7 @@ use clap::Args;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// The default model's slug.
 pub(crate) const DEFAULT_SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
@@ -29,6 +30,10 @@ pub(crate) struct RegisterArgs {
     /// Name to register under (default: ROLE@HTTP-ADDRESS).
     #[arg(long)]
     node_name: Option<String>,
+    /// Host to register instead of the address a port is bound to (for a
+    /// worker listening on 0.0.0.0: its pod or host IP; the port is kept).
+    #[arg(long, env = "BULKHEAD_ADVERTISE_HOST")]
+    advertise_host: Option<String>,
     /// Slug of the model this worker serves.
     #[arg(long, default_value = DEFAULT_SLUG)]
     model_slug: ModelSlug,
@@ -43,14 +48,33 @@ pub(crate) struct Announcement<'a> {
     pub(crate) kv_budget_bytes: u64,
     pub(crate) address: String,
     pub(crate) transfer_address: Option<String>,
+    /// A decode worker that finds its prefill workers through the control
+    /// plane: told their transfer addresses on registration and after
+    /// every heartbeat.
+    pub(crate) prefills: Option<watch::Sender<Vec<String>>>,
 }
 
 impl RegisterArgs {
+    /// `bound` as others reach it: with `--advertise-host`, that host and
+    /// the bound port.
+    pub(crate) fn advertised(&self, bound: std::net::SocketAddr) -> String {
+        match &self.advertise_host {
+            Some(h) if h.contains(':') && !h.starts_with('[') => format!("[{h}]:{}", bound.port()),
+            Some(h) => format!("{h}:{}", bound.port()),
+            None => bound.to_string(),
+        }
+    }
+
     /// The node's name: `--node-name`, or `role@address`.
     pub(crate) fn node_name(&self, role: NodeRole, address: &str) -> String {
         self.node_name
             .clone()
             .unwrap_or_else(|| format!("{role}@{address}"))
+    }
+
+    /// Whether a control plane is configured.
+    pub(crate) fn has_control_plane(&self) -> bool {
+        self.control_plane.is_some()
     }
 
     /// Registers (when configured) and spawns the heartbeat task.
@@ -91,8 +115,11 @@ impl RegisterArgs {
             .await
             .with_context(|| format!("registering with the control plane at {url}"))?;
         report(&status);
+        if let Some(tx) = &a.prefills {
+            tell_prefills(tx, &status);
+        }
         let engine = Arc::clone(a.engine);
-        tokio::spawn(heartbeats(client, body, status, engine));
+        tokio::spawn(heartbeats(client, body, status, engine, a.prefills));
         Ok(())
     }
 }
@@ -111,6 +138,24 @@ fn prefill_figures(info: &bulkhead_engine::EngineInfo) -> PrefillFigures {
     }
 }
 
+/// Publishes the prefill workers `s` names, if they changed.
+fn tell_prefills(tx: &watch::Sender<Vec<String>>, s: &NodeStatus) {
+    let mut now: Vec<String> = s
+        .prefill_peers
+        .iter()
+        .map(|p| p.transfer_address.clone())
+        .collect();
+    now.sort();
+    tx.send_if_modified(|was| {
+        let changed = *was != now;
+        if changed {
+            tracing::info!(target: "bulkhead::worker", prefills = ?now, "prefill workers of this model");
+            *was = now;
+        }
+        changed
+    });
+}
+
 fn report(s: &NodeStatus) {
     let (id, name) = (&s.node.id, &s.node.registration.name);
     match &s.node.unroutable_reason {
@@ -127,6 +172,7 @@ async fn heartbeats(
     body: RegisterNode,
     mut status: NodeStatus,
     engine: Arc<Engine>,
+    prefills: Option<watch::Sender<Vec<String>>>,
 ) {
     let mut routable = status.node.routable;
     loop {
@@ -156,6 +202,9 @@ async fn heartbeats(
                 if s.node.routable != routable {
                     report(&s);
                     routable = s.node.routable;
+                }
+                if let Some(tx) = &prefills {
+                    tell_prefills(tx, &s);
                 }
                 status = s;
             }

@@ -6,7 +6,7 @@ use crate::cli::ModelArgs;
 use crate::register::{Announcement, RegisterArgs};
 use anyhow::Context;
 use bulkhead_control_api::NodeRole;
-use bulkhead_engine::{Engine, ModelFile};
+use bulkhead_engine::Engine;
 use bulkhead_node::{
     DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, TransportKind, app, hello,
 };
@@ -85,9 +85,12 @@ pub(crate) struct DecodeArgs {
     /// HTTP address of the worker API.
     #[arg(long, default_value = "127.0.0.1:8082")]
     http: String,
-    /// The prefill worker's transfer address.
-    #[arg(long, default_value = "127.0.0.1:9100")]
-    prefill: String,
+    /// Pin a prefill worker by its transfer address (repeat for several).
+    /// Without it, a decode worker given `--control-plane` links to every
+    /// routable prefill worker of its model the control plane names (and
+    /// follows changes); one given neither uses 127.0.0.1:9100.
+    #[arg(long)]
+    prefill: Vec<String>,
     /// Longest a transfer may go without a sign of life (the prefill
     /// worker reports progress after every step) before it is aborted.
     #[arg(long, default_value_t = 60_000)]
@@ -105,10 +108,11 @@ pub(crate) struct DecodeArgs {
 
 /// A started engine and the weights file it loaded.
 fn load(model: &ModelArgs) -> anyhow::Result<(Arc<Engine>, PathBuf)> {
-    let path = model.path()?;
-    let file =
-        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
-    Ok((Arc::new(Engine::start(file, &model.engine_config())?), path))
+    let (file, path) = model.load()?;
+    Ok((
+        Arc::new(Engine::start(Arc::new(file), &model.engine_config())?),
+        path,
+    ))
 }
 
 fn budget_bytes(model: &ModelArgs) -> u64 {
@@ -135,7 +139,7 @@ fn metrics(
     kind: NodeRole,
     http: &TcpListener,
 ) -> anyhow::Result<()> {
-    let node = register.node_name(kind, &http.local_addr()?.to_string());
+    let node = register.node_name(kind, &register.advertised(http.local_addr()?));
     bulkhead_node::metrics::register(role, &node);
     Ok(())
 }
@@ -156,8 +160,9 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
                 engine: &engine,
                 weights: &weights,
                 kv_budget_bytes: budget_bytes(&args.model),
-                address: http.local_addr()?.to_string(),
+                address: args.register.advertised(http.local_addr()?),
                 transfer_address: None,
+                prefills: None,
             })
             .await?;
         announce(&format!(
@@ -194,8 +199,9 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
                 engine: &engine,
                 weights: &weights,
                 kv_budget_bytes: budget_bytes(&args.model),
-                address: http.local_addr()?.to_string(),
-                transfer_address: Some(listen.local_addr()?.to_string()),
+                address: args.register.advertised(http.local_addr()?),
+                transfer_address: Some(args.register.advertised(listen.local_addr()?)),
+                prefills: None,
             })
             .await?;
         announce(&format!(
@@ -219,8 +225,17 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
     let transport = args.transport.kind()?;
     let (engine, weights) = load(&args.model)?;
     let hello = hello(&engine, &transport);
+    // Pinned, else discovered through the control plane, else the default.
+    let discover = args.prefill.is_empty() && args.register.has_control_plane();
+    let pinned = if !args.prefill.is_empty() {
+        args.prefill.clone()
+    } else if discover {
+        Vec::new()
+    } else {
+        vec!["127.0.0.1:9100".to_owned()]
+    };
     let options = DecodeOptions {
-        prefill: args.prefill.clone(),
+        prefill: pinned.clone(),
         transfer_timeout: Duration::from_millis(args.transfer_timeout_ms.max(1)),
         ack_timeout: Duration::from_millis(args.ack_timeout_ms.max(1)),
         transport,
@@ -228,22 +243,40 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let worker = DecodeWorker::start(Arc::clone(&engine), hello, options);
         let http = bind(&args.http).await?;
-        if !worker.ready(Duration::from_secs(30)).await {
+        if !discover && !worker.ready(Duration::from_secs(30)).await {
             anyhow::bail!(
                 "no compatible prefill worker answered at {} within 30 s",
-                args.prefill
+                pinned.join(", ")
             );
         }
+        let prefills = discover.then(|| {
+            let (tx, mut rx) = tokio::sync::watch::channel(Vec::new());
+            let fleet = worker.clone();
+            tokio::spawn(async move {
+                while rx.changed().await.is_ok() {
+                    let addrs = rx.borrow_and_update().clone();
+                    fleet.set_prefills(&addrs);
+                }
+            });
+            tx
+        });
         args.register
             .register(Announcement {
                 role: NodeRole::Decode,
                 engine: &engine,
                 weights: &weights,
                 kv_budget_bytes: budget_bytes(&args.model),
-                address: http.local_addr()?.to_string(),
+                address: args.register.advertised(http.local_addr()?),
                 transfer_address: None,
+                prefills,
             })
             .await?;
+        if discover && !worker.ready(Duration::from_secs(30)).await {
+            tracing::warn!(
+                target: "bulkhead::worker",
+                "no compatible prefill worker of this model within 30 s; requests get 503 until one appears"
+            );
+        }
         announce(&format!(
             "bulkhead decode: listening http={}",
             http.local_addr()?

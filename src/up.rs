@@ -48,6 +48,86 @@ pub(crate) struct UpArgs {
     /// machine, `up` serves the longest window that does not, and says so.
     #[arg(long, default_value_t = 60)]
     prefill_deadline_secs: u64,
+    /// Models to serve, as variants of the default file: `q4_1` (the file's
+    /// own weights, `@cf/huggingfacetb/smollm2-135m-instruct`) and `q8_0`
+    /// (converted to Q8_0 at load, the same slug with `-q8`).
+    #[arg(long, value_delimiter = ',', default_value = "q4_1,q8_0", value_parser = ["q4_1", "q8_0"])]
+    models: Vec<String>,
+    /// Prefill workers of each model.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=8))]
+    prefill_workers: u8,
+    /// Decode workers of each model (colocated ones with `--colocated`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=8))]
+    decode_workers: u8,
+    /// Run each model on colocated workers (`bulkhead serve`: prefill and
+    /// decode in one process) instead of prefill/decode pairs.
+    #[arg(long)]
+    colocated: bool,
+}
+
+/// A model `up` serves: the default file, as it is or converted at load.
+#[derive(Debug, Clone, Copy)]
+struct Served {
+    /// `--models` value.
+    variant: &'static str,
+    /// Appended to the default slug.
+    suffix: &'static str,
+    /// The workers' `--quantize`, if any.
+    quantize: Option<&'static str>,
+    /// What its workers register (lower case).
+    quantization: &'static str,
+    description: &'static str,
+    /// Before the role in its workers' node names.
+    prefix: &'static str,
+}
+
+const SERVED: [Served; 2] = [
+    Served {
+        variant: "q4_1",
+        suffix: "",
+        quantize: None,
+        quantization: "q4_1",
+        description: "SmolLM2 135M Instruct (Q4_1), Apache-2.0",
+        prefix: "up-",
+    },
+    Served {
+        variant: "q8_0",
+        suffix: "-q8",
+        quantize: Some("q8_0"),
+        quantization: "q8_0",
+        description: "SmolLM2 135M Instruct, converted to Q8_0 at load, Apache-2.0",
+        prefix: "up-q8-",
+    },
+];
+
+impl Served {
+    fn slug(self) -> String {
+        format!("{}{}", crate::register::DEFAULT_SLUG, self.suffix)
+    }
+
+    /// The node name of its `i`-th (from 1) worker of `role`.
+    fn node_name(self, role: &str, i: u8) -> String {
+        if i == 1 {
+            format!("{}{role}", self.prefix)
+        } else {
+            format!("{}{role}-{i}", self.prefix)
+        }
+    }
+}
+
+impl UpArgs {
+    /// The models to serve, in the order given, each once.
+    fn served(&self) -> Vec<Served> {
+        let mut out: Vec<Served> = Vec::new();
+        for m in &self.models {
+            if let Some(s) = SERVED.iter().find(|s| s.variant == m)
+                && !out.iter().any(|o| o.variant == s.variant)
+            {
+                out.push(*s);
+            }
+        }
+        out
+    }
 }
 
 /// What `up` writes for people and scripts.
@@ -58,6 +138,9 @@ struct CredentialsFile {
     status_url: String,
     operator_token: String,
     model: String,
+    /// Every model served (the first is `model`).
+    #[serde(default)]
+    models: Vec<String>,
     accounts: Vec<DemoAccount>,
     /// Where each component serves `GET /metrics` for Prometheus.
     #[serde(default)]
@@ -116,7 +199,7 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     write_private(&path, &serde_json::to_string_pretty(&creds)?)?;
     let mut components = Components::default();
     let started = start(args, &weights, &internal, &mut creds, &mut components)
-        .and_then(|()| rt.block_on(check_routable(&creds, &internal)));
+        .and_then(|()| rt.block_on(check_routable(args, &creds, &internal)));
     if let Err(e) = started {
         components.stop();
         return Err(e);
@@ -173,72 +256,103 @@ impl Signals {
 
 /// Every worker `up` started must be routable before it says ready: a
 /// config that does not fit their pools is an error, not a dead curl line.
-async fn check_routable(creds: &CredentialsFile, internal: &Internal) -> anyhow::Result<()> {
+async fn check_routable(
+    args: &UpArgs,
+    creds: &CredentialsFile,
+    internal: &Internal,
+) -> anyhow::Result<()> {
     let client = bulkhead_control_api::Client::new(&bulkhead_control_api::Credentials {
         control_plane_url: creds.control_plane_url.clone(),
         operator_token: internal.admin.clone(),
     })?;
-    let workers = |nodes: &[NodeView]| -> anyhow::Result<Vec<NodeView>> {
-        ["up-prefill", "up-decode"]
-            .iter()
-            .map(|name| {
-                nodes
-                    .iter()
-                    .find(|n| n.registration.name == *name)
-                    .cloned()
-                    .with_context(|| format!("{name} did not register"))
-            })
-            .collect()
-    };
-    let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
-    let mut ours = workers(&nodes)?;
-    // A window this machine cannot prefill within the workers' deadline is
-    // not advertised: serve the longest one it can, and say why.
+    for served in args.served() {
+        let names = worker_names(args, served);
+        let workers = |nodes: &[NodeView]| -> anyhow::Result<Vec<NodeView>> {
+            names
+                .iter()
+                .map(|name| {
+                    nodes
+                        .iter()
+                        .find(|n| n.registration.name == *name)
+                        .cloned()
+                        .with_context(|| format!("{name} did not register"))
+                })
+                .collect()
+        };
+        let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
+        let mut ours = workers(&nodes)?;
+        if reduce_window(&client, &served.slug(), &ours).await? {
+            let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
+            ours = workers(&nodes)?;
+        }
+        for n in &ours {
+            if let Some(why) = &n.unroutable_reason {
+                anyhow::bail!(
+                    "{} is not routable: {why} (adjust --kv-budget-mib, --context-window or --max-output)",
+                    n.registration.name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A window this machine cannot prefill within the workers' deadline is
+/// not advertised: activates a config with the longest one it can, says
+/// why, and tells whether it did.
+async fn reduce_window(
+    client: &bulkhead_control_api::Client,
+    slug: &str,
+    ours: &[NodeView],
+) -> anyhow::Result<bool> {
     let servable = ours
         .iter()
         .filter_map(|n| n.registration.prefill.map(|f| (f.max_prompt(), f)))
         .min_by_key(|(max, _)| *max);
-    let slug = crate::register::DEFAULT_SLUG;
     let path = format!("/admin/v1/models/{}/configs", urlencode(slug));
     let configs: Vec<ConfigView> = client.get(&path).await?;
-    if let (Some((max, figures)), Some(active)) = (servable, configs.iter().find(|c| c.active))
-        && active.spec.properties.context_window > max
-    {
-        let window = (max / 256) * 256;
-        anyhow::ensure!(
-            window >= 256,
-            "this machine prefills at most {max} tokens within {} s; no useful context window fits",
-            figures.deadline_ms / 1000
-        );
-        let was = active.spec.properties.context_window;
-        eprintln!(
-            "bulkhead up: prefilling the {was}-token context window would take about {} s here, over the \
-             {} s prefill deadline; serving a {window}-token window (raise --prefill-deadline-secs to serve more)",
-            figures.prompt_ms(was).div_ceil(1000),
-            figures.deadline_ms / 1000,
-        );
-        let mut spec = active.spec.clone();
-        spec.properties.context_window = window;
-        spec.properties.max_output = spec.properties.max_output.min(window);
-        let added: ConfigView = client.post(&path, &spec).await?;
-        let _: ConfigView = client
-            .post(
-                &format!("{path}/{}/activate", added.version),
-                &serde_json::json!({"reason": format!("bulkhead up: the {was}-token window cannot be prefilled within the deadline here")}),
-            )
-            .await?;
-        let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
-        ours = workers(&nodes)?;
+    let (Some((max, figures)), Some(active)) = (servable, configs.iter().find(|c| c.active)) else {
+        return Ok(false);
+    };
+    if active.spec.properties.context_window <= max {
+        return Ok(false);
     }
-    for n in &ours {
-        if let Some(why) = &n.unroutable_reason {
-            anyhow::bail!(
-                "{} is not routable: {why} (adjust --kv-budget-mib, --context-window or --max-output)",
-                n.registration.name
-            );
-        }
+    let window = (max / 256) * 256;
+    anyhow::ensure!(
+        window >= 256,
+        "this machine prefills at most {max} tokens within {} s; no useful context window fits",
+        figures.deadline_ms / 1000
+    );
+    let was = active.spec.properties.context_window;
+    eprintln!(
+        "bulkhead up: prefilling the {was}-token context window of {slug} would take about {} s here, over the \
+         {} s prefill deadline; serving a {window}-token window (raise --prefill-deadline-secs to serve more)",
+        figures.prompt_ms(was).div_ceil(1000),
+        figures.deadline_ms / 1000,
+    );
+    let mut spec = active.spec.clone();
+    spec.properties.context_window = window;
+    spec.properties.max_output = spec.properties.max_output.min(window);
+    let added: ConfigView = client.post(&path, &spec).await?;
+    let _: ConfigView = client
+        .post(
+            &format!("{path}/{}/activate", added.version),
+            &serde_json::json!({"reason": format!("bulkhead up: the {was}-token window cannot be prefilled within the deadline here")}),
+        )
+        .await?;
+    Ok(true)
+}
+
+/// The node names of every worker `up` starts for `served`.
+fn worker_names(args: &UpArgs, served: Served) -> Vec<String> {
+    if args.colocated {
+        return (1..=args.decode_workers)
+            .map(|i| served.node_name("serve", i))
+            .collect();
     }
-    Ok(())
+    let prefill = (1..=args.prefill_workers).map(|i| served.node_name("prefill", i));
+    let decode = (1..=args.decode_workers).map(|i| served.node_name("decode", i));
+    prefill.chain(decode).collect()
 }
 
 /// `@` and `/` escaped for a path segment.
@@ -309,51 +423,54 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
         }
     }
 
-    // The default model, public, with a config that matches the file.
-    let slug: ModelSlug = crate::register::DEFAULT_SLUG.parse()?;
+    // The models, public, each with a config that matches what its
+    // workers load.
     let budget = args.kv_budget_mib << 20;
-    let spec = ConfigSpec {
-        properties: Properties {
-            context_window: args.context_window,
-            max_output: args.max_output,
-        },
-        weights_file: fetch::FILE_NAME.to_owned(),
-        weights_sha256: fetch::SHA256.to_owned(),
-        quantization: "q4_1".to_owned(),
-        page_size: 16,
-        kv_budget: KvBudget {
-            prefill_bytes: budget,
-            decode_bytes: budget,
-        },
-        parallelism: Parallelism::default(),
-    };
-    let model = match store::models::find_optional(&mut c, &slug).await? {
-        Some(m) => m,
-        None => {
-            let create = CreateModel {
-                slug: slug.clone(),
-                task: "Text Generation".to_owned(),
-                description: "SmolLM2 135M Instruct (Q4_1), Apache-2.0".to_owned(),
-                visibility: Visibility::Public,
-                config: None,
-            };
-            store::models::create(&mut c, &create, now).await?
+    for served in args.served() {
+        let slug: ModelSlug = served.slug().parse()?;
+        let spec = ConfigSpec {
+            properties: Properties {
+                context_window: args.context_window,
+                max_output: args.max_output,
+            },
+            weights_file: fetch::FILE_NAME.to_owned(),
+            weights_sha256: fetch::SHA256.to_owned(),
+            quantization: served.quantization.to_owned(),
+            page_size: 16,
+            kv_budget: KvBudget {
+                prefill_bytes: budget,
+                decode_bytes: budget,
+            },
+            parallelism: Parallelism::default(),
+        };
+        let model = match store::models::find_optional(&mut c, &slug).await? {
+            Some(m) => m,
+            None => {
+                let create = CreateModel {
+                    slug: slug.clone(),
+                    task: "Text Generation".to_owned(),
+                    description: served.description.to_owned(),
+                    visibility: Visibility::Public,
+                    config: None,
+                };
+                store::models::create(&mut c, &create, now).await?
+            }
+        };
+        let active = store::configs::active(&mut c, &model).await?;
+        if active.as_ref().is_none_or(|a| a.spec != spec) {
+            let v = store::configs::add(&mut c, &model, &spec, "bulkhead up", now).await?;
+            // Nodes of a previous run are silent by now or about to be replaced.
+            store::configs::activate(
+                &mut c,
+                &model,
+                v,
+                "bulkhead up",
+                "bulkhead up",
+                now,
+                Duration::ZERO,
+            )
+            .await?;
         }
-    };
-    let active = store::configs::active(&mut c, &model).await?;
-    if active.as_ref().is_none_or(|a| a.spec != spec) {
-        let v = store::configs::add(&mut c, &model, &spec, "bulkhead up", now).await?;
-        // Nodes of a previous run are silent by now or about to be replaced.
-        store::configs::activate(
-            &mut c,
-            &model,
-            v,
-            "bulkhead up",
-            "bulkhead up",
-            now,
-            Duration::ZERO,
-        )
-        .await?;
     }
 
     // Two demo accounts, each with an API token.
@@ -390,7 +507,11 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
             control_plane_url: String::new(),
             status_url: String::new(),
             operator_token,
-            model: slug.to_string(),
+            model: args
+                .served()
+                .first()
+                .map_or_else(|| crate::register::DEFAULT_SLUG.to_owned(), |m| m.slug()),
+            models: args.served().iter().map(|m| m.slug()).collect(),
             accounts,
             metrics: Default::default(),
         },
@@ -406,7 +527,7 @@ struct Components {
 /// A started component and how to start it again.
 #[derive(Debug)]
 struct Running {
-    name: &'static str,
+    name: String,
     child: Child,
     /// Its arguments with every `127.0.0.1:0` replaced by the address it
     /// bound, so a restart listens where everyone else expects it.
@@ -430,7 +551,8 @@ fn bound_key(flag: &str, line: &str) -> &'static str {
 impl Components {
     /// Starts `bulkhead <args>` and waits for its `listening` line; the rest
     /// of its output is passed through.
-    fn spawn(&mut self, name: &'static str, args: &[&str]) -> anyhow::Result<String> {
+    fn spawn(&mut self, name: &str, args: &[&str]) -> anyhow::Result<String> {
+        let name = name.to_owned();
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
         // Their own process group: a Ctrl-C at the terminal reaches `up`
@@ -443,18 +565,19 @@ impl Components {
         let stdout = child.stdout.take().context("child stdout")?;
         let stderr = child.stderr.take().context("child stderr")?;
         self.running.push(Running {
-            name,
+            name: name.clone(),
             child,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             started: std::time::Instant::now(),
             backoff: Duration::from_secs(1),
         });
         // Its log lines, prefixed with its name.
+        let tag = name.clone();
         std::thread::spawn(move || {
             // Never stops draining, even if our own stderr is gone: a
             // component blocked on a full pipe would stop serving.
             for l in lossy_lines(BufReader::new(stderr)) {
-                let _ = writeln!(std::io::stderr().lock(), "[{name}] {l}");
+                let _ = writeln!(std::io::stderr().lock(), "[{tag}] {l}");
             }
         });
         let mut lines = lossy_lines(BufReader::new(stdout));
@@ -505,7 +628,7 @@ impl Components {
             );
             tokio::time::sleep(backoff).await;
             let args: Vec<&str> = dead.args.iter().map(String::as_str).collect();
-            let started = tokio::task::block_in_place(|| self.spawn(dead.name, &args));
+            let started = tokio::task::block_in_place(|| self.spawn(&dead.name, &args));
             match started {
                 Ok(_) => {
                     let r = self.running.last_mut().expect("just started");
@@ -588,6 +711,10 @@ fn start(
     creds: &mut CredentialsFile,
     c: &mut Components,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.served().is_empty(),
+        "--models names no model to serve"
+    );
     let data = args
         .data_dir
         .to_str()
@@ -607,56 +734,51 @@ fn start(
         ],
     )?;
     let cp = format!("http://{}", addr(&line, "http")?);
-    let cp_metrics = format!("http://{}/metrics", addr(&line, "metrics")?);
-    let mut worker = |role: &'static str, extra: &[&str]| -> anyhow::Result<String> {
-        let mut a: Vec<&str> = vec![role];
-        a.extend_from_slice(extra);
-        a.extend_from_slice(&[
-            "--model",
-            weights,
-            "--kv-budget-mib",
-            &mib,
-            "--control-plane",
-            &cp,
-        ]);
-        a.extend_from_slice(&["--node-token", &internal.node, "--node-name"]);
-        let node_name = format!("up-{role}");
-        a.push(&node_name);
-        let deadline = args.prefill_deadline_secs.to_string();
-        a.extend_from_slice(&["--prefill-deadline-secs", &deadline]);
-        let threads = args.threads.map(|t| t.to_string());
-        if let Some(t) = &threads {
-            a.extend_from_slice(&["--threads", t]);
-        }
-        c.spawn(
-            if role == "prefill" {
-                "prefill worker"
-            } else {
-                "decode worker"
-            },
-            &a,
-        )
-    };
-    let prefill = worker(
-        "prefill",
-        &["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"],
-    )?;
-    let transfer = addr(&prefill, "transfer")?;
-    let decode = worker("decode", &["--prefill", &transfer, "--http", "127.0.0.1:0"])?;
-    creds.metrics = [
-        ("control-plane", cp_metrics),
-        (
-            "prefill",
-            format!("http://{}/metrics", addr(&prefill, "http")?),
-        ),
-        (
-            "decode",
-            format!("http://{}/metrics", addr(&decode, "http")?),
-        ),
-    ]
+    creds.metrics = [(
+        "control-plane".to_owned(),
+        format!("http://{}/metrics", addr(&line, "metrics")?),
+    )]
     .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
     .collect();
+    let deadline = args.prefill_deadline_secs.to_string();
+    let threads = args.threads.map(|t| t.to_string());
+    for served in args.served() {
+        let slug = served.slug();
+        let mut worker = |role: &str, i: u8, extra: &[&str]| -> anyhow::Result<String> {
+            let node_name = served.node_name(role, i);
+            let mut a: Vec<&str> = vec![role, "--http", "127.0.0.1:0"];
+            a.extend_from_slice(extra);
+            a.extend_from_slice(&["--model", weights, "--model-slug", &slug]);
+            if let Some(q) = served.quantize {
+                a.extend_from_slice(&["--quantize", q]);
+            }
+            a.extend_from_slice(&["--kv-budget-mib", &mib, "--control-plane", &cp]);
+            a.extend_from_slice(&["--node-token", &internal.node, "--node-name", &node_name]);
+            a.extend_from_slice(&["--prefill-deadline-secs", &deadline]);
+            if let Some(t) = &threads {
+                a.extend_from_slice(&["--threads", t]);
+            }
+            let line = c.spawn(&format!("{} worker", &node_name["up-".len()..]), &a)?;
+            let key = node_name.trim_start_matches("up-").to_owned();
+            creds
+                .metrics
+                .insert(key, format!("http://{}/metrics", addr(&line, "http")?));
+            Ok(line)
+        };
+        if args.colocated {
+            for i in 1..=args.decode_workers {
+                worker("serve", i, &[])?;
+            }
+            continue;
+        }
+        // Prefill first: a decode worker finds them through the control plane.
+        for i in 1..=args.prefill_workers {
+            worker("prefill", i, &["--listen", "127.0.0.1:0"])?;
+        }
+        for i in 1..=args.decode_workers {
+            worker("decode", i, &[])?;
+        }
+    }
     let listen = format!("127.0.0.1:{}", args.port);
     let line = c.spawn(
         "gateway",
@@ -721,7 +843,9 @@ fn announce(c: &CredentialsFile, dir: &Path) {
         "  control plane  {}  (status page and feeds: {}/ , {}/api/v2/summary.json)",
         c.control_plane_url, c.status_url, c.status_url
     );
-    let _ = writeln!(out, "  model          {}", c.model);
+    for m in &c.models {
+        let _ = writeln!(out, "  model          {m}");
+    }
     for acct in &c.accounts {
         let _ = writeln!(
             out,

@@ -29,6 +29,10 @@ struct Fixture {
     account: String,
     token: String,
     worker: Worker,
+    /// The control plane's URL and a node token, to register more nodes.
+    cp: String,
+    node_token: String,
+    sha256: String,
 }
 
 async fn fixture() -> Fixture {
@@ -114,6 +118,7 @@ async fn fixture() -> Fixture {
         .await
         .expect("activate");
     drop(c);
+    let node_token_for_test = node_token.clone();
     let worker = tokio::task::spawn_blocking({
         let url = url.clone();
         move || {
@@ -137,7 +142,7 @@ async fn fixture() -> Fixture {
     .await
     .expect("worker");
     let client = Client::new(&Credentials {
-        control_plane_url: url,
+        control_plane_url: url.clone(),
         operator_token: gateway_token,
     })
     .expect("client");
@@ -154,6 +159,9 @@ async fn fixture() -> Fixture {
         account,
         token,
         worker,
+        cp: url,
+        node_token: node_token_for_test,
+        sha256: spec.weights_sha256.clone(),
     };
     // The worker registered before announcing; wait until the table routes to it.
     let until = Instant::now() + Duration::from_secs(20);
@@ -424,4 +432,85 @@ async fn a_client_that_disconnects_mid_stream_cancels_and_every_page_returns() {
     // The request was cancelled, not run to its end.
     let (status, _) = f.call("GET", "/v1/models", Value::Null).await;
     assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_cannot_be_reached_is_skipped_before_the_first_byte() {
+    let f = fixture().await;
+    // A registered, heartbeating node that hangs up on every connection,
+    // reporting far more free pages than the real worker: the picker's
+    // first choice until the gateway shuns it.
+    let hangups = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let dead = listener.local_addr().expect("addr").to_string();
+    let counted = std::sync::Arc::clone(&hangups);
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            drop(sock);
+        }
+    });
+    let nodes = Client::new(&Credentials {
+        control_plane_url: f.cp.clone(),
+        operator_token: f.node_token.clone(),
+    })
+    .expect("client");
+    let ghost = bulkhead_control_api::RegisterNode {
+        name: "ghost".to_owned(),
+        role: bulkhead_control_api::NodeRole::Colocated,
+        model: SLUG.parse().expect("slug"),
+        address: dead,
+        transfer_address: None,
+        kv_pool_tokens: 1 << 20,
+        weights_sha256: f.sha256.clone(),
+        quantization: "q4_1".to_owned(),
+        page_size: 16,
+        kv_budget_bytes: 64 << 20,
+        parallelism: Parallelism::default(),
+        prefill: Some(bulkhead_control_api::PrefillFigures {
+            ns_per_token: 1,
+            ns_per_pair: 1,
+            deadline_ms: 60_000,
+        }),
+    };
+    let status: bulkhead_control_api::NodeStatus = nodes
+        .post("/admin/v1/nodes", &ghost)
+        .await
+        .expect("register");
+    assert!(status.node.routable, "{:?}", status.node.unroutable_reason);
+    let beat = bulkhead_control_api::Heartbeat {
+        load: Some(bulkhead_control_api::NodeLoad {
+            free_pages: 1 << 20,
+            total_pages: 1 << 20,
+            queue_depth: 0,
+        }),
+    };
+    let _: bulkhead_control_api::NodeStatus = nodes
+        .post(
+            &format!("/admin/v1/nodes/{}/heartbeat", status.node.id),
+            &beat,
+        )
+        .await
+        .expect("heartbeat");
+    // Wait until this gateway's table routes to it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for stream in [false, true, false, true] {
+        let (status, body) = f
+            .call(
+                "POST",
+                "/v1/completions",
+                json!({"model": SLUG, "prompt": "Hello", "max_tokens": 3, "stream": stream}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        if stream {
+            assert!(body.contains("[DONE]"), "{body}");
+        }
+    }
+    assert!(
+        hangups.load(std::sync::atomic::Ordering::Relaxed) >= 1,
+        "the dead worker was tried first (and each request sent on)"
+    );
 }

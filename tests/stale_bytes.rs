@@ -86,7 +86,7 @@ fn no_byte_of_a_previous_tenants_kv_reaches_another_tenants_frames_or_pages() {
             Arc::clone(&decode_engine),
             hello(&decode_engine, &tcp),
             DecodeOptions {
-                prefill: via.addr.clone(),
+                prefill: vec![via.addr.clone()],
                 transfer_timeout: Duration::from_secs(60),
                 ack_timeout: Duration::from_secs(10),
                 transport: tcp,

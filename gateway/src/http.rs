@@ -151,6 +151,9 @@ pub(crate) fn model<'a>(ctx: &'a Ctx, slug: &str) -> Result<&'a RoutedModel, Gat
         .ok_or_else(|| GatewayError::ModelNotFound(slug.chars().take(200).collect()))
 }
 
+/// Workers tried for one request before its error goes to the client.
+const MAX_ATTEMPTS: usize = 3;
+
 /// Limits, worker choice and the call; the first line has arrived.
 pub(crate) async fn start(
     state: &AppState,
@@ -197,31 +200,53 @@ pub(crate) async fn start(
             return Err(e);
         }
     };
-    let Some((node, lease)) = state.picker.pick(ctx.snap.table.workers(&model.slug)) else {
-        let e = GatewayError::Unavailable("no worker serves this model now");
-        timer.failed(e.kind());
-        return Err(e);
-    };
-    let span = tracing::info_span!(
-        target: "bulkhead::gateway",
-        "upstream.generate",
-        otel.kind = "client",
-        gen_ai.operation.name = operation,
-        gen_ai.request.model = model.slug.as_str(),
-        bulkhead.node = node.registration.name.as_str(),
-        bulkhead.routing.version = ctx.snap.table.version(),
-    );
-    let called = state
-        .upstream
-        .generate(&node.registration.address, ctx.principal.tenant, body)
-        .instrument(span)
-        .await;
-    let (first, rest) = match called {
-        Ok(ok) => ok,
-        Err(e) => {
-            let e = GatewayError::from(e);
+    // Nothing has reached the client before the first line: a worker that
+    // cannot be reached, or fails the request before its first token for a
+    // reason another worker may not share, is skipped and the next tried.
+    let workers = ctx.snap.table.workers(&model.slug);
+    let mut tried = Vec::new();
+    let (first, rest, lease) = loop {
+        let Some((node, lease)) = state.picker.pick(workers, &tried) else {
+            let e = GatewayError::Unavailable("no worker serves this model now");
             timer.failed(e.kind());
             return Err(e);
+        };
+        tried.push(node.id);
+        let span = tracing::info_span!(
+            target: "bulkhead::gateway",
+            "upstream.generate",
+            otel.kind = "client",
+            gen_ai.operation.name = operation,
+            gen_ai.request.model = model.slug.as_str(),
+            bulkhead.node = node.registration.name.as_str(),
+            bulkhead.routing.version = ctx.snap.table.version(),
+            bulkhead.attempt = tried.len(),
+        );
+        let called = state
+            .upstream
+            .generate(&node.registration.address, ctx.principal.tenant, body)
+            .instrument(span)
+            .await;
+        match called {
+            Ok((first, rest)) => break (first, rest, lease),
+            Err(e) => {
+                if e == UpstreamError::Unreachable {
+                    state.picker.unreachable(node.id);
+                }
+                if e.retryable() && tried.len() < MAX_ATTEMPTS {
+                    tracing::warn!(
+                        target: "bulkhead::gateway",
+                        node = node.registration.name.as_str(),
+                        error = ?e,
+                        "worker failed before the first byte; trying another"
+                    );
+                    metrics::retried();
+                    continue;
+                }
+                let e = GatewayError::from(e);
+                timer.failed(e.kind());
+                return Err(e);
+            }
         }
     };
     if matches!(first, Line::Token { .. }) {

@@ -21,6 +21,7 @@ struct Instruments {
     refusals: Counter<u64>,
     connections_refused: Counter<u64>,
     heads_refused: Counter<u64>,
+    retries: Counter<u64>,
 }
 
 fn instruments() -> &'static Instruments {
@@ -84,6 +85,13 @@ fn instruments() -> &'static Instruments {
                     "Requests refused before routing: headers over the limit or malformed",
                 )
                 .build(),
+            retries: m
+                .u64_counter("bulkhead.gateway.upstream.retries")
+                .with_unit("{request}")
+                .with_description(
+                    "Requests sent to another worker after one failed before the first byte",
+                )
+                .build(),
         }
     })
 }
@@ -100,6 +108,12 @@ pub(crate) fn head_refused(kind: &'static str) {
     instruments()
         .heads_refused
         .add(1, &[KeyValue::new("error.type", kind)]);
+}
+
+/// Counts a request sent to another worker after one failed it before
+/// anything reached the client.
+pub(crate) fn retried() {
+    instruments().retries.add(1, &[]);
 }
 
 /// Counts a refusal by the limit named `what` (the limiter's words).

@@ -3,18 +3,26 @@
 //! in flight on it, then the shortest queue; ties go round-robin. The
 //! in-flight count keeps one gateway from sending every request between two
 //! heartbeats to the same worker. Never an unroutable node: the table holds
-//! only routable ones.
+//! only routable ones. A worker this gateway failed to reach is skipped for
+//! [`SHUN`] (before the control plane's TTL would notice), unless every
+//! worker of the model is shunned.
 
 use bulkhead_control_api::NodeView;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-/// Round-robin counter and this gateway's requests in flight per worker.
+/// How long a worker that could not be reached is skipped.
+pub(crate) const SHUN: Duration = Duration::from_secs(5);
+
+/// Round-robin counter, this gateway's requests in flight per worker, and
+/// the workers it recently failed to reach.
 #[derive(Debug, Default)]
 pub(crate) struct Picker {
     next: AtomicUsize,
     in_flight: Mutex<HashMap<i64, u64>>,
+    shunned: Mutex<HashMap<i64, Instant>>,
 }
 
 /// A request's claim on a worker; released when dropped.
@@ -38,11 +46,37 @@ impl Drop for NodeLease {
 }
 
 impl Picker {
-    /// The worker to send the next request to, if any, with its lease.
+    /// Skips `node` for [`SHUN`]: this gateway could not reach it.
+    pub(crate) fn unreachable(&self, node: i64) {
+        let mut s = self.shunned.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        s.retain(|_, until| *until > now);
+        s.insert(node, now + SHUN);
+    }
+
+    /// The worker to send the next request to, if any, with its lease:
+    /// never one in `tried`; a shunned one only if all the others are.
     pub(crate) fn pick<'a>(
         self: &Arc<Self>,
         workers: &'a [NodeView],
+        tried: &[i64],
     ) -> Option<(&'a NodeView, NodeLease)> {
+        let candidates: Vec<&NodeView> =
+            workers.iter().filter(|n| !tried.contains(&n.id)).collect();
+        let healthy: Vec<&NodeView> = {
+            let s = self.shunned.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            candidates
+                .iter()
+                .copied()
+                .filter(|n| s.get(&n.id).is_none_or(|until| *until <= now))
+                .collect()
+        };
+        let workers = if healthy.is_empty() {
+            candidates
+        } else {
+            healthy
+        };
         let mut m = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         let score = |n: &NodeView| {
             let mine = m.get(&n.id).copied().unwrap_or(0);
@@ -50,8 +84,8 @@ impl Picker {
                 (l.free_pages / (1 + mine), u64::MAX - l.queue_depth - mine)
             })
         };
-        let best = workers.iter().map(score).max()?;
-        let top: Vec<&NodeView> = workers.iter().filter(|n| score(n) == best).collect();
+        let best = workers.iter().map(|n| score(n)).max()?;
+        let top: Vec<&NodeView> = workers.into_iter().filter(|n| score(n) == best).collect();
         let chosen = top[self.next.fetch_add(1, Ordering::Relaxed) % top.len()];
         *m.entry(chosen.id).or_insert(0) += 1;
         Some((
@@ -102,17 +136,35 @@ mod tests {
     fn load_then_own_requests_then_round_robin() {
         let p = Arc::new(Picker::default());
         let ws = [node(1, 10, 0), node(2, 50, 3), node(3, 50, 1)];
-        let (n, first) = p.pick(&ws).unwrap();
+        let (n, first) = p.pick(&ws, &[]).unwrap();
         assert_eq!(n.id, 3, "most free pages, then shortest queue");
         // With one request in flight on 3, 2 (50 free, queue 3) beats 3 (25 per request).
-        let (n, second) = p.pick(&ws).unwrap();
+        let (n, second) = p.pick(&ws, &[]).unwrap();
         assert_eq!(n.id, 2);
         drop((first, second));
-        assert_eq!(p.pick(&ws).unwrap().0.id, 3, "leases given back");
+        assert_eq!(p.pick(&ws, &[]).unwrap().0.id, 3, "leases given back");
+        assert_eq!(
+            p.pick(&ws, &[3]).unwrap().0.id,
+            2,
+            "a tried worker is not picked again"
+        );
+        p.unreachable(3);
+        assert_eq!(
+            p.pick(&ws, &[]).unwrap().0.id,
+            2,
+            "an unreachable worker is skipped"
+        );
+        p.unreachable(2);
+        p.unreachable(1);
+        assert!(
+            p.pick(&ws, &[]).is_some(),
+            "when every worker is shunned, one is still tried"
+        );
         let even = [node(1, 5, 0), node(2, 5, 0)];
         let q = Arc::new(Picker::default());
-        let ids: Vec<i64> = (0..4).map(|_| q.pick(&even).unwrap().0.id).collect();
+        let ids: Vec<i64> = (0..4).map(|_| q.pick(&even, &[]).unwrap().0.id).collect();
         assert!(ids.contains(&1) && ids.contains(&2), "{ids:?}");
-        assert!(p.pick(&[]).is_none());
+        assert!(p.pick(&[], &[]).is_none());
+        assert!(p.pick(&even, &[1, 2]).is_none());
     }
 }

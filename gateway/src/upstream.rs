@@ -34,6 +34,21 @@ pub(crate) enum UpstreamError {
     Protocol,
 }
 
+impl UpstreamError {
+    /// Whether another worker may succeed where this one failed (nothing
+    /// has reached the client yet): it could not be reached, broke its
+    /// protocol, had no prefill worker, or lost the request's KV transfer.
+    /// A refusal of the request itself (4xx) would be the same anywhere.
+    pub(crate) fn retryable(&self) -> bool {
+        match self {
+            UpstreamError::Unreachable | UpstreamError::Protocol => true,
+            UpstreamError::Worker { code, .. } => {
+                matches!(code.as_str(), "unavailable" | "kv_transfer_failed")
+            }
+        }
+    }
+}
+
 /// A pooled HTTP/1.1 client for workers.
 #[derive(Debug, Clone)]
 pub(crate) struct Upstream {

@@ -89,6 +89,17 @@ pub fn decode(prefill_addr: &str, extra: &[&str]) -> Worker {
     Worker::start(&args)
 }
 
+/// A decode worker pinned to several prefill workers.
+pub fn decode_fleet(prefill_addrs: &[&str], extra: &[&str]) -> Worker {
+    let mut args = vec!["decode", "--http", "127.0.0.1:0"];
+    for a in prefill_addrs {
+        args.extend_from_slice(&["--prefill", a]);
+    }
+    args.extend_from_slice(POOL);
+    args.extend_from_slice(extra);
+    Worker::start(&args)
+}
+
 pub fn colocated() -> Worker {
     let mut args = vec!["serve", "--http", "127.0.0.1:0"];
     args.extend_from_slice(POOL);

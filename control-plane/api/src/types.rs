@@ -385,6 +385,19 @@ pub struct NodeStatus {
     pub node: NodeView,
     /// Send a heartbeat at least this often.
     pub heartbeat_interval_ms: u64,
+    /// For a decode node: the routable prefill workers of its model, to
+    /// link to (empty for other roles).
+    #[serde(default)]
+    pub prefill_peers: Vec<PrefillPeer>,
+}
+
+/// A prefill worker a decode worker may link to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefillPeer {
+    /// Its registered name.
+    pub name: String,
+    /// Its KV transfer address.
+    pub transfer_address: String,
 }
 
 /// A component (model) status change an incident update makes.

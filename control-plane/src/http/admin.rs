@@ -17,8 +17,9 @@ use axum::routing::{get, post};
 use bulkhead_control_api::{
     AccountView, ApiTokenCreated, ApiTokenView, AuditEntry, ConfigSpec, ConfigView, CreateAccount,
     CreateApiToken, CreateModel, CreateOperator, Heartbeat, IncidentView, ModelChange, ModelSlug,
-    ModelView, NodeStatus, NodeView, OpenIncident, OperatorCreated, OperatorView, RegisterNode,
-    RoutingTable, SetAllowlist, SetVisibility, Timestamp, UpdateIncident, Whoami,
+    ModelView, NodeRole, NodeStatus, NodeView, OpenIncident, OperatorCreated, OperatorView,
+    PrefillPeer, RegisterNode, RoutingTable, SetAllowlist, SetVisibility, Timestamp,
+    UpdateIncident, Whoami,
 };
 use serde::Deserialize;
 
@@ -342,14 +343,32 @@ async fn node_status(
     now: Timestamp,
 ) -> Result<NodeStatus, ApiError> {
     let row = nodes::get(conn, id).await?;
+    let model = row.model_id;
     let node = nodes::views(conn, vec![row], now, s.settings.node_ttl)
         .await?
         .pop()
         .ok_or_else(|| ApiError::from(crate::Error::NotFound(format!("node {id}"))))?;
+    let prefill_peers = if node.registration.role == NodeRole::Decode {
+        let fleet = nodes::list(conn, Some(model)).await?;
+        nodes::views(conn, fleet, now, s.settings.node_ttl)
+            .await?
+            .into_iter()
+            .filter(|n| n.routable && n.registration.role == NodeRole::Prefill)
+            .filter_map(|n| {
+                Some(PrefillPeer {
+                    transfer_address: n.registration.transfer_address?,
+                    name: n.registration.name,
+                })
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(NodeStatus {
         node,
         heartbeat_interval_ms: u64::try_from(s.settings.heartbeat_interval.as_millis())
             .unwrap_or(u64::MAX),
+        prefill_peers,
     })
 }
 

@@ -18,6 +18,7 @@ use std::time::Instant;
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(index))
+        .route("/health", get(health))
         .route("/incidents/{id}", get(incident_page))
         .route(
             "/api/v2/summary.json",
@@ -59,6 +60,14 @@ pub(crate) fn routes() -> Router<AppState> {
             "/history.rss",
             get(|s| text(s, "application/rss+xml; charset=utf-8", feeds::rss)),
         )
+}
+
+/// Liveness and readiness: 200 once the database answers, else 503 in the
+/// API's error shape (for load balancers and Kubernetes probes).
+async fn health(State(s): State<AppState>) -> Result<&'static str, ApiError> {
+    let mut conn = s.db.pool().acquire().await?;
+    sqlx::query("SELECT 1").execute(&mut *conn).await?;
+    Ok("ok")
 }
 
 /// The last status snapshot and when it was read. One reader at a time

@@ -135,6 +135,46 @@ impl ModelFile {
         self.fingerprint
     }
 
+    /// The same weights converted to `Q8_0` at load (as Workers AI serves
+    /// `-fp8` or `-awq` variants of one model): every quantized matrix is
+    /// dequantized and quantized again per 32-element block; f32 matrices
+    /// and norms stay. A different model for KV purposes, so its
+    /// fingerprint differs from the file's.
+    #[must_use]
+    pub fn requantized_q8_0(mut self) -> Self {
+        fn convert(m: &mut Matrix) {
+            if let Matrix::Quant(q) = m
+                && q.format() != WeightFormat::Q8_0
+            {
+                *m = Matrix::Quant(q.to_q8_0());
+            }
+        }
+        let w = &mut self.weights;
+        convert(&mut w.embed);
+        if let Some(o) = &mut w.output {
+            convert(o);
+        }
+        for l in &mut w.layers {
+            for m in [
+                &mut l.wq,
+                &mut l.wk,
+                &mut l.wv,
+                &mut l.wo,
+                &mut l.gate,
+                &mut l.up,
+                &mut l.down,
+            ] {
+                convert(m);
+            }
+        }
+        self.config.quantization = "Q8_0".to_owned();
+        self.fingerprint = xxhash_rust::xxh3::xxh3_64_with_seed(
+            &self.fingerprint.to_le_bytes(),
+            u64::from_le_bytes(*b"to-q8_0\0"),
+        );
+        self
+    }
+
     /// Hyperparameters.
     pub fn config(&self) -> &ModelConfig {
         &self.config

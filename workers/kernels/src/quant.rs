@@ -126,6 +126,35 @@ impl WeightsQ {
         })
     }
 
+    /// Quantizes every row of `self` (dequantized to f32) to `Q8_0`, as
+    /// ggml's reference `quantize_row_q8_0` does: per block, `d = amax / 127`
+    /// rounded to f16, `q = round(x / d)`.
+    pub fn to_q8_0(&self) -> WeightsQ {
+        let nb = self.blocks_per_row();
+        let mut d = Vec::with_capacity(self.rows * nb);
+        let mut qs = Vec::with_capacity(self.rows * self.cols);
+        let mut row = vec![0f32; self.cols];
+        for r in 0..self.rows {
+            self.dequantize_row(r, &mut row);
+            for block in row.chunks_exact(BLOCK) {
+                let amax = block.iter().fold(0f32, |a, x| a.max(x.abs()));
+                let scale = amax / 127.0;
+                let inv = if scale == 0.0 { 0.0 } else { 1.0 / scale };
+                d.push(f16::from_f32(scale).to_f32());
+                #[allow(clippy::cast_possible_truncation)]
+                qs.extend(block.iter().map(|x| (x * inv).round() as i8 as u8));
+            }
+        }
+        WeightsQ {
+            format: WeightFormat::Q8_0,
+            rows: self.rows,
+            cols: self.cols,
+            d,
+            m: Vec::new(),
+            qs,
+        }
+    }
+
     /// The block format.
     pub fn format(&self) -> WeightFormat {
         self.format

@@ -1,39 +1,33 @@
-//! The decode role: admits requests against the pair's limits, lands their
-//! prompt KV from a prefill worker, and generates.
+//! The decode role: admits requests against the limits of the pair it
+//! chooses, lands their prompt KV from a prefill worker, and generates.
 //!
-//! Two owners per connection to the prefill worker:
-//! - the link task owns the connection's lifecycle, the writer and every
-//!   transfer's deadline, fed by a closed enum of events;
-//! - the receiver task owns the [`Ledger`] and the landing pages, lent by
-//!   the engine: it reads each page frame's payload straight into its slot
-//!   (after checking the header against the grant), verifies it, and gives
-//!   the pages back only when no write for them can arrive any more (the
-//!   transfer committed, the peer acknowledged an abort, or the connection
-//!   is gone). A landing page is never readable before the whole transfer
-//!   is verified, and never reused while it is out.
+//! A decode worker links to every prefill worker of its model in the fleet
+//! (`link.rs`: one link task and one receiver per connection). For each
+//! request it picks, among the links connected to a compatible peer, the
+//! one with the fewest transfers in flight from here (ties in turn), and
+//! admits against min(context window, that prefill's pool, this pool). A
+//! prefill worker that goes away takes only the transfers open on its link
+//! with it; the fleet (`set_prefills`) retires its link, which takes no new
+//! transfer and closes once idle.
 
-use crate::hello::{HelloCheck, check_peer, page_bytes, peer_limits};
-use bulkhead_engine::{Engine, GenerateRequest, RequestHandle, TransferFault};
-use bulkhead_kv::{AdmissionError, Capacity, LentPage, Limits, TenantId, TransferId};
-use bulkhead_transfer::{
-    Checksums, DoneVerdict, Fault, Head, Hello, Ledger, Message, PageVerdict, PrefillRequest,
-    TransferCounters, read_payload, read_payload_into,
-};
-use std::collections::HashMap;
+mod link;
+
+use bulkhead_engine::{Engine, GenerateRequest, RequestHandle};
+use bulkhead_kv::{AdmissionError, Limits, TenantId, TransferId};
+use bulkhead_transfer::{Hello, TransferCounters};
+use link::{LinkEvent, LinkHandle};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::watch;
 
-/// How a decode worker talks to its prefill worker.
+/// How a decode worker talks to its prefill workers.
 #[derive(Debug, Clone)]
 pub struct DecodeOptions {
-    /// The prefill worker's transfer address.
-    pub prefill: String,
+    /// Prefill transfer addresses to link to at start; `set_prefills`
+    /// changes the set later (a pinned pair never calls it).
+    pub prefill: Vec<String>,
     /// Longest a transfer may go without a sign of life (its request, or
     /// the prefill worker's last progress report) before it is aborted.
     pub transfer_timeout: Duration,
@@ -42,15 +36,6 @@ pub struct DecodeOptions {
     pub ack_timeout: Duration,
     /// How pages travel.
     pub transport: crate::TransportKind,
-}
-
-/// Where a connection's inbound frames come from.
-enum Source {
-    /// Frames on the TCP connection; page payloads read in place.
-    Tcp(OwnedReadHalf),
-    /// Frames as RDMA receives; the TCP half only tells that the peer is gone.
-    #[cfg(feature = "rdma")]
-    Rdma(bulkhead_transfer::rdma::RdmaReceiver, OwnedReadHalf),
 }
 
 /// Why a request could not be started.
@@ -64,89 +49,72 @@ pub enum SubmitError {
     Unavailable,
 }
 
-/// The decode side of a disaggregated pair.
+/// The decode side of disaggregated serving.
 #[derive(Debug, Clone)]
 pub struct DecodeWorker {
     engine: Arc<Engine>,
-    link: mpsc::UnboundedSender<LinkEvent>,
-    peer: watch::Receiver<Option<Capacity>>,
-    counters: watch::Receiver<TransferCounters>,
     hello: Hello,
+    options: DecodeOptions,
+    /// Every link made so far (a link is retired, never removed, so its
+    /// counters stay in the totals).
+    links: Arc<watch::Sender<Vec<Arc<LinkHandle>>>>,
+    turn: Arc<AtomicUsize>,
 }
 
+/// Counts one transfer against its link until dropped.
 #[derive(Debug)]
-enum LinkEvent {
-    Open {
-        transfer: TransferId,
-        tenant: TenantId,
-        prompt: Vec<u32>,
-        max_tokens: usize,
-        grant: bulkhead_engine::Grant,
-        /// The transfer's span: its `traceparent` goes to prefill, and it
-        /// ends with the transfer.
-        span: tracing::Span,
-    },
-    /// The receiver aborted a transfer after a failed check.
-    Aborting(u64, TransferId),
-    /// The receiver finished with a transfer (its pages are home), and how.
-    Ended(u64, TransferId, &'static str),
-    /// The prefill worker reported progress on a transfer: it is alive.
-    Progress(u64, TransferId),
-    /// The receiver saw the connection end.
-    Closed(u64),
-    Tick,
+pub(crate) struct LoadGuard(Arc<AtomicUsize>);
+
+impl LoadGuard {
+    fn new(load: &Arc<AtomicUsize>) -> LoadGuard {
+        load.fetch_add(1, Ordering::Relaxed);
+        LoadGuard(Arc::clone(load))
+    }
 }
 
-/// What the link tells a connection's receiver.
-#[derive(Debug)]
-enum Inbox {
-    Open {
-        transfer: TransferId,
-        pages: Vec<LentPage>,
-        generations: Vec<bulkhead_kv::Generation>,
-        tokens: u64,
-    },
-    /// The deadline passed; the link already failed the request and sent
-    /// the abort. Drop frames for it until the acknowledgement.
-    Expire(TransferId),
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl DecodeWorker {
-    /// Starts the link to the prefill worker (connecting at once, and again
-    /// whenever a transfer needs it). Call inside a tokio runtime.
+    /// Starts a link to each of `options.prefill` (connecting at once, and
+    /// again after a connection is lost). Call inside a tokio runtime.
     pub fn start(engine: Arc<Engine>, hello: Hello, options: DecodeOptions) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let (peer_tx, peer) = watch::channel(None);
-        let (counters_tx, counters) = watch::channel(TransferCounters::default());
-        let link = Link {
-            engine: Arc::clone(&engine),
+        let (links, _) = watch::channel(Vec::new());
+        let worker = DecodeWorker {
+            engine,
             hello,
             options,
-            events: tx.clone(),
-            conn: None,
-            epoch: 0,
-            open: HashMap::new(),
-            peer: peer_tx,
-            counters: counters_tx,
+            links: Arc::new(links),
+            turn: Arc::default(),
         };
-        tokio::spawn(link.run(rx));
-        let tick = tx.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(50));
-            loop {
-                every.tick().await;
-                if tick.send(LinkEvent::Tick).is_err() {
-                    return;
+        worker.set_prefills(&worker.options.prefill.clone());
+        worker
+    }
+
+    /// Makes `addresses` the fleet's prefill workers: a link to each new
+    /// one; links to the others retire (no new transfer; closed once their
+    /// open transfers end); a returning address gets its link back.
+    pub fn set_prefills(&self, addresses: &[String]) {
+        self.links.send_modify(|links| {
+            for l in links.iter() {
+                let _ = l
+                    .events
+                    .send(LinkEvent::Want(addresses.contains(&l.address)));
+            }
+            for a in addresses {
+                if !links.iter().any(|l| &l.address == a) {
+                    links.push(Arc::new(link::start(
+                        Arc::clone(&self.engine),
+                        self.hello,
+                        self.options.clone(),
+                        a.clone(),
+                    )));
                 }
             }
         });
-        DecodeWorker {
-            engine,
-            link: tx,
-            peer,
-            counters,
-            hello,
-        }
     }
 
     /// The engine.
@@ -156,38 +124,79 @@ impl DecodeWorker {
 
     /// Bytes of one KV page on the wire.
     pub fn page_bytes(&self) -> usize {
-        page_bytes(&self.hello)
+        crate::hello::page_bytes(&self.hello)
     }
 
-    /// Transfer counters (all connections so far).
+    /// Transfer counters (all links, all connections so far).
     pub fn counters(&self) -> TransferCounters {
-        *self.counters.borrow()
+        self.links
+            .borrow()
+            .iter()
+            .fold(TransferCounters::default(), |sum, l| {
+                sum + *l.counters.borrow()
+            })
     }
 
-    /// The pair's limits: the smaller of this engine's and the prefill
-    /// worker's (`None` until the prefill worker has introduced itself).
+    /// Prefill workers linked now: (transfer address, transfers in flight).
+    pub fn prefills(&self) -> Vec<(String, usize)> {
+        self.links
+            .borrow()
+            .iter()
+            .filter(|l| l.peer.borrow().is_some())
+            .map(|l| (l.address.clone(), l.load.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// The largest limits a request could be admitted under now: this
+    /// engine's narrowed by the roomiest linked prefill worker (`None`
+    /// while none is linked).
     pub fn limits(&self) -> Option<Limits> {
-        let peer = (*self.peer.borrow())?;
-        self.engine.info().limits.narrow(&peer)
+        let own = self.engine.info().limits;
+        self.links
+            .borrow()
+            .iter()
+            .filter_map(|l| own.narrow(&(*l.peer.borrow())?))
+            .max_by_key(Limits::pool_tokens)
     }
 
-    /// Waits until the prefill worker has introduced itself, up to `wait`.
+    /// Waits until some prefill worker has introduced itself, up to `wait`.
     pub async fn ready(&self, wait: Duration) -> bool {
-        let mut peer = self.peer.clone();
-        tokio::time::timeout(wait, peer.wait_for(Option::is_some))
-            .await
-            .is_ok_and(|r| r.is_ok())
+        let until = tokio::time::Instant::now() + wait;
+        while self.limits().is_none() {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
     }
 
-    /// Admits `request` against the pair's limits and starts its transfer
-    /// once its pages are allocated. A rejection here happens before any
-    /// page, bootstrap or transfer exists.
+    /// The link for a new transfer: connected to a compatible peer, fewest
+    /// transfers in flight from here, ties taken in turn.
+    fn pick(&self) -> Option<Arc<LinkHandle>> {
+        let links = self.links.borrow();
+        let ready: Vec<&Arc<LinkHandle>> =
+            links.iter().filter(|l| l.peer.borrow().is_some()).collect();
+        let least = ready.iter().map(|l| l.load.load(Ordering::Relaxed)).min()?;
+        let tied: Vec<&&Arc<LinkHandle>> = ready
+            .iter()
+            .filter(|l| l.load.load(Ordering::Relaxed) == least)
+            .collect();
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        Some(Arc::clone(tied[turn % tied.len()]))
+    }
+
+    /// Picks a prefill worker, admits `request` against the pair's limits
+    /// and starts its transfer once its pages are allocated. A rejection
+    /// here happens before any page, bootstrap or transfer exists.
     pub fn submit(
         &self,
         tenant: TenantId,
         request: GenerateRequest,
     ) -> Result<RequestHandle, SubmitError> {
-        let peer = (*self.peer.borrow()).ok_or(SubmitError::Unavailable)?;
+        let link = self.pick().ok_or(SubmitError::Unavailable)?;
+        let peer = (*link.peer.borrow()).ok_or(SubmitError::Unavailable)?;
+        let load = LoadGuard::new(&link.load);
         let transfer = TransferId::new(random_u64());
         let prompt = request.prompt.clone();
         let max_tokens = request.sampling.max_tokens;
@@ -200,520 +209,25 @@ impl DecodeWorker {
             otel.kind = "client",
             bulkhead.transfer.id = transfer.get(),
             bulkhead.transfer.prompt_tokens = prompt.len(),
+            bulkhead.transfer.peer = %link.address,
             bulkhead.transfer.outcome = tracing::field::Empty,
         );
-        let link = self.link.clone();
+        let events = link.events.clone();
         tokio::spawn(async move {
             // No grant means the request ended before its pages existed.
             if let Ok(grant) = grant.await {
-                let _ = link.send(LinkEvent::Open {
+                let _ = events.send(LinkEvent::Open {
                     transfer,
                     tenant,
                     prompt,
                     max_tokens,
                     grant,
                     span,
+                    load,
                 });
             }
         });
         Ok(handle)
-    }
-}
-
-struct Conn {
-    writer: mpsc::UnboundedSender<Message>,
-    inbox: mpsc::UnboundedSender<Inbox>,
-    receiver: JoinHandle<()>,
-}
-
-#[derive(Debug)]
-struct Deadline {
-    until: Instant,
-    /// When this side aborted it (waiting for the acknowledgement).
-    aborting_since: Option<Instant>,
-    /// What decided the transfer before the receiver ended it.
-    outcome: Option<&'static str>,
-    span: tracing::Span,
-}
-
-struct Link {
-    engine: Arc<Engine>,
-    hello: Hello,
-    options: DecodeOptions,
-    events: mpsc::UnboundedSender<LinkEvent>,
-    conn: Option<Conn>,
-    epoch: u64,
-    /// Transfers open on the current connection.
-    open: HashMap<TransferId, Deadline>,
-    peer: watch::Sender<Option<Capacity>>,
-    counters: watch::Sender<TransferCounters>,
-}
-
-impl Link {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<LinkEvent>) {
-        self.connect().await;
-        while let Some(ev) = rx.recv().await {
-            self.handle(ev).await;
-        }
-    }
-
-    async fn connect(&mut self) -> bool {
-        if self.conn.is_some() {
-            return true;
-        }
-        let Ok(Ok(sock)) = tokio::time::timeout(
-            Duration::from_secs(5),
-            TcpStream::connect(&self.options.prefill),
-        )
-        .await
-        else {
-            return false;
-        };
-        let mut sock = sock;
-        let _ = sock.set_nodelay(true);
-        if sock
-            .write_all(&Message::Hello(self.hello).encode())
-            .await
-            .is_err()
-        {
-            return false;
-        }
-        let peer =
-            match tokio::time::timeout(Duration::from_secs(10), Message::read(&mut sock)).await {
-                Ok(Ok(Message::Hello(h))) => h,
-                _ => return false,
-            };
-        let check = check_peer(&self.hello, &peer);
-        if check != HelloCheck::Compatible {
-            eprintln!(
-                "bulkhead decode: prefill worker {} refused: {}",
-                self.options.prefill,
-                check.describe()
-            );
-            return false;
-        }
-        let (source, mut wr) = match &self.options.transport {
-            #[cfg(feature = "rdma")]
-            crate::TransportKind::Rdma { device } => {
-                let logits = self.engine.info().model.vocab * 4 + 64;
-                let frame = (page_bytes(&self.hello) + bulkhead_transfer::wire::PAGE_HEADER_LEN)
-                    .max(logits);
-                let Ok((sock, r)) = crate::rdma::receiver(sock, device.clone(), frame).await else {
-                    return false;
-                };
-                let (rd, wr) = sock.into_split();
-                (Source::Rdma(r, rd), wr)
-            }
-            _ => {
-                let (rd, wr) = sock.into_split();
-                (Source::Tcp(rd), wr)
-            }
-        };
-        let _ = self.peer.send(Some(peer_limits(&peer)));
-        self.epoch += 1;
-        let epoch = self.epoch;
-        let (wtx, mut wrx) = mpsc::unbounded_channel::<Message>();
-        let events = self.events.clone();
-        tokio::spawn(async move {
-            while let Some(m) = wrx.recv().await {
-                if wr.write_all(&m.encode()).await.is_err() {
-                    let _ = events.send(LinkEvent::Closed(epoch));
-                    return;
-                }
-            }
-        });
-        let (inbox, inbox_rx) = mpsc::unbounded_channel();
-        let receiver = Receiver {
-            epoch,
-            engine: Arc::clone(&self.engine),
-            ledger: Ledger::new(Checksums::On),
-            landing: HashMap::new(),
-            inbox: inbox_rx,
-            writer: wtx.clone(),
-            events: self.events.clone(),
-            counters: self.counters.clone(),
-            base: *self.counters.borrow(),
-            page_bytes: page_bytes(&self.hello),
-        };
-        let receiver = tokio::spawn(receiver.run(source));
-        self.conn = Some(Conn {
-            writer: wtx,
-            inbox,
-            receiver,
-        });
-        true
-    }
-
-    async fn handle(&mut self, ev: LinkEvent) {
-        match ev {
-            LinkEvent::Open {
-                transfer,
-                tenant,
-                prompt,
-                max_tokens,
-                grant,
-                span,
-            } => {
-                if !self.connect().await {
-                    span.record("bulkhead.transfer.outcome", "connection_lost");
-                    drop(grant); // the landing pages go home first
-                    self.engine
-                        .fence_transfer(transfer, TransferFault::ConnectionLost);
-                    return;
-                }
-                let Some(conn) = &self.conn else { return };
-                let slots = grant.generations.clone();
-                let opened = conn.inbox.send(Inbox::Open {
-                    transfer,
-                    pages: grant.pages,
-                    generations: grant.generations,
-                    tokens: prompt.len() as u64,
-                });
-                if opened.is_err() {
-                    self.engine
-                        .fence_transfer(transfer, TransferFault::ConnectionLost);
-                    return;
-                }
-                let traceparent = bulkhead_telemetry::traceparent_of(&span);
-                self.open.insert(
-                    transfer,
-                    Deadline {
-                        until: Instant::now() + self.options.transfer_timeout,
-                        aborting_since: None,
-                        outcome: None,
-                        span,
-                    },
-                );
-                let _ = conn.writer.send(Message::Prefill(PrefillRequest {
-                    transfer,
-                    tenant: tenant.get(),
-                    max_tokens: max_tokens as u64,
-                    prompt,
-                    slots,
-                    traceparent,
-                }));
-            }
-            LinkEvent::Aborting(epoch, t) if epoch == self.epoch => {
-                if let Some(d) = self.open.get_mut(&t) {
-                    d.aborting_since = Some(Instant::now());
-                    d.outcome.get_or_insert("aborted");
-                }
-            }
-            LinkEvent::Ended(epoch, t, how) if epoch == self.epoch => {
-                if let Some(d) = self.open.remove(&t) {
-                    // The first thing that decided it: a timeout or our
-                    // abort, else how the receiver ended it.
-                    d.span
-                        .record("bulkhead.transfer.outcome", d.outcome.unwrap_or(how));
-                }
-            }
-            LinkEvent::Progress(epoch, t) if epoch == self.epoch => {
-                // The deadline runs from the last sign of life, so a long
-                // prompt being computed is never timed out.
-                if let Some(d) = self.open.get_mut(&t)
-                    && d.aborting_since.is_none()
-                {
-                    d.until = Instant::now() + self.options.transfer_timeout;
-                }
-            }
-            LinkEvent::Closed(epoch) if epoch == self.epoch => self.close().await,
-            LinkEvent::Aborting(..)
-            | LinkEvent::Ended(..)
-            | LinkEvent::Progress(..)
-            | LinkEvent::Closed(_) => {}
-            LinkEvent::Tick => self.tick().await,
-        }
-    }
-
-    async fn tick(&mut self) {
-        let now = Instant::now();
-        let Some(conn) = &self.conn else { return };
-        let mut overdue = false;
-        for (t, d) in &mut self.open {
-            match d.aborting_since {
-                None if d.until <= now => {
-                    // Fail the client now; the pages stay out (held) until
-                    // the peer acknowledges or the connection is gone.
-                    d.aborting_since = Some(now);
-                    d.outcome.get_or_insert("timeout");
-                    self.engine.fail_transfer(*t, TransferFault::Timeout);
-                    let _ = conn.inbox.send(Inbox::Expire(*t));
-                    let _ = conn.writer.send(Message::Abort { transfer: *t });
-                }
-                Some(since) if now - since > self.options.ack_timeout => overdue = true,
-                _ => {}
-            }
-        }
-        if overdue {
-            // The peer does not acknowledge: closing the connection is the
-            // fence that makes release safe.
-            self.close().await;
-        }
-    }
-
-    /// Ends the current connection: the receiver (and every landing page it
-    /// holds) is dropped first, then every transfer still open is fenced.
-    async fn close(&mut self) {
-        let Some(conn) = self.conn.take() else { return };
-        self.epoch += 1;
-        conn.receiver.abort();
-        let _ = conn.receiver.await;
-        for (t, d) in self.open.drain() {
-            d.span.record(
-                "bulkhead.transfer.outcome",
-                d.outcome.unwrap_or("connection_lost"),
-            );
-            self.engine.fence_transfer(t, TransferFault::ConnectionLost);
-        }
-    }
-}
-
-/// The receiving half of one connection.
-struct Receiver {
-    epoch: u64,
-    engine: Arc<Engine>,
-    ledger: Ledger,
-    landing: HashMap<TransferId, Vec<LentPage>>,
-    inbox: mpsc::UnboundedReceiver<Inbox>,
-    writer: mpsc::UnboundedSender<Message>,
-    events: mpsc::UnboundedSender<LinkEvent>,
-    counters: watch::Sender<TransferCounters>,
-    /// Counters of earlier connections, added to this ledger's.
-    base: TransferCounters,
-    page_bytes: usize,
-}
-
-impl Receiver {
-    async fn run(mut self, mut source: Source) {
-        let mut scratch = Vec::new();
-        loop {
-            let ok = match &mut source {
-                Source::Tcp(rd) => {
-                    let head = Message::read_head(rd).await;
-                    // Transfers opened before this frame was sent are in the inbox.
-                    self.drain_inbox();
-                    match head {
-                        Ok(Head::Page(h, len)) => self.page(rd, &h, len, &mut scratch).await,
-                        Ok(Head::Message(m)) => self.message(m),
-                        Err(_) => false,
-                    }
-                }
-                #[cfg(feature = "rdma")]
-                Source::Rdma(frames, control) => {
-                    use tokio::io::AsyncReadExt;
-                    let frame = tokio::select! {
-                        f = frames.next() => f,
-                        _ = control.read_u8() => None,
-                    };
-                    self.drain_inbox();
-                    match frame {
-                        Some(Ok(Message::Page(h, payload))) => self.received_page(&h, &payload),
-                        Some(Ok(m)) => self.message(m),
-                        _ => false,
-                    }
-                }
-            };
-            self.publish();
-            if !ok {
-                break;
-            }
-        }
-        // The connection is gone: no write can arrive. Pages go home, then
-        // every open transfer is fenced.
-        self.landing.clear();
-        for t in self.ledger.connection_lost() {
-            self.engine.fence_transfer(t, TransferFault::ConnectionLost);
-            let _ = self
-                .events
-                .send(LinkEvent::Ended(self.epoch, t, "connection_lost"));
-        }
-        self.publish();
-        let _ = self.events.send(LinkEvent::Closed(self.epoch));
-    }
-
-    fn publish(&self) {
-        let c = self.ledger.counters();
-        let b = self.base;
-        let _ = self.counters.send(TransferCounters {
-            started: b.started + c.started,
-            committed: b.committed + c.committed,
-            rejected: b.rejected + c.rejected,
-            failed: b.failed + c.failed,
-            checksum_mismatches: b.checksum_mismatches + c.checksum_mismatches,
-            slot_mismatches: b.slot_mismatches + c.slot_mismatches,
-            duplicate_pages: b.duplicate_pages + c.duplicate_pages,
-            incomplete: b.incomplete + c.incomplete,
-            dropped_frames: b.dropped_frames + c.dropped_frames,
-            aborts_sent: b.aborts_sent + c.aborts_sent,
-            aborts_received: b.aborts_received + c.aborts_received,
-            acks_sent: b.acks_sent + c.acks_sent,
-            acks_received: b.acks_received + c.acks_received,
-            timeouts: b.timeouts + c.timeouts,
-            connection_losses: b.connection_losses + c.connection_losses,
-            pages_received: b.pages_received + c.pages_received,
-        });
-    }
-
-    fn drain_inbox(&mut self) {
-        while let Ok(m) = self.inbox.try_recv() {
-            match m {
-                Inbox::Open {
-                    transfer,
-                    pages,
-                    generations,
-                    tokens,
-                } => {
-                    if self
-                        .ledger
-                        .open_transfer(transfer, generations, tokens, self.page_bytes)
-                    {
-                        self.landing.insert(transfer, pages);
-                    }
-                }
-                Inbox::Expire(t) => {
-                    self.ledger.expire(t);
-                }
-            }
-        }
-    }
-
-    /// A page frame: into its landing slot if the header fits the grant,
-    /// else into scratch memory; then the ledger rules.
-    async fn page(
-        &mut self,
-        rd: &mut OwnedReadHalf,
-        h: &bulkhead_transfer::PageHeader,
-        len: usize,
-        scratch: &mut Vec<u8>,
-    ) -> bool {
-        let verdict = match Self::landing_page(&self.ledger, &mut self.landing, h, len) {
-            Some(page) => {
-                if read_payload_into(rd, page, len).await.is_err() {
-                    return false;
-                }
-                self.ledger.on_page(h, page.bytes())
-            }
-            None => {
-                scratch.resize(len, 0);
-                if read_payload(rd, scratch).await.is_err() {
-                    return false;
-                }
-                self.ledger.on_page(h, scratch)
-            }
-        };
-        self.rule(verdict);
-        true
-    }
-
-    /// The lent landing page a frame with header `h` and `len` payload bytes
-    /// may be read into, if the ledger says its header fits the grant.
-    fn landing_page<'a>(
-        ledger: &Ledger,
-        landing: &'a mut HashMap<TransferId, Vec<LentPage>>,
-        h: &bulkhead_transfer::PageHeader,
-        len: usize,
-    ) -> Option<&'a mut LentPage> {
-        let slot = ledger.landing_slot(h, len)?;
-        landing
-            .get_mut(&h.transfer)?
-            .iter_mut()
-            .find(|p| p.slot() == slot)
-    }
-
-    fn rule(&mut self, verdict: PageVerdict) {
-        if let PageVerdict::Fail(t, fault) = verdict {
-            self.abort(t, fault_of(fault));
-        }
-    }
-
-    /// A page that arrived whole (RDMA): copied into its landing slot if
-    /// the header fits the grant, then the ledger rules.
-    #[cfg(feature = "rdma")]
-    fn received_page(&mut self, h: &bulkhead_transfer::PageHeader, payload: &[u8]) -> bool {
-        let verdict = match Self::landing_page(&self.ledger, &mut self.landing, h, payload.len()) {
-            Some(page) => {
-                bytes::BufMut::put_slice(page, payload);
-                self.ledger.on_page(h, page.bytes())
-            }
-            None => self.ledger.on_page(h, payload),
-        };
-        self.rule(verdict);
-        true
-    }
-
-    fn message(&mut self, m: Message) -> bool {
-        match m {
-            Message::Done(d) => match self.ledger.on_done(&d) {
-                DoneVerdict::Commit(t) => {
-                    // Pages home first, then the commit (same channel, in order).
-                    self.end(t, "committed");
-                    self.engine.commit_transfer(t, d.logits);
-                    let _ = self.writer.send(Message::Release { transfer: t });
-                }
-                DoneVerdict::Dropped => {}
-                DoneVerdict::Fail(t, fault) => self.abort(t, fault_of(fault)),
-            },
-            Message::Rejected { transfer, error } => {
-                if self.ledger.on_rejected(transfer) {
-                    self.end(transfer, "rejected");
-                    self.engine.reject_transfer(transfer, error);
-                }
-            }
-            Message::Abort { transfer } => {
-                if self.ledger.on_peer_abort(transfer) {
-                    // The peer wrote its last frame for it before this.
-                    self.end(transfer, "aborted_by_prefill");
-                    self.engine
-                        .fence_transfer(transfer, TransferFault::PeerAborted);
-                    let _ = self.writer.send(Message::AbortAck { transfer });
-                }
-            }
-            Message::Progress { transfer, .. } => {
-                let _ = self.events.send(LinkEvent::Progress(self.epoch, transfer));
-            }
-            Message::AbortAck { transfer } => {
-                if self.ledger.on_abort_ack(transfer) {
-                    self.end(transfer, "aborted");
-                    self.engine
-                        .fence_transfer(transfer, TransferFault::PeerAborted);
-                }
-            }
-            // A prefill worker never sends these: drop the connection.
-            Message::Hello(_)
-            | Message::Prefill(_)
-            | Message::Release { .. }
-            | Message::Page(..) => {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// No write for `t` can arrive any more: its landing pages go home
-    /// (before whatever the caller tells the engine next) and the link
-    /// forgets its deadline.
-    fn end(&mut self, t: TransferId, how: &'static str) {
-        self.landing.remove(&t);
-        let _ = self.events.send(LinkEvent::Ended(self.epoch, t, how));
-    }
-
-    /// A check failed: fail the request now, keep the pages until the peer
-    /// acknowledges the abort.
-    fn abort(&mut self, t: TransferId, fault: TransferFault) {
-        if self.ledger.abort(t) {
-            self.engine.fail_transfer(t, fault);
-            let _ = self.writer.send(Message::Abort { transfer: t });
-            let _ = self.events.send(LinkEvent::Aborting(self.epoch, t));
-        }
-    }
-}
-
-fn fault_of(f: Fault) -> TransferFault {
-    match f {
-        Fault::Checksum => TransferFault::Checksum,
-        Fault::Slot => TransferFault::Slot,
-        Fault::Duplicate => TransferFault::Duplicate,
-        Fault::Incomplete => TransferFault::Incomplete,
     }
 }
 

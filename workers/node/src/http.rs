@@ -395,6 +395,11 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
                 "acks_sent": c.acks_sent, "acks_received": c.acks_received,
                 "timeouts": c.timeouts, "connection_losses": c.connection_losses,
             });
+            v["prefills"] = d
+                .prefills()
+                .into_iter()
+                .map(|(address, in_flight)| json!({"address": address, "in_flight": in_flight}))
+                .collect();
         }
         Role::Prefill(w) => {
             let c = w.counters();

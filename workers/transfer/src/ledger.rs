@@ -96,6 +96,31 @@ pub struct TransferCounters {
     pub pages_received: u64,
 }
 
+impl std::ops::Add for TransferCounters {
+    type Output = TransferCounters;
+
+    fn add(self, o: TransferCounters) -> TransferCounters {
+        TransferCounters {
+            started: self.started + o.started,
+            committed: self.committed + o.committed,
+            rejected: self.rejected + o.rejected,
+            failed: self.failed + o.failed,
+            checksum_mismatches: self.checksum_mismatches + o.checksum_mismatches,
+            slot_mismatches: self.slot_mismatches + o.slot_mismatches,
+            duplicate_pages: self.duplicate_pages + o.duplicate_pages,
+            incomplete: self.incomplete + o.incomplete,
+            dropped_frames: self.dropped_frames + o.dropped_frames,
+            aborts_sent: self.aborts_sent + o.aborts_sent,
+            aborts_received: self.aborts_received + o.aborts_received,
+            acks_sent: self.acks_sent + o.acks_sent,
+            acks_received: self.acks_received + o.acks_received,
+            timeouts: self.timeouts + o.timeouts,
+            connection_losses: self.connection_losses + o.connection_losses,
+            pages_received: self.pages_received + o.pages_received,
+        }
+    }
+}
+
 #[derive(Debug)]
 enum State {
     Live,
