@@ -166,6 +166,10 @@ fn report(s: &NodeStatus) {
     }
 }
 
+/// How often a decode worker that knows no prefill worker heartbeats (and
+/// so asks the control plane for them).
+const PEERLESS_HEARTBEAT: Duration = Duration::from_millis(500);
+
 /// Heartbeats forever; re-registers if the control plane forgot the node.
 async fn heartbeats(
     client: Client,
@@ -176,7 +180,12 @@ async fn heartbeats(
 ) {
     let mut routable = status.node.routable;
     loop {
-        tokio::time::sleep(Duration::from_millis(status.heartbeat_interval_ms.max(100))).await;
+        let mut wait = Duration::from_millis(status.heartbeat_interval_ms.max(100));
+        if prefills.is_some() && status.prefill_peers.is_empty() {
+            // A decode worker with no prefill worker asks again soon.
+            wait = wait.min(PEERLESS_HEARTBEAT);
+        }
+        tokio::time::sleep(wait).await;
         let e = Arc::clone(&engine);
         let load = tokio::task::spawn_blocking(move || e.stats())
             .await

@@ -271,12 +271,9 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
                 prefills,
             })
             .await?;
-        if discover && !worker.ready(Duration::from_secs(30)).await {
-            tracing::warn!(
-                target: "bulkhead::worker",
-                "no compatible prefill worker of this model within 30 s; requests get 503 until one appears"
-            );
-        }
+        // A discovering worker announces at once: its prefill workers may
+        // become routable only later (a config change), and until one is
+        // linked its requests get 503, which a gateway sends elsewhere.
         announce(&format!(
             "bulkhead decode: listening http={}",
             http.local_addr()?

@@ -293,8 +293,53 @@ async fn check_routable(
                 );
             }
         }
+        // Ready means answering: every decode worker has linked to a
+        // prefill worker (they learn of them through the control plane).
+        for n in ours
+            .iter()
+            .filter(|n| n.registration.role == bulkhead_control_api::NodeRole::Decode)
+        {
+            let until = std::time::Instant::now() + Duration::from_secs(30);
+            while !linked(&n.registration.address).await {
+                anyhow::ensure!(
+                    std::time::Instant::now() < until,
+                    "{} linked to no prefill worker within 30 s",
+                    n.registration.name
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
     Ok(())
+}
+
+/// Whether the decode worker at `address` is linked to a prefill worker
+/// (its `/stats` lists one).
+async fn linked(address: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(address).await else {
+        return false;
+    };
+    let req = format!("GET /stats HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    let mut out = Vec::new();
+    let read = async {
+        s.write_all(req.as_bytes()).await?;
+        s.read_to_end(&mut out).await
+    };
+    if !matches!(
+        tokio::time::timeout(Duration::from_secs(5), read).await,
+        Ok(Ok(_))
+    ) {
+        return false;
+    }
+    let text = String::from_utf8_lossy(&out);
+    let Some((_, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["prefills"].as_array().map(|a| !a.is_empty()))
+        .unwrap_or(false)
 }
 
 /// A window this machine cannot prefill within the workers' deadline is

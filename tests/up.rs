@@ -233,6 +233,136 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         "{v}"
     );
 
+    // Two models, each on its own workers: a request by slug reaches only
+    // that model's decode worker; flipping one private leaves the other
+    // serving; both listings show each account what it may see.
+    let cp_url = creds["control_plane_url"].as_str().unwrap_or_default();
+    let op = creds["operator_token"].as_str().unwrap_or_default();
+    let models: Vec<String> = creds["models"]
+        .as_array()
+        .expect("models")
+        .iter()
+        .filter_map(|m| m.as_str().map(str::to_owned))
+        .collect();
+    let q8 = format!("{model}-q8");
+    assert_eq!(models, vec![model.clone(), q8.clone()]);
+    let decode_of = |name: &str| -> String {
+        get(cp_url, "/admin/v1/nodes", op)
+            .as_array()
+            .and_then(|n| n.iter().find(|n| n["name"] == name).cloned())
+            .and_then(|n| n["address"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| panic!("{name} registered"))
+    };
+    let started = |addr: &str| {
+        get(&format!("http://{addr}"), "/stats", "")["transfer"]["started"]
+            .as_u64()
+            .expect("started")
+    };
+    let (q4_decode, q8_decode) = (decode_of("up-decode"), decode_of("up-q8-decode"));
+    let before = (started(&q4_decode), started(&q8_decode));
+    let q8_path = format!(
+        "/client/v4/accounts/{}/ai/run/{q8}",
+        a["id"].as_str().unwrap_or_default()
+    );
+    let token = a["token"].as_str().unwrap_or_default();
+    let (status, text) = post(&gw, &q8_path, token, body);
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert!(
+        v["result"]["response"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{v}"
+    );
+    assert_eq!(
+        (started(&q4_decode), started(&q8_decode)),
+        (before.0, before.1 + 1),
+        "the -q8 request went to the -q8 decode worker only"
+    );
+    let listed = |tok: &str| -> (Vec<String>, Vec<String>) {
+        let openai = get(&gw, "/v1/models", tok)["data"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let acct = accounts
+            .iter()
+            .find(|x| x["token"] == tok)
+            .and_then(|x| x["id"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let search = get(
+            &gw,
+            &format!("/client/v4/accounts/{acct}/ai/models/search"),
+            tok,
+        )["result"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .filter_map(|m| m["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        (openai, search)
+    };
+    for acct in &accounts {
+        let (openai, search) = listed(acct["token"].as_str().unwrap_or_default());
+        for m in &models {
+            assert!(
+                openai.contains(m) && search.contains(m),
+                "{m}: {openai:?} {search:?}"
+            );
+        }
+    }
+    let flip = |visibility: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+            .args([
+                "model",
+                visibility,
+                &q8,
+                "--reason",
+                "two-model test",
+                "--data-dir",
+            ])
+            .arg(&dir)
+            .env_remove("BULKHEAD_CONTROL_PLANE_URL")
+            .env_remove("BULKHEAD_TOKEN")
+            .output()
+            .expect("flip");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    flip("private");
+    let (status, text) = post(&gw, &q8_path, token, body);
+    // Workers AI's own answer for a model that does not exist.
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("5007") && text.contains("No such model"),
+        "a private model is as if it did not exist: {text}"
+    );
+    let (status, text) = post(&gw, &path, token, body);
+    assert_eq!(status, 200, "the other model keeps serving: {text}");
+    for acct in &accounts {
+        let (openai, search) = listed(acct["token"].as_str().unwrap_or_default());
+        assert!(
+            openai.contains(&model) && search.contains(&model),
+            "{openai:?} {search:?}"
+        );
+        assert!(
+            !openai.contains(&q8) && !search.contains(&q8),
+            "{openai:?} {search:?}"
+        );
+    }
+    flip("public");
+    let (status, text) = post(&gw, &q8_path, token, body);
+    assert_eq!(status, 200, "{text}");
+
     // A prompt at the full context window of up's config succeeds: `up`
     // serves the window this machine prefills within the deadline.
     let cp = creds["control_plane_url"].as_str().unwrap_or_default();

@@ -205,9 +205,14 @@ pub(crate) async fn start(
     // reason another worker may not share, is skipped and the next tried.
     let workers = ctx.snap.table.workers(&model.slug);
     let mut tried = Vec::new();
+    let mut last: Option<UpstreamError> = None;
     let (first, rest, lease) = loop {
         let Some((node, lease)) = state.picker.pick(workers, &tried) else {
-            let e = GatewayError::Unavailable("no worker serves this model now");
+            // Every worker was tried: the last one's error is the answer.
+            let e = last.take().map_or(
+                GatewayError::Unavailable("no worker serves this model now"),
+                GatewayError::from,
+            );
             timer.failed(e.kind());
             return Err(e);
         };
@@ -241,6 +246,7 @@ pub(crate) async fn start(
                         "worker failed before the first byte; trying another"
                     );
                     metrics::retried();
+                    last = Some(e);
                     continue;
                 }
                 let e = GatewayError::from(e);
