@@ -362,7 +362,9 @@ async fn reduce_window(
     if active.spec.properties.context_window <= max {
         return Ok(false);
     }
-    let window = (max / 256) * 256;
+    // A quarter kept in hand: a worker restarted while the others are busy
+    // measures itself slower, and must still fit the window to be routable.
+    let window = (max * 3 / 4 / 256) * 256;
     anyhow::ensure!(
         window >= 256,
         "this machine prefills at most {max} tokens within {} s; no useful context window fits",
@@ -371,7 +373,8 @@ async fn reduce_window(
     let was = active.spec.properties.context_window;
     eprintln!(
         "bulkhead up: prefilling the {was}-token context window of {slug} would take about {} s here, over the \
-         {} s prefill deadline; serving a {window}-token window (raise --prefill-deadline-secs to serve more)",
+         {} s prefill deadline; serving a {window}-token window, a quarter under the longest prompt prefilled \
+         in time (raise --prefill-deadline-secs to serve more)",
         figures.prompt_ms(was).div_ceil(1000),
         figures.deadline_ms / 1000,
     );

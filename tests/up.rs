@@ -4,95 +4,16 @@
 //! from the credentials it wrote, a clean stop on SIGTERM, and a second `up`
 //! reusing the same accounts and tokens.
 
+mod support;
+
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
-
-struct Up {
-    child: Child,
-    lines: Vec<String>,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        // SIGTERM first: `up` stops its components; SIGKILL would orphan them.
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let until = std::time::Instant::now() + Duration::from_secs(10);
-        while std::time::Instant::now() < until {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::platform::{Up, child_pid, get, post};
 
 fn up(dir: &std::path::Path) -> Up {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-        .args(["up", "--port", "0", "--threads", "1", "--data-dir"])
-        .arg(dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("bulkhead up starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let mut lines = Vec::new();
-    loop {
-        let l = rx
-            .recv_timeout(Duration::from_secs(180))
-            .expect("up prints its summary");
-        let done = l.contains("Ctrl-C stops everything");
-        lines.push(l);
-        if done {
-            break;
-        }
-    }
-    Up { child, lines }
-}
-
-fn post(url: &str, path: &str, token: &str, body: &str) -> (u16, String) {
-    let addr = url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(600))).ok();
-    let req = format!(
-        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).expect("send");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    (status, body.to_owned())
-}
-
-fn get(url: &str, path: &str, token: &str) -> Value {
-    let addr = url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-    let req =
-        format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n");
-    s.write_all(req.as_bytes()).expect("send");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (_, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
-    serde_json::from_str(body).expect("JSON")
+    support::platform::up(dir, &[])
 }
 
 /// Text the default model's tokenizer turns into exactly `n` tokens.
@@ -116,19 +37,6 @@ fn text_of_tokens(n: usize) -> String {
         assert!(words > 0 && words < 4 * n + 8, "no text of {n} tokens");
         words = if got > n { words - 1 } else { words + 1 };
     }
-}
-
-/// The pid of `up`'s child running `bulkhead <role> ...`.
-fn child_pid(up: u32, role: &str) -> u32 {
-    let out = Command::new("pgrep")
-        .args(["-P", &up.to_string(), "-f", &format!("bulkhead {role} ")])
-        .output()
-        .expect("pgrep");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {role} child of up {up}"))
 }
 
 fn stop(mut u: Up, urls: &[&String]) {
@@ -433,7 +341,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("public"));
     // A worker that dies is restarted where it was; the platform keeps
     // serving and answers again once it is back.
-    let decode_pid = child_pid(first.child.id(), "decode");
+    let decode_pid = child_pid(first.child.id(), "decode", "--node-name up-decode ");
     let killed = Command::new("kill")
         .args(["-KILL", &decode_pid.to_string()])
         .status()
@@ -452,7 +360,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         std::thread::sleep(Duration::from_millis(500));
     }
     assert_ne!(
-        child_pid(first.child.id(), "decode"),
+        child_pid(first.child.id(), "decode", "--node-name up-decode "),
         decode_pid,
         "a new decode worker"
     );

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod platform;
+
 use bulkhead_transfer::Message;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
