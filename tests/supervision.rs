@@ -78,7 +78,7 @@ impl Load {
                     let mut n = 0usize;
                     while !stop.load(Ordering::Relaxed) {
                         n += 1;
-                        let stream = (n + c) % 2 == 0;
+                        let stream = (n + c).is_multiple_of(2);
                         let body = json!({
                             "model": "@cf/huggingfacetb/smollm2-135m-instruct",
                             "messages": [{"role": "user", "content": format!("Count to {n}, client {c}.")}],
