@@ -227,13 +227,22 @@ pub(crate) async fn start(
             bulkhead.routing.version = ctx.snap.table.version(),
             bulkhead.attempt = tried.len(),
         );
-        let called = state
-            .upstream
-            .generate(&node.registration.address, ctx.principal.tenant, body)
-            .instrument(span)
-            .await;
+        // A worker that leaves the routing table (its heartbeat lapsed: a
+        // partition that TCP alone would notice only after minutes) fails
+        // the request, before its first line or after.
+        let left = || state.watch.node_left(model.slug.clone(), node.id);
+        let called = tokio::select! {
+            r = state
+                .upstream
+                .generate(&node.registration.address, ctx.principal.tenant, body)
+                .instrument(span) => r,
+            () = left() => Err(UpstreamError::Unreachable),
+        };
         match called {
-            Ok((first, rest)) => break (first, rest, lease),
+            Ok((first, mut rest)) => {
+                rest.cut_when(left());
+                break (first, rest, lease);
+            }
             Err(e) => {
                 if e == UpstreamError::Unreachable {
                     state.picker.unreachable(node.id);

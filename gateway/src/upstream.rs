@@ -112,6 +112,7 @@ impl Upstream {
             body: resp.into_body(),
             buf: Vec::new(),
             done: false,
+            gone: None,
         };
         match stream.next().await {
             Some(Ok(Line::Error { error })) => Err(UpstreamError::Worker {
@@ -138,14 +139,47 @@ pub(crate) fn status_of(code: &str) -> u16 {
 }
 
 /// The NDJSON lines of a worker's answer.
-#[derive(Debug)]
 pub(crate) struct LineStream {
     body: Incoming,
     buf: Vec<u8>,
     done: bool,
+    /// Resolves when the worker is known to be gone (it left the routing
+    /// table): the stream then ends as unreachable, whatever its socket says.
+    gone: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+}
+
+impl std::fmt::Debug for LineStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LineStream")
+            .field("buffered", &self.buf.len())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
 }
 
 impl LineStream {
+    /// Ends the stream as unreachable once `gone` resolves.
+    pub(crate) fn cut_when(
+        &mut self,
+        gone: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        self.gone = Some(Box::pin(gone));
+    }
+
+    /// The next frame of the body, unless the worker is gone first.
+    async fn frame(&mut self) -> Option<Result<hyper::body::Frame<Bytes>, UpstreamError>> {
+        let frame = self.body.frame();
+        match &mut self.gone {
+            Some(gone) => tokio::select! {
+                f = frame => f.map(|r| r.map_err(|_| UpstreamError::Unreachable)),
+                () = gone => Some(Err(UpstreamError::Unreachable)),
+            },
+            None => frame
+                .await
+                .map(|r| r.map_err(|_| UpstreamError::Unreachable)),
+        }
+    }
+
     /// The next line; `None` after the end.
     pub(crate) async fn next(&mut self) -> Option<Result<Line, UpstreamError>> {
         loop {
@@ -162,7 +196,7 @@ impl LineStream {
             if self.done {
                 return None;
             }
-            match self.body.frame().await {
+            match self.frame().await {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         if self.buf.len() + data.len() > 16 << 20 {

@@ -76,6 +76,31 @@ impl RoutingWatch {
             .is_ok()
     }
 
+    /// Resolves once an applied table no longer routes `slug` to `node`
+    /// (its heartbeat lapsed, it was removed or no longer fits); never while
+    /// no new table arrives (a control plane that is down cuts nothing).
+    pub(crate) fn node_left(
+        &self,
+        slug: bulkhead_control_api::ModelSlug,
+        node: i64,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.rx.clone();
+        async move {
+            loop {
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+                let gone = rx
+                    .borrow_and_update()
+                    .as_ref()
+                    .is_some_and(|s| !s.table.workers(&slug).iter().any(|n| n.id == node));
+                if gone {
+                    return;
+                }
+            }
+        }
+    }
+
     /// Waits until the applied table has at least `version`.
     pub async fn applied(&self, version: u64, limit: Duration) -> bool {
         let mut rx = self.rx.clone();

@@ -22,8 +22,21 @@ pub struct Worker {
 impl Worker {
     /// Starts `bulkhead <args>` and waits for its `listening` line.
     pub fn start(args: &[&str]) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-            .args(args)
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_bulkhead"));
+        cmd.args(args);
+        Worker::spawn(cmd)
+    }
+
+    /// Starts `bulkhead <args>` in network namespace `ns` (`ip netns exec`).
+    pub fn start_in(ns: &str, args: &[&str]) -> Worker {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_bulkhead")])
+            .args(args);
+        Worker::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Worker {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
