@@ -342,3 +342,47 @@ impl ActivationsQ8 {
         self.blocks_per_row
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// GGUF bytes of one Q4_1 row of 64 values: scale, minimum, quants.
+    fn q4_1_row() -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for (d, m) in [(0.25f32, -1.0f32), (0.5, -3.0)] {
+            bytes.extend_from_slice(&f16::from_f32(d).to_le_bytes());
+            bytes.extend_from_slice(&f16::from_f32(m).to_le_bytes());
+            bytes.extend((0..16u8).map(|i| i | ((15 - i) << 4)));
+        }
+        bytes
+    }
+
+    #[test]
+    fn q8_0_conversion_keeps_every_value_within_half_a_step() {
+        let w = WeightsQ::from_gguf_bytes(WeightFormat::Q4_1, 1, 64, &q4_1_row()).unwrap();
+        let q = w.to_q8_0();
+        assert_eq!(q.format(), WeightFormat::Q8_0);
+        let (mut a, mut b) = (vec![0f32; 64], vec![0f32; 64]);
+        w.dequantize_row(0, &mut a);
+        q.dequantize_row(0, &mut b);
+        for block in 0..2 {
+            let r = block * BLOCK..(block + 1) * BLOCK;
+            let amax = a[r.clone()].iter().fold(0f32, |m, x| m.max(x.abs()));
+            let step = amax / 127.0;
+            for i in r {
+                assert!(
+                    (a[i] - b[i]).abs() <= step * 0.51 + 1e-3,
+                    "{i}: {} became {}",
+                    a[i],
+                    b[i]
+                );
+            }
+        }
+        // Converting Q8_0 again changes nothing.
+        let again = q.to_q8_0();
+        let mut c = vec![0f32; 64];
+        again.dequantize_row(0, &mut c);
+        assert_eq!(b, c);
+    }
+}
