@@ -243,25 +243,7 @@ fn probe_paths_answer_on_the_real_components() {
         data,
     ]);
     let cp_addr = cp.addr("http");
-    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-        .args([
-            "control-plane",
-            "token",
-            "create",
-            "--name",
-            "edge",
-            "--role",
-            "gateway",
-        ])
-        .args(["--data-dir", data])
-        .output()
-        .expect("token");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let token = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let token = support::platform::operator_token(data, "edge", "gateway");
     let cp_url = format!("http://{cp_addr}");
     let gw = support::Worker::start(&[
         "gateway",

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use support::Worker;
-use support::platform::try_call;
+use support::platform::{operator_token as token, try_call};
 
 const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 const TTL_SECS: u64 = 4;
@@ -156,28 +156,6 @@ fn json_of(r: std::io::Result<(u16, String)>, want: u16) -> Value {
     let (status, body) = r.expect("answered");
     assert_eq!(status, want, "{body}");
     serde_json::from_str(&body).expect("JSON")
-}
-
-fn token(dir: &str, name: &str, role: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-        .args([
-            "control-plane",
-            "token",
-            "create",
-            "--name",
-            name,
-            "--role",
-            role,
-        ])
-        .args(["--data-dir", dir])
-        .output()
-        .expect("token create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
@@ -420,101 +398,58 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
         assert!(n >= 1, "{host} served nothing");
     }
 
-    // 2. A decode host cut off under load.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let clients: Vec<_> = (0..2)
-        .map(|_| load(&net, &tenant, std::sync::Arc::clone(&stop)))
-        .collect();
-    std::thread::sleep(Duration::from_secs(2));
-    net.cut("d1");
-    let took = wait_until(
-        "decode-1 unroutable",
-        Duration::from_secs(TTL_SECS + 3),
-        || node(&nodes(), "decode-1")["routable"] == false,
-    );
-    eprintln!(
-        "decode-1 cut off: unroutable after {:.1} s (TTL {TTL_SECS} s)",
-        took.as_secs_f64()
-    );
-    std::thread::sleep(Duration::from_secs(4));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (ok, failed) = clients
-        .into_iter()
-        .map(|c| c.join().expect("client"))
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    eprintln!("decode host cut: {ok} complete, {failed} failed cleanly");
-    assert!(ok >= 2, "the platform kept serving");
-    assert!(
-        failed <= 4,
-        "only the requests in flight on decode-1 failed ({failed})"
-    );
-    let d2_before = stats("d2", 8082)["transfer"]["started"]
-        .as_u64()
-        .unwrap_or(0);
-    for n in 0..4 {
-        assert_eq!(
-            chat(&net, if n % 2 == 0 { "g1" } else { "g2" }, &tenant, n),
-            Ok(true),
-            "after the cut"
+    // 2. A decode host cut off under load; then 3. a prefill host.
+    let cut = |host: &str, name: &str, settled: &dyn Fn() -> bool, survivor: (&str, u16, &str)| {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let clients: Vec<_> = (0..2)
+            .map(|_| load(&net, &tenant, std::sync::Arc::clone(&stop)))
+            .collect();
+        std::thread::sleep(Duration::from_secs(2));
+        net.cut(host);
+        let took = wait_until(
+            &format!("{name} unroutable"),
+            Duration::from_secs(TTL_SECS + 3),
+            || node(&nodes(), name)["routable"] == false,
         );
-    }
-    assert!(
-        stats("d2", 8082)["transfer"]["started"]
-            .as_u64()
-            .unwrap_or(0)
-            >= d2_before + 4,
-        "decode-2 took them"
-    );
-
-    // 3. A prefill host cut off under load.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let clients: Vec<_> = (0..2)
-        .map(|_| load(&net, &tenant, std::sync::Arc::clone(&stop)))
-        .collect();
-    std::thread::sleep(Duration::from_secs(2));
-    net.cut("p1");
-    let took = wait_until(
-        "prefill-1 unroutable",
-        Duration::from_secs(TTL_SECS + 3),
-        || node(&nodes(), "prefill-1")["routable"] == false,
-    );
-    eprintln!(
-        "prefill-1 cut off: unroutable after {:.1} s (TTL {TTL_SECS} s)",
-        took.as_secs_f64()
-    );
-    wait_until(
-        "decode-2 dropped prefill-1",
-        Duration::from_secs(10),
-        || linked("d2") == 1,
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (ok, failed) = clients
-        .into_iter()
-        .map(|c| c.join().expect("client"))
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    eprintln!("prefill host cut: {ok} complete, {failed} failed cleanly");
-    assert!(ok >= 2, "the platform kept serving");
-    assert!(
-        failed <= 4,
-        "only the transfers in flight on prefill-1 failed ({failed})"
-    );
-    let p2_before = stats("p2", 9101)["transfer"]["requests"]
-        .as_u64()
-        .unwrap_or(0);
-    for n in 0..4 {
-        assert_eq!(
-            chat(&net, if n % 2 == 0 { "g1" } else { "g2" }, &tenant, n),
-            Ok(true),
-            "after the cut"
+        wait_until(
+            &format!("the fleet settled without {name}"),
+            Duration::from_secs(10),
+            settled,
         );
-    }
-    assert!(
-        stats("p2", 9101)["transfer"]["requests"]
-            .as_u64()
-            .unwrap_or(0)
-            >= p2_before + 4,
-        "prefill-2 took them"
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (ok, failed) = clients
+            .into_iter()
+            .map(|c| c.join().expect("client"))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        eprintln!(
+            "{name} cut off: unroutable after {:.1} s (TTL {TTL_SECS} s); {ok} requests complete, {failed} failed cleanly",
+            took.as_secs_f64()
+        );
+        assert!(ok >= 2, "the platform kept serving");
+        assert!(
+            failed <= 4,
+            "only the requests in flight on {name} failed ({failed})"
+        );
+        let (host, port, key) = survivor;
+        let served = || stats(host, port)["transfer"][key].as_u64().unwrap_or(0);
+        let before = served();
+        for n in 0..4 {
+            let gw = if n % 2 == 0 { "g1" } else { "g2" };
+            assert_eq!(
+                chat(&net, gw, &tenant, n),
+                Ok(true),
+                "after {name} was cut off"
+            );
+        }
+        assert!(served() >= before + 4, "{host} took the new requests");
+    };
+    cut("d1", "decode-1", &|| true, ("d2", 8082, "started"));
+    cut(
+        "p1",
+        "prefill-1",
+        &|| linked("d2") == 1,
+        ("p2", 9101, "requests"),
     );
 
     // 4. A private flip is acknowledged once both gateways applied it, and

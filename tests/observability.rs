@@ -261,6 +261,9 @@ fn platform(otlp: &str) -> Platform {
             "1",
             "--kv-budget-mib",
             "16",
+            // One model: the dashboards' metrics need its components only.
+            "--models",
+            "q4_1",
         ])
         .args([
             "--context-window",

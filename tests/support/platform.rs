@@ -144,3 +144,27 @@ pub fn find_child_pid(up: u32, role: &str, needle: &str) -> Option<u32> {
         .find(|l| l.contains(needle))
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
 }
+
+/// Mints an operator token with `role` straight in the database under
+/// `dir` (`bulkhead control-plane token create`).
+pub fn operator_token(dir: &str, name: &str, role: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args([
+            "control-plane",
+            "token",
+            "create",
+            "--name",
+            name,
+            "--role",
+            role,
+        ])
+        .args(["--data-dir", dir])
+        .output()
+        .expect("token create");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
