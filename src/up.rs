@@ -580,6 +580,8 @@ struct Running {
     /// Its arguments with every `127.0.0.1:0` replaced by the address it
     /// bound, so a restart listens where everyone else expects it.
     args: Vec<String>,
+    /// Its secrets, passed in the environment.
+    env: Vec<(&'static str, String)>,
     started: std::time::Instant,
     /// The wait before the next restart (doubles, at most 30 s; back to
     /// 1 s after a minute up).
@@ -600,9 +602,21 @@ impl Components {
     /// Starts `bulkhead <args>` and waits for its `listening` line; the rest
     /// of its output is passed through.
     fn spawn(&mut self, name: &str, args: &[&str]) -> anyhow::Result<String> {
+        self.spawn_with(name, args, Vec::new())
+    }
+
+    /// As `spawn`, with secrets in the child's environment (never on its
+    /// command line, which every local user can read).
+    fn spawn_with(
+        &mut self,
+        name: &str,
+        args: &[&str],
+        env: Vec<(&'static str, String)>,
+    ) -> anyhow::Result<String> {
         let name = name.to_owned();
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         // Their own process group: a Ctrl-C at the terminal reaches `up`
         // alone, which stops them in order.
         #[cfg(unix)]
@@ -616,6 +630,7 @@ impl Components {
             name: name.clone(),
             child,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
+            env,
             started: std::time::Instant::now(),
             backoff: Duration::from_secs(1),
         });
@@ -676,7 +691,8 @@ impl Components {
             );
             tokio::time::sleep(backoff).await;
             let args: Vec<&str> = dead.args.iter().map(String::as_str).collect();
-            let started = tokio::task::block_in_place(|| self.spawn(&dead.name, &args));
+            let env = dead.env.clone();
+            let started = tokio::task::block_in_place(|| self.spawn_with(&dead.name, &args, env));
             match started {
                 Ok(_) => {
                     let r = self.running.last_mut().expect("just started");
@@ -801,12 +817,13 @@ fn start(
                 a.extend_from_slice(&["--quantize", q]);
             }
             a.extend_from_slice(&["--kv-budget-mib", &mib, "--control-plane", &cp]);
-            a.extend_from_slice(&["--node-token", &internal.node, "--node-name", &node_name]);
+            a.extend_from_slice(&["--node-name", &node_name]);
             a.extend_from_slice(&["--prefill-deadline-secs", &deadline]);
             if let Some(t) = &threads {
                 a.extend_from_slice(&["--threads", t]);
             }
-            let line = c.spawn(&format!("{} worker", &node_name["up-".len()..]), &a)?;
+            let env = vec![("BULKHEAD_NODE_TOKEN", internal.node.clone())];
+            let line = c.spawn_with(&format!("{} worker", &node_name["up-".len()..]), &a, env)?;
             let key = node_name.trim_start_matches("up-").to_owned();
             creds
                 .metrics
@@ -828,7 +845,7 @@ fn start(
         }
     }
     let listen = format!("127.0.0.1:{}", args.port);
-    let line = c.spawn(
+    let line = c.spawn_with(
         "gateway",
         &[
             "gateway",
@@ -836,13 +853,12 @@ fn start(
             &listen,
             "--control-plane",
             &cp,
-            "--gateway-token",
-            &internal.gateway,
             "--instance",
             "up",
             "--metrics-listen",
             "127.0.0.1:0",
         ],
+        vec![("BULKHEAD_GATEWAY_TOKEN", internal.gateway.clone())],
     )?;
     creds.gateway_url = format!("http://{}", addr(&line, "http")?);
     creds.metrics.insert(

@@ -405,6 +405,51 @@ fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_small
         reason.contains(&smaller.to_string()) && reason.contains("2560"),
         "{reason}"
     );
+
+    // A heartbeat cannot claim more than the registered pool (a node token
+    // alone cannot attract every request with an enormous free pool).
+    let id = n["id"].as_i64().expect("id");
+    let huge =
+        json!({"load": {"free_pages": 1u64 << 30, "total_pages": 1u64 << 30, "queue_depth": 0}});
+    let (s, v) = call(
+        &addr,
+        "POST",
+        &format!("/admin/v1/nodes/{id}/heartbeat"),
+        &node,
+        Some(&huge),
+    );
+    assert_eq!(s, 400, "{v}");
+    let lying = json!({"load": {"free_pages": 10, "total_pages": 5, "queue_depth": 0}});
+    let (s, v) = call(
+        &addr,
+        "POST",
+        &format!("/admin/v1/nodes/{id}/heartbeat"),
+        &node,
+        Some(&lying),
+    );
+    assert_eq!(s, 400, "{v}");
+
+    // Registrations, re-registrations and removals are audited.
+    let (s, v) = call(
+        &addr,
+        "DELETE",
+        &format!("/admin/v1/nodes/{id}"),
+        &admin,
+        None,
+    );
+    assert_eq!(s, 204, "{v}");
+    let (s, v) = call(&addr, "GET", "/admin/v1/audit", &admin, None);
+    assert_eq!(s, 200, "{v}");
+    let actions: Vec<&str> = v
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["subject"] == "colocated-0")
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    for a in ["node.register", "node.reregister", "node.remove"] {
+        assert!(actions.contains(&a), "{a} in {actions:?}");
+    }
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }

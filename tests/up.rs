@@ -106,6 +106,36 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // No component's command line (readable by every local user) holds a
+    // secret: up passes the internal tokens in the environment.
+    let internal: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("internal-tokens.json")).expect("internal tokens"),
+    )
+    .expect("JSON");
+    let secrets: Vec<&str> = ["admin", "gateway", "node"]
+        .iter()
+        .filter_map(|k| internal[*k].as_str())
+        .collect();
+    assert_eq!(secrets.len(), 3);
+    let children = Command::new("pgrep")
+        .args(["-P", &first.child.id().to_string()])
+        .output()
+        .expect("pgrep");
+    let pids: Vec<String> = String::from_utf8_lossy(&children.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        pids.len() >= 6,
+        "control plane, 4 workers, gateway: {pids:?}"
+    );
+    for pid in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        for s in &secrets {
+            assert!(!cmdline.contains(s), "a token on the command line of {pid}");
+        }
+    }
     let gw = creds["gateway_url"].as_str().unwrap_or_default().to_owned();
     let model = creds["model"].as_str().unwrap_or_default().to_owned();
     assert_eq!(model, "@cf/huggingfacetb/smollm2-135m-instruct");

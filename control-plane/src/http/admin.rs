@@ -379,10 +379,45 @@ async fn register_node(
 ) -> ApiResult<NodeStatus> {
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
+    let before = nodes::list(&mut tx, None)
+        .await?
+        .into_iter()
+        .find(|n| n.registration.name == req.name)
+        .map(|n| node_summary(&n.registration));
     let id = nodes::register(&mut tx, &req, &op, now).await?;
+    let after = node_summary(&req);
+    let entry = audit::NewEntry {
+        actor: &op.name,
+        action: if before.is_some() {
+            "node.reregister"
+        } else {
+            "node.register"
+        },
+        subject: &req.name,
+        reason: "",
+        before: before.as_deref().unwrap_or(""),
+        after: &after,
+    };
+    audit::append(&mut tx, entry, now).await?;
     let status = node_status(&s, &mut tx, id, now).await?;
     tx.commit().await?;
     Ok(Json(status))
+}
+
+/// What the audit log records of a node's registration.
+fn node_summary(r: &RegisterNode) -> String {
+    format!(
+        "{} {} at {}{}, pool {} tokens, {} {}-token pages",
+        r.role,
+        r.model,
+        r.address,
+        r.transfer_address
+            .as_deref()
+            .map_or_else(String::new, |t| format!(" (transfer {t})")),
+        r.kv_pool_tokens,
+        r.quantization,
+        r.page_size
+    )
 }
 
 async fn heartbeat(
@@ -402,11 +437,24 @@ async fn heartbeat(
 
 async fn remove_node(
     State(s): State<AppState>,
-    _: Admin,
+    Admin(op): Admin,
     AppPath(id): AppPath<i64>,
 ) -> Result<StatusCode, ApiError> {
-    let mut conn = s.db.pool().acquire().await?;
-    nodes::remove(&mut conn, NodeId::from_db(id)).await?;
+    let mut tx = s.db.begin().await?;
+    let id = NodeId::from_db(id);
+    let row = nodes::get(&mut tx, id).await?;
+    nodes::remove(&mut tx, id).await?;
+    let before = node_summary(&row.registration);
+    let entry = audit::NewEntry {
+        actor: &op.name,
+        action: "node.remove",
+        subject: &row.registration.name,
+        reason: "",
+        before: &before,
+        after: "removed",
+    };
+    audit::append(&mut tx, entry, Timestamp::now()).await?;
+    tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

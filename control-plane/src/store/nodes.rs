@@ -111,6 +111,19 @@ pub async fn heartbeat(
     now: Timestamp,
 ) -> Result<(), Error> {
     let load = beat.load;
+    if let Some(l) = &load {
+        // A node cannot claim more than the pool it registered.
+        let node = get(conn, id).await?;
+        let page = u64::from(node.registration.page_size);
+        if l.free_pages > l.total_pages
+            || l.total_pages.saturating_mul(page) > node.registration.kv_pool_tokens
+        {
+            return Err(Error::Invalid(format!(
+                "load of {} free of {} pages does not fit the registered pool of {} tokens in {page}-token pages",
+                l.free_pages, l.total_pages, node.registration.kv_pool_tokens
+            )));
+        }
+    }
     let opt =
         |f: fn(&NodeLoad) -> u64, what: &str| load.as_ref().map(|l| to_i64(f(l), what)).transpose();
     let n = sqlx::query(
