@@ -482,8 +482,10 @@ async fn a_worker_that_cannot_be_reached_is_skipped_before_the_first_byte() {
     assert!(status.node.routable, "{:?}", status.node.unroutable_reason);
     let beat = bulkhead_control_api::Heartbeat {
         load: Some(bulkhead_control_api::NodeLoad {
-            free_pages: 1 << 20,
-            total_pages: 1 << 20,
+            // The whole registered pool (2^20 tokens in 16-token pages),
+            // free: far more than the real worker has.
+            free_pages: 1 << 16,
+            total_pages: 1 << 16,
             queue_depth: 0,
         }),
     };
