@@ -18,6 +18,7 @@ use bulkhead_control_api::{
 };
 use bulkhead_control_plane::{AccountId, AppState as CpState, Db, Settings, app as cp_app, store};
 use bulkhead_gateway::{AppState, Limiter, Limits, RoutingWatch, app};
+use bulkhead_trust::Role as CertRole;
 use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -116,11 +117,29 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         status_cache: Duration::from_secs(1),
         gateway_lease: Duration::from_secs(2),
     };
+    // Every internal hop is mutual TLS, as in production: identities from
+    // a CA made for this run.
+    let tls = dir.join("tls");
+    bulkhead_trust::authority::init_dir(&tls, &CertRole::ALL)?;
+    bulkhead_worker_api::context::KeyRing::create(&tls.join(crate::tls::CONTEXT_KEYS))?;
+    let keys = bulkhead_worker_api::context::KeyRing::load(&tls.join(crate::tls::CONTEXT_KEYS))?;
+    let identity = |role: CertRole| {
+        bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(&tls, role), role)
+    };
     let cp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let cp_url = format!("http://{}", cp.local_addr()?);
+    let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let acceptor =
+        identity(CertRole::ControlPlane)?.acceptor(&[CertRole::Gateway, CertRole::Colocated])?;
+    let internal = bulkhead_trust::TlsListener::new(internal, acceptor)?;
+    let internal_url = format!("https://{}", internal.local_addr());
     let router = cp_app(CpState::new(db.clone(), settings));
     let cp_started = Instant::now();
+    let inside = router
+        .clone()
+        .into_make_service_with_connect_info::<bulkhead_trust::Peer>();
     tokio::spawn(async move { axum::serve(crate::nodelay(cp), router).await });
+    tokio::spawn(async move { axum::serve(internal, inside).await });
 
     let now = Timestamp::now();
     let mut c = db.pool().acquire().await?;
@@ -181,12 +200,13 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
             "--kv-budget-mib",
             "64",
             "--control-plane",
-            &cp_url,
+            &internal_url,
             "--node-token",
             &node_token,
             "--node-name",
             "bench-worker",
         ])
+        .env("BULKHEAD_TLS_DIR", &tls)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
@@ -205,11 +225,15 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
 
     // Two gateways.
     let mut gateways = Vec::new();
+    let gateway_id = identity(CertRole::Gateway)?;
     for i in 0..2 {
-        let client = bulkhead_control_api::Client::new(&bulkhead_control_api::Credentials {
-            control_plane_url: cp_url.clone(),
-            operator_token: gw_token.clone(),
-        })?;
+        let client = bulkhead_control_api::Client::with_identity(
+            &bulkhead_control_api::Credentials {
+                control_plane_url: internal_url.clone(),
+                operator_token: gw_token.clone(),
+            },
+            &gateway_id,
+        )?;
         let watch = RoutingWatch::start(client, format!("bench-{i}"));
         anyhow::ensure!(
             watch.ready(Duration::from_secs(10)).await,
@@ -222,7 +246,8 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         });
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         gateways.push(format!("http://{}", l.local_addr()?));
-        let router = app(AppState::new(watch, None, limiter));
+        let upstream = bulkhead_gateway::Upstream::new(&gateway_id, keys.clone())?;
+        let router = app(AppState::new(watch, None, limiter, upstream));
         tokio::spawn(async move { axum::serve(crate::nodelay(l), router).await });
     }
     let gw = gateways[0].clone();
@@ -230,6 +255,10 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let http: Http = HttpClient::builder(TokioExecutor::new()).build(connector);
+    // The worker, called directly as the gateway calls it.
+    let to_worker = HttpClient::builder(TokioExecutor::new()).build(
+        bulkhead_trust::connect::Connector::new(&gateway_id, &[CertRole::Colocated])?,
+    );
 
     // Wait until the worker is routable.
     let completion =
@@ -308,11 +337,24 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         anyhow::ensure!(s == 200, "gateway status {s}");
         via_gw.push(start.elapsed().as_secs_f64() * 1000.0);
         let start = Instant::now();
-        let mut req = hyper::Request::post(format!("http://{worker_addr}/v1/generate"))
-            .header("x-bulkhead-tenant", "1")
+        let statement = bulkhead_worker_api::context::TenantContext::new(
+            &account,
+            1,
+            format!("bench-{}", direct.len()),
+            SLUG,
+            None,
+            1,
+            None,
+            std::time::SystemTime::now(),
+        );
+        let mut req = hyper::Request::post(format!("https://{worker_addr}/v1/generate"))
+            .header(
+                bulkhead_worker_api::context::CONTEXT_HEADER,
+                keys.sign(&statement),
+            )
             .header("content-type", "application/json");
         req = req.header("connection", "keep-alive");
-        let resp = http
+        let resp = to_worker
             .request(req.body(Full::new(Bytes::from(direct_body.clone())))?)
             .await?;
         anyhow::ensure!(resp.status() == 200, "worker status {}", resp.status());

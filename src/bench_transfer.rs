@@ -15,6 +15,7 @@ use bulkhead_transfer::{
     Checksums, Done, DoneVerdict, Grant, Head, Ledger, Message, PageVerdict, TcpTransport,
     Transport, read_payload, read_payload_into,
 };
+use bulkhead_trust::Role as CertRole;
 use clap::Args;
 use serde_json::json;
 use std::io::{Read, Write};
@@ -477,8 +478,18 @@ pub(crate) async fn in_process_pair(
     prefill_engine: Arc<Engine>,
     decode_engine: Arc<Engine>,
 ) -> anyhow::Result<DecodeWorker> {
+    // Mutual TLS as in production, with a CA made for this run.
+    let tls = std::env::temp_dir().join(format!("bulkhead-bench-tls-{}", std::process::id()));
+    bulkhead_trust::authority::init_dir(&tls, &[CertRole::Prefill, CertRole::Decode])?;
+    let identity = |role: CertRole| {
+        bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(&tls, role), role)
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?.to_string();
+    let listener = bulkhead_trust::TlsListener::new(
+        listener,
+        identity(CertRole::Prefill)?.acceptor(&[CertRole::Decode])?,
+    )?;
     let tcp = bulkhead_node::TransportKind::Tcp;
     let p_hello = hello(&prefill_engine, &tcp);
     let prefill = PrefillWorker::new(
@@ -496,6 +507,7 @@ pub(crate) async fn in_process_pair(
             transfer_timeout: Duration::from_secs(60),
             ack_timeout: Duration::from_secs(10),
             transport: tcp,
+            identity: identity(CertRole::Decode)?,
         },
     );
     if !decode.ready(Duration::from_secs(10)).await {

@@ -43,6 +43,12 @@ enum Command {
     },
     /// The append-only audit log of visibility flips and config changes.
     Audit(crate::ops::AuditArgs),
+    /// Create the platform CA and a certificate for every role (what
+    /// `up` does in its data directory).
+    Tls {
+        #[command(subcommand)]
+        command: TlsCommand,
+    },
     /// Run benchmarks.
     Bench {
         #[command(subcommand)]
@@ -60,6 +66,12 @@ enum ModelCommand {
     Private(crate::ops::FlipArgs),
     /// Make a model public again.
     Public(crate::ops::FlipArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum TlsCommand {
+    /// Write `ca.pem`, `ca.key` and `ROLE.pem`, `ROLE.key` for every role.
+    Init(crate::tls::TlsInitArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -196,6 +208,9 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             crate::gateway::run(&args)
         }
         Command::Audit(args) => crate::ops::audit(&args),
+        Command::Tls {
+            command: TlsCommand::Init(args),
+        } => crate::tls::init(&args),
         Command::Generate(args) => crate::generate::run(&args),
         Command::Serve(args) => {
             let _t = telemetry("bulkhead-worker")?;

@@ -73,9 +73,16 @@ impl DbFlags {
 
 #[derive(Debug, Args)]
 struct ServeFlags {
-    /// Address of the admin API and the status page.
+    /// Address of the admin API (operators' tokens) and the status page.
     #[arg(long, default_value = "127.0.0.1:8788")]
     listen: String,
+    /// Address of the internal API (mutual TLS): where workers register and
+    /// heartbeat and gateways read the routing table, each with its
+    /// certificate. Node and routing calls are refused on --listen.
+    #[arg(long, default_value = "127.0.0.1:8789")]
+    internal_listen: String,
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
     /// Where operators scrape `GET /metrics` (off when absent). Not the
     /// status page's port, which the public reads.
     #[arg(long)]
@@ -140,11 +147,23 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
     {
         anyhow::bail!("--heartbeat-secs must be at least 1 and smaller than --node-ttl-secs");
     }
+    let identity = flags.tls.load(bulkhead_trust::Role::ControlPlane)?;
+    let acceptor = identity.acceptor(&[
+        bulkhead_trust::Role::Gateway,
+        bulkhead_trust::Role::Prefill,
+        bulkhead_trust::Role::Decode,
+        bulkhead_trust::Role::Colocated,
+    ])?;
     let db = flags.db.open().await?;
     let listener = tokio::net::TcpListener::bind(&flags.listen)
         .await
         .with_context(|| format!("binding {}", flags.listen))?;
     let addr = listener.local_addr()?;
+    let internal = tokio::net::TcpListener::bind(&flags.internal_listen)
+        .await
+        .with_context(|| format!("binding {}", flags.internal_listen))?;
+    let internal = bulkhead_trust::TlsListener::new(internal, acceptor)?;
+    let internal_addr = internal.local_addr();
     let settings = Settings {
         page_name: flags.page_name.clone(),
         public_url: flags
@@ -167,16 +186,22 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
         });
     }
     announce(&format!(
-        "bulkhead control-plane: listening http={addr}{metrics} database={}{}",
+        "bulkhead control-plane: listening http={addr} internal={internal_addr}{metrics} database={}{}",
         db.backend(),
         location(&flags.db.data_dir, flags.db.database_url.is_none())
     ));
-    axum::serve(
-        crate::nodelay(listener),
-        app(AppState::new(db.clone(), settings)),
-    )
-    .with_graceful_shutdown(shutdown())
-    .await?;
+    let router = app(AppState::new(db.clone(), settings));
+    let inside = router
+        .clone()
+        .into_make_service_with_connect_info::<bulkhead_trust::Peer>();
+    tokio::spawn(async move {
+        axum::serve(internal, inside)
+            .with_graceful_shutdown(shutdown())
+            .await
+    });
+    axum::serve(crate::nodelay(listener), router)
+        .with_graceful_shutdown(shutdown())
+        .await?;
     db.close().await;
     Ok(())
 }

@@ -17,9 +17,11 @@ pub(crate) struct GatewayArgs {
     /// Address tenants call.
     #[arg(long, default_value = "127.0.0.1:8787")]
     listen: String,
-    /// The control plane.
+    /// The control plane's internal URL, `https://HOST:PORT`.
     #[arg(long = "control-plane", env = "BULKHEAD_CONTROL_PLANE_URL")]
     control_plane: String,
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
     /// Operator token with the `gateway` role.
     #[arg(long, env = "BULKHEAD_GATEWAY_TOKEN", hide_env_values = true)]
     gateway_token: String,
@@ -142,6 +144,8 @@ async fn fetch(url: &str) -> anyhow::Result<String> {
 }
 
 async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
+    let identity = args.tls.load(bulkhead_trust::Role::Gateway)?;
+    let upstream = bulkhead_gateway::Upstream::new(&identity, args.tls.key_ring()?)?;
     let limits = Limits {
         requests_per_minute: args.requests_per_minute,
         tokens_per_minute: args.tokens_per_minute,
@@ -154,10 +158,13 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
             .with_context(|| "connecting to Redis for rate limits")?,
         None => Limiter::memory(limits),
     };
-    let client = Client::new(&Credentials {
-        control_plane_url: args.control_plane.clone(),
-        operator_token: args.gateway_token.clone(),
-    })?;
+    let client = Client::with_identity(
+        &Credentials {
+            control_plane_url: args.control_plane.clone(),
+            operator_token: args.gateway_token.clone(),
+        },
+        &identity,
+    )?;
     // A random suffix always: two processes under one name would let one
     // acknowledge flips for the other.
     let mut b = [0u8; 6];
@@ -201,7 +208,7 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     };
     bulkhead_gateway::serve(
         listener,
-        app(AppState::new(watch, jwt, limiter)),
+        app(AppState::new(watch, jwt, limiter, upstream)),
         conn,
         crate::control_plane::shutdown(),
     )

@@ -14,6 +14,7 @@ mod generate;
 mod ops;
 mod register;
 mod serve;
+mod tls;
 mod up;
 
 use clap::Parser;

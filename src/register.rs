@@ -21,7 +21,8 @@ pub(crate) const DEFAULT_SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 /// Flags for registering with the control plane.
 #[derive(Debug, Args)]
 pub(crate) struct RegisterArgs {
-    /// Control plane URL to register with (off when absent).
+    /// The control plane's internal URL to register with,
+    /// `https://HOST:PORT` (off when absent).
     #[arg(long = "control-plane", env = "BULKHEAD_CONTROL_PLANE_URL")]
     control_plane: Option<String>,
     /// Operator token with the `node` (or `admin`) role.
@@ -42,6 +43,9 @@ pub(crate) struct RegisterArgs {
 /// What the worker tells the control plane about itself.
 #[derive(Debug)]
 pub(crate) struct Announcement<'a> {
+    /// The worker's identity: the control plane's internal port is mutual
+    /// TLS.
+    pub(crate) identity: &'a bulkhead_trust::Identity,
     pub(crate) role: NodeRole,
     pub(crate) engine: &'a Arc<Engine>,
     pub(crate) weights: &'a Path,
@@ -72,6 +76,11 @@ impl RegisterArgs {
             .unwrap_or_else(|| format!("{role}@{address}"))
     }
 
+    /// The slug of the model this worker serves.
+    pub(crate) fn model_slug(&self) -> &ModelSlug {
+        &self.model_slug
+    }
+
     /// Whether a control plane is configured.
     pub(crate) fn has_control_plane(&self) -> bool {
         self.control_plane.is_some()
@@ -86,10 +95,13 @@ impl RegisterArgs {
             .node_token
             .clone()
             .context("--control-plane needs --node-token (or BULKHEAD_NODE_TOKEN), a token with the node role")?;
-        let client = Client::new(&Credentials {
-            control_plane_url: url.clone(),
-            operator_token: token,
-        })?;
+        let client = Client::with_identity(
+            &Credentials {
+                control_plane_url: url.clone(),
+                operator_token: token,
+            },
+            a.identity,
+        )?;
         let weights = a.weights.to_path_buf();
         let sha =
             tokio::task::spawn_blocking(move || bulkhead_engine::fetch::sha256_file(&weights))

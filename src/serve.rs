@@ -8,8 +8,10 @@ use anyhow::Context;
 use bulkhead_control_api::NodeRole;
 use bulkhead_engine::Engine;
 use bulkhead_node::{
-    DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, TransportKind, app, hello,
+    ContextCheck, DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, TransportKind,
+    app, hello,
 };
+use bulkhead_worker_api::context::KeyRing;
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -17,12 +19,63 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+use crate::tls::TlsArgs;
+use bulkhead_trust::{Identity, Peer, Role as CertRole, TlsListener};
+
+/// The worker API's port: mutual TLS admitting the gateway (which
+/// generates) and operators' tools (stats, metrics, aborts).
+fn worker_api(http: TcpListener, identity: &Identity) -> anyhow::Result<TlsListener> {
+    let acceptor = identity.acceptor(&[CertRole::Gateway, CertRole::Operator])?;
+    Ok(TlsListener::new(http, acceptor)?)
+}
+
+/// Where Prometheus scrapes this worker without a certificate.
+#[derive(Debug, Args)]
+pub(crate) struct MetricsArgs {
+    /// Plain-HTTP address of `GET /metrics` and `GET /health` alone, for
+    /// Prometheus and probes (off when absent; the worker API's port serves
+    /// them too, to an operator certificate).
+    #[arg(long)]
+    metrics_listen: Option<String>,
+}
+
+impl MetricsArgs {
+    /// Binds and serves the metrics port, if asked; returns ` metrics=ADDR`
+    /// for the listening line.
+    async fn start(&self) -> anyhow::Result<String> {
+        let Some(addr) = &self.metrics_listen else {
+            return Ok(String::new());
+        };
+        let l = bind(addr).await?;
+        let bound = l.local_addr()?;
+        // Probes (a kubelet has no client certificate) read /health here.
+        let ops = bulkhead_telemetry::metrics_app()
+            .route("/health", axum::routing::get(|| async { "ok\n" }));
+        tokio::spawn(async move { axum::serve(crate::nodelay(l), ops).await });
+        Ok(format!(" metrics={bound}"))
+    }
+}
+
+/// Serves `router` on `listener`, each request knowing its caller's role.
+async fn serve_api(listener: TlsListener, router: axum::Router) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<Peer>(),
+    )
+    .with_graceful_shutdown(crate::control_plane::shutdown())
+    .await
+}
+
 /// Flags of `bulkhead serve` (colocated worker).
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     /// HTTP address of the worker API.
     #[arg(long, default_value = "127.0.0.1:8081")]
     http: String,
+    #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    metrics_listen: MetricsArgs,
     #[command(flatten)]
     register: RegisterArgs,
     #[command(flatten)]
@@ -74,6 +127,10 @@ pub(crate) struct PrefillArgs {
     #[command(flatten)]
     transport: TransportArgs,
     #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    metrics_listen: MetricsArgs,
+    #[command(flatten)]
     register: RegisterArgs,
     #[command(flatten)]
     model: ModelArgs,
@@ -100,6 +157,10 @@ pub(crate) struct DecodeArgs {
     ack_timeout_ms: u64,
     #[command(flatten)]
     transport: TransportArgs,
+    #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    metrics_listen: MetricsArgs,
     #[command(flatten)]
     register: RegisterArgs,
     #[command(flatten)]
@@ -151,11 +212,14 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
 }
 
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
+    let identity = args.tls.load(CertRole::Colocated)?;
+    let contexts = ContextCheck::new(args.tls.key_ring()?, args.register.model_slug().as_str());
     let (engine, weights) = load(&args.model)?;
     runtime()?.block_on(async {
         let http = bind(&args.http).await?;
         args.register
             .register(Announcement {
+                identity: &identity,
                 role: NodeRole::Colocated,
                 engine: &engine,
                 weights: &weights,
@@ -165,15 +229,14 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
                 prefills: None,
             })
             .await?;
+        let metrics_line = args.metrics_listen.start().await?;
         announce(&format!(
-            "bulkhead serve: listening http={}",
+            "bulkhead serve: listening http={}{metrics_line}",
             http.local_addr()?
         ));
         let role = Role::Colocated(engine);
         metrics(&role, &args.register, NodeRole::Colocated, &http)?;
-        axum::serve(crate::nodelay(http), app(role))
-            .with_graceful_shutdown(crate::control_plane::shutdown())
-            .await?;
+        serve_api(worker_api(http, &identity)?, app(role, contexts)).await?;
         Ok(())
     })
 }
@@ -187,6 +250,7 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
     if let Some(ms) = args.page_delay_ms {
         options.slow_link(Duration::from_millis(ms))?;
     }
+    let identity = args.tls.load(CertRole::Prefill)?;
     let (engine, weights) = load(&args.model)?;
     let hello = hello(&engine, &options.transport);
     let worker = PrefillWorker::new(Arc::clone(&engine), hello, options);
@@ -195,6 +259,7 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
         let http = bind(&args.http).await?;
         args.register
             .register(Announcement {
+                identity: &identity,
                 role: NodeRole::Prefill,
                 engine: &engine,
                 weights: &weights,
@@ -204,15 +269,21 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
                 prefills: None,
             })
             .await?;
+        let metrics_line = args.metrics_listen.start().await?;
         announce(&format!(
-            "bulkhead prefill: listening transfer={} http={}",
+            "bulkhead prefill: listening transfer={} http={}{metrics_line}",
             listen.local_addr()?,
             http.local_addr()?
         ));
         let role = Role::Prefill(worker.clone());
         metrics(&role, &args.register, NodeRole::Prefill, &http)?;
-        let api = app(role);
-        tokio::spawn(async move { axum::serve(crate::nodelay(http), api).await });
+        let api = worker_api(http, &identity)?;
+        // A prefill worker serves no generate calls (the route is not even
+        // there); its check holds a key no gateway has.
+        let none = ContextCheck::new(KeyRing::ephemeral(), "");
+        tokio::spawn(serve_api(api, app(role, none)));
+        // Transfers: only decode workers' certificates.
+        let listen = TlsListener::new(listen, identity.acceptor(&[CertRole::Decode])?)?;
         tokio::select! {
             r = worker.serve(listen) => r?,
             () = crate::control_plane::shutdown() => {}
@@ -223,6 +294,8 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
 
 pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
     let transport = args.transport.kind()?;
+    let identity = args.tls.load(CertRole::Decode)?;
+    let contexts = ContextCheck::new(args.tls.key_ring()?, args.register.model_slug().as_str());
     let (engine, weights) = load(&args.model)?;
     let hello = hello(&engine, &transport);
     // Pinned, else discovered through the control plane, else the default.
@@ -239,6 +312,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
         transfer_timeout: Duration::from_millis(args.transfer_timeout_ms.max(1)),
         ack_timeout: Duration::from_millis(args.ack_timeout_ms.max(1)),
         transport,
+        identity: identity.clone(),
     };
     runtime()?.block_on(async {
         let worker = DecodeWorker::start(Arc::clone(&engine), hello, options);
@@ -262,6 +336,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
         });
         args.register
             .register(Announcement {
+                identity: &identity,
                 role: NodeRole::Decode,
                 engine: &engine,
                 weights: &weights,
@@ -274,15 +349,14 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
         // A discovering worker announces at once: its prefill workers may
         // become routable only later (a config change), and until one is
         // linked its requests get 503, which a gateway sends elsewhere.
+        let metrics_line = args.metrics_listen.start().await?;
         announce(&format!(
-            "bulkhead decode: listening http={}",
+            "bulkhead decode: listening http={}{metrics_line}",
             http.local_addr()?
         ));
         let role = Role::Decode(worker);
         metrics(&role, &args.register, NodeRole::Decode, &http)?;
-        axum::serve(crate::nodelay(http), app(role))
-            .with_graceful_shutdown(crate::control_plane::shutdown())
-            .await?;
+        serve_api(worker_api(http, &identity)?, app(role, contexts)).await?;
         Ok(())
     })
 }

@@ -15,6 +15,7 @@ use bulkhead_control_api::{
 };
 use bulkhead_control_plane::{AccountId, Db, store};
 use bulkhead_engine::fetch::{self, Progress};
+use bulkhead_trust::Role as CertRole;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
@@ -135,6 +136,10 @@ impl UpArgs {
 struct CredentialsFile {
     gateway_url: String,
     control_plane_url: String,
+    /// The control plane's internal (mutual TLS) URL, for workers and
+    /// gateways started by hand with the identities in `tls/`.
+    #[serde(default)]
+    internal_url: String,
     status_url: String,
     operator_token: String,
     model: String,
@@ -197,6 +202,11 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     // the same accounts and tokens.
     let path = args.data_dir.join("credentials.json");
     write_private(&path, &serde_json::to_string_pretty(&creds)?)?;
+    // The platform's CA and every component's certificate (reused).
+    let tls = args.data_dir.join("tls");
+    bulkhead_trust::authority::init_dir(&tls, &bulkhead_trust::Role::ALL)
+        .context("creating the platform's TLS identities")?;
+    bulkhead_worker_api::context::KeyRing::create(&tls.join(crate::tls::CONTEXT_KEYS))?;
     let mut components = Components::default();
     let started = start(args, &weights, &internal, &mut creds, &mut components)
         .and_then(|()| rt.block_on(check_routable(args, &creds, &internal)));
@@ -295,12 +305,18 @@ async fn check_routable(
         }
         // Ready means answering: every decode worker has linked to a
         // prefill worker (they learn of them through the control plane).
+        // Asked with the operator certificate: worker ports are mutual TLS.
+        let operator = bulkhead_trust::Identity::load(
+            &bulkhead_trust::TlsFiles::in_dir(&args.data_dir.join("tls"), CertRole::Operator),
+            CertRole::Operator,
+        )?;
+        let tls = operator.connector(&[CertRole::Decode])?;
         for n in ours
             .iter()
             .filter(|n| n.registration.role == bulkhead_control_api::NodeRole::Decode)
         {
             let until = std::time::Instant::now() + Duration::from_secs(30);
-            while !linked(&n.registration.address).await {
+            while !linked(&tls, &n.registration.address).await {
                 anyhow::ensure!(
                     std::time::Instant::now() < until,
                     "{} linked to no prefill worker within 30 s",
@@ -315,15 +331,16 @@ async fn check_routable(
 
 /// Whether the decode worker at `address` is linked to a prefill worker
 /// (its `/stats` lists one).
-async fn linked(address: &str) -> bool {
+async fn linked(tls: &bulkhead_trust::tokio_rustls::TlsConnector, address: &str) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(address).await else {
+    let Ok(mut s) = bulkhead_trust::connect::dial(tls, CertRole::Decode, address).await else {
         return false;
     };
     let req = format!("GET /stats HTTP/1.0\r\nHost: {address}\r\n\r\n");
     let mut out = Vec::new();
     let read = async {
         s.write_all(req.as_bytes()).await?;
+        s.flush().await?;
         s.read_to_end(&mut out).await
     };
     if !matches!(
@@ -553,6 +570,7 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
         CredentialsFile {
             gateway_url: String::new(),
             control_plane_url: String::new(),
+            internal_url: String::new(),
             status_url: String::new(),
             operator_token,
             model: args
@@ -593,20 +611,17 @@ fn bound_key(flag: &str, line: &str) -> &'static str {
     match flag {
         "--http" => "http",
         "--metrics-listen" => "metrics",
+        "--internal-listen" => "internal",
         _ if line.contains("transfer=") => "transfer",
         _ => "http",
     }
 }
 
 impl Components {
-    /// Starts `bulkhead <args>` and waits for its `listening` line; the rest
-    /// of its output is passed through.
-    fn spawn(&mut self, name: &str, args: &[&str]) -> anyhow::Result<String> {
-        self.spawn_with(name, args, Vec::new())
-    }
-
-    /// As `spawn`, with secrets in the child's environment (never on its
-    /// command line, which every local user can read).
+    /// Starts `bulkhead <args>` and waits for its `listening` line (the rest
+    /// of its output is passed through), with secrets and identities in the
+    /// child's environment (never on its command line, which every local
+    /// user can read).
     fn spawn_with(
         &mut self,
         name: &str,
@@ -785,19 +800,26 @@ fn start(
         .context("the data directory must be UTF-8")?;
     let weights = weights.to_str().context("the model path must be UTF-8")?;
     let mib = args.kv_budget_mib.to_string();
-    let line = c.spawn(
+    let tls = args.data_dir.join("tls");
+    let tls = tls.to_str().context("the data directory must be UTF-8")?;
+    let tls_env = || ("BULKHEAD_TLS_DIR", tls.to_owned());
+    let line = c.spawn_with(
         "control plane",
         &[
             "control-plane",
             "--listen",
+            "127.0.0.1:0",
+            "--internal-listen",
             "127.0.0.1:0",
             "--metrics-listen",
             "127.0.0.1:0",
             "--data-dir",
             data,
         ],
+        vec![tls_env()],
     )?;
     let cp = format!("http://{}", addr(&line, "http")?);
+    let cp_internal = format!("https://{}", addr(&line, "internal")?);
     creds.metrics = [(
         "control-plane".to_owned(),
         format!("http://{}/metrics", addr(&line, "metrics")?),
@@ -816,18 +838,19 @@ fn start(
             if let Some(q) = served.quantize {
                 a.extend_from_slice(&["--quantize", q]);
             }
-            a.extend_from_slice(&["--kv-budget-mib", &mib, "--control-plane", &cp]);
+            a.extend_from_slice(&["--kv-budget-mib", &mib, "--control-plane", &cp_internal]);
+            a.extend_from_slice(&["--metrics-listen", "127.0.0.1:0"]);
             a.extend_from_slice(&["--node-name", &node_name]);
             a.extend_from_slice(&["--prefill-deadline-secs", &deadline]);
             if let Some(t) = &threads {
                 a.extend_from_slice(&["--threads", t]);
             }
-            let env = vec![("BULKHEAD_NODE_TOKEN", internal.node.clone())];
+            let env = vec![("BULKHEAD_NODE_TOKEN", internal.node.clone()), tls_env()];
             let line = c.spawn_with(&format!("{} worker", &node_name["up-".len()..]), &a, env)?;
             let key = node_name.trim_start_matches("up-").to_owned();
             creds
                 .metrics
-                .insert(key, format!("http://{}/metrics", addr(&line, "http")?));
+                .insert(key, format!("http://{}/metrics", addr(&line, "metrics")?));
             Ok(line)
         };
         if args.colocated {
@@ -852,13 +875,16 @@ fn start(
             "--listen",
             &listen,
             "--control-plane",
-            &cp,
+            &cp_internal,
             "--instance",
             "up",
             "--metrics-listen",
             "127.0.0.1:0",
         ],
-        vec![("BULKHEAD_GATEWAY_TOKEN", internal.gateway.clone())],
+        vec![
+            ("BULKHEAD_GATEWAY_TOKEN", internal.gateway.clone()),
+            tls_env(),
+        ],
     )?;
     creds.gateway_url = format!("http://{}", addr(&line, "http")?);
     creds.metrics.insert(
@@ -867,6 +893,7 @@ fn start(
     );
     creds.status_url = cp.clone();
     creds.control_plane_url = cp;
+    creds.internal_url = cp_internal;
     Ok(())
 }
 

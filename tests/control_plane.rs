@@ -4,13 +4,14 @@
 
 mod support;
 
+use bulkhead_trust::Role as CertRole;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
-use support::Worker;
+use support::{Present, Worker};
 
 const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 const SLUG_PATH: &str = "%40cf%2Fhuggingfacetb%2Fsmollm2-135m-instruct";
@@ -72,6 +73,8 @@ fn control_plane(dir: &Path) -> Worker {
     Worker::start(&[
         "control-plane",
         "--listen",
+        "127.0.0.1:0",
+        "--internal-listen",
         "127.0.0.1:0",
         "--data-dir",
         d,
@@ -319,7 +322,8 @@ fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_small
     let node = token(&dir, "fleet", "node");
     let cp = control_plane(&dir);
     let addr = cp.addr("http");
-    let url = format!("http://{addr}");
+    let internal = cp.addr("internal");
+    let url = format!("https://{internal}");
     let body = json!({"slug": SLUG, "task": "Text Generation", "visibility": "public", "config": config(2048, 512, sha)});
     let (s, v) = call(&addr, "POST", "/admin/v1/models", &admin, Some(&body));
     assert_eq!(s, 201, "{v}");
@@ -411,23 +415,23 @@ fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_small
     let id = n["id"].as_i64().expect("id");
     let huge =
         json!({"load": {"free_pages": 1u64 << 30, "total_pages": 1u64 << 30, "queue_depth": 0}});
-    let (s, v) = call(
-        &addr,
-        "POST",
-        &format!("/admin/v1/nodes/{id}/heartbeat"),
-        &node,
-        Some(&huge),
-    );
+    let beat = |load: &Value| {
+        let path = format!("/admin/v1/nodes/{id}/heartbeat");
+        support::tls_call(
+            &internal,
+            support::client_config(Present::Ours(CertRole::Colocated), CertRole::ControlPlane),
+            CertRole::ControlPlane,
+            &support::request("POST", &path, &node, &load.to_string()),
+        )
+        .expect("the internal port answers a worker")
+    };
+    let (s, v) = beat(&huge);
     assert_eq!(s, 400, "{v}");
     let lying = json!({"load": {"free_pages": 10, "total_pages": 5, "queue_depth": 0}});
-    let (s, v) = call(
-        &addr,
-        "POST",
-        &format!("/admin/v1/nodes/{id}/heartbeat"),
-        &node,
-        Some(&lying),
-    );
+    let (s, v) = beat(&lying);
     assert_eq!(s, 400, "{v}");
+    let (s, v) = beat(&json!({"load": {"free_pages": 5, "total_pages": 5, "queue_depth": 0}}));
+    assert_eq!(s, 200, "an honest heartbeat is taken: {v}");
 
     // Registrations, re-registrations and removals are audited.
     let (s, v) = call(
@@ -450,6 +454,105 @@ fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_small
     for a in ["node.register", "node.reregister", "node.remove"] {
         assert!(actions.contains(&a), "{a} in {actions:?}");
     }
+    drop(cp);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A fake worker with a stolen node token: on the operators' port the token
+/// alone registers nothing; on the internal port a client without a
+/// certificate, with another CA's, or with an operator's is refused in the
+/// handshake; a gateway's certificate may not register a node, nor a decode
+/// certificate a prefill worker. Nothing it tried was registered, so the
+/// gateway can never route to it.
+#[test]
+fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
+    let dir = temp_dir("cp-mtls");
+    let admin = token(&dir, "root", "admin");
+    let node = token(&dir, "fleet", "node");
+    let cp = control_plane(&dir);
+    let (addr, internal) = (cp.addr("http"), cp.addr("internal"));
+    // The model exists: without the certificate checks, each attempt below
+    // would register.
+    let sha = "a".repeat(64);
+    let body = json!({"slug": SLUG, "task": "Text Generation", "visibility": "public", "config": config(2048, 512, &sha)});
+    let (s, v) = call(&addr, "POST", "/admin/v1/models", &admin, Some(&body));
+    assert_eq!(s, 201, "{v}");
+    let fake = json!({"name": "fake", "role": "decode", "model": SLUG, "address": "127.0.0.1:1",
+        "kv_pool_tokens": 1u64 << 40, "weights_sha256": "a".repeat(64), "quantization": "q4_1",
+        "page_size": 16, "kv_budget_bytes": 1u64 << 40})
+    .to_string();
+    let register = support::request("POST", "/admin/v1/nodes", &node, &fake);
+
+    // The operators' port: the token is known, but node calls need a certificate.
+    let (s, v) = call(
+        &addr,
+        "POST",
+        "/admin/v1/nodes",
+        &node,
+        serde_json::from_str(&fake).ok().as_ref(),
+    );
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("internal port")),
+        "{v}"
+    );
+
+    // The internal port: refused in the handshake.
+    for present in [
+        Present::Nothing,
+        Present::Foreign(CertRole::Decode),
+        Present::Ours(CertRole::Operator),
+    ] {
+        let r = support::tls_call(
+            &internal,
+            support::client_config(present, CertRole::ControlPlane),
+            CertRole::ControlPlane,
+            &register,
+        );
+        assert!(r.is_err(), "{present:?} was served: {r:?}");
+    }
+    // Admitted to the port, but not a worker's certificate, or another role's.
+    let as_role = |present: CertRole, body: &str| {
+        support::tls_call(
+            &internal,
+            support::client_config(Present::Ours(present), CertRole::ControlPlane),
+            CertRole::ControlPlane,
+            &support::request("POST", "/admin/v1/nodes", &node, body),
+        )
+        .expect("answered")
+    };
+    let (s, v) = as_role(CertRole::Gateway, &fake);
+    assert_eq!(s, 403, "{v}");
+    let as_prefill = fake.replace("\"decode\"", "\"prefill\"");
+    let (s, v) = as_role(CertRole::Decode, &as_prefill);
+    assert_eq!(s, 403, "{v}");
+    assert!(v.contains("cannot register a prefill"), "{v}");
+    // A client refuses a server that is not the control plane: the
+    // internal port's certificate names control-plane, not decode.
+    let r = support::tls_call(
+        &internal,
+        support::client_config(Present::Ours(CertRole::Decode), CertRole::Decode),
+        CertRole::Decode,
+        &register,
+    );
+    assert!(r.is_err(), "{r:?}");
+
+    // Nothing was registered; the routing table's reader is refused too.
+    let (s, v) = call(&addr, "GET", "/admin/v1/nodes", &admin, None);
+    assert_eq!((s, v.as_array().map(Vec::len)), (200, Some(0)), "{v}");
+    let (s, _) = call(&addr, "GET", "/admin/v1/routing?gateway=x", &admin, None);
+    assert_eq!(s, 403);
+
+    // The same body with the right certificate is registered: the refusals
+    // above were the certificate's, not the body's.
+    let (s, v) = as_role(CertRole::Decode, &fake);
+    assert_eq!(s, 200, "{v}");
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -239,12 +239,14 @@ fn probe_paths_answer_on_the_real_components() {
         "control-plane",
         "--listen",
         "127.0.0.1:0",
+        "--internal-listen",
+        "127.0.0.1:0",
         "--data-dir",
         data,
     ]);
     let cp_addr = cp.addr("http");
     let token = support::platform::operator_token(data, "edge", "gateway");
-    let cp_url = format!("http://{cp_addr}");
+    let cp_url = format!("https://{}", cp.addr("internal"));
     let gw = support::Worker::start(&[
         "gateway",
         "--listen",
@@ -255,13 +257,15 @@ fn probe_paths_answer_on_the_real_components() {
         &token,
     ]);
     let worker = support::prefill(&[]);
-    for (what, addr) in [
-        ("control plane", cp_addr),
-        ("gateway", gw.addr("http")),
-        ("worker", worker.addr("http")),
+    for (what, url) in [
+        ("control plane", format!("http://{cp_addr}")),
+        ("gateway", format!("http://{}", gw.addr("http"))),
+        // Workers' API is mutual TLS (a kubelet probe would use the
+        // operator certificate, or a tcpSocket probe).
+        ("worker", format!("https://{}", worker.addr("http"))),
     ] {
-        let r = support::http(&addr, "GET", "/health", None, "");
-        assert_eq!(r.status, 200, "{what} /health: {}", r.body);
+        let r = support::platform::try_call(&url, "GET", "/health", "", "");
+        assert!(matches!(r, Ok((200, _))), "{what} /health: {r:?}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

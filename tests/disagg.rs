@@ -69,13 +69,19 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
         .unwrap();
     let reply = rt.block_on(async {
         use tokio::io::AsyncWriteExt;
-        let mut s = tokio::net::TcpStream::connect(p.addr("transfer"))
-            .await
+        // A peer with a decode worker's certificate: the port admits it.
+        let tls = support::identity(bulkhead_trust::Role::Decode)
+            .connector(&[bulkhead_trust::Role::Prefill])
             .unwrap();
+        let mut s =
+            bulkhead_trust::connect::dial(&tls, bulkhead_trust::Role::Prefill, &p.addr("transfer"))
+                .await
+                .unwrap();
         let Message::Hello(h) = Message::read(&mut s).await.unwrap() else {
             panic!("hello first")
         };
         s.write_all(&Message::Hello(h).encode()).await.unwrap();
+        s.flush().await.unwrap();
         let t = bulkhead_kv::TransferId::new(42);
         let req = bulkhead_transfer::PrefillRequest {
             transfer: t,
@@ -88,6 +94,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             traceparent: None,
         };
         s.write_all(&Message::Prefill(req).encode()).await.unwrap();
+        s.flush().await.unwrap();
         let over_long = Message::read(&mut s).await.unwrap();
         // A token id outside the vocabulary is refused too, and prefill lives on.
         let wild = bulkhead_transfer::PrefillRequest {
@@ -99,6 +106,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             traceparent: None,
         };
         s.write_all(&Message::Prefill(wild).encode()).await.unwrap();
+        s.flush().await.unwrap();
         let wild = Message::read(&mut s).await.unwrap();
         // Reusing a transfer id (42 was refused above) closes the connection.
         let again = bulkhead_transfer::PrefillRequest {
@@ -112,6 +120,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
         s.write_all(&Message::Prefill(again).encode())
             .await
             .unwrap();
+        s.flush().await.unwrap();
         let closed = Message::read(&mut s).await.is_err();
         (over_long, wild, closed)
     });
@@ -405,13 +414,15 @@ fn a_client_disconnect_never_aborts_a_transfer_mid_flight() {
     {
         use std::io::Write;
         let body = json!({"tokens": tokens(100), "max_tokens": 50}).to_string();
-        let mut s = std::net::TcpStream::connect(d.addr("http")).unwrap();
+        let mut s = support::tls_connect(&d.addr("http"), bulkhead_trust::Role::Gateway);
         write!(
             s,
-            "POST /v1/generate HTTP/1.0\r\nx-bulkhead-tenant: 8\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /v1/generate HTTP/1.0\r\nx-bulkhead-context: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            support::context_for(8),
             body.len()
         )
         .unwrap();
+        s.flush().unwrap();
         wait_stats(&p.addr("http"), |s| {
             s["transfer"]["pages_sent"].as_u64() >= Some(2)
         });

@@ -59,6 +59,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn platform() -> Platform {
     let dir = std::env::temp_dir().join(unique("bulkhead-e2e"));
+    *TLS_DIR.lock().unwrap_or_else(|p| p.into_inner()) = Some(dir.join("tls"));
     let child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
         .args([
             "up",
@@ -111,17 +112,86 @@ fn platform() -> Platform {
     p
 }
 
+/// The platform's CA directory (`up` writes it in its data directory).
+/// (Tests run one platform at a time.)
+static TLS_DIR: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+/// A stream to `url`: plain for `http://`; for `https://` (a worker's API)
+/// mutual TLS with the platform's gateway certificate.
+fn connect(url: &str) -> Box<dyn ReadWrite> {
+    if let Some(addr) = url.strip_prefix("https://") {
+        let role = bulkhead_trust::Role::Gateway;
+        let dir = TLS_DIR
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .expect("the platform is up");
+        let id =
+            bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(&dir, role), role)
+                .expect("gateway identity");
+        let config = id
+            .client_config(&[
+                bulkhead_trust::Role::Decode,
+                bulkhead_trust::Role::Colocated,
+                bulkhead_trust::Role::Prefill,
+            ])
+            .expect("config");
+        let name =
+            rustls::pki_types::ServerName::try_from("decode.bulkhead.internal").expect("name");
+        let conn = rustls::ClientConnection::new(config, name).expect("client");
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(180))).ok();
+        return Box::new(rustls::StreamOwned::new(conn, s));
+    }
+    let addr = url.trim_start_matches("http://");
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(180))).ok();
+    Box::new(s)
+}
+
+/// A context for `tenant` signed with the platform's key ring.
+fn signed_context(tenant: u64) -> String {
+    let dir = TLS_DIR
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .expect("the platform is up");
+    let ring = bulkhead_worker_api::context::KeyRing::load(&dir.join("context.keys"))
+        .expect("context keys");
+    ring.sign(&bulkhead_worker_api::context::TenantContext::new(
+        &"0".repeat(32),
+        tenant,
+        unique("e2e-call"),
+        MODEL,
+        None,
+        u64::from(u32::MAX),
+        None,
+        std::time::SystemTime::now(),
+    ))
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
 /// One HTTP/1.0 exchange; status and body.
 fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let addr = url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(180))).ok();
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_start_matches("https://");
+    let mut s = connect(url);
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    // A worker's API: the tenant context the platform's gateway would sign.
+    let ctx = if url.starts_with("https://") && path == "/v1/generate" {
+        format!("x-bulkhead-context: {}\r\n", signed_context(9))
+    } else {
+        String::new()
+    };
     let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}x-bulkhead-tenant: 9\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}{ctx}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("send");
+    s.flush().expect("send");
     let mut raw = Vec::new();
     let _ = s.read_to_end(&mut raw);
     let raw = String::from_utf8_lossy(&raw).into_owned();
@@ -435,7 +505,7 @@ fn no_response_b_can_see_ever_carries_as_canary_and_every_over_long_prompt_is_re
     // Every page came back on both workers.
     for name in ["up-prefill", "up-decode"] {
         let addr = format!(
-            "http://{}",
+            "https://{}",
             p.node(name)["address"].as_str().expect("address")
         );
         wait_baseline(&addr);
@@ -490,9 +560,10 @@ fn the_incident_replayed_is_stopped_at_every_step() {
             "--threads",
             "1",
             "--control-plane",
-            &p.cp(),
+            p.creds["internal_url"].as_str().expect("internal URL"),
         ])
         .args(["--node-token", &node_token, "--node-name", "small-worker"])
+        .env("BULKHEAD_TLS_DIR", p.dir.join("tls"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -514,7 +585,7 @@ fn the_incident_replayed_is_stopped_at_every_step() {
 
     // 3. A prompt longer than the pool, straight to a worker, is refused before allocation.
     let decode = format!(
-        "http://{}",
+        "https://{}",
         p.node("up-decode")["address"].as_str().expect("address")
     );
     let before: Value =

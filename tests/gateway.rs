@@ -16,6 +16,7 @@ use bulkhead_control_api::{
 };
 use bulkhead_control_plane::{AccountId, AppState as CpState, Db, Settings, app as cp_app, store};
 use bulkhead_gateway::{AppState, Limiter, Limits, RoutingWatch, app};
+use bulkhead_trust::Role as CertRole;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
@@ -58,12 +59,23 @@ async fn fixture() -> Fixture {
         status_cache: Duration::ZERO,
         gateway_lease: Duration::from_secs(6),
     };
+    // The control plane's internal port, with the test CA's identities.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let acceptor = support::identity(CertRole::ControlPlane)
+        .acceptor(&[CertRole::Gateway, CertRole::Colocated])
+        .expect("acceptor");
+    let listener = bulkhead_trust::TlsListener::new(listener, acceptor).expect("listener");
+    let url = format!("https://{}", listener.local_addr());
     let router = cp_app(CpState::new(db.clone(), settings));
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<bulkhead_trust::Peer>(),
+        )
+        .await
+    });
     let now = Timestamp::now();
     let mut c = db.pool().acquire().await.expect("connection");
     let gateway_token = store::operators::create(&mut c, "edge", Role::Gateway, now)
@@ -136,15 +148,23 @@ async fn fixture() -> Fixture {
                 &node_token,
                 "--node-name",
                 "w0",
+                // Not a test of the prefill deadline (control-plane tests
+                // cover it): a loaded machine must not make w0 unroutable.
+                "--prefill-deadline-secs",
+                "3600",
             ])
         }
     })
     .await
     .expect("worker");
-    let client = Client::new(&Credentials {
-        control_plane_url: url.clone(),
-        operator_token: gateway_token,
-    })
+    let gateway = support::identity(CertRole::Gateway);
+    let client = Client::with_identity(
+        &Credentials {
+            control_plane_url: url.clone(),
+            operator_token: gateway_token,
+        },
+        &gateway,
+    )
     .expect("client");
     let watch = RoutingWatch::start(client, "gw-test".to_owned());
     assert!(watch.ready(Duration::from_secs(10)).await);
@@ -153,7 +173,9 @@ async fn fixture() -> Fixture {
         tokens_per_minute: 10_000_000,
         concurrency: 8,
     });
-    let gw = app(AppState::new(watch, None, limiter));
+    let upstream =
+        bulkhead_gateway::Upstream::new(&gateway, support::key_ring()).expect("upstream");
+    let gw = app(AppState::new(watch, None, limiter, upstream));
     let f = Fixture {
         gw,
         account,
@@ -452,10 +474,13 @@ async fn a_worker_that_cannot_be_reached_is_skipped_before_the_first_byte() {
             drop(sock);
         }
     });
-    let nodes = Client::new(&Credentials {
-        control_plane_url: f.cp.clone(),
-        operator_token: f.node_token.clone(),
-    })
+    let nodes = Client::with_identity(
+        &Credentials {
+            control_plane_url: f.cp.clone(),
+            operator_token: f.node_token.clone(),
+        },
+        &support::identity(CertRole::Colocated),
+    )
     .expect("client");
     let ghost = bulkhead_control_api::RegisterNode {
         name: "ghost".to_owned(),

@@ -238,6 +238,7 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
     let gateway_token = token(&data, "edge", "gateway");
     let node_token = token(&data, "fleet", "node");
     let cp_url = format!("http://{}:8788", addr("cp"));
+    let cp_internal = format!("https://{}:8789", addr("cp"));
     let ttl = TTL_SECS.to_string();
     let _cp = Worker::start_in(
         &net.ns("cp"),
@@ -245,6 +246,8 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
             "control-plane",
             "--listen",
             &format!("{}:8788", addr("cp")),
+            "--internal-listen",
+            &format!("{}:8789", addr("cp")),
             "--data-dir",
             &data,
             "--node-ttl-secs",
@@ -308,7 +311,7 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
 
     let common = [
         "--control-plane",
-        &cp_url,
+        &cp_internal,
         "--node-token",
         &node_token,
         "--kv-budget-mib",
@@ -357,7 +360,7 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
                 "--listen",
                 &listen,
                 "--control-plane",
-                &cp_url,
+                &cp_internal,
                 "--gateway-token",
                 &gateway_token,
                 "--instance",
@@ -372,7 +375,7 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
         )
     };
     let stats = |host: &str, port: u16| -> Value {
-        let url = format!("http://{}:{port}", addr(host));
+        let url = format!("https://{}:{port}", addr(host));
         json_of(call(&net, "GET", &url, "/stats", "", ""), 200)
     };
     let linked = |host: &str| stats(host, 8082)["prefills"].as_array().map_or(0, Vec::len);

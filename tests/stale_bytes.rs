@@ -80,6 +80,13 @@ fn no_byte_of_a_previous_tenants_kv_reaches_another_tenants_frames_or_pages() {
             hello(&prefill_engine, &tcp),
             PrefillOptions::new(Duration::from_secs(30), tcp.clone()),
         );
+        let listener = bulkhead_trust::TlsListener::new(
+            listener,
+            support::identity(bulkhead_trust::Role::Prefill)
+                .acceptor(&[bulkhead_trust::Role::Decode])
+                .expect("acceptor"),
+        )
+        .expect("listener");
         tokio::spawn(prefill.serve(listener));
         let via = support::proxy(addr, Box::new(|m| vec![m]));
         let decode = DecodeWorker::start(
@@ -90,6 +97,7 @@ fn no_byte_of_a_previous_tenants_kv_reaches_another_tenants_frames_or_pages() {
                 transfer_timeout: Duration::from_secs(60),
                 ack_timeout: Duration::from_secs(10),
                 transport: tcp,
+                identity: support::identity(bulkhead_trust::Role::Decode),
             },
         );
         assert!(

@@ -138,7 +138,7 @@ fn workers(cp: &str, op: &str) -> Vec<(String, String, bool)> {
 }
 
 fn at_baseline(addr: &str) -> bool {
-    let Ok((200, body)) = try_call(&format!("http://{addr}"), "GET", "/stats", "", "") else {
+    let Ok((200, body)) = try_call(&format!("https://{addr}"), "GET", "/stats", "", "") else {
         return false;
     };
     let Ok(s) = serde_json::from_str::<Value>(&body) else {
@@ -219,7 +219,7 @@ fn each_component_killed_under_load_comes_back_and_costs_only_its_own_requests()
                 .expect("registered");
             wait_until(&format!("{name} back and routable"), 90, || {
                 matches!(
-                    try_call(&format!("http://{addr}"), "GET", "/health", "", ""),
+                    try_call(&format!("https://{addr}"), "GET", "/health", "", ""),
                     Ok((200, _))
                 ) && workers(&cp, &op).iter().any(|(n, _, r)| n == name && *r)
             });

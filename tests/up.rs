@@ -192,7 +192,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
             .unwrap_or_else(|| panic!("{name} registered"))
     };
     let started = |addr: &str| {
-        get(&format!("http://{addr}"), "/stats", "")["transfer"]["started"]
+        get(&format!("https://{addr}"), "/stats", "")["transfer"]["started"]
             .as_u64()
             .expect("started")
     };

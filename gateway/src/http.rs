@@ -17,6 +17,7 @@ use axum::http::{HeaderMap, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bulkhead_control_api::RoutedModel;
+use bulkhead_worker_api::context::TenantContext;
 use bulkhead_worker_api::{GenerateBody, Line, Usage};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -35,13 +36,19 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State over a routing watch, JWT settings and a limiter.
-    pub fn new(watch: RoutingWatch, jwt: Option<JwtConfig>, limiter: Limiter) -> AppState {
+    /// State over a routing watch, JWT settings, a limiter and the client
+    /// that calls workers.
+    pub fn new(
+        watch: RoutingWatch,
+        jwt: Option<JwtConfig>,
+        limiter: Limiter,
+        upstream: Upstream,
+    ) -> AppState {
         AppState {
             watch,
             jwt: jwt.map(Arc::new),
             limiter,
-            upstream: Upstream::new(),
+            upstream,
             picker: Arc::new(Picker::default()),
         }
     }
@@ -231,10 +238,21 @@ pub(crate) async fn start(
         // partition that TCP alone would notice only after minutes) fails
         // the request, before its first line or after.
         let left = || state.watch.node_left(model.slug.clone(), node.id);
+        // What this gateway vouches for, for this call alone.
+        let statement = TenantContext::new(
+            &ctx.principal.account_id,
+            ctx.principal.tenant,
+            call_id(),
+            model.slug.as_str(),
+            model.config_version,
+            body.max_tokens as u64,
+            body.context_limit.map(|c| c as u64),
+            std::time::SystemTime::now(),
+        );
         let called = tokio::select! {
             r = state
                 .upstream
-                .generate(&node.registration.address, ctx.principal.tenant, body)
+                .generate(&node.registration.address, &statement, body)
                 .instrument(span) => r,
             () = left() => Err(UpstreamError::Unreachable),
         };
@@ -274,6 +292,19 @@ pub(crate) async fn start(
         lease,
         timer,
     })
+}
+
+/// A worker call's id: the request's id (when it has one) and 64 random
+/// bits, so no two calls share one even when a client repeats its
+/// `x-request-id` (a worker serves each id once).
+fn call_id() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    let nonce = u64::from_le_bytes(b);
+    match bulkhead_telemetry::RequestId::current() {
+        Some(id) => format!("{}.{nonce:016x}", id.0),
+        None => format!("{nonce:016x}"),
+    }
 }
 
 /// Tokens a request may use, for the tokens-per-minute limit: about four

@@ -37,4 +37,5 @@ pub use http::{AppState, app};
 pub use limits::{Limiter, LimiterError, Limits};
 pub use serve::{ConnLimits, serve};
 pub use table::Table;
+pub use upstream::Upstream;
 pub use watch::{RoutingWatch, Snapshot, WatchError};

@@ -1,15 +1,19 @@
-//! Calling a worker: `POST http://{address}/v1/generate` with the tenant
-//! header, then reading its NDJSON lines as they arrive. Dropping a
+//! Calling a worker: `POST https://{address}/v1/generate` over mutual TLS
+//! (the gateway's certificate; the worker's must name decode or colocated)
+//! with the signed tenant context, then reading its NDJSON lines as they
+//! arrive. Dropping a
 //! [`LineStream`] closes the connection, which the worker takes as the
 //! client going away: it cancels the request (after any KV transfer in
 //! flight has finished) and its pages return to the pool.
 
-use bulkhead_worker_api::{ErrorBody, GenerateBody, Line, TENANT_HEADER};
+use bulkhead_trust::connect::Connector;
+use bulkhead_trust::{Identity, Role as CertRole, TrustError};
+use bulkhead_worker_api::context::{CONTEXT_HEADER, KeyRing, TenantContext};
+use bulkhead_worker_api::{ErrorBody, GenerateBody, Line};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, StatusCode};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 
@@ -49,20 +53,23 @@ impl UpstreamError {
     }
 }
 
-/// A pooled HTTP/1.1 client for workers.
+/// A pooled HTTP/1.1 client for workers, over mutual TLS.
 #[derive(Debug, Clone)]
-pub(crate) struct Upstream {
-    http: Client<HttpConnector, Full<Bytes>>,
+pub struct Upstream {
+    http: Client<Connector, Full<Bytes>>,
+    keys: KeyRing,
 }
 
 impl Upstream {
-    pub(crate) fn new() -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
-        Upstream {
+    /// A client presenting the gateway's `identity`, accepting only workers
+    /// that generate (decode and colocated certificates), signing each
+    /// call's tenant context with `keys`.
+    pub fn new(identity: &Identity, keys: KeyRing) -> Result<Upstream, TrustError> {
+        let connector = Connector::new(identity, &[CertRole::Decode, CertRole::Colocated])?;
+        Ok(Upstream {
             http: Client::builder(TokioExecutor::new()).build(connector),
-        }
+            keys,
+        })
     }
 
     /// Sends the request; returns the first line (a token or the end) and
@@ -71,12 +78,12 @@ impl Upstream {
     pub(crate) async fn generate(
         &self,
         address: &str,
-        tenant: u64,
+        ctx: &TenantContext,
         body: &GenerateBody,
     ) -> Result<(Line, LineStream), UpstreamError> {
         let bytes = serde_json::to_vec(body).map_err(|_| UpstreamError::Protocol)?;
-        let mut req = Request::post(format!("http://{address}/v1/generate"))
-            .header(TENANT_HEADER, tenant.to_string())
+        let mut req = Request::post(format!("https://{address}/v1/generate"))
+            .header(CONTEXT_HEADER, self.keys.sign(ctx))
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(bytes)))
             .map_err(|_| UpstreamError::Protocol)?;

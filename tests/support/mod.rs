@@ -1,17 +1,75 @@
-//! Worker processes, a tiny HTTP/1.0 client and a frame-level proxy for the
-//! disaggregation tests.
+//! Worker processes, a tiny HTTP/1.0 client over mutual TLS and a
+//! frame-level proxy for the disaggregation tests. Every process a test
+//! starts gets the test CA's identities ([`tls_dir`]).
 
 #![allow(dead_code, unreachable_pub)]
 
 pub mod platform;
 
 use bulkhead_transfer::Message;
+use bulkhead_trust::Role as CertRole;
+use bulkhead_worker_api::context::{CONTEXT_HEADER, KeyRing, TenantContext};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// The identities of this test binary's platform CA (created once).
+pub fn tls_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("bulkhead-test-tls-{}", std::process::id()));
+        bulkhead_trust::authority::init_dir(&d, &CertRole::ALL).expect("test CA");
+        KeyRing::create(&d.join("context.keys")).expect("context keys");
+        d
+    })
+}
+
+/// The test platform's tenant-context keys.
+pub fn key_ring() -> KeyRing {
+    KeyRing::load(&tls_dir().join("context.keys")).expect("context keys")
+}
+
+/// A context the test CA's gateway would sign for `tenant` on the default
+/// model, allowing any request.
+pub fn context_for(tenant: u64) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    key_ring().sign(&TenantContext::new(
+        &"0".repeat(32),
+        tenant,
+        format!("test-{}-{id}", std::process::id()),
+        "@cf/huggingfacetb/smollm2-135m-instruct",
+        None,
+        u64::from(u32::MAX),
+        None,
+        std::time::SystemTime::now(),
+    ))
+}
+
+/// The test CA's identity of `role`.
+pub fn identity(role: CertRole) -> bulkhead_trust::Identity {
+    bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(tls_dir(), role), role)
+        .expect("test identity")
+}
+
+/// A blocking mutual-TLS connection to a worker at `addr`, presenting the
+/// test CA's certificate of `present`.
+pub fn tls_connect(
+    addr: &str,
+    present: CertRole,
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let config = identity(present)
+        .client_config(&[CertRole::Decode, CertRole::Colocated, CertRole::Prefill])
+        .expect("client config");
+    let name = rustls::pki_types::ServerName::try_from(CertRole::Decode.dns_name()).expect("name");
+    let conn = rustls::ClientConnection::new(config, name).expect("TLS client");
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    rustls::StreamOwned::new(conn, s)
+}
 
 /// A worker process, killed when dropped.
 pub struct Worker {
@@ -37,6 +95,7 @@ impl Worker {
 
     fn spawn(mut cmd: Command) -> Worker {
         let mut child = cmd
+            .env("BULKHEAD_TLS_DIR", tls_dir())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -144,18 +203,26 @@ impl Response {
     }
 }
 
-/// One HTTP/1.0 request (no chunking: the body ends at close).
+/// One HTTP/1.0 request (no chunking: the body ends at close), over mutual
+/// TLS: as the gateway when it carries a tenant, else as an operator.
 pub fn http(addr: &str, method: &str, path: &str, tenant: Option<u64>, body: &str) -> Response {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
-    let tenant = tenant.map_or(String::new(), |t| format!("x-bulkhead-tenant: {t}\r\n"));
+    let present = if tenant.is_some() {
+        CertRole::Gateway
+    } else {
+        CertRole::Operator
+    };
+    let mut s = tls_connect(addr, present);
+    let tenant = tenant.map_or(String::new(), |t| {
+        format!("{CONTEXT_HEADER}: {}\r\n", context_for(t))
+    });
     let req = format!(
         "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{tenant}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("send");
+    s.flush().expect("send");
     let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
+    read_to_close(&mut s, &mut raw).expect("read");
     let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
     let status = head
         .split_whitespace()
@@ -260,22 +327,34 @@ pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
             .build()
             .expect("runtime");
         rt.block_on(async move {
+            // It terminates TLS both ways with the test CA's certificates:
+            // a prefill worker's to decode, a decode worker's to prefill (a
+            // compromised host holding valid certificates).
             listener.set_nonblocking(true).expect("nonblocking");
             let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            let acceptor = identity(CertRole::Prefill)
+                .acceptor(&[CertRole::Decode])
+                .expect("acceptor");
+            let mut listener =
+                bulkhead_trust::TlsListener::new(listener, acceptor).expect("listener");
+            let connector = identity(CertRole::Decode)
+                .connector(&[CertRole::Prefill])
+                .expect("connector");
             let mut tamper = Some(tamper);
             loop {
-                let Ok((down, _)) = listener.accept().await else {
+                let (down, _) = listener.accept().await;
+                let Ok(up) =
+                    bulkhead_trust::connect::dial(&connector, CertRole::Prefill, &prefill_addr)
+                        .await
+                else {
                     return;
                 };
-                let Ok(up) = tokio::net::TcpStream::connect(&prefill_addr).await else {
-                    return;
-                };
-                let (mut dr, mut dw) = down.into_split();
-                let (mut ur, mut uw) = up.into_split();
+                let (mut dr, mut dw) = tokio::io::split(down);
+                let (mut ur, mut uw) = tokio::io::split(up);
                 tokio::spawn(async move {
                     use tokio::io::AsyncWriteExt;
                     while let Ok(m) = Message::read(&mut dr).await {
-                        if uw.write_all(&m.encode()).await.is_err() {
+                        if uw.write_all(&m.encode()).await.is_err() || uw.flush().await.is_err() {
                             return;
                         }
                     }
@@ -292,7 +371,7 @@ pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
                         if sent != original {
                             inj.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         }
-                        if dw.write_all(&sent).await.is_err() {
+                        if dw.write_all(&sent).await.is_err() || dw.flush().await.is_err() {
                             return;
                         }
                     }
@@ -305,4 +384,114 @@ pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
         injected,
         recorded,
     }
+}
+
+/// Reads to the end of a TLS stream; a peer that closes without
+/// close_notify (a worker dropping the connection) ends it too.
+pub fn read_to_close(
+    s: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
+    out: &mut String,
+) -> std::io::Result<usize> {
+    let mut raw = Vec::new();
+    let r = s.read_to_end(&mut raw);
+    out.push_str(&String::from_utf8_lossy(&raw));
+    match r {
+        Ok(n) => Ok(n),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(raw.len()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What a test client presents on a mutual-TLS port.
+#[derive(Debug, Clone, Copy)]
+pub enum Present {
+    /// No certificate at all.
+    Nothing,
+    /// The test CA's certificate of this role.
+    Ours(CertRole),
+    /// Another CA's certificate of this role (an attacker's own PKI).
+    Foreign(CertRole),
+}
+
+/// Another CA's identities (created once).
+pub fn foreign_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("bulkhead-test-foreign-{}", std::process::id()));
+        bulkhead_trust::authority::init_dir(&d, &CertRole::ALL).expect("foreign CA");
+        d
+    })
+}
+
+/// A client configuration trusting the test CA's `server` role and
+/// presenting `present`.
+pub fn client_config(present: Present, server: CertRole) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    match present {
+        Present::Nothing => identity(CertRole::Operator)
+            .anonymous_client_config(&[server])
+            .expect("config"),
+        Present::Ours(r) => identity(r).client_config(&[server]).expect("config"),
+        Present::Foreign(r) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in rustls::pki_types::CertificateDer::pem_file_iter(tls_dir().join("ca.pem"))
+                .expect("ca")
+            {
+                roots.add(c.expect("ca")).expect("ca");
+            }
+            let files = bulkhead_trust::TlsFiles::in_dir(foreign_dir(), r);
+            let chain = rustls::pki_types::CertificateDer::pem_file_iter(&files.cert)
+                .expect("cert")
+                .collect::<Result<Vec<_>, _>>()
+                .expect("cert");
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&files.key).expect("key");
+            let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .expect("client auth");
+            std::sync::Arc::new(config)
+        }
+    }
+}
+
+/// One HTTP/1.0 exchange over TLS with `config` to a server of role
+/// `server` at `addr`: status and body, or why the connection failed (a
+/// refused certificate ends the handshake with an alert).
+pub fn tls_call(
+    addr: &str,
+    config: std::sync::Arc<rustls::ClientConfig>,
+    server: CertRole,
+    request: &str,
+) -> Result<(u16, String), String> {
+    let name = rustls::pki_types::ServerName::try_from(server.dns_name()).expect("name");
+    let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+    let tcp = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    s.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
+    s.flush().map_err(|e| e.to_string())?;
+    let mut raw = String::new();
+    read_to_close(&mut s, &mut raw).map_err(|e| e.to_string())?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP answer ({} bytes)", raw.len()))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or("no status")?;
+    Ok((status, body.to_owned()))
+}
+
+/// An HTTP/1.0 request with a bearer token and a JSON body.
+pub fn request(method: &str, path: &str, token: &str, body: &str) -> String {
+    format!(
+        "{method} {path} HTTP/1.0\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
 }

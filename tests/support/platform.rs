@@ -42,6 +42,16 @@ pub fn data_dir(tag: &str) -> std::path::PathBuf {
 /// Starts `bulkhead up --port 0 --threads 1 --data-dir DIR EXTRA...` and
 /// waits for its summary.
 pub fn up(dir: &std::path::Path, extra: &[&str]) -> Up {
+    // `up` reuses valid identities in its data directory: give it this test
+    // binary's CA, so the tests' operator certificate reaches its workers.
+    let tls = dir.join("tls");
+    std::fs::create_dir_all(&tls).expect("tls dir");
+    for f in std::fs::read_dir(super::tls_dir()).expect("test CA") {
+        let f = f.expect("entry").path();
+        if let Some(name) = f.file_name() {
+            std::fs::copy(&f, tls.join(name)).expect("copy identity");
+        }
+    }
     let mut child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
         .args(["up", "--port", "0", "--threads", "1"])
         .args(extra)
@@ -89,16 +99,42 @@ pub fn try_call(
     token: &str,
     body: &str,
 ) -> std::io::Result<(u16, String)> {
-    let addr = url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(600)))?;
-    let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes())?;
+    let req = |addr: &str| {
+        format!(
+            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
+    if let Some(addr) = url.strip_prefix("https://") {
+        // A worker's API: mutual TLS with the test CA's operator certificate.
+        let config = super::identity(bulkhead_trust::Role::Operator)
+            .client_config(&[
+                bulkhead_trust::Role::Decode,
+                bulkhead_trust::Role::Prefill,
+                bulkhead_trust::Role::Colocated,
+            ])
+            .map_err(std::io::Error::other)?;
+        let name = rustls::pki_types::ServerName::try_from("decode.bulkhead.internal")
+            .map_err(std::io::Error::other)?;
+        let conn = rustls::ClientConnection::new(config, name).map_err(std::io::Error::other)?;
+        let tcp = TcpStream::connect(addr)?;
+        tcp.set_read_timeout(Some(Duration::from_secs(600)))?;
+        let mut s = rustls::StreamOwned::new(conn, tcp);
+        s.write_all(req(addr).as_bytes())?;
+        s.flush()?;
+        match s.read_to_end(&mut raw) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+            Err(e) => return Err(e),
+        }
+    } else {
+        let addr = url.trim_start_matches("http://");
+        let mut s = TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(600)))?;
+        s.write_all(req(addr).as_bytes())?;
+        s.read_to_end(&mut raw)?;
+    }
     let raw = String::from_utf8_lossy(&raw);
     let (head, body) = raw
         .split_once("\r\n\r\n")

@@ -1,6 +1,8 @@
 //! A small client for the admin API, used by the responder commands, the
-//! workers and the gateway. Plain HTTP/1.1: the control plane listens on a
-//! private network (put a TLS-terminating proxy in front to expose it).
+//! workers and the gateway. Operators' tools call the admin port over plain
+//! HTTP/1.1 with a token (put a TLS-terminating proxy in front to expose
+//! it); workers and gateways call the internal port, `https://`, with their
+//! certificate as well as their token ([`Client::with_identity`]).
 
 use crate::ErrorBody;
 use http_body_util::{BodyExt, Full};
@@ -98,6 +100,12 @@ pub enum ClientError {
     /// The base URL is not `http://host:port[/prefix]`.
     #[error("`{0}` is not an http:// URL of the control plane")]
     BadUrl(String),
+    /// A worker or gateway was given a URL that is not the internal port's.
+    #[error(
+        "`{0}` is not the control plane's internal port: workers and gateways call it at \
+         https://HOST:PORT (its --internal-listen), with their certificate"
+    )]
+    NotInternal(String),
     /// No answer.
     #[error("cannot reach the control plane at {url}: {message}")]
     Unreachable {
@@ -126,8 +134,15 @@ pub enum ClientError {
 pub struct Client {
     base: String,
     token: String,
-    http: HyperClient<HttpConnector, Full<Bytes>>,
+    http: Transport,
     timeout: Duration,
+}
+
+/// Plain HTTP (operators) or mutual TLS (workers, gateways).
+#[derive(Clone)]
+enum Transport {
+    Plain(HyperClient<HttpConnector, Full<Bytes>>),
+    Tls(HyperClient<bulkhead_trust::connect::Connector, Full<Bytes>>),
 }
 
 impl std::fmt::Debug for Client {
@@ -151,7 +166,40 @@ impl Client {
         if uri.scheme_str() != Some("http") || uri.host().is_none() {
             return Err(ClientError::BadUrl(base));
         }
-        let http = HyperClient::builder(TokioExecutor::new()).build_http();
+        let http = Transport::Plain(HyperClient::builder(TokioExecutor::new()).build_http());
+        Ok(Client {
+            base,
+            token: credentials.operator_token.clone(),
+            http,
+            timeout: Duration::from_secs(30),
+        })
+    }
+
+    /// A client of the internal port (`https://host:port`): it presents
+    /// `identity` and accepts only the control plane's certificate.
+    pub fn with_identity(
+        credentials: &Credentials,
+        identity: &bulkhead_trust::Identity,
+    ) -> Result<Client, ClientError> {
+        let base = credentials
+            .control_plane_url
+            .trim_end_matches('/')
+            .to_owned();
+        let uri: Uri = base
+            .parse()
+            .map_err(|_| ClientError::BadUrl(base.clone()))?;
+        if uri.scheme_str() != Some("https") || uri.host().is_none() {
+            return Err(ClientError::NotInternal(base));
+        }
+        let connector = bulkhead_trust::connect::Connector::new(
+            identity,
+            &[bulkhead_trust::Role::ControlPlane],
+        )
+        .map_err(|e| ClientError::Unreachable {
+            url: base.clone(),
+            message: e.to_string(),
+        })?;
+        let http = Transport::Tls(HyperClient::builder(TokioExecutor::new()).build(connector));
         Ok(Client {
             base,
             token: credentials.operator_token.clone(),
@@ -204,11 +252,11 @@ impl Client {
             message,
         };
         let exchange = async {
-            let resp = self
-                .http
-                .request(req)
-                .await
-                .map_err(|e| unreachable(error_chain(&e)))?;
+            let resp = match &self.http {
+                Transport::Plain(c) => c.request(req).await,
+                Transport::Tls(c) => c.request(req).await,
+            }
+            .map_err(|e| unreachable(error_chain(&e)))?;
             let status = resp.status();
             let bytes = resp
                 .into_body()

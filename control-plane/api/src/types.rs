@@ -590,6 +590,10 @@ pub struct RoutedModel {
     pub allowlist: Vec<String>,
     /// Limits of the active config.
     pub properties: Option<Properties>,
+    /// The active config's version (the gateway names it in the tenant
+    /// context it signs).
+    #[serde(default)]
+    pub config_version: Option<u64>,
     /// Created.
     pub created_at: Timestamp,
 }

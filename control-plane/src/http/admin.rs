@@ -374,9 +374,23 @@ async fn node_status(
 
 async fn register_node(
     State(s): State<AppState>,
-    NodeAgent(op): NodeAgent,
+    NodeAgent(op, cert): NodeAgent,
     AppJson(req): AppJson<RegisterNode>,
 ) -> ApiResult<NodeStatus> {
+    // A node is what its certificate says: a decode certificate cannot
+    // register a prefill worker (nor the gateway route to one).
+    let expected = match req.role {
+        NodeRole::Prefill => bulkhead_trust::Role::Prefill,
+        NodeRole::Decode => bulkhead_trust::Role::Decode,
+        NodeRole::Colocated => bulkhead_trust::Role::Colocated,
+    };
+    if cert != expected {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("a {cert} certificate cannot register a {} node", req.role),
+        ));
+    }
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let before = nodes::list(&mut tx, None)
@@ -422,7 +436,7 @@ fn node_summary(r: &RegisterNode) -> String {
 
 async fn heartbeat(
     State(s): State<AppState>,
-    NodeAgent(op): NodeAgent,
+    NodeAgent(op, _): NodeAgent,
     AppPath(id): AppPath<i64>,
     OptionalJson(beat): OptionalJson<Heartbeat>,
 ) -> ApiResult<NodeStatus> {

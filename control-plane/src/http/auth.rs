@@ -1,6 +1,12 @@
 //! Operator authentication: `Authorization: Bearer bho_…`, looked up by its
 //! sha256. A missing or unknown token is 401; a known token whose role does
 //! not allow the route is 403.
+//!
+//! Node and gateway routes need more than a token: the call must come over
+//! the internal port, whose mutual TLS put the caller's certificate role in
+//! the connection ([`Peer`]), and that role must be a worker's (node routes)
+//! or the gateway's (the routing table). A stolen token alone registers
+//! nothing and reads no routing table.
 
 use super::AppState;
 use super::error::ApiError;
@@ -9,6 +15,27 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use bulkhead_control_api::Role;
+use bulkhead_trust::Role as CertRole;
+
+/// The role of the certificate the caller presented, when it came over the
+/// internal (mutual TLS) port.
+pub(crate) fn cert_role(parts: &Parts) -> Option<CertRole> {
+    bulkhead_trust::CallerRole::of(&parts.extensions).0
+}
+
+fn needs_cert(what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!(
+            "{what} must come over the control plane's internal port (mutual TLS) with {}",
+            match what {
+                "the routing table" => "the gateway's certificate",
+                _ => "a prefill, decode or colocated worker's certificate",
+            }
+        ),
+    )
+}
 
 /// The authenticated caller of an admin route.
 #[derive(Debug, Clone)]
@@ -74,12 +101,55 @@ role_extractor!(
     Role::Responder
 );
 role_extractor!(
-    /// A caller allowed to register workers (node or admin).
-    NodeAgent,
+    /// A caller whose token allows registering workers (node or admin).
+    NodeToken,
     Role::Node
 );
 role_extractor!(
-    /// A caller allowed to read the routing table (gateway or admin).
-    GatewayAgent,
+    /// A caller whose token allows reading the routing table (gateway or
+    /// admin).
+    GatewayToken,
     Role::Gateway
 );
+
+/// A worker: a node token, over the internal port, with a worker's
+/// certificate (whose role it carries).
+#[derive(Debug, Clone)]
+pub(crate) struct NodeAgent(pub(crate) Operator, pub(crate) CertRole);
+
+impl FromRequestParts<AppState> for NodeAgent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<NodeAgent, ApiError> {
+        let NodeToken(op) = NodeToken::from_request_parts(parts, state).await?;
+        match cert_role(parts) {
+            Some(r @ (CertRole::Prefill | CertRole::Decode | CertRole::Colocated)) => {
+                Ok(NodeAgent(op, r))
+            }
+            _ => Err(needs_cert("node calls")),
+        }
+    }
+}
+
+/// A gateway: a gateway token, over the internal port, with the gateway's
+/// certificate.
+#[derive(Debug, Clone)]
+pub(crate) struct GatewayAgent(pub(crate) Operator);
+
+impl FromRequestParts<AppState> for GatewayAgent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<GatewayAgent, ApiError> {
+        let GatewayToken(op) = GatewayToken::from_request_parts(parts, state).await?;
+        match cert_role(parts) {
+            Some(CertRole::Gateway) => Ok(GatewayAgent(op)),
+            _ => Err(needs_cert("the routing table")),
+        }
+    }
+}

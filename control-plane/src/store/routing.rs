@@ -26,8 +26,11 @@ pub async fn table(
 ) -> Result<RoutingTable, Error> {
     let mut out_models = Vec::new();
     for m in models::list(conn).await? {
-        let properties = configs::active(conn, &m).await?.map(|c| c.spec.properties);
+        let active = configs::active(conn, &m).await?;
+        let config_version = active.as_ref().map(|c| u64::from(c.version.get()));
+        let properties = active.map(|c| c.spec.properties);
         out_models.push(RoutedModel {
+            config_version,
             allowlist: models::allowlist(conn, m.id).await?,
             slug: m.slug,
             task: m.task,

@@ -229,6 +229,7 @@ impl Harness {
         if let Some(t) = token {
             req = req.header("authorization", format!("Bearer {t}"));
         }
+        let peer = caller(path, body.as_ref());
         let body = match body {
             Some(v) => {
                 req = req.header("content-type", "application/json");
@@ -236,12 +237,15 @@ impl Harness {
             }
             None => Body::empty(),
         };
-        let resp = self
-            .app
-            .clone()
-            .oneshot(req.body(body).expect("request"))
-            .await
-            .expect("router");
+        let mut req = req.body(body).expect("request");
+        if let Some(role) = peer {
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(bulkhead_trust::Peer {
+                    addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+                    role: Some(role),
+                }));
+        }
+        let resp = self.app.clone().oneshot(req).await.expect("router");
         let status = resp.status();
         let ctype = resp
             .headers()
@@ -266,6 +270,26 @@ impl Harness {
         anyhow::ensure!(status == expected, "{method} {path}: {status} {v}");
         Ok(v)
     }
+}
+
+/// The certificate a real caller of `path` would present on the internal
+/// port (as the server's mutual TLS would record it): a worker's, of the
+/// role it registers, for node calls; the gateway's for the routing table.
+/// Tests of what a missing or wrong certificate gets live in the root
+/// crate's tests/control_plane.rs, over real sockets.
+fn caller(path: &str, body: Option<&Value>) -> Option<bulkhead_trust::Role> {
+    use bulkhead_trust::Role;
+    if path.starts_with("/admin/v1/routing") {
+        return Some(Role::Gateway);
+    }
+    if path.starts_with("/admin/v1/nodes") {
+        return Some(match body.and_then(|b| b["role"].as_str()) {
+            Some("prefill") => Role::Prefill,
+            Some("colocated") => Role::Colocated,
+            _ => Role::Decode,
+        });
+    }
+    None
 }
 
 /// A config spec with the given limits.

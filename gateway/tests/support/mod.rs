@@ -13,6 +13,7 @@ use bulkhead_control_api::{
 };
 use bulkhead_control_plane::{AccountId, AppState as CpState, Db, Settings, app as cp_app, store};
 use bulkhead_gateway::{AppState, Limiter, Limits, RoutingWatch, app};
+use bulkhead_trust::Role as CertRole;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,6 +66,19 @@ fn spec(context_window: u64, max_output: u64) -> ConfigSpec {
     }
 }
 
+/// The test CA's identity of `role` (the CA is created once per test
+/// binary).
+pub fn identity(role: CertRole) -> bulkhead_trust::Identity {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("bulkhead-gw-tls-{}", std::process::id()));
+        bulkhead_trust::authority::init_dir(&d, &CertRole::ALL).expect("test CA");
+        d
+    });
+    bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(dir, role), role)
+        .expect("identity")
+}
+
 /// Starts the control plane (SQLite in a temp file, gateway lease 3 s).
 pub async fn platform() -> Platform {
     let path = std::env::temp_dir().join(format!("{}.db", unique("bulkhead-gw")));
@@ -77,11 +91,17 @@ pub async fn platform() -> Platform {
         status_cache: Duration::ZERO,
         gateway_lease: Duration::from_secs(3),
     };
+    // The control plane's internal port: mutual TLS with the test CA.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let router = cp_app(CpState::new(db.clone(), settings));
+    let acceptor = identity(CertRole::ControlPlane)
+        .acceptor(&[CertRole::Gateway])
+        .expect("acceptor");
+    let listener = bulkhead_trust::TlsListener::new(listener, acceptor).expect("listener");
+    let url = format!("https://{}", listener.local_addr());
+    let router = cp_app(CpState::new(db.clone(), settings))
+        .into_make_service_with_connect_info::<bulkhead_trust::Peer>();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         axum::serve(listener, router)
@@ -185,14 +205,23 @@ impl Platform {
         jwt: Option<bulkhead_gateway::JwtConfig>,
         limiter: Limiter,
     ) -> Router {
-        let client = Client::new(&Credentials {
-            control_plane_url: self.url.clone(),
-            operator_token: self.gateway_token.clone(),
-        })
+        let gateway = identity(CertRole::Gateway);
+        let client = Client::with_identity(
+            &Credentials {
+                control_plane_url: self.url.clone(),
+                operator_token: self.gateway_token.clone(),
+            },
+            &gateway,
+        )
         .expect("client");
         let watch = RoutingWatch::start(client, unique("gw"));
         assert!(watch.ready(Duration::from_secs(10)).await, "routing table");
-        app(AppState::new(watch, jwt, limiter))
+        let upstream = bulkhead_gateway::Upstream::new(
+            &gateway,
+            bulkhead_worker_api::context::KeyRing::ephemeral(),
+        )
+        .expect("upstream");
+        app(AppState::new(watch, jwt, limiter, upstream))
     }
 
     /// A memory limiter with generous limits.
@@ -204,12 +233,17 @@ impl Platform {
         })
     }
 
-    /// An admin API call on the control plane's socket.
+    /// An admin API call on the control plane's socket (the only port this
+    /// test platform serves is the internal one, so the admin's token
+    /// rides on a connection with the gateway's certificate).
     pub async fn admin(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        let client = Client::new(&Credentials {
-            control_plane_url: self.url.clone(),
-            operator_token: self.admin.clone(),
-        })
+        let client = Client::with_identity(
+            &Credentials {
+                control_plane_url: self.url.clone(),
+                operator_token: self.admin.clone(),
+            },
+            &identity(CertRole::Gateway),
+        )
         .expect("client");
         match (method, body) {
             ("GET", _) => client.get(path).await.expect("GET"),

@@ -5,13 +5,12 @@
 //!
 //! The request is JSON; the answer is NDJSON, one [`Line`] per line: tokens,
 //! then exactly one final line, `Finished` or `Error`. Workers are internal:
-//! the tenant travels in the [`TENANT_HEADER`] the gateway sets after
-//! authenticating the account.
+//! the tenant travels in the [`context::TenantContext`] the gateway signs
+//! after authenticating the account ([`context::CONTEXT_HEADER`]).
+
+pub mod context;
 
 use serde::{Deserialize, Serialize};
-
-/// The header that carries the tenant number to a worker.
-pub const TENANT_HEADER: &str = "x-bulkhead-tenant";
 
 /// `POST /v1/generate` body: exactly one of `prompt`, `messages`, `raw` and
 /// `tokens`.

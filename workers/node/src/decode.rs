@@ -36,6 +36,9 @@ pub struct DecodeOptions {
     pub ack_timeout: Duration,
     /// How pages travel.
     pub transport: crate::TransportKind,
+    /// This worker's decode identity: transfer connections are mutual TLS
+    /// and accept only a prefill certificate.
+    pub identity: bulkhead_trust::Identity,
 }
 
 /// Why a request could not be started.

@@ -5,8 +5,12 @@
 //! in flight. Every request has a server span joined to the caller's trace
 //! and an `x-request-id`.
 //!
-//! Workers are internal: the tenant comes from the `x-bulkhead-tenant`
-//! header the gateway sets after authenticating the account. Errors are
+//! Workers are internal: their port is mutual TLS admitting the gateway and
+//! operators' tools; only a gateway certificate may generate, and only an
+//! operator's may abort. The tenant comes from the tenant context the
+//! gateway signs per call ([`ContextCheck`]): no context, a forged,
+//! expired or replayed one, one for another model or for less than the
+//! request asks is refused before anything is allocated. Errors are
 //! `{"error": {"code", "message"}}` with a 4xx for what the caller can fix
 //! and never an internal detail.
 
@@ -22,7 +26,11 @@ use bulkhead_engine::{
     ChatMessage, Engine, EngineError, GenerateRequest, RequestHandle, SamplingParams, SeqEvent,
 };
 use bulkhead_kv::{AdmissionError, TenantId};
-use bulkhead_worker_api::{GenerateBody, Line, TENANT_HEADER};
+use bulkhead_trust::{CallerRole, Role as CertRole};
+use bulkhead_worker_api::context::{
+    CONTEXT_HEADER, ContextError, KeyRing, ReplayGuard, TenantContext,
+};
+use bulkhead_worker_api::{GenerateBody, Line};
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -42,14 +50,17 @@ pub enum Role {
     Prefill(PrefillWorker),
 }
 
-/// The router of a worker in `role`.
-pub fn app(role: Role) -> Router {
+/// The router of a worker in `role`; generate calls are checked by
+/// `contexts`.
+pub fn app(role: Role, contexts: Arc<ContextCheck>) -> Router {
     let r = Router::new()
         .route("/health", get(|| async { "ok\n" }))
         .route("/stats", get(stats));
     let r = match role {
         Role::Prefill(_) => r.route("/admin/abort", post(admin_abort)),
-        _ => r.route("/v1/generate", post(generate)),
+        _ => r
+            .route("/v1/generate", post(generate))
+            .layer(axum::Extension(contexts)),
     };
     bulkhead_telemetry::instrument(
         r.with_state(role)
@@ -75,6 +86,14 @@ impl IntoResponse for ApiError {
 }
 
 impl ApiError {
+    fn forbidden(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            code: "forbidden",
+            message: message.into(),
+        }
+    }
+
     fn bad(code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,
@@ -114,28 +133,96 @@ fn engine_error(e: &EngineError) -> ApiError {
     }
 }
 
-fn tenant(headers: &HeaderMap) -> Result<TenantId, ApiError> {
-    headers
-        .get(TENANT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(TenantId::new)
-        .ok_or_else(|| {
-            ApiError::bad(
-                "missing_tenant",
-                "the x-bulkhead-tenant header must hold a tenant number",
-            )
+/// How a worker checks the tenant context of every generate call.
+#[derive(Debug)]
+pub struct ContextCheck {
+    keys: KeyRing,
+    model: String,
+    replay: std::sync::Mutex<ReplayGuard>,
+}
+
+impl ContextCheck {
+    /// Contexts signed with `keys` for `model` (its slug).
+    pub fn new(keys: KeyRing, model: &str) -> Arc<ContextCheck> {
+        Arc::new(ContextCheck {
+            keys,
+            model: model.to_owned(),
+            replay: std::sync::Mutex::new(ReplayGuard::default()),
         })
+    }
+
+    /// The verified statement of a call, before its body is read.
+    fn statement(&self, headers: &HeaderMap) -> Result<TenantContext, ApiError> {
+        let header = headers
+            .get(CONTEXT_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .ok_or(ContextError::Missing)
+            .map_err(refused)?;
+        let ctx = self
+            .keys
+            .verify(header, std::time::SystemTime::now())
+            .map_err(refused)?;
+        if ctx.model != self.model {
+            return Err(refused(ContextError::WrongModel(ctx.model)));
+        }
+        Ok(ctx)
+    }
+
+    /// The request stays within what the statement allows; then its id is
+    /// spent. Nothing is allocated before this.
+    fn admit(&self, ctx: &TenantContext, body: &GenerateBody) -> Result<TenantId, ApiError> {
+        if body.max_tokens as u64 > ctx.max_tokens {
+            return Err(refused(ContextError::Limits(format!(
+                "max_tokens {} above the signed {}",
+                body.max_tokens, ctx.max_tokens
+            ))));
+        }
+        let limit = body.context_limit.map(|c| c as u64);
+        let within = match (ctx.context_limit, limit) {
+            (None, _) => true,
+            (Some(signed), Some(asked)) => asked <= signed,
+            (Some(_), None) => false,
+        };
+        if !within {
+            return Err(refused(ContextError::Limits(format!(
+                "context_limit {limit:?} above the signed {:?}",
+                ctx.context_limit
+            ))));
+        }
+        self.replay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(ctx, std::time::SystemTime::now())
+            .map_err(refused)?;
+        Ok(TenantId::new(ctx.tenant))
+    }
+}
+
+fn refused(e: ContextError) -> ApiError {
+    crate::metrics::context_refused(e.code());
+    ApiError {
+        status: StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN),
+        code: e.code(),
+        message: e.to_string(),
+    }
 }
 
 async fn generate(
     State(role): State<Role>,
+    CallerRole(caller): CallerRole,
+    axum::Extension(check): axum::Extension<Arc<ContextCheck>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let tenant = tenant(&headers)?;
+    if caller != Some(CertRole::Gateway) {
+        return Err(ApiError::forbidden(
+            "only the gateway generates: call with its certificate over mutual TLS",
+        ));
+    }
+    let ctx = check.statement(&headers)?;
     let body: GenerateBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad("invalid_request", format!("invalid JSON body: {e}")))?;
+    let tenant = check.admit(&ctx, &body)?;
     let engine = match &role {
         Role::Colocated(e) => Arc::clone(e),
         Role::Decode(d) => Arc::clone(d.engine()),
@@ -419,9 +506,17 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
     Ok(axum::Json(v))
 }
 
-async fn admin_abort(State(role): State<Role>) -> StatusCode {
+async fn admin_abort(
+    State(role): State<Role>,
+    CallerRole(caller): CallerRole,
+) -> Result<StatusCode, ApiError> {
+    if caller != Some(CertRole::Operator) {
+        return Err(ApiError::forbidden(
+            "aborting transfers needs an operator certificate",
+        ));
+    }
     if let Role::Prefill(w) = role {
         w.admin(AdminCommand::AbortAll);
     }
-    StatusCode::ACCEPTED
+    Ok(StatusCode::ACCEPTED)
 }

@@ -19,5 +19,5 @@ mod rdma;
 
 pub use decode::{DecodeOptions, DecodeWorker, SubmitError};
 pub use hello::{TransportKind, hello};
-pub use http::{Role, app};
+pub use http::{ContextCheck, Role, app};
 pub use prefill::{AdminCommand, PrefillOptions, PrefillWorker};

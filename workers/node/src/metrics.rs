@@ -20,6 +20,20 @@ pub(crate) fn admission_rejected(reason: &'static str) {
     rejections().add(1, &rejection_attrs(reason));
 }
 
+/// Counts a generate call refused for its tenant context (`reason`: the
+/// error code, e.g. `replayed_context`).
+pub(crate) fn context_refused(reason: &'static str) {
+    static C: OnceLock<Counter<u64>> = OnceLock::new();
+    C.get_or_init(|| {
+        bulkhead_telemetry::meter()
+            .u64_counter("bulkhead.worker.context.refusals")
+            .with_description("Generate calls refused for their signed tenant context, before anything was allocated")
+            .with_unit("{request}")
+            .build()
+    })
+    .add(1, &rejection_attrs(reason));
+}
+
 /// This worker's `node` and `role`, set once by [`register`].
 static BASE: OnceLock<Vec<KeyValue>> = OnceLock::new();
 

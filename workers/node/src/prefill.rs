@@ -16,11 +16,15 @@ use bulkhead_transfer::checksum::transfer_digest;
 use bulkhead_transfer::{
     Checksums, Done, Grant, Hello, Message, PrefillRequest, TcpTransport, Transport,
 };
+use bulkhead_trust::TlsListener;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
+
+/// A decode worker's connection: mutual TLS over TCP.
+pub(crate) type Conn = bulkhead_trust::tokio_rustls::server::TlsStream<TcpStream>;
 use tokio::sync::{broadcast, mpsc};
 
 /// How a prefill worker sends.
@@ -147,22 +151,19 @@ impl PrefillWorker {
         let _ = self.admin.send(cmd);
     }
 
-    /// Accepts decode workers on `listener` until it fails.
-    pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+    /// Serves the decode workers `listener` accepts (mutual TLS that admits
+    /// only decode certificates, so a connection here is a decode worker's).
+    pub async fn serve(self, mut listener: TlsListener) -> std::io::Result<()> {
         loop {
-            let (sock, _) = listener.accept().await?;
-            let _ = sock.set_nodelay(true);
+            let (sock, _) = listener.accept().await;
             tokio::spawn(self.clone().connection(sock));
         }
     }
 
-    async fn connection(self, mut sock: TcpStream) {
+    async fn connection(self, mut sock: Conn) {
         use tokio::io::AsyncWriteExt;
-        if sock
-            .write_all(&Message::Hello(self.hello).encode())
-            .await
-            .is_err()
-        {
+        let hello = Message::Hello(self.hello).encode();
+        if sock.write_all(&hello).await.is_err() || sock.flush().await.is_err() {
             return;
         }
         let peer =
@@ -178,10 +179,10 @@ impl PrefillWorker {
         let admin = self.admin.subscribe();
         #[cfg(feature = "rdma")]
         if let crate::TransportKind::Rdma { device } = &self.options.transport {
-            let Ok((sock, transport)) = crate::rdma::sender(sock, device.clone()).await else {
+            let Ok(transport) = crate::rdma::sender(&mut sock, device.clone()).await else {
                 return;
             };
-            let (rd, _wr) = sock.into_split();
+            let (rd, _wr) = tokio::io::split(sock);
             let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx, data_tx));
             let ctrl = write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await;
             reader.abort();
@@ -189,7 +190,7 @@ impl PrefillWorker {
             release_unopened(&self, ctrl);
             return;
         }
-        let (rd, wr) = sock.into_split();
+        let (rd, wr) = tokio::io::split(sock);
         let transport = TcpTransport::new(wr, Checksums::On, self.options.write_timeout);
         let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx, data_tx));
         #[cfg(feature = "test-hooks")]
@@ -239,7 +240,7 @@ enum Item {
 }
 
 async fn read_loop(
-    mut rd: tokio::net::tcp::OwnedReadHalf,
+    mut rd: tokio::io::ReadHalf<Conn>,
     w: PrefillWorker,
     ctrl: mpsc::UnboundedSender<Ctrl>,
     data: mpsc::UnboundedSender<Data>,

@@ -4,9 +4,14 @@
 use axum::body::{Body, to_bytes};
 use axum::http::{Request, StatusCode};
 use bulkhead_engine::{Engine, EngineConfig, ModelFile};
+use bulkhead_node::ContextCheck;
 use bulkhead_node::{Role, app};
+use bulkhead_trust::{Peer, Role as CertRole};
+use bulkhead_worker_api::context::{CONTEXT_HEADER, KeyRing, TenantContext};
 use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime};
 use tower::ServiceExt;
 
 /// A fresh engine (16 MiB of pages, one thread) on the shared model file.
@@ -23,13 +28,71 @@ fn engine() -> Arc<Engine> {
     Arc::new(Engine::start(Arc::clone(model), &config).expect("engine starts"))
 }
 
-async fn post(engine: &Arc<Engine>, tenant: Option<&str>, body: &str) -> (StatusCode, String) {
+const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
+
+/// The platform's context keys in these tests.
+fn ring() -> KeyRing {
+    KeyRing::parse(&format!("k1 {}\n", "5a".repeat(32)), "test").expect("ring")
+}
+
+/// A statement for `tenant`, at most `max_tokens`, issued `age` ago.
+fn statement(tenant: u64, max_tokens: u64, age: Duration) -> TenantContext {
+    static N: AtomicU64 = AtomicU64::new(0);
+    TenantContext::new(
+        &"a".repeat(32),
+        tenant,
+        format!("req-{}", N.fetch_add(1, Ordering::Relaxed)),
+        SLUG,
+        Some(1),
+        max_tokens,
+        None,
+        SystemTime::now() - age,
+    )
+}
+
+/// A signed context for `tenant` allowing plenty of tokens.
+fn signed(tenant: u64) -> String {
+    ring().sign(&statement(tenant, 100_000, Duration::ZERO))
+}
+
+async fn post(engine: &Arc<Engine>, tenant: u64, body: &str) -> (StatusCode, String) {
+    post_as(engine, Some(CertRole::Gateway), Some(signed(tenant)), body).await
+}
+
+/// A request that came in on a connection whose certificate names
+/// `caller`, with the context header `ctx`.
+async fn post_as(
+    engine: &Arc<Engine>,
+    caller: Option<CertRole>,
+    ctx: Option<String>,
+    body: &str,
+) -> (StatusCode, String) {
+    post_with(engine, &ContextCheck::new(ring(), SLUG), caller, ctx, body).await
+}
+
+/// As [`post_as`], through a worker whose context check is `check` (its
+/// record of spent request ids).
+async fn post_with(
+    engine: &Arc<Engine>,
+    check: &Arc<ContextCheck>,
+    caller: Option<CertRole>,
+    ctx: Option<String>,
+    body: &str,
+) -> (StatusCode, String) {
     let mut req = Request::post("/v1/generate");
-    if let Some(t) = tenant {
-        req = req.header("x-bulkhead-tenant", t);
+    if let Some(c) = ctx {
+        req = req.header(CONTEXT_HEADER, c);
     }
-    let res = app(Role::Colocated(Arc::clone(engine)))
-        .oneshot(req.body(Body::from(body.to_owned())).expect("request"))
+    let mut req = req.body(Body::from(body.to_owned())).expect("request");
+    if let Some(role) = caller {
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(Peer {
+                addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+                role: Some(role),
+            }));
+    }
+    let res = app(Role::Colocated(Arc::clone(engine)), Arc::clone(check))
+        .oneshot(req)
         .await
         .expect("router answers");
     let status = res.status();
@@ -38,64 +101,174 @@ async fn post(engine: &Arc<Engine>, tenant: Option<&str>, body: &str) -> (Status
 }
 
 fn error_code(body: &str) -> String {
-    let v: Value = serde_json::from_str(body).expect("JSON error body");
-    v["error"]["code"].as_str().expect("error.code").to_owned()
+    let v: Value = serde_json::from_str(body).unwrap_or_default();
+    v["error"]["code"]
+        .as_str()
+        .unwrap_or("(not an error)")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn only_the_gateways_certificate_may_generate() {
+    let e = engine();
+    let body = r#"{"prompt":"hi","max_tokens":1}"#;
+    for caller in [None, Some(CertRole::Operator), Some(CertRole::Decode)] {
+        let (status, text) = post_as(&e, caller, Some(signed(1)), body).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{caller:?}: {text}");
+        assert_eq!(error_code(&text), "forbidden");
+    }
+    let (status, text) = post_as(&e, Some(CertRole::Gateway), Some(signed(1)), body).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+}
+
+#[tokio::test]
+async fn a_missing_forged_expired_replayed_or_mismatched_context_is_refused_before_allocation() {
+    let e = engine();
+    let body = r#"{"raw":"hi","max_tokens":4}"#;
+    let gw = Some(CertRole::Gateway);
+    let theirs = KeyRing::parse(&format!("k1 {}\n", "77".repeat(32)), "other").expect("ring");
+    let tampered = {
+        let good = ring().sign(&statement(1, 100, Duration::ZERO));
+        let mut other = statement(2, 100, Duration::ZERO);
+        other.request_id = "tampered".to_owned();
+        let forged = ring().sign(&other);
+        let (_, tag) = good.rsplit_once('.').expect("tag");
+        let (payload, _) = forged.rsplit_once('.').expect("payload");
+        format!("{payload}.{tag}")
+    };
+    let mut other_model = statement(1, 100, Duration::ZERO);
+    other_model.model = "@cf/meta/llama-3.1-8b-instruct".to_owned();
+    let mut window = statement(1, 100, Duration::ZERO);
+    window.context_limit = Some(512);
+    let cases: Vec<(Option<String>, &str, StatusCode, &str)> = vec![
+        (None, body, StatusCode::UNAUTHORIZED, "missing_context"),
+        (
+            Some("v1.k1.e30.AAAA".to_owned()),
+            body,
+            StatusCode::UNAUTHORIZED,
+            "invalid_context",
+        ),
+        (
+            Some(theirs.sign(&statement(1, 100, Duration::ZERO))),
+            body,
+            StatusCode::UNAUTHORIZED,
+            "invalid_context",
+        ),
+        (
+            Some(tampered),
+            body,
+            StatusCode::UNAUTHORIZED,
+            "invalid_context",
+        ),
+        (
+            Some(ring().sign(&statement(1, 100, Duration::from_secs(60)))),
+            body,
+            StatusCode::UNAUTHORIZED,
+            "expired_context",
+        ),
+        (
+            Some(ring().sign(&other_model)),
+            body,
+            StatusCode::FORBIDDEN,
+            "wrong_model",
+        ),
+        (
+            Some(ring().sign(&statement(1, 3, Duration::ZERO))),
+            body,
+            StatusCode::FORBIDDEN,
+            "limits_exceeded",
+        ),
+        (
+            Some(ring().sign(&window)),
+            r#"{"raw":"hi","max_tokens":4,"context_limit":4096}"#,
+            StatusCode::FORBIDDEN,
+            "limits_exceeded",
+        ),
+    ];
+    for (ctx, body, status, code) in cases {
+        let (got, text) = post_as(&e, gw, ctx.clone(), body).await;
+        assert_eq!(
+            (got, error_code(&text).as_str()),
+            (status, code),
+            "{ctx:?}: {text}"
+        );
+    }
+    assert_eq!(
+        e.counters().expect("counters").allocations,
+        0,
+        "nothing was allocated"
+    );
+    // A context is good for one call.
+    let once = ring().sign(&statement(1, 100, Duration::ZERO));
+    let worker = ContextCheck::new(ring(), SLUG);
+    let (got, text) = post_with(&e, &worker, gw, Some(once.clone()), body).await;
+    assert_eq!(got, StatusCode::OK, "{text}");
+    let before = e.counters().expect("counters").allocations;
+    let (got, text) = post_with(&e, &worker, gw, Some(once), body).await;
+    assert_eq!(
+        (got, error_code(&text).as_str()),
+        (StatusCode::FORBIDDEN, "replayed_context"),
+        "{text}"
+    );
+    assert_eq!(e.counters().expect("counters").allocations, before);
+    // The tenant is the context's, whatever a header says.
+    let mut req = Request::post("/v1/generate")
+        .header(CONTEXT_HEADER, signed(5))
+        .header("x-bulkhead-tenant", "6")
+        .body(Body::from(body))
+        .expect("request");
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(Peer {
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+            role: Some(CertRole::Gateway),
+        }));
+    let res = app(
+        Role::Colocated(Arc::clone(&e)),
+        ContextCheck::new(ring(), SLUG),
+    )
+    .oneshot(req)
+    .await
+    .expect("answer");
+    assert_eq!(res.status(), StatusCode::OK);
 }
 
 #[tokio::test]
 async fn bad_requests_get_clear_errors_in_the_api_format() {
-    let cases: &[(Option<&str>, &str, StatusCode, &str)] = &[
+    let cases: &[(u64, &str, StatusCode, &str)] = &[
+        (1, "{not json", StatusCode::BAD_REQUEST, "invalid_request"),
         (
-            None,
-            r#"{"raw": "hi"}"#,
-            StatusCode::BAD_REQUEST,
-            "missing_tenant",
-        ),
-        (
-            Some("x"),
-            r#"{"raw": "hi"}"#,
-            StatusCode::BAD_REQUEST,
-            "missing_tenant",
-        ),
-        (
-            Some("1"),
-            "{not json",
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-        ),
-        (
-            Some("1"),
+            1,
             r#"{"raw": "hi", "nope": 1}"#,
             StatusCode::BAD_REQUEST,
             "invalid_request",
         ),
         (
-            Some("1"),
+            1,
             r#"{"raw": "hi", "tokens": [1]}"#,
             StatusCode::BAD_REQUEST,
             "invalid_request",
         ),
         (
-            Some("1"),
+            1,
             r#"{"tokens": [99999999]}"#,
             StatusCode::BAD_REQUEST,
             "invalid_request",
         ),
         (
-            Some("1"),
+            1,
             r#"{"raw": "hi", "max_tokens": 0}"#,
             StatusCode::BAD_REQUEST,
             "invalid_request",
         ),
         (
-            Some("1"),
+            1,
             r#"{"tokens": []}"#,
             StatusCode::BAD_REQUEST,
             "invalid_request",
         ),
         // 16 MiB of f16 pages hold 45 pages = 720 tokens.
         (
-            Some("1"),
+            1,
             r#"{"raw": "hi", "max_tokens": 5000}"#,
             StatusCode::BAD_REQUEST,
             "context_length_exceeded",
@@ -115,7 +288,7 @@ async fn bad_requests_get_clear_errors_in_the_api_format() {
 async fn a_request_streams_ndjson_tokens_then_a_summary() {
     let (status, text) = post(
         &engine(),
-        Some("3"),
+        3,
         r#"{"raw": "The capital of France is", "max_tokens": 4, "ignore_eos": true}"#,
     )
     .await;

@@ -14,8 +14,6 @@
 use crate::checksum::{Checksums, page_checksum};
 use crate::transport::{Slot, Transport, TransportError};
 use crate::wire::{MAX_FRAME, Message, PageHeader};
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use tokio::sync::oneshot;
@@ -71,12 +69,16 @@ impl std::fmt::Debug for Job {
     }
 }
 
-/// Opens `device`, exchanges queue-pair endpoints over `control` (a TCP
-/// connection both sides already trust) and returns the connected pair's
-/// objects to `body`, on the calling thread.
+/// Swaps this side's queue-pair endpoint (one line of JSON) for the peer's,
+/// over a connection both sides already authenticated (the transfer
+/// connection's mutual TLS). Called once, on the verbs thread.
+pub type Exchange = Box<dyn FnOnce(String) -> std::io::Result<String> + Send>;
+
+/// Opens `device`, exchanges queue-pair endpoints through `exchange` and
+/// returns the connected pair's objects to `body`, on the calling thread.
 fn with_queue_pair(
     device: &str,
-    control: &TcpStream,
+    exchange: Exchange,
     body: impl FnOnce(
         &ibverbs::ProtectionDomain<'_>,
         &ibverbs::CompletionQueue<'_>,
@@ -99,12 +101,9 @@ fn with_queue_pair(
         .build()
         .map_err(io)?;
     let local = prepared.endpoint();
-    let mut w = control.try_clone()?;
     let line = serde_json::to_string(&local)
         .map_err(|e| TransportError::Unavailable(format!("endpoint encoding: {e}")))?;
-    writeln!(w, "{line}")?;
-    let mut peer = String::new();
-    BufReader::new(control.try_clone()?).read_line(&mut peer)?;
+    let peer = exchange(line)?;
     let remote: ibverbs::QueuePairEndpoint = serde_json::from_str(peer.trim())
         .map_err(|e| TransportError::Unavailable(format!("peer endpoint: {e}")))?;
     let qp = prepared.handshake(remote).map_err(io)?;
@@ -132,7 +131,7 @@ impl RdmaTransport {
     /// Connects the sending side on `device` (or the first one).
     pub fn connect(
         device: Option<&str>,
-        control: TcpStream,
+        exchange: Exchange,
         checksums: Checksums,
     ) -> Result<Self, TransportError> {
         let device = pick(device)?;
@@ -141,7 +140,7 @@ impl RdmaTransport {
         let thread = std::thread::Builder::new()
             .name("bulkhead-rdma-send".into())
             .spawn(move || {
-                let r = with_queue_pair(&device, &control, |pd, cq, mut qp| {
+                let r = with_queue_pair(&device, exchange, |pd, cq, mut qp| {
                     let mut mr = pd
                         .allocate::<u8>(MAX_FRAME.min(64 << 20))
                         .map_err(TransportError::Io)?;
@@ -226,7 +225,7 @@ impl RdmaReceiver {
     /// `depth` receive buffers of `frame_bytes` each.
     pub fn connect(
         device: Option<&str>,
-        control: TcpStream,
+        exchange: Exchange,
         depth: usize,
         frame_bytes: usize,
     ) -> Result<Self, TransportError> {
@@ -237,7 +236,7 @@ impl RdmaReceiver {
         let thread = std::thread::Builder::new()
             .name("bulkhead-rdma-recv".into())
             .spawn(move || {
-                let r = with_queue_pair(&device, &control, |pd, cq, mut qp| {
+                let r = with_queue_pair(&device, exchange, |pd, cq, mut qp| {
                     let mut mr = pd
                         .allocate::<u8>(depth * frame_bytes)
                         .map_err(TransportError::Io)?;

@@ -23,12 +23,16 @@ use bulkhead_transfer::{
     Checksums, DoneVerdict, Fault, Head, Hello, Ledger, Message, PageVerdict, PrefillRequest,
     TransferCounters, read_payload, read_payload_into,
 };
+use bulkhead_trust::Role as CertRole;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedReadHalf;
+
+/// A transfer connection: mutual TLS over TCP.
+type TlsConn = bulkhead_trust::tokio_rustls::client::TlsStream<TcpStream>;
+type OwnedReadHalf = tokio::io::ReadHalf<TlsConn>;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -209,18 +213,24 @@ impl Link {
     }
 
     async fn try_connect(&mut self) -> bool {
-        let Ok(Ok(sock)) =
-            tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(&self.address)).await
-        else {
-            return false;
+        let tls = match self.options.identity.connector(&[CertRole::Prefill]) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("bulkhead decode: TLS: {e}");
+                return false;
+            }
         };
-        let mut sock = sock;
-        let _ = sock.set_nodelay(true);
-        if sock
-            .write_all(&Message::Hello(self.hello).encode())
+        let mut sock = match bulkhead_trust::connect::dial(&tls, CertRole::Prefill, &self.address)
             .await
-            .is_err()
         {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(prefill = %self.address, error = %e, "transfer connection failed");
+                return false;
+            }
+        };
+        let hello = Message::Hello(self.hello).encode();
+        if sock.write_all(&hello).await.is_err() || sock.flush().await.is_err() {
             return false;
         }
         let peer =
@@ -243,14 +253,14 @@ impl Link {
                 let logits = self.engine.info().model.vocab * 4 + 64;
                 let frame = (page_bytes(&self.hello) + bulkhead_transfer::wire::PAGE_HEADER_LEN)
                     .max(logits);
-                let Ok((sock, r)) = crate::rdma::receiver(sock, device.clone(), frame).await else {
+                let Ok(r) = crate::rdma::receiver(&mut sock, device.clone(), frame).await else {
                     return false;
                 };
-                let (rd, wr) = sock.into_split();
+                let (rd, wr) = tokio::io::split(sock);
                 (Source::Rdma(r, rd), wr)
             }
             _ => {
-                let (rd, wr) = sock.into_split();
+                let (rd, wr) = tokio::io::split(sock);
                 (Source::Tcp(rd), wr)
             }
         };
@@ -263,7 +273,7 @@ impl Link {
         let events = self.events.clone();
         tokio::spawn(async move {
             while let Some(m) = wrx.recv().await {
-                if wr.write_all(&m.encode()).await.is_err() {
+                if wr.write_all(&m.encode()).await.is_err() || wr.flush().await.is_err() {
                     let _ = events.send(LinkEvent::Closed(epoch));
                     return;
                 }

@@ -1,0 +1,122 @@
+//! Who may talk to whom inside Bulkhead.
+//!
+//! Every component holds a certificate issued by the platform's CA that
+//! names its [`Role`] (a DNS name `ROLE.bulkhead.internal` in its subject
+//! alternative names). Every internal connection is mutual TLS: the server
+//! refuses, during the handshake and so before any request is read, a peer
+//! without a certificate, with one from another CA, or with a role that may
+//! not use that port; the client refuses a server whose certificate does not
+//! name the role it meant to reach.
+//!
+//! - [`Identity`]: a component's CA, certificate chain and key, loaded once
+//!   at start-up; it builds the rustls configurations.
+//! - [`authority`]: creating the CA and role certificates (`up`,
+//!   `bulkhead tls init`).
+//! - [`listen`]: a TLS listener for `axum::serve` whose connections carry
+//!   the peer's verified role ([`Peer`]).
+//! - [`connect`]: a connector for hyper clients that dials with this
+//!   identity and checks the server's role.
+
+pub mod authority;
+pub mod connect;
+mod identity;
+pub mod listen;
+mod verify;
+
+pub use identity::{Identity, TlsFiles};
+pub use listen::{CallerRole, Peer, TlsListener};
+
+use std::fmt;
+
+/// The role a certificate names. A role is what a component is, not which
+/// instance: every decode worker holds a `decode` certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The tenant-facing gateway: calls workers and the control plane.
+    Gateway,
+    /// The control plane: answers gateways and workers.
+    ControlPlane,
+    /// A prefill worker: answers decode workers' transfer connections.
+    Prefill,
+    /// A decode worker: answers the gateway, calls prefill workers.
+    Decode,
+    /// A worker that prefills and decodes itself: answers the gateway.
+    Colocated,
+    /// An operator's tool (`up`'s readiness checks, tests): may read a
+    /// worker's `/stats`, never generate.
+    Operator,
+}
+
+impl Role {
+    /// Every role, in a fixed order.
+    pub const ALL: [Role; 6] = [
+        Role::Gateway,
+        Role::ControlPlane,
+        Role::Prefill,
+        Role::Decode,
+        Role::Colocated,
+        Role::Operator,
+    ];
+
+    /// The name used in flags, file names and errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Gateway => "gateway",
+            Role::ControlPlane => "control-plane",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+            Role::Colocated => "colocated",
+            Role::Operator => "operator",
+        }
+    }
+
+    /// The DNS name a certificate of this role carries.
+    pub fn dns_name(self) -> String {
+        format!("{}.{DOMAIN}", self.as_str())
+    }
+
+    /// The role named `s`, if any.
+    pub fn parse(s: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The domain under which role names live.
+pub const DOMAIN: &str = "bulkhead.internal";
+
+/// Why an identity could not be loaded or created.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// A file holds no usable certificate or key.
+    #[error("{path}: {what}")]
+    Pem {
+        /// The file.
+        path: String,
+        /// What is missing or wrong.
+        what: String,
+    },
+    /// The certificate is not one this component may use.
+    #[error("{0}")]
+    Certificate(String),
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    /// Generating a certificate failed.
+    #[error("certificate generation: {0}")]
+    Generate(#[from] rcgen::Error),
+}
+pub use tokio_rustls;

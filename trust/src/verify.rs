@@ -1,0 +1,171 @@
+//! Certificate verifiers that check a peer's role as well as its chain to
+//! the platform CA. rustls' own verifiers check the chain (and, for servers,
+//! the name the client dialled); these wrap them and decide by role.
+
+use crate::Role;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, Error, SignatureScheme};
+use std::sync::Arc;
+
+/// The role a certificate names, if it names one of ours. The chain is not
+/// checked here: only a certificate a verifier accepted is asked.
+pub(crate) fn role_of(cert: &CertificateDer<'_>) -> Option<Role> {
+    let ee = webpki::EndEntityCert::try_from(cert).ok()?;
+    Role::ALL.into_iter().find(|r| names(&ee, *r))
+}
+
+fn names(ee: &webpki::EndEntityCert<'_>, role: Role) -> bool {
+    match ServerName::try_from(role.dns_name()) {
+        Ok(name) => ee.verify_is_valid_for_subject_name(&name).is_ok(),
+        Err(_) => false,
+    }
+}
+
+fn refused(what: String) -> Error {
+    Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(Arc::new(
+        RoleError(what),
+    ))))
+}
+
+/// A certificate that chains to the CA but names a role this hop refuses.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct RoleError(String);
+
+fn roles(list: &[Role]) -> String {
+    list.iter()
+        .map(|r| r.as_str())
+        .collect::<Vec<_>>()
+        .join(" or ")
+}
+
+/// Server side: the client must present a certificate from the platform CA
+/// naming one of `admit`.
+#[derive(Debug)]
+pub(crate) struct AdmitRoles {
+    pub(crate) inner: Arc<dyn ClientCertVerifier>,
+    pub(crate) admit: Vec<Role>,
+}
+
+impl ClientCertVerifier for AdmitRoles {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        match role_of(end_entity) {
+            Some(r) if self.admit.contains(&r) => Ok(verified),
+            Some(r) => Err(refused(format!(
+                "a {r} certificate may not use this port (it admits {})",
+                roles(&self.admit)
+            ))),
+            None => Err(refused(format!(
+                "the certificate names no Bulkhead role (this port admits {})",
+                roles(&self.admit)
+            ))),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Client side: the server must present a certificate from the platform CA
+/// naming one of `expect`, whatever address was dialled (workers are
+/// reached by address; what matters is what they are).
+#[derive(Debug)]
+pub(crate) struct ExpectRoles {
+    pub(crate) inner: Arc<rustls::client::WebPkiServerVerifier>,
+    pub(crate) expect: Vec<Role>,
+}
+
+impl ServerCertVerifier for ExpectRoles {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _dialled: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        let mut last = None;
+        for role in &self.expect {
+            let name =
+                ServerName::try_from(role.dns_name()).map_err(|e| Error::General(e.to_string()))?;
+            match self.inner.verify_server_cert(
+                end_entity,
+                intermediates,
+                &name,
+                ocsp_response,
+                now,
+            ) {
+                Ok(v) => return Ok(v),
+                Err(e) => last = Some(e),
+            }
+        }
+        match last {
+            // Chains to the CA but names another role.
+            Some(Error::InvalidCertificate(CertificateError::NotValidForName))
+            | Some(Error::InvalidCertificate(CertificateError::NotValidForNameContext {
+                ..
+            })) => Err(refused(format!(
+                "the server's certificate names {}, not {}",
+                role_of(end_entity).map_or("no Bulkhead role", Role::as_str),
+                roles(&self.expect)
+            ))),
+            Some(e) => Err(e),
+            None => Err(refused("no role expected".to_owned())),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
