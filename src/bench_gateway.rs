@@ -395,6 +395,19 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     }
     let flips = sorted(flips);
     drop(worker);
+
+    // 4. What the protections add to one worker call: the same one-line
+    // answer from the same router, called over plain HTTP with no context
+    // and over mutual TLS with a signed context checked (pooled
+    // connections both ways, as the gateway keeps them).
+    let (plain, protected) = protection_cost(
+        &gateway_id,
+        &identity(CertRole::Colocated)?,
+        &keys,
+        args.full_requests.max(50),
+    )
+    .await?;
+    let protections_p50 = percentile(&protected, 0.5) - percentile(&plain, 0.5);
     let _ = std::fs::remove_dir_all(&dir);
 
     let out = json!({
@@ -408,6 +421,9 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         "direct_request_p50_ms": percentile(&direct, 0.5),
         "flip_apply_p50_ms": percentile(&flips, 0.5),
         "requests": own.len(),
+        "call_plain_p50_ms": percentile(&plain, 0.5),
+        "call_protected_p50_ms": percentile(&protected, 0.5),
+        "protections_added_p50_ms": protections_p50,
     });
     if args.json {
         println!("{out}");
@@ -431,6 +447,117 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
             percentile(&flips, 0.5),
             percentile(&flips, 0.99)
         );
+        println!(
+            "worker call protections (mutual TLS + signed tenant context): p50 {:.3} ms protected vs {:.3} ms plain; added {:.3} ms (target <= 0.5 ms)",
+            percentile(&protected, 0.5),
+            percentile(&plain, 0.5),
+            protections_p50
+        );
     }
     Ok(())
+}
+
+/// Latencies (ms) of `n` calls to a one-line `/v1/generate`, plain and
+/// protected: the worker side checks the caller's certificate role and the
+/// signed context (and spends its id) exactly as a worker does; the client
+/// signs a fresh context per call, as the gateway does.
+async fn protection_cost(
+    gateway: &bulkhead_trust::Identity,
+    worker: &bulkhead_trust::Identity,
+    keys: &bulkhead_worker_api::context::KeyRing,
+    n: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    use bulkhead_worker_api::context::{CONTEXT_HEADER, ReplayGuard, TenantContext};
+    let line = "{\"finish_reason\":\"length\",\"text\":\"\",\"usage\":{}}\n";
+    let plain_app = axum::Router::new().route(
+        "/v1/generate",
+        axum::routing::post(move |_body: Bytes| async move { line }),
+    );
+    let guard = std::sync::Arc::new(std::sync::Mutex::new(ReplayGuard::default()));
+    let ring = keys.clone();
+    let protected_app = axum::Router::new().route(
+        "/v1/generate",
+        axum::routing::post(
+            move |bulkhead_trust::CallerRole(caller): bulkhead_trust::CallerRole,
+                  headers: axum::http::HeaderMap,
+                  _body: Bytes| {
+                let (ring, guard) = (ring.clone(), std::sync::Arc::clone(&guard));
+                async move {
+                    let refused = (axum::http::StatusCode::FORBIDDEN, "refused\n");
+                    if caller != Some(CertRole::Gateway) {
+                        return Err(refused);
+                    }
+                    let header = headers
+                        .get(CONTEXT_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .ok_or(refused)?;
+                    let ctx = ring
+                        .verify(header, std::time::SystemTime::now())
+                        .map_err(|_| refused)?;
+                    guard
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .admit(&ctx, std::time::SystemTime::now())
+                        .map_err(|_| refused)?;
+                    Ok(line)
+                }
+            },
+        ),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let plain_addr = l.local_addr()?;
+    tokio::spawn(async move { axum::serve(crate::nodelay(l), plain_app).await });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let l = bulkhead_trust::TlsListener::new(l, worker.acceptor(&[CertRole::Gateway])?)?;
+    let tls_addr = l.local_addr();
+    tokio::spawn(async move {
+        axum::serve(
+            l,
+            protected_app.into_make_service_with_connect_info::<bulkhead_trust::Peer>(),
+        )
+        .await
+    });
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let plain: Http = HttpClient::builder(TokioExecutor::new()).build(connector);
+    let tls = HttpClient::builder(TokioExecutor::new()).build(
+        bulkhead_trust::connect::Connector::new(gateway, &[worker.role()])?,
+    );
+    let body = json!({"raw": "Hi", "max_tokens": 1}).to_string();
+    let (mut a, mut b) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    // One warm-up call each (connection set-up is not per request).
+    for i in 0..=n {
+        let start = Instant::now();
+        let req = hyper::Request::post(format!("http://{plain_addr}/v1/generate"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.clone())))?;
+        let resp = plain.request(req).await?;
+        anyhow::ensure!(resp.status() == 200, "plain call: {}", resp.status());
+        resp.into_body().collect().await?;
+        if i > 0 {
+            a.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+        let start = Instant::now();
+        let ctx = TenantContext::new(
+            &"0".repeat(32),
+            1,
+            format!("bench-protected-{i}"),
+            SLUG,
+            Some(1),
+            1,
+            Some(2048),
+            std::time::SystemTime::now(),
+        );
+        let req = hyper::Request::post(format!("https://{tls_addr}/v1/generate"))
+            .header("content-type", "application/json")
+            .header(CONTEXT_HEADER, keys.sign(&ctx))
+            .body(Full::new(Bytes::from(body.clone())))?;
+        let resp = tls.request(req).await?;
+        anyhow::ensure!(resp.status() == 200, "protected call: {}", resp.status());
+        resp.into_body().collect().await?;
+        if i > 0 {
+            b.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    Ok((sorted(a), sorted(b)))
 }

@@ -12,8 +12,8 @@ use bulkhead_kv::{Generation, KvDtype, KvGeometry, KvPool, PageTable, TenantId, 
 use bulkhead_node::{DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, hello};
 use bulkhead_transfer::checksum::transfer_digest;
 use bulkhead_transfer::{
-    Checksums, Done, DoneVerdict, Grant, Head, Ledger, Message, PageVerdict, TcpTransport,
-    Transport, read_payload, read_payload_into,
+    Checksums, Done, DoneVerdict, FrameKey, Grant, Head, Ledger, Message, PageVerdict,
+    TcpTransport, Transport, read_payload, read_payload_into,
 };
 use bulkhead_trust::Role as CertRole;
 use clap::Args;
@@ -63,24 +63,23 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
     let raw_src = vec![7u8; bytes];
     let mut raw_dst = vec![0u8; bytes];
     let mut raw = Vec::new();
-    let mut on = Vec::new();
-    let mut off = Vec::new();
+    let (mut on, mut crc, mut off, mut tls) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let identities = BenchIdentities::new()?;
     for _ in 0..rounds {
         let (t, d) = raw_copy(&raw_src, raw_dst, geometry.bytes_per_page())?;
         raw.push(t);
         raw_dst = d;
-        let (t, d) = protocol_copy(&mut src, &table, tokens, window, dst, Checksums::On)?;
-        on.push(t);
-        let (t, d) = protocol_copy(
-            &mut src,
-            &table,
-            tokens,
-            window,
-            d,
-            Checksums::OffForBenchmark,
-        )?;
-        off.push(t);
-        dst = d;
+        for (checksums, link, out) in [
+            (Checksums::On, None, &mut on),
+            (Checksums::CrcOnlyForBenchmark, None, &mut crc),
+            (Checksums::OffForBenchmark, None, &mut off),
+            // What serving runs: tags, over mutual TLS (which encrypts).
+            (Checksums::On, Some(&identities), &mut tls),
+        ] {
+            let (t, d) = protocol_copy(&mut src, &table, tokens, window, dst, checksums, link)?;
+            out.push(t);
+            dst = d;
+        }
     }
     // Context: the loopback ceiling with one cache-hot buffer on each side.
     let mut hot = Vec::new();
@@ -91,6 +90,7 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
     }
     let hot_s = median(&hot);
     let (raw_s, on_s, off_s) = (median(&raw), median(&on), median(&off));
+    let (crc_s, tls_s) = (median(&crc), median(&tls));
     let gbps = |s: f64| bytes as f64 / s / 1e9;
 
     let (colocated, disagg) = ttft(&model, args, rounds)?;
@@ -108,6 +108,10 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
         "transfer_ratio_to_hot_loopback": hot_s / on_s,
         "transfer_gb_s": gbps(on_s),
         "transfer_no_checksum_gb_s": gbps(off_s),
+        "transfer_crc_only_gb_s": gbps(crc_s),
+        "transfer_tls_gb_s": gbps(tls_s),
+        "tag_cost": on_s / crc_s - 1.0,
+        "tls_and_tag_cost": tls_s / crc_s - 1.0,
         "transfer_ratio_to_raw": raw_s / on_s,
         "transfer_ratio_to_raw_no_checksum": raw_s / off_s,
         "prompt_tokens": args.prompt_tokens,
@@ -141,9 +145,23 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
         )?;
         writeln!(
             out,
-            "  transfer, checksums    {:>7.2} GB/s   {:.2}x raw",
+            "  transfer, CRC and tags {:>7.2} GB/s   {:.2}x raw; tags cost {:.1}% against CRC alone",
             gbps(on_s),
-            raw_s / on_s
+            raw_s / on_s,
+            (on_s / crc_s - 1.0) * 100.0
+        )?;
+        writeln!(
+            out,
+            "  transfer, CRC only     {:>7.2} GB/s   {:.2}x raw",
+            gbps(crc_s),
+            raw_s / crc_s
+        )?;
+        writeln!(
+            out,
+            "  transfer, tags + mTLS  {:>7.2} GB/s   {:.2}x raw; {:.1}% against CRC alone in the clear (as served: TLS encrypts)",
+            gbps(tls_s),
+            raw_s / tls_s,
+            (tls_s / crc_s - 1.0) * 100.0
         )?;
         writeln!(
             out,
@@ -304,8 +322,11 @@ fn protocol_copy(
     window: usize,
     mut dst: KvPool,
     checksums: Checksums,
+    tls: Option<&BenchIdentities>,
 ) -> anyhow::Result<(f64, KvPool)> {
     let geometry = src.geometry();
+    let acceptor = tls.map(|i| i.acceptor.clone());
+    let connector = tls.map(|i| i.connector.clone());
     let n = table.len();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -321,7 +342,11 @@ fn protocol_copy(
                 .build()?;
             rt.block_on(async move {
                 use tokio::io::AsyncWriteExt;
-                let mut s = tokio::net::TcpStream::from_std(s)?;
+                let tcp = tokio::net::TcpStream::from_std(s)?;
+                let mut s: Box<dyn Stream> = match acceptor {
+                    Some(a) => Box::new(a.accept(tcp).await?),
+                    None => Box::new(tcp),
+                };
                 let limits = dst.limits(window);
                 let admitted = limits.admit(TenantId::new(2), tokens, 1, ())?;
                 let t = TransferId::new(1);
@@ -334,8 +359,15 @@ fn protocol_copy(
                     g.extend_from_slice(&x.get().to_le_bytes());
                 }
                 s.write_all(&g).await?;
+                s.flush().await?;
                 let mut ledger = Ledger::new(checksums);
-                ledger.open_transfer(t, gens, tokens as u64, geometry.bytes_per_page());
+                ledger.open_transfer(
+                    t,
+                    gens,
+                    tokens as u64,
+                    geometry.bytes_per_page(),
+                    FrameKey::from_bytes(&BENCH_KEY),
+                );
                 let mut scratch = Vec::new();
                 loop {
                     match Message::read_head(&mut s).await? {
@@ -365,6 +397,7 @@ fn protocol_copy(
                                     bail!("a landing page was not written whole");
                                 }
                                 s.write_all(&[1]).await?;
+                                s.flush().await?;
                                 dst.release(landing);
                                 return Ok(dst);
                             }
@@ -378,16 +411,23 @@ fn protocol_copy(
     )?;
     let elapsed = rt.block_on(async {
         use tokio::io::AsyncReadExt;
-        let s = tokio::net::TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
-        let (mut rd, wr) = s.into_split();
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        let s: Box<dyn Stream> = match connector {
+            Some(c) => Box::new(
+                c.connect(CertRole::Decode.dns_name().try_into()?, tcp)
+                    .await?,
+            ),
+            None => Box::new(tcp),
+        };
+        let (mut rd, wr) = tokio::io::split(s);
         let mut g = vec![0u8; n * 8];
         rd.read_exact(&mut g).await?;
         let gens: Vec<Generation> = g
             .chunks_exact(8)
             .map(|c| Generation::from_wire(u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))
             .collect();
-        let grant = Grant::new(TransferId::new(1), gens);
+        let grant = Grant::new(TransferId::new(1), gens, FrameKey::from_bytes(&BENCH_KEY));
         let mut t = TcpTransport::new(wr, checksums, Duration::from_secs(30));
         let start = Instant::now();
         let mut sent = Vec::with_capacity(n);
@@ -395,18 +435,20 @@ fn protocol_copy(
         for i in 0..n {
             let page = src.lend_source(table, i, None)?;
             let slot = grant.slot(i).context("slot granted")?;
-            let sum = t.write_page(slot, page.bytes()).await?;
+            let sum = t.write_page(slot, page.bytes(), grant.key()).await?;
             sent.push((slot.generation(), sum));
             lent.push(page);
         }
         let tokens = tokens as u64;
         let logits = vec![0.0f32; 16];
         let digest = transfer_digest(&sent, tokens, &logits);
+        let mac = grant.key().done_tag(tokens, digest);
         t.send(&Message::Done(Done {
             transfer: TransferId::new(1),
             tokens,
             digest,
             logits,
+            mac,
         }))
         .await?;
         let mut ack = [0u8; 1];
@@ -472,6 +514,40 @@ fn ttft(
     })
 }
 
+/// Any byte stream the protocol runs over (TCP, or TLS over TCP).
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
+
+/// The benchmark's transfer key (the protocol's cost does not depend on it).
+const BENCH_KEY: [u8; bulkhead_transfer::mac::KEY_LEN] = [0x42; bulkhead_transfer::mac::KEY_LEN];
+
+/// A prefill identity's acceptor and a decode identity's connector, from a
+/// CA made for this run: the transfer connection as served.
+struct BenchIdentities {
+    acceptor: bulkhead_trust::tokio_rustls::TlsAcceptor,
+    connector: bulkhead_trust::tokio_rustls::TlsConnector,
+}
+
+impl BenchIdentities {
+    fn new() -> anyhow::Result<BenchIdentities> {
+        let dir = bench_tls_dir()?;
+        let id = |role| {
+            bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(&dir, role), role)
+        };
+        Ok(BenchIdentities {
+            acceptor: id(CertRole::Prefill)?.acceptor(&[CertRole::Decode])?,
+            connector: id(CertRole::Decode)?.connector(&[CertRole::Prefill])?,
+        })
+    }
+}
+
+/// A CA and the worker identities for this run.
+fn bench_tls_dir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("bulkhead-bench-tls-{}", std::process::id()));
+    bulkhead_trust::authority::init_dir(&dir, &[CertRole::Prefill, CertRole::Decode])?;
+    Ok(dir)
+}
+
 /// A prefill worker on a loopback port and a decode worker linked to it,
 /// both in this process (call inside a tokio runtime).
 pub(crate) async fn in_process_pair(
@@ -479,8 +555,7 @@ pub(crate) async fn in_process_pair(
     decode_engine: Arc<Engine>,
 ) -> anyhow::Result<DecodeWorker> {
     // Mutual TLS as in production, with a CA made for this run.
-    let tls = std::env::temp_dir().join(format!("bulkhead-bench-tls-{}", std::process::id()));
-    bulkhead_trust::authority::init_dir(&tls, &[CertRole::Prefill, CertRole::Decode])?;
+    let tls = bench_tls_dir()?;
     let identity = |role: CertRole| {
         bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(&tls, role), role)
     };

@@ -92,6 +92,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
                 .map(|i| bulkhead_kv::Generation::from_wire(i as u64 + 1))
                 .collect(),
             traceparent: None,
+            key: [1; bulkhead_transfer::mac::KEY_LEN],
         };
         s.write_all(&Message::Prefill(req).encode()).await.unwrap();
         s.flush().await.unwrap();
@@ -104,6 +105,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             prompt: vec![1, 2, 4_000_000_000],
             slots: vec![bulkhead_kv::Generation::from_wire(1)],
             traceparent: None,
+            key: [1; bulkhead_transfer::mac::KEY_LEN],
         };
         s.write_all(&Message::Prefill(wild).encode()).await.unwrap();
         s.flush().await.unwrap();
@@ -116,6 +118,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             prompt: vec![1, 2, 3],
             slots: vec![bulkhead_kv::Generation::from_wire(1)],
             traceparent: None,
+            key: [1; bulkhead_transfer::mac::KEY_LEN],
         };
         s.write_all(&Message::Prefill(again).encode())
             .await
@@ -200,6 +203,37 @@ fn a_corrupted_page_frame_fails_the_transfer() {
             m => vec![m],
         }),
         "checksum_mismatches",
+    );
+}
+
+#[test]
+fn a_page_forged_with_a_correct_checksum_fails_on_its_tag() {
+    // A host that rewrites a page and fixes its CRC (and the digest over
+    // the CRCs) holds every unkeyed check; it cannot make the tag.
+    let mut n = 0;
+    let mut sums = Vec::new();
+    tampered(
+        Box::new(move |m| match m {
+            Message::Page(mut h, mut payload) => {
+                n += 1;
+                if n == 3 {
+                    payload.iter_mut().for_each(|b| *b = 0x3c);
+                    h.checksum = bulkhead_transfer::checksum::page_checksum(
+                        bulkhead_transfer::Checksums::On,
+                        &payload,
+                    );
+                }
+                sums.push((h.generation, h.checksum));
+                vec![Message::Page(h, payload)]
+            }
+            Message::Done(mut d) => {
+                d.digest = bulkhead_transfer::checksum::transfer_digest(&sums, d.tokens, &d.logits);
+                sums.clear();
+                vec![Message::Done(d)]
+            }
+            m => vec![m],
+        }),
+        "forged_frames",
     );
 }
 
@@ -441,8 +475,9 @@ fn a_client_disconnect_never_aborts_a_transfer_mid_flight() {
 
 #[test]
 fn logits_of_the_wrong_length_fail_the_request_even_with_a_valid_digest() {
-    // A peer that recomputes the digest over truncated logits passes the
-    // ledger; the engine still refuses to sample from them.
+    // A peer that recomputes the digest over truncated logits fails the
+    // end's tag (it has no key); were it the prefill worker itself, the
+    // engine would still refuse to sample from them.
     let p = prefill(&[]);
     let mut sums = Vec::new();
     let via = proxy(

@@ -174,6 +174,16 @@ fn each_component_killed_under_load_comes_back_and_costs_only_its_own_requests()
             "2",
             "--kv-budget-mib",
             "128",
+            // A worker restarted under this load measures its prefill speed
+            // slower than at first; the prefill deadline is not what this
+            // test is about (tests/control_plane.rs and control-plane/tests
+            // cover it), so it must not make the restarted one unroutable.
+            "--prefill-deadline-secs",
+            "3600",
+            "--context-window",
+            "2048",
+            "--max-output",
+            "256",
         ],
     );
     let creds = credentials(&dir);

@@ -73,6 +73,10 @@ pub enum TransferFault {
     /// A page frame's checksum did not match its payload.
     #[error("a page checksum did not match")]
     Checksum,
+    /// A page or the end carried a tag the transfer's key did not make: a
+    /// frame the prefill worker did not send.
+    #[error("a transfer frame's tag did not match (forged)")]
+    Forged,
     /// A frame named a slot, generation or length the grant does not allow.
     #[error("a page frame did not match the granted slots")]
     Slot,

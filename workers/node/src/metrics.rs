@@ -280,6 +280,14 @@ fn decode_transfers(
     observed(
         m,
         &src,
+        "bulkhead.kv.transfer.forged_frames",
+        "Transfer frames whose tag the transfer's key did not make (the transfer fails)",
+        "{frame}",
+        vec![(b.clone(), |c: &C| c.forged_frames)],
+    );
+    observed(
+        m,
+        &src,
         "bulkhead.kv.transfer.frames.dropped",
         "Transfer frames refused: late (for a finished, aborting or unknown transfer), duplicate, or misaddressed",
         "{frame}",

@@ -12,6 +12,7 @@
 use crate::hello::{HelloCheck, check_peer};
 use bulkhead_engine::{Engine, EngineError, PrefillEvent};
 use bulkhead_kv::{AdmissionError, Generation, LentPage, TenantId, TransferId};
+use bulkhead_transfer::FrameKey;
 use bulkhead_transfer::checksum::transfer_digest;
 use bulkhead_transfer::{
     Checksums, Done, Grant, Hello, Message, PrefillRequest, TcpTransport, Transport,
@@ -317,7 +318,7 @@ impl PrefillWorker {
         if let Some(tp) = &req.traceparent {
             bulkhead_telemetry::set_remote_parent(&span, tp);
         }
-        let grant = Grant::new(transfer, req.slots);
+        let grant = Grant::new(transfer, req.slots, FrameKey::from_bytes(&req.key));
         match self.engine.submit_prefill(
             TenantId::new(req.tenant),
             req.prompt,
@@ -483,7 +484,7 @@ async fn write_loop<T: Transport>(
                 let r = match ev {
                     Item::Page(page) => match s.grant.slot(page.slot()) {
                         Some(slot) => {
-                            let r = t.write_page(slot, page.bytes()).await.map(|sum| {
+                            let r = t.write_page(slot, page.bytes(), s.grant.key()).await.map(|sum| {
                                 s.sent.push((slot.generation(), sum));
                                 c.pages_sent.fetch_add(1, Ordering::Relaxed);
                             });
@@ -504,7 +505,8 @@ async fn write_loop<T: Transport>(
                         let digest = transfer_digest(&s.sent, s.tokens, &logits);
                         s.done = true;
                         c.completed.fetch_add(1, Ordering::Relaxed);
-                        t.send(&Message::Done(Done { transfer, tokens: s.tokens, digest, logits })).await
+                        let mac = s.grant.key().done_tag(s.tokens, digest);
+                        t.send(&Message::Done(Done { transfer, tokens: s.tokens, digest, logits, mac })).await
                     }
                     Item::Progress(computed) => {
                         t.send(&Message::Progress { transfer, computed: computed as u64 }).await

@@ -4,20 +4,31 @@
 use bulkhead_kv::Generation;
 use xxhash_rust::xxh3::Xxh3;
 
-/// Whether page frames carry checksums. Always `On` when serving.
+/// Whether page frames carry checksums and tags. Always `On` when serving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Checksums {
-    /// Every page is hashed by the sender and verified by the receiver.
+    /// Every page is hashed (CRC-32C) and tagged under the transfer's key
+    /// by the sender, and both are verified by the receiver.
     On,
+    /// CRC-32C without tags: exists only so `bulkhead bench transfer` can
+    /// measure what tags cost. No serving command can select it.
+    CrcOnlyForBenchmark,
     /// No hashing: exists only so `bulkhead bench transfer` can measure
     /// what checksums cost. No serving command can select it.
     OffForBenchmark,
 }
 
+impl Checksums {
+    /// Whether frames carry tags.
+    pub fn tags(self) -> bool {
+        self == Checksums::On
+    }
+}
+
 /// The checksum of one page payload (0 when checksums are off).
 pub fn page_checksum(checksums: Checksums, payload: &[u8]) -> u64 {
     match checksums {
-        Checksums::On => u64::from(crc32c::crc32c(payload)),
+        Checksums::On | Checksums::CrcOnlyForBenchmark => u64::from(crc32c::crc32c(payload)),
         Checksums::OffForBenchmark => 0,
     }
 }

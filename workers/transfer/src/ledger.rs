@@ -10,6 +10,7 @@
 //! release). Frames for finished ids are dropped and counted.
 
 use crate::checksum::{Checksums, page_checksum, transfer_digest};
+use crate::mac::{FrameKey, tags_equal};
 use crate::wire::{Done, PageHeader};
 use bulkhead_kv::{Generation, TransferId};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -22,6 +23,9 @@ const TOMBSTONES: usize = 65_536;
 pub enum Fault {
     /// Payload checksum mismatch.
     Checksum,
+    /// A page or the end whose tag is not the transfer key's: a frame the
+    /// prefill worker did not send.
+    Forged,
     /// Slot, generation or length not granted.
     Slot,
     /// A slot arrived twice.
@@ -72,6 +76,9 @@ pub struct TransferCounters {
     pub failed: u64,
     /// Page checksum mismatches.
     pub checksum_mismatches: u64,
+    /// Frames (pages or ends) with a wrong tag: forged.
+    #[doc(alias = "mac")]
+    pub forged_frames: u64,
     /// Frames naming a slot, generation or length not granted.
     pub slot_mismatches: u64,
     /// Slots that arrived twice.
@@ -106,6 +113,7 @@ impl std::ops::Add for TransferCounters {
             rejected: self.rejected + o.rejected,
             failed: self.failed + o.failed,
             checksum_mismatches: self.checksum_mismatches + o.checksum_mismatches,
+            forged_frames: self.forged_frames + o.forged_frames,
             slot_mismatches: self.slot_mismatches + o.slot_mismatches,
             duplicate_pages: self.duplicate_pages + o.duplicate_pages,
             incomplete: self.incomplete + o.incomplete,
@@ -130,6 +138,7 @@ enum State {
 
 #[derive(Debug)]
 struct Expectation {
+    key: FrameKey,
     generations: Vec<Generation>,
     received: Vec<Option<u64>>,
     tokens: u64,
@@ -165,13 +174,15 @@ impl Ledger {
     }
 
     /// Opens a transfer into `generations.len()` slots for `tokens` prompt
-    /// tokens of `page_bytes` each. Refused for an id already used.
+    /// tokens of `page_bytes` each, tagged under `key`. Refused for an id
+    /// already used.
     pub fn open_transfer(
         &mut self,
         transfer: TransferId,
         generations: Vec<Generation>,
         tokens: u64,
         page_bytes: usize,
+        key: FrameKey,
     ) -> bool {
         if self.live.contains_key(&transfer) || self.tombstones.contains(&transfer) {
             return false;
@@ -181,6 +192,7 @@ impl Ledger {
         self.live.insert(
             transfer,
             Expectation {
+                key,
                 generations,
                 received,
                 tokens,
@@ -229,6 +241,11 @@ impl Ledger {
         } else if page_checksum(self.checksums, payload) != h.checksum {
             self.counters.checksum_mismatches += 1;
             Fault::Checksum
+        } else if self.checksums.tags()
+            && !tags_equal(&e.key.page_tag(h.slot, h.generation, payload), &h.mac)
+        {
+            self.counters.forged_frames += 1;
+            Fault::Forged
         } else {
             e.received[slot] = Some(h.checksum);
             self.counters.pages_received += 1;
@@ -260,6 +277,10 @@ impl Ledger {
         let ok = pages.is_some_and(|pages| {
             d.tokens == e.tokens && transfer_digest(&pages, d.tokens, &d.logits) == d.digest
         });
+        if ok && self.checksums.tags() && !tags_equal(&e.key.done_tag(d.tokens, d.digest), &d.mac) {
+            self.counters.forged_frames += 1;
+            return DoneVerdict::Fail(d.transfer, Fault::Forged);
+        }
         if !ok {
             self.counters.incomplete += 1;
             return DoneVerdict::Fail(d.transfer, Fault::Incomplete);
@@ -365,18 +386,24 @@ impl Ledger {
 mod tests {
     use super::*;
 
+    /// The key of every transfer in these tests.
+    fn key() -> FrameKey {
+        FrameKey::from_bytes(&[9; crate::mac::KEY_LEN])
+    }
+
     fn header(t: u64, slot: u32, g: u64, payload: &[u8]) -> PageHeader {
         PageHeader {
             transfer: TransferId::new(t),
             slot,
             generation: Generation::from_wire(g),
             checksum: page_checksum(Checksums::On, payload),
+            mac: key().page_tag(slot, Generation::from_wire(g), payload),
         }
     }
 
     fn open(l: &mut Ledger, t: u64) {
         let gens = vec![Generation::from_wire(10), Generation::from_wire(11)];
-        assert!(l.open_transfer(TransferId::new(t), gens, 20, 4));
+        assert!(l.open_transfer(TransferId::new(t), gens, 20, 4, key()));
     }
 
     fn done(t: u64, pages: &[(u64, &[u8])], tokens: u64) -> Done {
@@ -384,12 +411,44 @@ mod tests {
             .iter()
             .map(|(g, p)| (Generation::from_wire(*g), page_checksum(Checksums::On, p)))
             .collect();
+        let digest = transfer_digest(&pages, tokens, &[1.0]);
         Done {
             transfer: TransferId::new(t),
             tokens,
-            digest: transfer_digest(&pages, tokens, &[1.0]),
+            digest,
             logits: vec![1.0],
+            mac: key().done_tag(tokens, digest),
         }
+    }
+
+    #[test]
+    fn a_frame_with_a_right_checksum_but_a_wrong_tag_fails_the_transfer() {
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 1);
+        let (a, b) = ([1u8; 4], [2u8; 4]);
+        // A forger rewrites the payload and fixes the CRC; it has no key.
+        let mut forged = header(1, 0, 10, &a);
+        forged.checksum = page_checksum(Checksums::On, &b);
+        assert_eq!(
+            l.on_page(&forged, &b),
+            PageVerdict::Fail(TransferId::new(1), Fault::Forged)
+        );
+        assert_eq!(l.counters().forged_frames, 1);
+        // The end's tag is checked too.
+        open(&mut l, 2);
+        for (slot, g, p) in [(0, 10, &a), (1, 11, &b)] {
+            assert!(matches!(
+                l.on_page(&header(2, slot, g, p), p),
+                PageVerdict::Write { .. }
+            ));
+        }
+        let mut d = done(2, &[(10, &a), (11, &b)], 20);
+        d.mac[0] ^= 1;
+        assert_eq!(
+            l.on_done(&d),
+            DoneVerdict::Fail(TransferId::new(2), Fault::Forged)
+        );
+        assert_eq!(l.counters().forged_frames, 2);
     }
 
     #[test]
@@ -415,7 +474,7 @@ mod tests {
         assert_eq!(l.on_done(&d), DoneVerdict::Dropped);
         assert_eq!(l.counters().dropped_frames, 2);
         // The id cannot be opened again.
-        assert!(!l.open_transfer(TransferId::new(1), vec![], 0, 4));
+        assert!(!l.open_transfer(TransferId::new(1), vec![], 0, 4, key()));
     }
 
     #[test]

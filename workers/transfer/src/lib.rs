@@ -8,11 +8,14 @@
 //! [`Transport`] into a [`Slot`] of that [`Grant`], then sends a
 //! [`wire::Done`] with the token count, a digest and the last logits. The
 //! decode side's [`Ledger`] checks every frame (transfer, slot, generation,
-//! length, checksum) and the whole (all slots, token count, digest) before
-//! anything becomes readable.
+//! length, checksum, and the tag under the transfer's own key) and the
+//! whole (all slots, token count, digest and its tag) before anything
+//! becomes readable.
 //!
 //! - [`wire`]: frames and their encoding.
 //! - [`checksum`]: CRC-32C page checksums and the xxh3 transfer digest.
+//! - [`mac`]: the per-transfer key and the tags that make frames
+//!   unforgeable.
 //! - [`transport`]: the [`Transport`] trait, grants and slots, TCP.
 //! - [`ledger`]: the decode side's verification, aborts and tombstones.
 //! - `rdma` (feature `rdma`): the ibverbs transport.
@@ -22,6 +25,7 @@
 
 pub mod checksum;
 pub mod ledger;
+pub mod mac;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod transport;
@@ -29,6 +33,7 @@ pub mod wire;
 
 pub use checksum::Checksums;
 pub use ledger::{DoneVerdict, Fault, Ledger, PageVerdict, TransferCounters};
+pub use mac::FrameKey;
 #[cfg(feature = "test-hooks")]
 pub use transport::SlowTransport;
 pub use transport::{Grant, Slot, TcpTransport, Transport, TransportError};

@@ -11,9 +11,9 @@
 //! no RDMA device (or no RDMA support in the kernel), opening fails with
 //! [`TransportError::Unavailable`] and a sentence saying so; nothing panics.
 
-use crate::checksum::{Checksums, page_checksum};
+use crate::checksum::Checksums;
 use crate::transport::{Slot, Transport, TransportError};
-use crate::wire::{MAX_FRAME, Message, PageHeader};
+use crate::wire::{MAX_FRAME, Message};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use tokio::sync::oneshot;
@@ -192,14 +192,14 @@ impl RdmaTransport {
 }
 
 impl Transport for RdmaTransport {
-    async fn write_page(&mut self, slot: Slot, page: &[u8]) -> Result<u64, TransportError> {
-        let checksum = page_checksum(self.checksums, page);
-        let header = PageHeader {
-            transfer: slot.transfer(),
-            slot: slot.index() as u32,
-            generation: slot.generation(),
-            checksum,
-        };
+    async fn write_page(
+        &mut self,
+        slot: Slot,
+        page: &[u8],
+        key: &crate::mac::FrameKey,
+    ) -> Result<u64, TransportError> {
+        let header = slot.header(self.checksums, page, key);
+        let checksum = header.checksum;
         let mut frame = header.encode(page.len()).to_vec();
         frame.extend_from_slice(page);
         self.post(frame).await?;

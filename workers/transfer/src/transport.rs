@@ -8,17 +8,20 @@
 //! (transfer, slot) to physical pages through its own table.
 
 use crate::checksum::{Checksums, page_checksum};
+use crate::mac::FrameKey;
 use crate::wire::{Message, PageHeader};
 use bulkhead_kv::{Generation, TransferId};
 use std::future::Future;
 use std::time::Duration;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-/// The landing slots a decode worker granted for one transfer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The landing slots a decode worker granted for one transfer, and the key
+/// it drew for the transfer's tags.
+#[derive(Debug, Clone)]
 pub struct Grant {
     transfer: TransferId,
     generations: Vec<Generation>,
+    key: FrameKey,
 }
 
 /// One landing slot of a grant. Only [`Grant::slot`] makes one.
@@ -47,11 +50,13 @@ pub enum TransportError {
 /// Moves pages from a prefill worker into a decode worker's granted slots,
 /// and control frames after them, in order.
 pub trait Transport: Send {
-    /// Writes `page` into `slot`; returns the checksum it sent.
+    /// Writes `page` into `slot`, tagged under the transfer's `key`;
+    /// returns the checksum it sent.
     fn write_page(
         &mut self,
         slot: Slot,
         page: &[u8],
+        key: &FrameKey,
     ) -> impl Future<Output = Result<u64, TransportError>> + Send;
 
     /// Sends a control frame, ordered after every page written before it.
@@ -60,11 +65,17 @@ pub trait Transport: Send {
 
 impl Grant {
     /// The grant of a decode worker's prefill request.
-    pub fn new(transfer: TransferId, generations: Vec<Generation>) -> Self {
+    pub fn new(transfer: TransferId, generations: Vec<Generation>, key: FrameKey) -> Self {
         Grant {
             transfer,
             generations,
+            key,
         }
+    }
+
+    /// The transfer's key.
+    pub fn key(&self) -> &FrameKey {
+        &self.key
     }
 
     /// The transfer.
@@ -93,6 +104,22 @@ impl Grant {
 }
 
 impl Slot {
+    /// The header of `page` sent into this slot: its checksum, and its tag
+    /// under `key` (when `checksums` has tags).
+    pub fn header(&self, checksums: Checksums, page: &[u8], key: &FrameKey) -> PageHeader {
+        PageHeader {
+            transfer: self.transfer,
+            slot: self.index,
+            generation: self.generation,
+            checksum: page_checksum(checksums, page),
+            mac: if checksums.tags() {
+                key.page_tag(self.index, self.generation, page)
+            } else {
+                [0; crate::mac::TAG_LEN]
+            },
+        }
+    }
+
     /// The slot's index in its grant.
     pub fn index(&self) -> usize {
         self.index as usize
@@ -137,14 +164,14 @@ impl<W: AsyncWrite + Unpin + Send> TcpTransport<W> {
 }
 
 impl<W: AsyncWrite + Unpin + Send> Transport for TcpTransport<W> {
-    async fn write_page(&mut self, slot: Slot, page: &[u8]) -> Result<u64, TransportError> {
-        let checksum = page_checksum(self.checksums, page);
-        let header = PageHeader {
-            transfer: slot.transfer,
-            slot: slot.index,
-            generation: slot.generation,
-            checksum,
-        };
+    async fn write_page(
+        &mut self,
+        slot: Slot,
+        page: &[u8],
+        key: &FrameKey,
+    ) -> Result<u64, TransportError> {
+        let header = slot.header(self.checksums, page, key);
+        let checksum = header.checksum;
         // Header and payload in one vectored write: one syscall per page.
         let head = header.encode(page.len());
         let mut frame = bytes::Buf::chain(&head[..], page);
@@ -198,9 +225,14 @@ async fn hold_back(delay: Duration, delayed: &std::sync::atomic::AtomicU64) {
 
 #[cfg(feature = "test-hooks")]
 impl<T: Transport> Transport for SlowTransport<T> {
-    async fn write_page(&mut self, slot: Slot, page: &[u8]) -> Result<u64, TransportError> {
+    async fn write_page(
+        &mut self,
+        slot: Slot,
+        page: &[u8],
+        key: &FrameKey,
+    ) -> Result<u64, TransportError> {
         hold_back(self.delay, &self.delayed).await;
-        self.inner.write_page(slot, page).await
+        self.inner.write_page(slot, page, key).await
     }
 
     async fn send(&mut self, msg: &Message) -> Result<(), TransportError> {

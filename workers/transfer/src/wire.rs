@@ -9,7 +9,7 @@ use bulkhead_kv::{AdmissionError, Generation, TransferId};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Protocol version; both ends must agree.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Largest frame accepted (a page of a large model fits many times over).
 pub const MAX_FRAME: usize = 256 << 20;
 
@@ -65,6 +65,9 @@ pub struct PrefillRequest {
     /// [`MAX_TRACEPARENT`] visible ASCII bytes), so prefill's spans join the
     /// request's trace.
     pub traceparent: Option<String>,
+    /// This transfer's key ([`crate::mac`]): prefill tags every page and
+    /// the end with it.
+    pub key: [u8; crate::mac::KEY_LEN],
 }
 
 /// Longest `traceparent` a prefill request carries.
@@ -81,6 +84,9 @@ pub struct PageHeader {
     pub generation: Generation,
     /// CRC-32C of the payload (0 only when checksums are off for a benchmark).
     pub checksum: u64,
+    /// The payload's tag under the transfer's key (zeros only when tags
+    /// are off for a benchmark).
+    pub mac: [u8; crate::mac::TAG_LEN],
 }
 
 /// The end of a transfer: metadata last, after every page.
@@ -95,6 +101,8 @@ pub struct Done {
     pub digest: u64,
     /// Logits of the last prompt position.
     pub logits: Vec<f32>,
+    /// The tag of (tokens, digest) under the transfer's key.
+    pub mac: [u8; crate::mac::TAG_LEN],
 }
 
 /// One protocol frame.
@@ -204,7 +212,7 @@ const ABORT_ACK: u8 = 8;
 const PROGRESS: u8 = 9;
 
 /// Bytes of a page frame before its payload (length prefix included).
-pub const PAGE_HEADER_LEN: usize = 4 + 1 + 8 + 4 + 8 + 8;
+pub const PAGE_HEADER_LEN: usize = 4 + 1 + 8 + 4 + 8 + 8 + crate::mac::TAG_LEN;
 
 impl PageHeader {
     /// The frame prefix of a page of `payload_len` bytes.
@@ -217,6 +225,7 @@ impl PageHeader {
         b[13..17].copy_from_slice(&self.slot.to_le_bytes());
         b[17..25].copy_from_slice(&self.generation.get().to_le_bytes());
         b[25..33].copy_from_slice(&self.checksum.to_le_bytes());
+        b[33..PAGE_HEADER_LEN].copy_from_slice(&self.mac);
         b
     }
 }
@@ -263,6 +272,7 @@ impl Message {
                     .unwrap_or("");
                 w.u8(tp.len() as u8);
                 w.0.extend_from_slice(tp.as_bytes());
+                w.0.extend_from_slice(&p.key);
             }
             Message::Rejected { transfer, error } => {
                 w.u8(REJECTED);
@@ -308,6 +318,7 @@ impl Message {
                 for x in &d.logits {
                     w.0.extend_from_slice(&x.to_le_bytes());
                 }
+                w.0.extend_from_slice(&d.mac);
             }
             Message::Release { transfer } => {
                 w.u8(RELEASE);
@@ -363,6 +374,7 @@ impl Message {
                 slot: c.u32()?,
                 generation: Generation::from_wire(c.u64()?),
                 checksum: c.u64()?,
+                mac: c.array()?,
             };
             return Ok(Head::Page(h, len - 1 - head.len()));
         }
@@ -401,6 +413,7 @@ impl Message {
                 if !tp.is_empty() && !trace_ok(&tp) {
                     return Err(WireError::Malformed("traceparent is not visible ASCII"));
                 }
+                let key = c.array()?;
                 Message::Prefill(PrefillRequest {
                     transfer,
                     tenant,
@@ -408,6 +421,7 @@ impl Message {
                     prompt,
                     slots,
                     traceparent: String::from_utf8(tp).ok().filter(|t| !t.is_empty()),
+                    key,
                 })
             }
             REJECTED => {
@@ -449,11 +463,13 @@ impl Message {
                 let logits = (0..n)
                     .map(|_| c.u32().map(f32::from_bits))
                     .collect::<Result<_, _>>()?;
+                let mac = c.array()?;
                 Message::Done(Done {
                     transfer,
                     tokens,
                     digest,
                     logits,
+                    mac,
                 })
             }
             RELEASE => Message::Release {
@@ -531,6 +547,9 @@ impl Reader<'_> {
     fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.take()?))
     }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        self.take()
+    }
     /// A count of `elem`-byte items that must fit the rest of the frame.
     fn count(&mut self, elem: usize) -> Result<usize, WireError> {
         let n = self.u32()? as usize;
@@ -571,6 +590,7 @@ mod tests {
                 traceparent: Some(
                     "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
                 ),
+                key: [3; crate::mac::KEY_LEN],
             }),
             Message::Rejected {
                 transfer: t,
@@ -586,6 +606,7 @@ mod tests {
                     slot: 2,
                     generation: Generation::from_wire(11),
                     checksum: 99,
+                    mac: [4; crate::mac::TAG_LEN],
                 },
                 vec![5; 100],
             ),
@@ -594,6 +615,7 @@ mod tests {
                 tokens: 3,
                 digest: 12,
                 logits: vec![0.5, -1.0],
+                mac: [5; crate::mac::TAG_LEN],
             }),
             Message::Rejected {
                 transfer: t,
@@ -628,6 +650,7 @@ mod tests {
             prompt: vec![1],
             slots: vec![],
             traceparent: None,
+            key: [0; crate::mac::KEY_LEN],
         })
         .encode();
         bad[29..33].copy_from_slice(&1000u32.to_le_bytes());
@@ -643,9 +666,10 @@ mod tests {
             prompt: vec![1],
             slots: vec![],
             traceparent: Some("00-ab".to_owned()),
+            key: [0; crate::mac::KEY_LEN],
         })
         .encode();
-        let last = ctl.len() - 1;
+        let last = ctl.len() - 1 - crate::mac::KEY_LEN;
         ctl[last] = b'\n';
         assert!(matches!(
             Message::read(&mut ctl.as_slice()).await,

@@ -20,8 +20,8 @@ use crate::hello::{HelloCheck, check_peer, page_bytes, peer_limits};
 use bulkhead_engine::{Engine, TransferFault};
 use bulkhead_kv::{Capacity, LentPage, TenantId, TransferId};
 use bulkhead_transfer::{
-    Checksums, DoneVerdict, Fault, Head, Hello, Ledger, Message, PageVerdict, PrefillRequest,
-    TransferCounters, read_payload, read_payload_into,
+    Checksums, DoneVerdict, Fault, FrameKey, Head, Hello, Ledger, Message, PageVerdict,
+    PrefillRequest, TransferCounters, read_payload, read_payload_into,
 };
 use bulkhead_trust::Role as CertRole;
 use std::collections::HashMap;
@@ -80,6 +80,7 @@ enum Inbox {
         pages: Vec<LentPage>,
         generations: Vec<bulkhead_kv::Generation>,
         tokens: u64,
+        key: FrameKey,
     },
     /// The deadline passed; the link already failed the request and sent
     /// the abort. Drop frames for it until the acknowledgement.
@@ -321,11 +322,14 @@ impl Link {
                 }
                 let Some(conn) = &self.conn else { return };
                 let slots = grant.generations.clone();
+                // This transfer's key: prefill tags every frame with it.
+                let (key_bytes, key) = FrameKey::generate();
                 let opened = conn.inbox.send(Inbox::Open {
                     transfer,
                     pages: grant.pages,
                     generations: grant.generations,
                     tokens: prompt.len() as u64,
+                    key,
                 });
                 if opened.is_err() {
                     self.engine
@@ -350,6 +354,7 @@ impl Link {
                     prompt,
                     slots,
                     traceparent,
+                    key: key_bytes,
                 }));
             }
             LinkEvent::Aborting(epoch, t) if epoch == self.epoch => {
@@ -523,11 +528,15 @@ impl Receiver {
                     pages,
                     generations,
                     tokens,
+                    key,
                 } => {
-                    if self
-                        .ledger
-                        .open_transfer(transfer, generations, tokens, self.page_bytes)
-                    {
+                    if self.ledger.open_transfer(
+                        transfer,
+                        generations,
+                        tokens,
+                        self.page_bytes,
+                        key,
+                    ) {
                         self.landing.insert(transfer, pages);
                     }
                 }
@@ -672,6 +681,7 @@ impl Receiver {
 fn fault_of(f: Fault) -> TransferFault {
     match f {
         Fault::Checksum => TransferFault::Checksum,
+        Fault::Forged => TransferFault::Forged,
         Fault::Slot => TransferFault::Slot,
         Fault::Duplicate => TransferFault::Duplicate,
         Fault::Incomplete => TransferFault::Incomplete,
