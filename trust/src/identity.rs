@@ -61,7 +61,7 @@ impl Identity {
         let mut roots = RootCertStore::empty();
         let mut n = 0;
         for c in CertificateDer::pem_slice_iter(&ca) {
-            let c = c.map_err(|e| pem(&files.ca, e))?;
+            let c = c.map_err(|e| pem(&files.ca, &e))?;
             roots.add(c).map_err(|e| TrustError::Pem {
                 path: files.ca.display().to_string(),
                 what: format!("not a usable CA certificate: {e}"),
@@ -76,7 +76,7 @@ impl Identity {
         }
         let chain = CertificateDer::pem_slice_iter(&read(&files.cert)?)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| pem(&files.cert, e))?;
+            .map_err(|e| pem(&files.cert, &e))?;
         if chain.is_empty() {
             return Err(TrustError::Pem {
                 path: files.cert.display().to_string(),
@@ -84,7 +84,7 @@ impl Identity {
             });
         }
         let key =
-            PrivateKeyDer::from_pem_slice(&read(&files.key)?).map_err(|e| pem(&files.key, e))?;
+            PrivateKeyDer::from_pem_slice(&read(&files.key)?).map_err(|e| pem(&files.key, &e))?;
         let id = Identity {
             role,
             roots: Arc::new(roots),
@@ -217,7 +217,7 @@ fn read(path: &Path) -> Result<Vec<u8>, TrustError> {
     })
 }
 
-fn pem(path: &Path, e: rustls::pki_types::pem::Error) -> TrustError {
+fn pem(path: &Path, e: &rustls::pki_types::pem::Error) -> TrustError {
     TrustError::Pem {
         path: path.display().to_string(),
         what: e.to_string(),

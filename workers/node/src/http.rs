@@ -157,13 +157,13 @@ impl ContextCheck {
             .get(CONTEXT_HEADER)
             .and_then(|v| v.to_str().ok())
             .ok_or(ContextError::Missing)
-            .map_err(refused)?;
+            .map_err(|e| refused(&e))?;
         let ctx = self
             .keys
             .verify(header, std::time::SystemTime::now())
-            .map_err(refused)?;
+            .map_err(|e| refused(&e))?;
         if ctx.model != self.model {
-            return Err(refused(ContextError::WrongModel(ctx.model)));
+            return Err(refused(&ContextError::WrongModel(ctx.model)));
         }
         Ok(ctx)
     }
@@ -172,7 +172,7 @@ impl ContextCheck {
     /// spent. Nothing is allocated before this.
     fn admit(&self, ctx: &TenantContext, body: &GenerateBody) -> Result<TenantId, ApiError> {
         if body.max_tokens as u64 > ctx.max_tokens {
-            return Err(refused(ContextError::Limits(format!(
+            return Err(refused(&ContextError::Limits(format!(
                 "max_tokens {} above the signed {}",
                 body.max_tokens, ctx.max_tokens
             ))));
@@ -184,7 +184,7 @@ impl ContextCheck {
             (Some(_), None) => false,
         };
         if !within {
-            return Err(refused(ContextError::Limits(format!(
+            return Err(refused(&ContextError::Limits(format!(
                 "context_limit {limit:?} above the signed {:?}",
                 ctx.context_limit
             ))));
@@ -193,12 +193,12 @@ impl ContextCheck {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .admit(ctx, std::time::SystemTime::now())
-            .map_err(refused)?;
+            .map_err(|e| refused(&e))?;
         Ok(TenantId::new(ctx.tenant))
     }
 }
 
-fn refused(e: ContextError) -> ApiError {
+fn refused(e: &ContextError) -> ApiError {
     crate::metrics::context_refused(e.code());
     ApiError {
         status: StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN),

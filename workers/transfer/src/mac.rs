@@ -100,7 +100,7 @@ mod tests {
             &t,
             &k.page_tag(3, Generation::from_wire(10), &page)
         ));
-        let mut flipped = page.clone();
+        let mut flipped = page;
         flipped[4000] ^= 1;
         assert!(!tags_equal(
             &t,
