@@ -170,7 +170,9 @@ async fn the_routing_long_poll_answers_when_the_table_changes() {
             .header("authorization", format!("Bearer {gw}"))
             .body(axum::body::Body::empty())
             .expect("request");
-            let resp = tower::ServiceExt::oneshot(app, req).await.expect("router");
+            let resp = tower::ServiceExt::oneshot(app, support::from_gateway(req))
+                .await
+                .expect("router");
             let bytes = http_body_util::BodyExt::collect(resp.into_body())
                 .await
                 .expect("body")
@@ -216,7 +218,8 @@ fn gateway_loop(
             .header("authorization", format!("Bearer {token}"))
             .body(axum::body::Body::empty())
             .expect("request");
-            let Ok(resp) = tower::ServiceExt::oneshot(app.clone(), req).await;
+            let Ok(resp) =
+                tower::ServiceExt::oneshot(app.clone(), support::from_gateway(req)).await;
             let Ok(body) = http_body_util::BodyExt::collect(resp.into_body()).await else {
                 return;
             };

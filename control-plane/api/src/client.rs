@@ -156,23 +156,10 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// A client for these credentials; calls time out after 30 s.
     pub fn new(credentials: &Credentials) -> Result<Client, ClientError> {
-        let base = credentials
-            .control_plane_url
-            .trim_end_matches('/')
-            .to_owned();
-        let uri: Uri = base
-            .parse()
-            .map_err(|_| ClientError::BadUrl(base.clone()))?;
-        if uri.scheme_str() != Some("http") || uri.host().is_none() {
-            return Err(ClientError::BadUrl(base));
-        }
+        let base = base_url(credentials, "http")
+            .ok_or_else(|| ClientError::BadUrl(credentials.control_plane_url.clone()))?;
         let http = Transport::Plain(HyperClient::builder(TokioExecutor::new()).build_http());
-        Ok(Client {
-            base,
-            token: credentials.operator_token.clone(),
-            http,
-            timeout: Duration::from_secs(30),
-        })
+        Ok(Client::over(base, credentials, http))
     }
 
     /// A client of the internal port (`https://host:port`): it presents
@@ -181,16 +168,8 @@ impl Client {
         credentials: &Credentials,
         identity: &bulkhead_trust::Identity,
     ) -> Result<Client, ClientError> {
-        let base = credentials
-            .control_plane_url
-            .trim_end_matches('/')
-            .to_owned();
-        let uri: Uri = base
-            .parse()
-            .map_err(|_| ClientError::BadUrl(base.clone()))?;
-        if uri.scheme_str() != Some("https") || uri.host().is_none() {
-            return Err(ClientError::NotInternal(base));
-        }
+        let base = base_url(credentials, "https")
+            .ok_or_else(|| ClientError::NotInternal(credentials.control_plane_url.clone()))?;
         let connector = bulkhead_trust::connect::Connector::new(
             identity,
             &[bulkhead_trust::Role::ControlPlane],
@@ -200,12 +179,16 @@ impl Client {
             message: e.to_string(),
         })?;
         let http = Transport::Tls(HyperClient::builder(TokioExecutor::new()).build(connector));
-        Ok(Client {
+        Ok(Client::over(base, credentials, http))
+    }
+
+    fn over(base: String, credentials: &Credentials, http: Transport) -> Client {
+        Client {
             base,
             token: credentials.operator_token.clone(),
             http,
             timeout: Duration::from_secs(30),
-        })
+        }
     }
 
     /// `GET path` (path starts with `/`).
@@ -274,6 +257,17 @@ impl Client {
         }
         Err(api_error(status, &bytes))
     }
+}
+
+/// The base URL of `credentials` without a trailing `/`, if it is
+/// `SCHEME://host[:port][/prefix]`.
+fn base_url(credentials: &Credentials, scheme: &str) -> Option<String> {
+    let base = credentials
+        .control_plane_url
+        .trim_end_matches('/')
+        .to_owned();
+    let uri: Uri = base.parse().ok()?;
+    (uri.scheme_str() == Some(scheme) && uri.host().is_some()).then_some(base)
 }
 
 fn api_error(status: StatusCode, bytes: &[u8]) -> ClientError {

@@ -272,6 +272,17 @@ impl Harness {
     }
 }
 
+/// `req` as if it came over the internal port with the gateway's
+/// certificate.
+pub fn from_gateway(mut req: axum::http::Request<Body>) -> axum::http::Request<Body> {
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(bulkhead_trust::Peer {
+            addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+            role: Some(bulkhead_trust::Role::Gateway),
+        }));
+    req
+}
+
 /// The certificate a real caller of `path` would present on the internal
 /// port (as the server's mutual TLS would record it): a worker's, of the
 /// role it registers, for node calls; the gateway's for the routing table.
