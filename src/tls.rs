@@ -9,11 +9,11 @@
 use anyhow::Context;
 use bulkhead_trust::{Identity, Role, TlsFiles};
 use bulkhead_worker_api::context::KeyRing;
+use clap::Args;
+use std::path::PathBuf;
 
 /// The key ring's file name in a TLS directory.
 pub(crate) const CONTEXT_KEYS: &str = "context.keys";
-use clap::Args;
-use std::path::PathBuf;
 
 /// Where this component's CA, certificate and key are.
 #[derive(Debug, Clone, Default, Args)]

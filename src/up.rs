@@ -275,6 +275,12 @@ async fn check_routable(
         control_plane_url: creds.control_plane_url.clone(),
         operator_token: internal.admin.clone(),
     })?;
+    // Asked with the operator certificate: worker ports are mutual TLS.
+    let operator = bulkhead_trust::Identity::load(
+        &bulkhead_trust::TlsFiles::in_dir(&args.data_dir.join("tls"), CertRole::Operator),
+        CertRole::Operator,
+    )?;
+    let tls = operator.connector(&[CertRole::Decode])?;
     for served in args.served() {
         let names = worker_names(args, served);
         let workers = |nodes: &[NodeView]| -> anyhow::Result<Vec<NodeView>> {
@@ -305,12 +311,6 @@ async fn check_routable(
         }
         // Ready means answering: every decode worker has linked to a
         // prefill worker (they learn of them through the control plane).
-        // Asked with the operator certificate: worker ports are mutual TLS.
-        let operator = bulkhead_trust::Identity::load(
-            &bulkhead_trust::TlsFiles::in_dir(&args.data_dir.join("tls"), CertRole::Operator),
-            CertRole::Operator,
-        )?;
-        let tls = operator.connector(&[CertRole::Decode])?;
         for n in ours
             .iter()
             .filter(|n| n.registration.role == bulkhead_control_api::NodeRole::Decode)

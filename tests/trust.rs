@@ -71,6 +71,18 @@ fn every_worker_port_refuses_a_client_without_the_right_certificate() {
     }
     let ps = stats(&p.addr("http"));
     assert_eq!(ps["transfer"]["requests"], 0, "{ps}");
+    // Aborting every transfer is an operator's act: the gateway's
+    // certificate, admitted to the port, may not.
+    let abort = "POST /admin/abort HTTP/1.0\r\nContent-Length: 0\r\n\r\n";
+    for (who, status) in [(CertRole::Gateway, 403), (CertRole::Operator, 202)] {
+        let r = tls_call(
+            &p.addr("http"),
+            client_config(Present::Ours(who), CertRole::Prefill),
+            CertRole::Prefill,
+            abort,
+        );
+        assert_eq!(r.as_ref().map(|(s, _)| *s), Ok(status), "{who}: {r:?}");
+    }
     // The decode worker is linked all along: its own certificate works.
     assert_eq!(
         stats(&d.addr("http"))["prefills"].as_array().map(Vec::len),

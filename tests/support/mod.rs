@@ -61,14 +61,25 @@ pub fn tls_connect(
     addr: &str,
     present: CertRole,
 ) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    try_tls_connect(addr, present, Duration::from_secs(120)).expect("connect")
+}
+
+/// As [`tls_connect`], the failure returned, reads timing out after
+/// `timeout`.
+pub fn try_tls_connect(
+    addr: &str,
+    present: CertRole,
+    timeout: Duration,
+) -> std::io::Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
     let config = identity(present)
         .client_config(&[CertRole::Decode, CertRole::Colocated, CertRole::Prefill])
-        .expect("client config");
-    let name = rustls::pki_types::ServerName::try_from(CertRole::Decode.dns_name()).expect("name");
-    let conn = rustls::ClientConnection::new(config, name).expect("TLS client");
-    let s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
-    rustls::StreamOwned::new(conn, s)
+        .map_err(std::io::Error::other)?;
+    let name = rustls::pki_types::ServerName::try_from(CertRole::Decode.dns_name())
+        .map_err(std::io::Error::other)?;
+    let conn = rustls::ClientConnection::new(config, name).map_err(std::io::Error::other)?;
+    let s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(timeout))?;
+    Ok(rustls::StreamOwned::new(conn, s))
 }
 
 /// A worker process, killed when dropped.

@@ -108,26 +108,16 @@ pub fn try_call(
     let mut raw = Vec::new();
     if let Some(addr) = url.strip_prefix("https://") {
         // A worker's API: mutual TLS with the test CA's operator certificate.
-        let config = super::identity(bulkhead_trust::Role::Operator)
-            .client_config(&[
-                bulkhead_trust::Role::Decode,
-                bulkhead_trust::Role::Prefill,
-                bulkhead_trust::Role::Colocated,
-            ])
-            .map_err(std::io::Error::other)?;
-        let name = rustls::pki_types::ServerName::try_from("decode.bulkhead.internal")
-            .map_err(std::io::Error::other)?;
-        let conn = rustls::ClientConnection::new(config, name).map_err(std::io::Error::other)?;
-        let tcp = TcpStream::connect(addr)?;
-        tcp.set_read_timeout(Some(Duration::from_secs(600)))?;
-        let mut s = rustls::StreamOwned::new(conn, tcp);
+        let mut s = super::try_tls_connect(
+            addr,
+            bulkhead_trust::Role::Operator,
+            Duration::from_secs(600),
+        )?;
         s.write_all(req(addr).as_bytes())?;
         s.flush()?;
-        match s.read_to_end(&mut raw) {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
-            Err(e) => return Err(e),
-        }
+        let mut text = String::new();
+        super::read_to_close(&mut s, &mut text)?;
+        raw = text.into_bytes();
     } else {
         let addr = url.trim_start_matches("http://");
         let mut s = TcpStream::connect(addr)?;
