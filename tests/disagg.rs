@@ -43,6 +43,60 @@ fn disaggregated_greedy_output_is_token_identical_to_colocated() {
 }
 
 #[test]
+fn greedy_tokens_do_not_depend_on_concurrent_requests_disaggregated_or_colocated() {
+    // The engine-level test (workers/engine/tests/batch_invariance.rs)
+    // steps one core by hand; this one goes through real processes, where
+    // neighbours join and leave the batch whenever they arrive.
+    let p = prefill(&[]);
+    let d = decode(&p.addr("transfer"), &[]);
+    let c = colocated();
+    let probe =
+        json!({"prompt": "What is the capital of France?", "max_tokens": 24, "ignore_eos": true});
+    for (name, addr) in [
+        ("disaggregated", d.addr("http")),
+        ("colocated", c.addr("http")),
+    ] {
+        let alone = generate(&addr, 1, &probe);
+        assert_eq!(alone.status, 200, "{}", alone.body);
+        let (alone_ids, _) = alone.tokens();
+        assert_eq!(alone_ids.len(), 24);
+        for others in [1u64, 4, 15] {
+            let start = std::time::Instant::now();
+            let neighbours: Vec<_> = (0..others)
+                .map(|i| {
+                    let addr = addr.clone();
+                    let prompt: Vec<u32> = (0..10 + 7 * i as u32)
+                        .map(|j| 200 + (j * 131 + i as u32 * 977) % 9000)
+                        .collect();
+                    std::thread::spawn(move || {
+                        let body = json!({"tokens": prompt, "max_tokens": 48, "ignore_eos": true});
+                        let r = generate(&addr, 2 + i, &body);
+                        (r.status, start.elapsed())
+                    })
+                })
+                .collect();
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            let sent = start.elapsed();
+            let r = generate(&addr, 1, &probe);
+            assert_eq!(r.status, 200, "{}", r.body);
+            let (ids, _) = r.tokens();
+            for n in neighbours {
+                let (status, ended) = n.join().expect("neighbour thread");
+                assert_eq!(status, 200);
+                // Every neighbour was still running when the probe went in
+                // (they start together; the probe finished earlier or later).
+                assert!(
+                    ended > sent,
+                    "{name}: a neighbour ended before the probe was sent"
+                );
+            }
+            assert_eq!(ids, alone_ids, "{name}, {others} others");
+        }
+    }
+    assert_baseline(&[&d.addr("http"), &p.addr("http"), &c.addr("http")]);
+}
+
+#[test]
 fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
     let p = prefill(&[]);
     let d = decode(&p.addr("transfer"), &[]);
@@ -202,14 +256,16 @@ fn a_corrupted_page_frame_fails_the_transfer() {
             }
             m => vec![m],
         }),
-        "checksum_mismatches",
+        // The tag is the only integrity check when serving.
+        "tag_mismatches",
     );
 }
 
 #[test]
 fn a_page_forged_with_a_correct_checksum_fails_on_its_tag() {
-    // A host that rewrites a page and fixes its CRC (and the digest over
-    // the CRCs) holds every unkeyed check; it cannot make the tag.
+    // A host that rewrites a page, puts its CRC where the checksum goes
+    // and fixes the digest over the checksums holds every unkeyed check;
+    // it cannot make the tag.
     let mut n = 0;
     let mut sums = Vec::new();
     tampered(
@@ -218,10 +274,7 @@ fn a_page_forged_with_a_correct_checksum_fails_on_its_tag() {
                 n += 1;
                 if n == 3 {
                     payload.iter_mut().for_each(|b| *b = 0x3c);
-                    h.checksum = bulkhead_transfer::checksum::page_checksum(
-                        bulkhead_transfer::Checksums::On,
-                        &payload,
-                    );
+                    h.checksum = bulkhead_transfer::checksum::page_crc(&payload);
                 }
                 sums.push((h.generation, h.checksum));
                 vec![Message::Page(h, payload)]
@@ -233,7 +286,7 @@ fn a_page_forged_with_a_correct_checksum_fails_on_its_tag() {
             }
             m => vec![m],
         }),
-        "forged_frames",
+        "tag_mismatches",
     );
 }
 

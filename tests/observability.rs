@@ -819,7 +819,7 @@ fn every_metric_the_dashboards_query_is_exposed_by_a_component_after_a_workload(
         Some(0.0)
     );
     assert_eq!(
-        sample(decode, "bulkhead_kv_transfer_checksum_failures_total", &[]),
+        sample(decode, "bulkhead_kv_transfer_tag_mismatches_total", &[]),
         Some(0.0)
     );
     assert!(

@@ -70,13 +70,14 @@ pub enum EngineError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransferFault {
-    /// A page frame's checksum did not match its payload.
+    /// A page frame's CRC did not match its payload (only in a benchmark
+    /// without tags).
     #[error("a page checksum did not match")]
     Checksum,
-    /// A page or the end carried a tag the transfer's key did not make: a
-    /// frame the prefill worker did not send.
-    #[error("a transfer frame's tag did not match (forged)")]
-    Forged,
+    /// A page or the end carried a tag the transfer's key did not make:
+    /// corrupted, or a frame the prefill worker did not send.
+    #[error("a transfer frame's tag did not match (corrupted or forged)")]
+    Tag,
     /// A frame named a slot, generation or length the grant does not allow.
     #[error("a page frame did not match the granted slots")]
     Slot,

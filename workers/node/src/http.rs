@@ -476,7 +476,7 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
             v["transfer"] = json!({
                 "started": c.started, "committed": c.committed, "rejected": c.rejected,
                 "failed": c.failed, "checksum_mismatches": c.checksum_mismatches,
-                "forged_frames": c.forged_frames,
+                "tag_mismatches": c.tag_mismatches,
                 "slot_mismatches": c.slot_mismatches, "duplicate_pages": c.duplicate_pages,
                 "incomplete": c.incomplete, "dropped_frames": c.dropped_frames,
                 "aborts_sent": c.aborts_sent, "aborts_received": c.aborts_received,

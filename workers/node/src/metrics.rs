@@ -273,17 +273,17 @@ fn decode_transfers(
         m,
         &src,
         "bulkhead.kv.transfer.checksum_failures",
-        "Page frames whose checksum did not match (the transfer fails)",
+        "Page frames whose CRC did not match, in a benchmark without tags (the transfer fails)",
         "{frame}",
         vec![(b.clone(), |c: &C| c.checksum_mismatches)],
     );
     observed(
         m,
         &src,
-        "bulkhead.kv.transfer.forged_frames",
-        "Transfer frames whose tag the transfer's key did not make (the transfer fails)",
+        "bulkhead.kv.transfer.tag_mismatches",
+        "Transfer frames whose tag the transfer's key did not make: corrupted or forged (the transfer fails)",
         "{frame}",
-        vec![(b.clone(), |c: &C| c.forged_frames)],
+        vec![(b.clone(), |c: &C| c.tag_mismatches)],
     );
     observed(
         m,

@@ -1,5 +1,5 @@
-//! Page checksums (CRC-32C, hardware-accelerated where the CPU has it) and
-//! the whole-transfer digest (xxh3-64).
+//! What page frames carry (tags when serving, CRC-32C only in a benchmark)
+//! and the whole-transfer digest (xxh3-64).
 
 use bulkhead_kv::Generation;
 use xxhash_rust::xxh3::Xxh3;
@@ -7,11 +7,13 @@ use xxhash_rust::xxh3::Xxh3;
 /// Whether page frames carry checksums and tags. Always `On` when serving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Checksums {
-    /// Every page is hashed (CRC-32C) and tagged under the transfer's key
-    /// by the sender, and both are verified by the receiver.
+    /// Every page is tagged under the transfer's key by the sender (the
+    /// header's checksum is the tag's first 64 bits) and the receiver
+    /// verifies the tag, which catches corruption and forgery alike.
     On,
-    /// CRC-32C without tags: exists only so `bulkhead bench transfer` can
-    /// measure what tags cost. No serving command can select it.
+    /// CRC-32C without tags, the unkeyed check the protocol had before
+    /// tags: exists only so `bulkhead bench transfer` can measure what tags
+    /// cost. No serving command can select it.
     CrcOnlyForBenchmark,
     /// No hashing: exists only so `bulkhead bench transfer` can measure
     /// what checksums cost. No serving command can select it.
@@ -25,12 +27,9 @@ impl Checksums {
     }
 }
 
-/// The checksum of one page payload (0 when checksums are off).
-pub fn page_checksum(checksums: Checksums, payload: &[u8]) -> u64 {
-    match checksums {
-        Checksums::On | Checksums::CrcOnlyForBenchmark => u64::from(crc32c::crc32c(payload)),
-        Checksums::OffForBenchmark => 0,
-    }
+/// The CRC-32C of one page payload.
+pub fn page_crc(payload: &[u8]) -> u64 {
+    u64::from(crc32c::crc32c(payload))
 }
 
 /// The digest of a whole transfer: every page's (slot, generation,

@@ -3,14 +3,15 @@
 //!
 //! The ledger decides; its caller acts. A page is accepted only if its
 //! transfer is live, its slot granted, its generation the granted one, its
-//! slot not yet written and its checksum right. A transfer commits only if
+//! slot not yet written and its tag right (in a benchmark without tags,
+//! its CRC). A transfer commits only if
 //! every slot arrived, the token count is the granted one and the digest
 //! matches. Anything else fails the transfer; the caller then aborts it
 //! and keeps the landing pages until the sender acknowledges (deferred
 //! release). Frames for finished ids are dropped and counted.
 
-use crate::checksum::{Checksums, page_checksum, transfer_digest};
-use crate::mac::{FrameKey, tags_equal};
+use crate::checksum::{Checksums, page_crc, transfer_digest};
+use crate::mac::{FrameKey, tag_checksum, tags_equal};
 use crate::wire::{Done, PageHeader};
 use bulkhead_kv::{Generation, TransferId};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -21,11 +22,11 @@ const TOMBSTONES: usize = 65_536;
 /// Why a transfer failed (mirrors what the client is told).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// Payload checksum mismatch.
+    /// Payload CRC mismatch (only in a benchmark without tags).
     Checksum,
-    /// A page or the end whose tag is not the transfer key's: a frame the
-    /// prefill worker did not send.
-    Forged,
+    /// A page or the end whose tag is not the transfer key's: corrupted, or
+    /// a frame the prefill worker did not send.
+    Tag,
     /// Slot, generation or length not granted.
     Slot,
     /// A slot arrived twice.
@@ -74,11 +75,11 @@ pub struct TransferCounters {
     pub rejected: u64,
     /// Transfers failed by a check.
     pub failed: u64,
-    /// Page checksum mismatches.
+    /// Page CRC mismatches (only in a benchmark without tags).
     pub checksum_mismatches: u64,
-    /// Frames (pages or ends) with a wrong tag: forged.
+    /// Frames (pages or ends) with a wrong tag: corrupted or forged.
     #[doc(alias = "mac")]
-    pub forged_frames: u64,
+    pub tag_mismatches: u64,
     /// Frames naming a slot, generation or length not granted.
     pub slot_mismatches: u64,
     /// Slots that arrived twice.
@@ -113,7 +114,7 @@ impl std::ops::Add for TransferCounters {
             rejected: self.rejected + o.rejected,
             failed: self.failed + o.failed,
             checksum_mismatches: self.checksum_mismatches + o.checksum_mismatches,
-            forged_frames: self.forged_frames + o.forged_frames,
+            tag_mismatches: self.tag_mismatches + o.tag_mismatches,
             slot_mismatches: self.slot_mismatches + o.slot_mismatches,
             duplicate_pages: self.duplicate_pages + o.duplicate_pages,
             incomplete: self.incomplete + o.incomplete,
@@ -238,14 +239,10 @@ impl Ledger {
         } else if e.received[slot].is_some() {
             self.counters.duplicate_pages += 1;
             Fault::Duplicate
-        } else if page_checksum(self.checksums, payload) != h.checksum {
-            self.counters.checksum_mismatches += 1;
-            Fault::Checksum
-        } else if self.checksums.tags()
-            && !tags_equal(&e.key.page_tag(h.slot, h.generation, payload), &h.mac)
+        } else if let Some(fault) =
+            integrity_fault(self.checksums, &mut self.counters, &e.key, h, payload)
         {
-            self.counters.forged_frames += 1;
-            Fault::Forged
+            fault
         } else {
             e.received[slot] = Some(h.checksum);
             self.counters.pages_received += 1;
@@ -278,8 +275,8 @@ impl Ledger {
             d.tokens == e.tokens && transfer_digest(&pages, d.tokens, &d.logits) == d.digest
         });
         if ok && self.checksums.tags() && !tags_equal(&e.key.done_tag(d.tokens, d.digest), &d.mac) {
-            self.counters.forged_frames += 1;
-            return DoneVerdict::Fail(d.transfer, Fault::Forged);
+            self.counters.tag_mismatches += 1;
+            return DoneVerdict::Fail(d.transfer, Fault::Tag);
         }
         if !ok {
             self.counters.incomplete += 1;
@@ -382,6 +379,32 @@ impl Ledger {
     }
 }
 
+/// The fault of a page whose bytes fail the check `checksums` selects,
+/// counted.
+fn integrity_fault(
+    checksums: Checksums,
+    counters: &mut TransferCounters,
+    key: &FrameKey,
+    h: &PageHeader,
+    payload: &[u8],
+) -> Option<Fault> {
+    match checksums {
+        Checksums::On => {
+            let tag = key.page_tag(h.slot, h.generation, payload);
+            if tags_equal(&tag, &h.mac) && tag_checksum(&tag) == h.checksum {
+                return None;
+            }
+            counters.tag_mismatches += 1;
+            Some(Fault::Tag)
+        }
+        Checksums::CrcOnlyForBenchmark if page_crc(payload) != h.checksum => {
+            counters.checksum_mismatches += 1;
+            Some(Fault::Checksum)
+        }
+        Checksums::CrcOnlyForBenchmark | Checksums::OffForBenchmark => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -396,7 +419,7 @@ mod tests {
             transfer: TransferId::new(t),
             slot,
             generation: Generation::from_wire(g),
-            checksum: page_checksum(Checksums::On, payload),
+            checksum: tag_checksum(&key().page_tag(slot, Generation::from_wire(g), payload)),
             mac: key().page_tag(slot, Generation::from_wire(g), payload),
         }
     }
@@ -409,7 +432,12 @@ mod tests {
     fn done(t: u64, pages: &[(u64, &[u8])], tokens: u64) -> Done {
         let pages: Vec<_> = pages
             .iter()
-            .map(|(g, p)| (Generation::from_wire(*g), page_checksum(Checksums::On, p)))
+            .enumerate()
+            .map(|(slot, (g, p))| {
+                let g = Generation::from_wire(*g);
+                let slot = u32::try_from(slot).expect("a small slot");
+                (g, tag_checksum(&key().page_tag(slot, g, p)))
+            })
             .collect();
         let digest = transfer_digest(&pages, tokens, &[1.0]);
         Done {
@@ -422,18 +450,21 @@ mod tests {
     }
 
     #[test]
-    fn a_frame_with_a_right_checksum_but_a_wrong_tag_fails_the_transfer() {
+    fn a_frame_with_a_right_crc_but_a_wrong_tag_fails_the_transfer() {
         let mut l = Ledger::new(Checksums::On);
         open(&mut l, 1);
         let (a, b) = ([1u8; 4], [2u8; 4]);
-        // A forger rewrites the payload and fixes the CRC; it has no key.
+        // A forger rewrites the payload, puts its CRC where the checksum
+        // goes and tags it under a key of its own.
         let mut forged = header(1, 0, 10, &a);
-        forged.checksum = page_checksum(Checksums::On, &b);
+        forged.checksum = page_crc(&b);
+        let (_, own) = FrameKey::generate();
+        forged.mac = own.page_tag(0, Generation::from_wire(10), &b);
         assert_eq!(
             l.on_page(&forged, &b),
-            PageVerdict::Fail(TransferId::new(1), Fault::Forged)
+            PageVerdict::Fail(TransferId::new(1), Fault::Tag)
         );
-        assert_eq!(l.counters().forged_frames, 1);
+        assert_eq!(l.counters().tag_mismatches, 1);
         // The end's tag is checked too.
         open(&mut l, 2);
         for (slot, g, p) in [(0, 10, &a), (1, 11, &b)] {
@@ -446,9 +477,9 @@ mod tests {
         d.mac[0] ^= 1;
         assert_eq!(
             l.on_done(&d),
-            DoneVerdict::Fail(TransferId::new(2), Fault::Forged)
+            DoneVerdict::Fail(TransferId::new(2), Fault::Tag)
         );
-        assert_eq!(l.counters().forged_frames, 2);
+        assert_eq!(l.counters().tag_mismatches, 2);
     }
 
     #[test]
@@ -481,7 +512,7 @@ mod tests {
     fn every_mismatch_fails_the_transfer() {
         let p = [7u8; 4];
         let cases: Vec<(PageHeader, Vec<u8>, Fault)> = vec![
-            (header(1, 0, 10, &p), vec![8u8; 4], Fault::Checksum),
+            (header(1, 0, 10, &p), vec![8u8; 4], Fault::Tag),
             (header(1, 2, 10, &p), p.to_vec(), Fault::Slot),
             (header(1, 0, 99, &p), p.to_vec(), Fault::Slot),
             (header(1, 0, 10, &p[..3]), p[..3].to_vec(), Fault::Slot),

@@ -26,6 +26,7 @@
 pub mod checksum;
 pub mod ledger;
 pub mod mac;
+mod polyhash;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod transport;

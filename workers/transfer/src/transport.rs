@@ -7,8 +7,9 @@
 //! only to a slot of the transfer it was granted for. The receiver maps
 //! (transfer, slot) to physical pages through its own table.
 
-use crate::checksum::{Checksums, page_checksum};
+use crate::checksum::{Checksums, page_crc};
 use crate::mac::FrameKey;
+use crate::mac::{TAG_LEN, tag_checksum};
 use crate::wire::{Message, PageHeader};
 use bulkhead_kv::{Generation, TransferId};
 use std::future::Future;
@@ -104,19 +105,24 @@ impl Grant {
 }
 
 impl Slot {
-    /// The header of `page` sent into this slot: its checksum, and its tag
-    /// under `key` (when `checksums` has tags).
+    /// The header of `page` sent into this slot: its tag under `key` (and
+    /// the tag's first 64 bits as its checksum), or in a benchmark its CRC
+    /// or nothing.
     pub fn header(&self, checksums: Checksums, page: &[u8], key: &FrameKey) -> PageHeader {
+        let (checksum, mac) = match checksums {
+            Checksums::On => {
+                let tag = key.page_tag(self.index, self.generation, page);
+                (tag_checksum(&tag), tag)
+            }
+            Checksums::CrcOnlyForBenchmark => (page_crc(page), [0; TAG_LEN]),
+            Checksums::OffForBenchmark => (0, [0; TAG_LEN]),
+        };
         PageHeader {
             transfer: self.transfer,
             slot: self.index,
             generation: self.generation,
-            checksum: page_checksum(checksums, page),
-            mac: if checksums.tags() {
-                key.page_tag(self.index, self.generation, page)
-            } else {
-                [0; crate::mac::TAG_LEN]
-            },
+            checksum,
+            mac,
         }
     }
 

@@ -681,7 +681,7 @@ impl Receiver {
 fn fault_of(f: Fault) -> TransferFault {
     match f {
         Fault::Checksum => TransferFault::Checksum,
-        Fault::Forged => TransferFault::Forged,
+        Fault::Tag => TransferFault::Tag,
         Fault::Slot => TransferFault::Slot,
         Fault::Duplicate => TransferFault::Duplicate,
         Fault::Incomplete => TransferFault::Incomplete,
