@@ -302,3 +302,120 @@ async fn a_request_streams_ndjson_tokens_then_a_summary() {
     assert_eq!(lines[4]["finish_reason"], "length");
     assert_eq!(lines[4]["usage"]["completion_tokens"], 4);
 }
+
+/// Property-based fuzzing of the body through the router: whatever JSON
+/// (or not) arrives, the answer is a 200 NDJSON stream or a 4xx in the
+/// API's error format, and a refused request touches no page. The context
+/// allows 8 tokens, so an accepted body stays cheap. Cases:
+/// `PROPTEST_CASES` (64 by default here).
+#[test]
+fn any_body_gets_an_answer_in_the_api_format() {
+    use proptest::prelude::*;
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-2i64..12).prop_map(Value::from),
+            any::<f32>().prop_map(|f| serde_json::json!(f)),
+            ".{0,24}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(2, 12, 3, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::from),
+                proptest::collection::btree_map(
+                    prop::sample::select(vec!["role", "content", "x"]).prop_map(str::to_owned),
+                    inner,
+                    0..3
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+    let fields = prop::sample::select(vec![
+        "prompt",
+        "messages",
+        "raw",
+        "tokens",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "repetition_penalty",
+        "seed",
+        "stop",
+        "ignore_eos",
+        "context_limit",
+        "stream",
+    ])
+    .prop_map(str::to_owned);
+    // A valid body with a field replaced, removed or added (so some are
+    // served), or text.
+    let mutated = (
+        fields.clone(),
+        value(),
+        0u8..3,
+        proptest::option::of((fields, value())),
+    )
+        .prop_map(|(k, v, how, extra)| {
+            let mut o = serde_json::Map::new();
+            o.insert("raw".into(), Value::from("hi"));
+            o.insert("max_tokens".into(), Value::from(4));
+            match how {
+                0 => {
+                    o.remove(&k);
+                }
+                1 => {
+                    o.insert(k, v);
+                }
+                _ => {}
+            }
+            if let Some((k, v)) = extra {
+                o.insert(k, v);
+            }
+            Value::Object(o).to_string()
+        });
+    let body = prop_oneof![4 => mutated, 1 => ".{0,80}"];
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(64);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let engine = engine();
+    let mut runner =
+        proptest::test_runner::TestRunner::new(proptest::test_runner::Config::with_cases(cases));
+    let (answered, refused) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+    let result = runner.run(&body, |b| {
+        rt.block_on(async {
+            let before = engine.counters().expect("counters").allocations;
+            let ctx = ring().sign(&statement(1, 8, Duration::ZERO));
+            let (status, text) = post_as(&engine, Some(CertRole::Gateway), Some(ctx), &b).await;
+            if status == StatusCode::OK {
+                answered.set(answered.get() + 1);
+                for line in text.lines() {
+                    prop_assert!(serde_json::from_str::<Value>(line).is_ok(), "{line}");
+                }
+            } else {
+                refused.set(refused.get() + 1);
+                prop_assert!(status.is_client_error(), "{b}: {status} {text}");
+                prop_assert_ne!(error_code(&text), "(not an error)", "{}: {}", b, text);
+                let after = engine.counters().expect("counters").allocations;
+                prop_assert_eq!(before, after, "a refused body allocated: {}", b);
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(
+        refused.get() > 0 && answered.get() > 0,
+        "{} answered, {} refused: the fuzzer must make both",
+        answered.get(),
+        refused.get()
+    );
+    eprintln!("{} answered, {} refused", answered.get(), refused.get());
+}

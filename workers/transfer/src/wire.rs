@@ -12,6 +12,10 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 pub const VERSION: u16 = 4;
 /// Largest frame accepted (a page of a large model fits many times over).
 pub const MAX_FRAME: usize = 256 << 20;
+/// Largest control frame accepted: a prefill request for a million-token
+/// prompt (4 MB of ids and 64K slots) fits four times over. A peer cannot
+/// make the reader allocate a page frame's bound for a control frame.
+pub const MAX_CONTROL_FRAME: usize = 16 << 20;
 
 /// What a worker tells its peer when a connection opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,6 +381,9 @@ impl Message {
                 mac: c.array()?,
             };
             return Ok(Head::Page(h, len - 1 - head.len()));
+        }
+        if len > MAX_CONTROL_FRAME {
+            return Err(WireError::Malformed("control frame too long"));
         }
         let mut body = vec![0u8; len - 1];
         r.read_exact(&mut body).await?;
