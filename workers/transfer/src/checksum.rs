@@ -5,7 +5,7 @@ use bulkhead_kv::Generation;
 use xxhash_rust::xxh3::Xxh3;
 
 /// Whether page frames carry checksums and tags. Always `On` when serving.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Checksums {
     /// Every page is tagged under the transfer's key by the sender (the
     /// header's checksum is the tag's first 64 bits) and the receiver

@@ -14,7 +14,7 @@ use crate::checksum::{Checksums, page_crc, transfer_digest};
 use crate::mac::{FrameKey, tag_checksum, tags_equal};
 use crate::wire::{Done, PageHeader};
 use bulkhead_kv::{Generation, TransferId};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// How many finished ids are remembered.
 const TOMBSTONES: usize = 65_536;
@@ -65,7 +65,7 @@ pub enum DoneVerdict {
 }
 
 /// Transfer counters of one decode worker.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct TransferCounters {
     /// Transfers opened.
     pub started: u64,
@@ -130,14 +130,14 @@ impl std::ops::Add for TransferCounters {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum State {
     Live,
     /// This side sent an abort; frames are dropped until the ack.
     Aborting,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Expectation {
     key: FrameKey,
     generations: Vec<Generation>,
@@ -147,14 +147,17 @@ struct Expectation {
     state: State,
 }
 
-/// The decode side's transfers on one connection.
-#[derive(Debug)]
+/// The decode side's transfers on one connection. Comparable and hashable
+/// so that a model checker can drive it (`tests/protocol_model.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Ledger {
     checksums: Checksums,
-    live: HashMap<TransferId, Expectation>,
-    tombstones: HashSet<TransferId>,
+    live: BTreeMap<TransferId, Expectation>,
+    tombstones: BTreeSet<TransferId>,
     order: VecDeque<TransferId>,
     counters: TransferCounters,
+    /// A planted mutant: commit without every frame (tests only).
+    commit_with_missing_frame: bool,
 }
 
 impl Ledger {
@@ -162,11 +165,20 @@ impl Ledger {
     pub fn new(checksums: Checksums) -> Self {
         Ledger {
             checksums,
-            live: HashMap::new(),
-            tombstones: HashSet::new(),
+            live: BTreeMap::new(),
+            tombstones: BTreeSet::new(),
             order: VecDeque::new(),
             counters: TransferCounters::default(),
+            commit_with_missing_frame: false,
         }
+    }
+
+    /// Plants a mutant the model checker must catch: `Done` commits a
+    /// transfer on its token count alone, frames missing or not. Exists
+    /// only in test builds.
+    #[cfg(feature = "test-hooks")]
+    pub fn plant_mutant_commit_with_missing_frame(&mut self) {
+        self.commit_with_missing_frame = true;
     }
 
     /// Counters so far.
@@ -273,7 +285,7 @@ impl Ledger {
             .collect();
         let ok = pages.is_some_and(|pages| {
             d.tokens == e.tokens && transfer_digest(&pages, d.tokens, &d.logits) == d.digest
-        });
+        }) || (self.commit_with_missing_frame && d.tokens == e.tokens);
         if ok && self.checksums.tags() && !tags_equal(&e.key.done_tag(d.tokens, d.digest), &d.mac) {
             self.counters.tag_mismatches += 1;
             return DoneVerdict::Fail(d.transfer, Fault::Tag);

@@ -39,6 +39,21 @@ impl std::fmt::Debug for FrameKey {
     }
 }
 
+/// Keys are equal when their bytes are (the hash key derives from them).
+impl PartialEq for FrameKey {
+    fn eq(&self, other: &FrameKey) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for FrameKey {}
+
+impl std::hash::Hash for FrameKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+    }
+}
+
 impl FrameKey {
     /// The key with these bytes.
     pub fn from_bytes(bytes: &[u8; KEY_LEN]) -> FrameKey {
