@@ -43,6 +43,10 @@ pub(crate) struct FlipArgs {
     /// Why; recorded in the audit log.
     #[arg(long)]
     reason: String,
+    /// A planned flip: let streams in flight finish instead of ending them
+    /// (making a model private ends them by default).
+    #[arg(long)]
+    keep_streams: bool,
     #[command(flatten)]
     conn: Connection,
 }
@@ -201,6 +205,7 @@ pub(crate) fn model_flip(args: &FlipArgs, to: Visibility) -> anyhow::Result<()> 
     let body = SetVisibility {
         visibility: to,
         reason: args.reason.clone(),
+        end_streams: !args.keep_streams,
     };
     let path = format!("/admin/v1/models/{}/visibility", args.slug.path_segment());
     let change: ModelChange = block_on(async { Ok(client.post(&path, &body).await?) })?;

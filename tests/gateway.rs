@@ -34,6 +34,8 @@ struct Fixture {
     cp: String,
     node_token: String,
     sha256: String,
+    /// A responder's token, to flip the model.
+    responder: String,
 }
 
 async fn fixture() -> Fixture {
@@ -83,6 +85,10 @@ async fn fixture() -> Fixture {
         .expect("op")
         .token;
     let node_token = store::operators::create(&mut c, "fleet", Role::Node, now)
+        .await
+        .expect("op")
+        .token;
+    let responder = store::operators::create(&mut c, "rita", Role::Responder, now)
         .await
         .expect("op")
         .token;
@@ -184,6 +190,7 @@ async fn fixture() -> Fixture {
         cp: url,
         node_token: node_token_for_test,
         sha256: spec.weights_sha256.clone(),
+        responder,
     };
     // The worker registered before announcing; wait until the table routes to it.
     let until = Instant::now() + Duration::from_secs(20);
@@ -237,6 +244,30 @@ impl Fixture {
 
     fn worker_addr(&self) -> String {
         self.worker.addr("http")
+    }
+
+    /// Flips the model as the responder; returns when the control plane
+    /// acknowledges.
+    async fn flip(&self, visibility: Visibility, end_streams: bool) {
+        let client = Client::with_identity(
+            &Credentials {
+                control_plane_url: self.cp.clone(),
+                operator_token: self.responder.clone(),
+            },
+            &support::identity(CertRole::Gateway),
+        )
+        .expect("client");
+        let body = bulkhead_control_api::SetVisibility {
+            visibility,
+            reason: "stream cut test".to_owned(),
+            end_streams,
+        };
+        let path = format!("/admin/v1/models/{}/visibility", SLUG.replace('/', "%2F"));
+        let change: Value = client.post(&path, &body).await.expect("flip");
+        assert!(
+            change["propagation"]["applied"].as_u64() >= Some(1),
+            "{change}"
+        );
     }
 }
 
@@ -540,4 +571,80 @@ async fn a_worker_that_cannot_be_reached_is_skipped_before_the_first_byte() {
         hangups.load(std::sync::atomic::Ordering::Relaxed) >= 1,
         "the dead worker was tried first (and each request sent on)"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_flip_ends_streams_in_flight_before_it_is_acknowledged_unless_planned() {
+    let f = fixture().await;
+    for planned in [false, true] {
+        let body = json!({"model": SLUG, "messages": [{"role": "user", "content": "Tell me a long story."}],
+                          "max_tokens": 200, "stream": true, "temperature": 0});
+        let resp =
+            f.gw.clone()
+                .oneshot(f.request("POST", "/v1/chat/completions", &body))
+                .await
+                .expect("router");
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut text = String::new();
+        while events(&text).len() < 3 {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Some(d) = frame.data_ref() {
+                        text.push_str(&String::from_utf8_lossy(d));
+                    }
+                }
+                other => panic!("stream ended early: {other:?}"),
+            }
+        }
+        f.flip(Visibility::Private, !planned).await;
+        // Acknowledged: an unplanned flip has already ended the stream, so
+        // what is left is buffered and arrives at once.
+        let rest = async {
+            let mut rest = String::new();
+            while let Some(frame) = body.frame().await {
+                if let Some(d) = frame.expect("frame").data_ref() {
+                    rest.push_str(&String::from_utf8_lossy(d));
+                }
+            }
+            rest
+        };
+        let rest = if planned {
+            rest.await
+        } else {
+            tokio::time::timeout(Duration::from_secs(2), rest)
+                .await
+                .expect("the stream had ended when the flip was acknowledged")
+        };
+        text.push_str(&rest);
+        let evs = events(&text);
+        let last = evs.last().expect("events");
+        if planned {
+            assert_eq!(
+                last, "[DONE]",
+                "a planned flip lets the stream finish: {text}"
+            );
+            assert!(!text.contains("model_withdrawn"), "{text}");
+        } else {
+            let v: Value = serde_json::from_str(last).expect("the last event is an error");
+            assert_eq!(v["error"]["code"], "model_withdrawn", "{v}");
+            assert!(!text.contains("[DONE]"), "{text}");
+        }
+        // Private now: new requests see no such model.
+        let (status, _) = f
+            .call(
+                "POST",
+                "/v1/completions",
+                json!({"model": SLUG, "prompt": "a", "max_tokens": 1}),
+            )
+            .await;
+        assert_eq!(status, 404);
+        f.flip(Visibility::Public, true).await;
+    }
+    let addr = f.worker_addr();
+    let after =
+        tokio::task::spawn_blocking(move || support::wait_stats(&addr, support::at_baseline))
+            .await
+            .expect("stats");
+    assert!(support::at_baseline(&after), "{after}");
 }

@@ -9,8 +9,9 @@
 //! it, or until the lease has run out: a gateway that has not heard from the
 //! control plane for a lease stops admitting requests on its own.
 
-use bulkhead_control_api::Propagation;
-use std::collections::HashMap;
+use bulkhead_control_api::{ModelSlug, Propagation};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -19,10 +20,13 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub struct Hub {
     events: mpsc::UnboundedSender<Event>,
     version: watch::Receiver<u64>,
+    planned: watch::Receiver<Arc<BTreeSet<ModelSlug>>>,
     lease: Duration,
 }
 
 enum Event {
+    /// Whether `slug`'s latest flip was a planned withdrawal.
+    Plan { slug: ModelSlug, planned: bool },
     /// A gateway polled, having applied `applied`.
     Seen { gateway: String, applied: u64 },
     /// Something changed: a new version.
@@ -53,13 +57,30 @@ impl Hub {
     pub fn start(lease: Duration) -> Hub {
         let first = u64::try_from(bulkhead_control_api::Timestamp::now().millis()).unwrap_or(1);
         let (version_tx, version) = watch::channel(first);
+        let (planned_tx, planned) = watch::channel(Arc::new(BTreeSet::new()));
         let (events, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, version_tx, lease));
+        tokio::spawn(run(rx, version_tx, planned_tx, lease));
         Hub {
             events,
             version,
+            planned,
             lease,
         }
+    }
+
+    /// Records whether `slug`'s flip is a planned withdrawal (its streams
+    /// may finish). Call before publishing the flip. Held in memory: after
+    /// a restart every withdrawal ends streams, the safe default.
+    pub fn plan(&self, slug: &ModelSlug, planned: bool) {
+        let _ = self.events.send(Event::Plan {
+            slug: slug.clone(),
+            planned,
+        });
+    }
+
+    /// Models whose latest flip was a planned withdrawal.
+    pub fn planned(&self) -> Vec<ModelSlug> {
+        self.planned.borrow().iter().cloned().collect()
     }
 
     /// The lease gateways are told.
@@ -108,7 +129,12 @@ impl Hub {
     }
 }
 
-async fn run(mut rx: mpsc::UnboundedReceiver<Event>, version: watch::Sender<u64>, lease: Duration) {
+async fn run(
+    mut rx: mpsc::UnboundedReceiver<Event>,
+    version: watch::Sender<u64>,
+    planned: watch::Sender<Arc<BTreeSet<ModelSlug>>>,
+    lease: Duration,
+) {
     let born = Instant::now();
     let mut gateways: HashMap<String, GatewayState> = HashMap::new();
     let mut waiters: Vec<Waiter> = Vec::new();
@@ -117,6 +143,21 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Event>, version: watch::Sender<u64>
         tokio::select! {
             ev = rx.recv() => match ev {
                 None => return,
+                Some(Event::Plan { slug, planned: keep }) => {
+                    planned.send_if_modified(|set| {
+                        if set.contains(&slug) == keep {
+                            return false;
+                        }
+                        let mut next = (**set).clone();
+                        if keep {
+                            next.insert(slug);
+                        } else {
+                            next.remove(&slug);
+                        }
+                        *set = Arc::new(next);
+                        true
+                    });
+                }
                 Some(Event::Seen { gateway, applied }) => {
                     // A version above the current one was never served by
                     // this hub (a clock that went back across a restart, or

@@ -42,6 +42,9 @@ pub(crate) enum GatewayError {
     Unavailable(&'static str),
     /// The worker failed the request.
     Upstream,
+    /// The model was made private while the request ran: its answer ends
+    /// here, incomplete.
+    Withdrawn,
     /// No such route.
     NoRoute,
     /// The route does not take this method.
@@ -71,6 +74,7 @@ impl From<UpstreamError> for GatewayError {
                 _ => GatewayError::Upstream,
             },
             UpstreamError::Unreachable | UpstreamError::Protocol => GatewayError::Upstream,
+            UpstreamError::Withdrawn => GatewayError::Withdrawn,
         }
     }
 }
@@ -107,6 +111,7 @@ impl GatewayError {
             GatewayError::RateLimited { .. } => "rate_limited",
             GatewayError::Unavailable(_) => "unavailable",
             GatewayError::Upstream => "upstream",
+            GatewayError::Withdrawn => "model_withdrawn",
             GatewayError::NoRoute => "no_route",
             GatewayError::MethodNotAllowed => "method_not_allowed",
             GatewayError::TooLarge => "request_too_large",
@@ -147,6 +152,7 @@ impl GatewayError {
             GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream => StatusCode::BAD_GATEWAY,
+            GatewayError::Withdrawn => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::NoRoute => StatusCode::NOT_FOUND,
             GatewayError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             GatewayError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -168,6 +174,10 @@ impl GatewayError {
             } => format!("Rate limit exceeded ({what}); retry in {retry_after_secs} s"),
             GatewayError::Unavailable(m) => format!("Capacity temporarily unavailable: {m}"),
             GatewayError::Upstream => "the inference worker failed the request; retry".to_owned(),
+            GatewayError::Withdrawn => {
+                "the model was withdrawn while this request ran; the answer is incomplete"
+                    .to_owned()
+            }
             GatewayError::NoRoute => "no such route".to_owned(),
             GatewayError::MethodNotAllowed => "this route does not take that method".to_owned(),
             GatewayError::TooLarge => format!(
@@ -192,6 +202,7 @@ impl GatewayError {
             GatewayError::RateLimited { .. } => 3036,
             GatewayError::Unavailable(_) => 3040,
             GatewayError::Upstream => 3043,
+            GatewayError::Withdrawn => 3040,
             GatewayError::NoRoute => 7000,
             GatewayError::MethodNotAllowed => 7001,
             GatewayError::TooLarge => 3006,
@@ -213,6 +224,7 @@ impl GatewayError {
             GatewayError::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
             GatewayError::Unavailable(_) => ("service_unavailable", None),
             GatewayError::Upstream => ("api_error", None),
+            GatewayError::Withdrawn => ("service_unavailable", Some("model_withdrawn")),
             GatewayError::NoRoute => ("invalid_request_error", Some("unknown_url")),
             GatewayError::MethodNotAllowed => ("invalid_request_error", Some("method_not_allowed")),
             GatewayError::TooLarge => ("invalid_request_error", Some("request_too_large")),

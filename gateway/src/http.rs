@@ -148,6 +148,9 @@ pub(crate) struct Generation {
     pub(crate) permit: Permit,
     pub(crate) lease: NodeLease,
     pub(crate) timer: GenAiTimer,
+    /// Counted until the answer ends: a flip that withdraws the model is
+    /// acknowledged only after.
+    pub(crate) tracked: crate::watch::Tracked,
 }
 
 /// The visible model `slug`, or not found.
@@ -192,6 +195,7 @@ pub(crate) async fn start(
         "chat"
     };
     let mut timer = GenAiTimer::start(model.slug.as_str(), operation);
+    let tracked = state.watch.track(&model.slug, &ctx.principal.account_id);
     let permit = match state
         .limiter
         .admit(&ctx.principal.account_id, estimate(body))
@@ -236,8 +240,23 @@ pub(crate) async fn start(
         );
         // A worker that leaves the routing table (its heartbeat lapsed: a
         // partition that TCP alone would notice only after minutes) fails
-        // the request, before its first line or after.
-        let left = || state.watch.node_left(model.slug.clone(), node.id);
+        // the request, before its first line or after; so does a flip that
+        // withdraws the model from this account.
+        let cut = || {
+            let left = state.watch.node_left(model.slug.clone(), node.id);
+            let withdrawn = state
+                .watch
+                .withdrawn(model.slug.clone(), ctx.principal.account_id.clone());
+            async move {
+                // A withdrawal may also take the model's workers out of
+                // the table: it is the reason to report.
+                tokio::select! {
+                    biased;
+                    () = withdrawn => UpstreamError::Withdrawn,
+                    () = left => UpstreamError::Unreachable,
+                }
+            }
+        };
         // What this gateway vouches for, for this call alone.
         let statement = TenantContext::new(
             &ctx.principal.account_id,
@@ -254,11 +273,11 @@ pub(crate) async fn start(
                 .upstream
                 .generate(&node.registration.address, &statement, body)
                 .instrument(span) => r,
-            () = left() => Err(UpstreamError::Unreachable),
+            e = cut() => Err(e),
         };
         match called {
             Ok((first, mut rest)) => {
-                rest.cut_when(left());
+                rest.cut_when(cut());
                 break (first, rest, lease);
             }
             Err(e) => {
@@ -291,6 +310,7 @@ pub(crate) async fn start(
         permit,
         lease,
         timer,
+        tracked,
     })
 }
 
@@ -336,6 +356,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
         permit,
         lease,
         timer,
+        tracked,
     } = g;
     let mut timer = Some(timer);
     let mut line = Some(Ok(first));
@@ -375,7 +396,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
     if let (Some(t), Err(e)) = (timer.take(), &result) {
         t.failed(e.kind());
     }
-    drop((permit, lease));
+    drop((permit, lease, tracked));
     result
 }
 
@@ -414,6 +435,7 @@ where
             permit,
             lease,
             timer,
+            tracked,
         } = g;
         let mut timer = Some(timer);
         let send = |events: Vec<String>| {
@@ -510,7 +532,7 @@ where
                 }
             };
         }
-        drop((timer, permit, lease));
+        drop((timer, permit, lease, tracked));
     });
     (
         [

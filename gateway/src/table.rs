@@ -4,7 +4,7 @@
 use bulkhead_control_api::{
     ModelSlug, NodeRole, NodeView, RoutedAccount, RoutedModel, RoutingTable, Visibility,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One applied routing table.
 #[derive(Debug, Clone, Default)]
@@ -15,6 +15,8 @@ pub struct Table {
     tokens: HashMap<String, String>,
     /// Routable generating workers (decode or colocated) per model.
     workers: HashMap<ModelSlug, Vec<NodeView>>,
+    /// Models made private by a planned flip.
+    planned: HashSet<ModelSlug>,
 }
 
 impl Table {
@@ -40,7 +42,15 @@ impl Table {
                 .map(|k| (k.sha256, k.account_id))
                 .collect(),
             workers,
+            planned: t.planned_withdrawals.into_iter().collect(),
         }
+    }
+
+    /// Whether a stream of `slug` for `account` must end under this table:
+    /// the account may no longer call the model, and no responder planned
+    /// the flip to let streams finish.
+    pub fn ends_stream(&self, slug: &ModelSlug, account: &str) -> bool {
+        self.visible(account, slug.as_str()).is_none() && !self.planned.contains(slug)
     }
 
     /// The control plane's version of this table.

@@ -36,6 +36,8 @@ pub(crate) enum UpstreamError {
     },
     /// The worker answered something that is not its API.
     Protocol,
+    /// The model was made private mid-request: the call was cut.
+    Withdrawn,
 }
 
 impl UpstreamError {
@@ -46,6 +48,7 @@ impl UpstreamError {
     pub(crate) fn retryable(&self) -> bool {
         match self {
             UpstreamError::Unreachable | UpstreamError::Protocol => true,
+            UpstreamError::Withdrawn => false,
             UpstreamError::Worker { code, .. } => {
                 matches!(code.as_str(), "unavailable" | "kv_transfer_failed")
             }
@@ -150,9 +153,9 @@ pub(crate) struct LineStream {
     body: Incoming,
     buf: Vec<u8>,
     done: bool,
-    /// Resolves when the worker is known to be gone (it left the routing
-    /// table): the stream then ends as unreachable, whatever its socket says.
-    gone: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    /// Resolves, to the error the stream ends with, when the worker is
+    /// known to be gone or the model was withdrawn.
+    gone: Option<std::pin::Pin<Box<dyn std::future::Future<Output = UpstreamError> + Send>>>,
 }
 
 impl std::fmt::Debug for LineStream {
@@ -165,12 +168,13 @@ impl std::fmt::Debug for LineStream {
 }
 
 impl LineStream {
-    /// Ends the stream as unreachable once `gone` resolves.
+    /// Ends the stream with the error `cut` resolves to (its worker left
+    /// the routing table, or its model was withdrawn).
     pub(crate) fn cut_when(
         &mut self,
-        gone: impl std::future::Future<Output = ()> + Send + 'static,
+        cut: impl std::future::Future<Output = UpstreamError> + Send + 'static,
     ) {
-        self.gone = Some(Box::pin(gone));
+        self.gone = Some(Box::pin(cut));
     }
 
     /// The next frame of the body, unless the worker is gone first.
@@ -179,7 +183,7 @@ impl LineStream {
         match &mut self.gone {
             Some(gone) => tokio::select! {
                 f = frame => f.map(|r| r.map_err(|_| UpstreamError::Unreachable)),
-                () = gone => Some(Err(UpstreamError::Unreachable)),
+                e = gone => Some(Err(e)),
             },
             None => frame
                 .await
@@ -213,9 +217,9 @@ impl LineStream {
                         self.buf.extend_from_slice(&data);
                     }
                 }
-                Some(Err(_)) => {
+                Some(Err(e)) => {
                     self.done = true;
-                    return Some(Err(UpstreamError::Unreachable));
+                    return Some(Err(e));
                 }
                 None => {
                     self.done = true;

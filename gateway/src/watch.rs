@@ -7,9 +7,16 @@
 //! lease the control plane set refuses requests until it hears again. That
 //! is what lets the control plane acknowledge a flip after at most one lease
 //! even if a gateway is cut off.
+//!
+//! A flip also ends the streams in flight that it withdraws (unless it was
+//! planned): each stream is tracked here, ends itself when an applied table
+//! withdraws its model, and the watch reports the table applied only once
+//! those streams have ended (or [`CUT_WAIT`] passed), so the flip's
+//! acknowledgement follows the cut.
 
 use crate::table::Table;
-use bulkhead_control_api::{Client, RoutingTable};
+use bulkhead_control_api::{Client, ModelSlug, RoutingTable};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -36,12 +43,36 @@ pub enum WatchError {
     Stale,
 }
 
+/// Longest a new table's report waits for the streams it ends: a stream
+/// ends at its next read, which a client that stopped reading delays.
+pub(crate) const CUT_WAIT: Duration = Duration::from_secs(5);
+
+/// Streams in flight: their model and account, by a local id.
+type Live = BTreeMap<u64, (ModelSlug, String)>;
+
 /// The handle handlers read the table through; cheap to clone.
 #[derive(Debug, Clone)]
 pub struct RoutingWatch {
     rx: watch::Receiver<Option<Arc<Snapshot>>>,
     heard_ms: Arc<AtomicU64>,
     epoch: Instant,
+    streams: Arc<watch::Sender<Live>>,
+    next_stream: Arc<AtomicU64>,
+}
+
+/// A stream in flight, tracked until dropped.
+#[derive(Debug)]
+pub(crate) struct Tracked {
+    id: u64,
+    streams: Arc<watch::Sender<Live>>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.streams.send_modify(|live| {
+            live.remove(&self.id);
+        });
+    }
 }
 
 impl RoutingWatch {
@@ -50,11 +81,57 @@ impl RoutingWatch {
         let (tx, rx) = watch::channel(None);
         let heard_ms = Arc::new(AtomicU64::new(0));
         let epoch = Instant::now();
-        tokio::spawn(poll(client, instance, tx, Arc::clone(&heard_ms), epoch));
+        let streams = Arc::new(watch::Sender::new(Live::new()));
+        tokio::spawn(poll(
+            client,
+            instance,
+            tx,
+            Arc::clone(&heard_ms),
+            epoch,
+            Arc::clone(&streams),
+        ));
         RoutingWatch {
             rx,
             heard_ms,
             epoch,
+            streams,
+            next_stream: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Tracks a stream of `slug` for `account` until the guard drops.
+    pub(crate) fn track(&self, slug: &ModelSlug, account: &str) -> Tracked {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        self.streams.send_modify(|live| {
+            live.insert(id, (slug.clone(), account.to_owned()));
+        });
+        Tracked {
+            id,
+            streams: Arc::clone(&self.streams),
+        }
+    }
+
+    /// Resolves once an applied table withdraws `slug` from `account`
+    /// (see [`Table::ends_stream`]); never while no new table arrives.
+    pub(crate) fn withdrawn(
+        &self,
+        slug: ModelSlug,
+        account: String,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.rx.clone();
+        async move {
+            loop {
+                let ends = rx
+                    .borrow_and_update()
+                    .as_ref()
+                    .is_some_and(|s| s.table.ends_stream(&slug, &account));
+                if ends {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
         }
     }
 
@@ -115,6 +192,7 @@ async fn poll(
     tx: watch::Sender<Option<Arc<Snapshot>>>,
     heard_ms: Arc<AtomicU64>,
     epoch: Instant,
+    streams: Arc<watch::Sender<Live>>,
 ) {
     let mut applied = 0u64;
     let mut wait_ms = 0u64;
@@ -149,12 +227,28 @@ async fn poll(
                 // which is no write and publishes no version.
                 applied = t.version;
                 let lease = Duration::from_millis(t.lease_ms);
-                let snap = Snapshot {
+                let snap = Arc::new(Snapshot {
                     table: Table::new(t),
                     lease,
-                };
-                if tx.send(Some(Arc::new(snap))).is_err() {
+                });
+                if tx.send(Some(Arc::clone(&snap))).is_err() {
                     return; // every handle is gone
+                }
+                // The next poll reports this table applied: first let the
+                // streams it withdraws end (each watches the table itself).
+                let mut live = streams.subscribe();
+                let cut = live.wait_for(|live| {
+                    live.values()
+                        .all(|(slug, account)| !snap.table.ends_stream(slug, account))
+                });
+                if tokio::time::timeout(CUT_WAIT.min(lease / 2), cut)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(
+                        target: "bulkhead::gateway",
+                        "streams of a withdrawn model did not end in time; reporting the table applied"
+                    );
                 }
             }
             Err(e) => {

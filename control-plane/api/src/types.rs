@@ -167,6 +167,15 @@ pub struct SetVisibility {
     pub visibility: Visibility,
     /// Why; goes into the audit log. Must not be empty.
     pub reason: String,
+    /// Whether making the model private also ends its streams in flight,
+    /// on every gateway, before the change is acknowledged (each ends with
+    /// an error event). `false` lets them finish: a planned flip.
+    #[serde(default = "yes")]
+    pub end_streams: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// `POST /admin/v1/models/{slug}/allowlist`.
@@ -573,6 +582,11 @@ pub struct RoutingTable {
     pub accounts: Vec<RoutedAccount>,
     /// Every live API token, as its sha256.
     pub tokens: Vec<RoutedToken>,
+    /// Models made private by a planned flip: their streams in flight may
+    /// finish. A stream of any other model that its account may no longer
+    /// call is ended.
+    #[serde(default)]
+    pub planned_withdrawals: Vec<ModelSlug>,
 }
 
 /// A model as the gateway sees it.

@@ -133,8 +133,15 @@ async fn set_visibility(
     let m = models::find(&mut tx, &slug).await?;
     let model = models::view(&mut tx, &m).await?;
     tx.commit().await?;
+    // Streams of a model made private end with it unless the responder
+    // planned the flip.
+    s.hub.plan(
+        &slug,
+        req.visibility == bulkhead_control_api::Visibility::Private && !req.end_streams,
+    );
     // A visibility change is acknowledged only once every live gateway
-    // enforces it (or has stopped admitting requests: see `Hub`).
+    // enforces it, its streams ended (or has stopped admitting requests:
+    // see `Hub`).
     let propagation = match audit {
         Some(_) => {
             crate::metrics::flipped(req.visibility);
@@ -615,7 +622,8 @@ async fn routing(
     let instance = format!("{}/{}", op.name, q.gateway);
     let version = s.hub.poll(&instance, q.version.unwrap_or(0), wait).await;
     let mut tx = s.db.begin().await?;
-    let table = routing::table(&mut tx, version, s.hub.lease(), s.settings.node_ttl).await?;
+    let mut table = routing::table(&mut tx, version, s.hub.lease(), s.settings.node_ttl).await?;
     tx.commit().await?;
+    table.planned_withdrawals = s.hub.planned();
     Ok(Json(table))
 }

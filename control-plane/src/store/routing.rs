@@ -61,5 +61,6 @@ pub async fn table(
         nodes,
         accounts,
         tokens: api_tokens::live(conn).await?,
+        planned_withdrawals: Vec::new(),
     })
 }
