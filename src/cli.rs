@@ -36,6 +36,9 @@ enum Command {
     /// Run a gateway: tenant authentication, routing by model slug, limits,
     /// the Workers AI and OpenAI APIs.
     Gateway(crate::gateway::GatewayArgs),
+    /// Run the leak prober: sentinel accounts call every public model with
+    /// golden prompts and canaries; a finding withdraws the model.
+    Prober(crate::prober::ProberArgs),
     /// Incidents on the status page (responders).
     Incident {
         #[command(subcommand)]
@@ -129,6 +132,10 @@ pub(crate) struct ModelArgs {
     /// Percent of the KV pool one tenant may hold while another waits.
     #[arg(long, default_value_t = 50)]
     pub(crate) tenant_share_percent: usize,
+    /// Testing only: every request after this many answers wrong (the leak
+    /// prober's test). Refused unless built with the test-hooks feature.
+    #[arg(long, hide = true)]
+    pub(crate) corrupt_answers_after: Option<u64>,
 }
 
 impl ModelArgs {
@@ -165,6 +172,7 @@ impl ModelArgs {
         c.prefill_deadline = std::time::Duration::from_secs(self.prefill_deadline_secs.max(1));
         c.step_time = std::time::Duration::from_millis(self.step_ms.max(1));
         c.tenant_share_percent = self.tenant_share_percent.clamp(1, 100);
+        c.corrupt_answers_after = self.corrupt_answers_after;
         c
     }
 }
@@ -208,6 +216,10 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             crate::gateway::run(&args)
         }
         Command::Audit(args) => crate::ops::audit(&args),
+        Command::Prober(args) => {
+            let _t = telemetry("bulkhead-prober")?;
+            crate::prober::run(&args)
+        }
         Command::Tls {
             command: TlsCommand::Init(args),
         } => crate::tls::init(&args),

@@ -12,6 +12,7 @@ mod control_plane;
 mod gateway;
 mod generate;
 mod ops;
+mod prober;
 mod register;
 mod serve;
 mod tls;

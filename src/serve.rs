@@ -42,7 +42,7 @@ pub(crate) struct MetricsArgs {
 impl MetricsArgs {
     /// Binds and serves the metrics port, if asked; returns ` metrics=ADDR`
     /// for the listening line.
-    async fn start(&self) -> anyhow::Result<String> {
+    pub(crate) async fn start(&self) -> anyhow::Result<String> {
         let Some(addr) = &self.metrics_listen else {
             return Ok(String::new());
         };

@@ -64,6 +64,21 @@ pub(crate) struct UpArgs {
     /// decode in one process) instead of prefill/decode pairs.
     #[arg(long)]
     colocated: bool,
+    /// Do not start the leak prober (`bulkhead prober`), which otherwise
+    /// calls every public model as two sentinel accounts and withdraws a
+    /// model whose answers leak or go wrong.
+    #[arg(long)]
+    no_prober: bool,
+    /// Seconds between the prober's rounds.
+    #[arg(long, default_value_t = 30)]
+    prober_interval_secs: u64,
+    /// An HTTP URL the prober POSTs each finding to.
+    #[arg(long)]
+    prober_webhook: Option<String>,
+    /// Testing only: each decode or colocated worker answers wrong after
+    /// this many requests. Refused unless built with the test hooks.
+    #[arg(long, hide = true)]
+    corrupt_answers_after: Option<u64>,
 }
 
 /// A model `up` serves: the default file, as it is or converted at load.
@@ -166,6 +181,9 @@ struct Internal {
     admin: String,
     gateway: String,
     node: String,
+    /// The leak prober's sentinel accounts.
+    #[serde(default)]
+    sentinels: Vec<crate::prober::Sentinel>,
 }
 
 /// The request the printed curl line sends. SmolLM2's chat template adds a
@@ -209,7 +227,8 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     bulkhead_worker_api::context::KeyRing::create(&tls.join(crate::tls::CONTEXT_KEYS))?;
     let mut components = Components::default();
     let started = start(args, &weights, &internal, &mut creds, &mut components)
-        .and_then(|()| rt.block_on(check_routable(args, &creds, &internal)));
+        .and_then(|()| rt.block_on(check_routable(args, &creds, &internal)))
+        .and_then(|()| start_prober(args, &internal, &mut creds, &mut components));
     if let Err(e) = started {
         components.stop();
         return Err(e);
@@ -467,6 +486,7 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
             Role::Node,
         )
         .await?,
+        sentinels: Vec::new(),
     };
     let old_creds: Option<CredentialsFile> =
         std::fs::read_to_string(args.data_dir.join("credentials.json"))
@@ -478,6 +498,27 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
         Role::Responder,
     )
     .await?;
+    // The prober's two sentinel accounts, marked as such (reused).
+    let mut internal = internal;
+    for (i, name) in ["sentinel-a", "sentinel-b"].into_iter().enumerate() {
+        let old = previous.as_ref().and_then(|p| p.sentinels.get(i)).cloned();
+        if let Some(s) = old
+            && store::api_tokens::account_of(&mut c, &s.token)
+                .await?
+                .as_deref()
+                == Some(s.id.as_str())
+        {
+            internal.sentinels.push(s);
+            continue;
+        }
+        let account = store::accounts::create_sentinel(&mut c, name, now).await?;
+        let id = AccountId::parse(&account.id).context("account id")?;
+        let t = store::api_tokens::create(&mut c, &id, "prober", now).await?;
+        internal.sentinels.push(crate::prober::Sentinel {
+            id: account.id,
+            token: t.token,
+        });
+    }
     write_private(&internal_path, &serde_json::to_string_pretty(&internal)?)?;
 
     // Worker records of earlier runs: their names are reused now, perhaps
@@ -828,6 +869,7 @@ fn start(
     .collect();
     let deadline = args.prefill_deadline_secs.to_string();
     let threads = args.threads.map(|t| t.to_string());
+    let corrupt = args.corrupt_answers_after.map(|n| n.to_string());
     for served in args.served() {
         let slug = served.slug();
         let mut worker = |role: &str, i: u8, extra: &[&str]| -> anyhow::Result<String> {
@@ -844,6 +886,11 @@ fn start(
             a.extend_from_slice(&["--prefill-deadline-secs", &deadline]);
             if let Some(t) = &threads {
                 a.extend_from_slice(&["--threads", t]);
+            }
+            if role != "prefill"
+                && let Some(n) = &corrupt
+            {
+                a.extend_from_slice(&["--corrupt-answers-after", n]);
             }
             let env = vec![("BULKHEAD_NODE_TOKEN", internal.node.clone()), tls_env()];
             let line = c.spawn_with(&format!("{} worker", &node_name["up-".len()..]), &a, env)?;
@@ -894,6 +941,49 @@ fn start(
     creds.status_url = cp.clone();
     creds.control_plane_url = cp;
     creds.internal_url = cp_internal;
+    Ok(())
+}
+
+/// Starts the leak prober (unless `--no-prober`): the sentinels' tokens and
+/// the responder's token go in its environment.
+fn start_prober(
+    args: &UpArgs,
+    internal: &Internal,
+    creds: &mut CredentialsFile,
+    c: &mut Components,
+) -> anyhow::Result<()> {
+    if args.no_prober {
+        return Ok(());
+    }
+    let interval = args.prober_interval_secs.to_string();
+    let state = args.data_dir.join("prober.json");
+    let state = state.to_str().context("the data directory must be UTF-8")?;
+    let mut a = vec![
+        "prober",
+        "--gateway",
+        &creds.gateway_url,
+        "--control-plane",
+        &creds.control_plane_url,
+        "--interval-secs",
+        &interval,
+        "--state",
+        state,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    if let Some(w) = &args.prober_webhook {
+        a.extend_from_slice(&["--webhook", w]);
+    }
+    let env = vec![
+        ("BULKHEAD_PROBER_TOKEN", creds.operator_token.clone()),
+        (
+            "BULKHEAD_SENTINELS",
+            serde_json::to_string(&internal.sentinels)?,
+        ),
+    ];
+    let line = c.spawn_with("prober", &a, env)?;
+    let metrics = format!("http://{}/metrics", addr(&line, "metrics")?);
+    creds.metrics.insert("prober".to_owned(), metrics);
     Ok(())
 }
 

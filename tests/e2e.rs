@@ -69,6 +69,8 @@ fn platform() -> Platform {
             "1",
             "--kv-budget-mib",
             "16",
+            // The canary test below is the prober's checks by hand.
+            "--no-prober",
         ])
         .args([
             "--context-window",

@@ -264,6 +264,8 @@ fn platform(otlp: &str) -> Platform {
             // One model: the dashboards' metrics need its components only.
             "--models",
             "q4_1",
+            // Its traffic would mix with the traces this test follows.
+            "--no-prober",
         ])
         .args([
             "--context-window",

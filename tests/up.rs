@@ -13,7 +13,47 @@ use std::time::Duration;
 use support::platform::{Up, child_pid, get, post};
 
 fn up(dir: &std::path::Path) -> Up {
-    support::platform::up(dir, &[])
+    // The prober runs, as by default; one round, so that the exact counts
+    // below are this test's own.
+    let u = support::platform::up(dir, &["--prober-interval-secs", "3600"]);
+    prober_checked(dir);
+    u
+}
+
+/// Waits until the prober finished its first round on both models: golden
+/// answers recorded (or compared, on a second `up`) and canaries clean.
+fn prober_checked(dir: &std::path::Path) {
+    let creds = support::platform::credentials(dir);
+    let url = creds["metrics"]["prober"]
+        .as_str()
+        .expect("the prober's metrics in credentials.json")
+        .to_owned();
+    let until = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let (base, path) = url.split_at(url.find("/metrics").expect("a /metrics URL"));
+        let text = support::platform::try_call(base, "GET", path, "", "")
+            .map(|(_, t)| t)
+            .unwrap_or_default();
+        let canaries: f64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("bulkhead_prober_checks_total") && l.contains("check=\"canary\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert!(
+            !text.contains("bulkhead_prober_findings_total"),
+            "the prober found something on a healthy platform: {text}"
+        );
+        if canaries >= 2.0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the prober never finished a round: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Text the default model's tokenizer turns into exactly `n` tokens.
@@ -126,9 +166,21 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         .map(str::to_owned)
         .collect();
     assert!(
-        pids.len() >= 6,
-        "control plane, 4 workers, gateway: {pids:?}"
+        pids.len() >= 7,
+        "control plane, 4 workers, gateway, prober: {pids:?}"
     );
+    let sentinels: Vec<&str> = internal["sentinels"]
+        .as_array()
+        .expect("sentinels")
+        .iter()
+        .filter_map(|s| s["token"].as_str())
+        .collect();
+    assert_eq!(sentinels.len(), 2);
+    let secrets: Vec<&str> = secrets
+        .into_iter()
+        .chain(sentinels)
+        .chain([creds["operator_token"].as_str().unwrap_or("?")])
+        .collect();
     for pid in pids {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline);

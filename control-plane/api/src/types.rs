@@ -239,6 +239,9 @@ pub struct AccountView {
     pub name: String,
     /// Created.
     pub created_at: Timestamp,
+    /// The platform's own (the leak prober's), not a tenant's.
+    #[serde(default)]
+    pub sentinel: bool,
 }
 
 /// `POST /admin/v1/operators`.

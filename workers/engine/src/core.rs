@@ -233,6 +233,8 @@ struct Generator {
     detok: Detokenizer,
     sink: Sink,
     landing: Option<Landing>,
+    /// Tests only: answer wrong (the runner-up of every choice).
+    corrupt: bool,
 }
 
 /// A sequence whose prompt pages are arriving from a prefill worker.
@@ -276,6 +278,10 @@ pub struct EngineCore {
     /// Where lent pages go when dropped (the engine's command channel).
     home: Option<Home>,
     buffers: Buffers,
+    /// Tests only: requests started so far, and after how many answers
+    /// go wrong ([`EngineConfig::corrupt_answers_after`]).
+    started: u64,
+    corrupt_after: Option<u64>,
 }
 
 impl EngineCore {
@@ -302,6 +308,9 @@ impl EngineCore {
                 budget: config.kv_budget_bytes,
                 page_bytes: geometry.bytes_per_page(),
             });
+        }
+        if config.corrupt_answers_after.is_some() && !crate::hooks::ENABLED {
+            return Err(crate::hooks::HooksDisabled("corrupting answers").into());
         }
         let pool = KvPool::new(geometry, pages, config.scrub_on_free);
         let speed = PrefillSpeed::nominal(c);
@@ -332,6 +341,8 @@ impl EngineCore {
             committed: None,
             home: None,
             buffers: Buffers::default(),
+            started: 0,
+            corrupt_after: config.corrupt_answers_after,
         })
     }
 
@@ -1094,6 +1105,10 @@ impl EngineCore {
                         detok: Detokenizer::new(request.stop),
                         sink,
                         landing,
+                        corrupt: {
+                            self.started += 1;
+                            self.corrupt_after.is_some_and(|n| self.started > n)
+                        },
                     }),
                 }
             }
@@ -1380,6 +1395,17 @@ impl Sequence {
                 return;
             }
         };
+        if g.corrupt {
+            // Tests only: hide the best choice, so greedy takes the next.
+            if let Some(best) = logits
+                .iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .map(|(i, _)| i)
+            {
+                logits[best] = f32::NEG_INFINITY;
+            }
+        }
         let id = g.sampler.sample(logits, &self.tokens);
         if id == tokenizer.eos() && !g.ignore_eos {
             self.finish(FinishReason::Stop);

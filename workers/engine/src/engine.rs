@@ -51,6 +51,10 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Rounding of the forward pass; `LlamaCpp` by default.
     pub numerics: Numerics,
+    /// Tests only (the `test-hooks` feature; refused otherwise): every
+    /// request after this many picks the runner-up of each greedy choice,
+    /// a worker whose answers went wrong, for the leak prober to catch.
+    pub corrupt_answers_after: Option<u64>,
 }
 
 impl EngineConfig {
@@ -71,6 +75,7 @@ impl EngineConfig {
             tenant_share_percent: 50,
             threads: std::thread::available_parallelism().map_or(1, usize::from),
             numerics: Numerics::LlamaCpp,
+            corrupt_answers_after: None,
         }
     }
 }

@@ -113,4 +113,7 @@ pub enum ConfigError {
         /// Bytes of one page.
         page_bytes: usize,
     },
+    /// A test-only switch in a build without the test hooks.
+    #[error(transparent)]
+    Hooks(#[from] crate::hooks::HooksDisabled),
 }

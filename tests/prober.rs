@@ -1,0 +1,222 @@
+//! The leak prober catches a worker whose answers went wrong, by itself:
+//! `bulkhead up` with a test build's fault (every request after the 12th
+//! on each decode worker answers wrong), the prober every 2 s. The prober
+//! records its golden answers in its first round and finds the change in a
+//! later one: the model is private, a major incident is open on the status
+//! page, the finding is counted, the webhook got it, and no tenant request
+//! is served by the model afterwards. A prober that cannot reach the
+//! gateway counts errors and flips nothing.
+
+mod support;
+
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::platform::{credentials, get, post, try_call, up};
+
+const MODEL: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
+const MODEL_PATH: &str = "%40cf%2Fhuggingfacetb%2Fsmollm2-135m-instruct";
+
+/// A one-shot HTTP sink for the webhook: the first request's body.
+fn webhook() -> (String, std::thread::JoinHandle<String>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/hook", l.local_addr().expect("addr"));
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("the prober calls the webhook");
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        // Read the head and the body it announces.
+        loop {
+            let n = s.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            raw.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&raw);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    break;
+                }
+            }
+        }
+        let _ = s.write_all(b"HTTP/1.0 204 No Content\r\n\r\n");
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        text.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default()
+    });
+    (url, h)
+}
+
+fn prober_metric(url: &str, name: &str) -> f64 {
+    let (base, path) = url.split_at(url.find("/metrics").expect("a /metrics URL"));
+    let text = try_call(base, "GET", path, "", "")
+        .map(|(_, t)| t)
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident() {
+    let dir = support::platform::data_dir("prober");
+    let (hook, hooked) = webhook();
+    let interval = 2;
+    let platform = up(
+        &dir,
+        &[
+            "--models",
+            "q4_1",
+            "--kv-budget-mib",
+            "16",
+            "--context-window",
+            "512",
+            "--max-output",
+            "128",
+            "--prober-interval-secs",
+            &interval.to_string(),
+            "--prober-webhook",
+            &hook,
+            "--corrupt-answers-after",
+            "12",
+        ],
+    );
+    let creds = credentials(&dir);
+    let cp = creds["control_plane_url"].as_str().expect("cp").to_owned();
+    let gw = creds["gateway_url"].as_str().expect("gw").to_owned();
+    let op = creds["operator_token"].as_str().expect("op").to_owned();
+    let metrics = creds["metrics"]["prober"]
+        .as_str()
+        .expect("prober metrics")
+        .to_owned();
+
+    // A prober that cannot reach the gateway counts errors, flips nothing.
+    let internal: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("internal-tokens.json")).expect("internal tokens"),
+    )
+    .expect("JSON");
+    let lost = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args([
+            "prober",
+            "--gateway",
+            "http://127.0.0.1:9",
+            "--control-plane",
+            &cp,
+        ])
+        .args(["--rounds", "2", "--interval-secs", "1", "--state"])
+        .arg(dir.join("lost-prober.json"))
+        .env("BULKHEAD_PROBER_TOKEN", &op)
+        .env("BULKHEAD_SENTINELS", internal["sentinels"].to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("a prober run");
+    assert!(
+        lost.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lost.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&lost.stderr).contains("probe gave no verdict"),
+        "its errors are logged: {}",
+        String::from_utf8_lossy(&lost.stderr)
+    );
+    let m = get(&cp, &format!("/admin/v1/models/{MODEL_PATH}"), &op);
+    assert_eq!(
+        m["visibility"], "public",
+        "a network error flipped the model: {m}"
+    );
+
+    // The fault: every answer after the 12th on the decode worker is wrong.
+    // The prober records golden answers in its first round and compares
+    // them in the next ones.
+    let started = Instant::now();
+    let limit = Duration::from_secs(120);
+    let private = loop {
+        let m = get(&cp, &format!("/admin/v1/models/{MODEL_PATH}"), &op);
+        if m["visibility"] == "private" {
+            break started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "the prober did not withdraw the model: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("withdrawn {private:?} after the platform was up (probe interval {interval} s)");
+    assert!(prober_metric(&metrics, "bulkhead_prober_findings_total") >= 1.0);
+    assert_eq!(
+        prober_metric(&metrics, "bulkhead_prober_withdrawals_total"),
+        1.0
+    );
+
+    // The flip carries the evidence.
+    let audit = get(&cp, "/admin/v1/audit?limit=10", &op);
+    let reason = audit
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["subject"] == MODEL && e["after"] == "private")
+        .and_then(|e| e["reason"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.contains("leak prober: golden_answer") && reason.contains("request"),
+        "{audit}"
+    );
+    // A major incident on the status page (which may cache for a while).
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let summary = get(&cp, "/api/v2/summary.json", "");
+        let open = summary["incidents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|i| {
+                i["impact"] == "major" && i["name"].as_str().is_some_and(|n| n.contains(MODEL))
+            });
+        if open {
+            break;
+        }
+        assert!(Instant::now() < until, "no incident: {summary}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // The webhook got the finding.
+    let body: Value = serde_json::from_str(&hooked.join().expect("webhook")).expect("JSON");
+    assert_eq!(body["model"], MODEL, "{body}");
+    assert_eq!(body["check"], "golden_answer", "{body}");
+
+    // No tenant is served by the model any more.
+    let a = &creds["accounts"][0];
+    let path = format!(
+        "/client/v4/accounts/{}/ai/run/{MODEL}",
+        a["id"].as_str().unwrap_or_default()
+    );
+    let (status, text) = post(
+        &gw,
+        &path,
+        a["token"].as_str().unwrap_or_default(),
+        r#"{"prompt": "hello", "max_tokens": 4}"#,
+    );
+    assert_ne!(status, 200, "{text}");
+    assert!(text.contains("No such model"), "{text}");
+    // Once only: later rounds see no public model to probe.
+    std::thread::sleep(Duration::from_secs(2 * interval));
+    assert_eq!(
+        prober_metric(&metrics, "bulkhead_prober_withdrawals_total"),
+        1.0
+    );
+    drop(platform);
+}
