@@ -97,6 +97,9 @@ enum BenchCommand {
     /// An OpenAI-compatible endpoint under closed-loop load, as `vllm bench
     /// serve` measures one: requests/s, output tokens/s, TTFT, TPOT, latency.
     Serving(crate::bench_serving::ServingBenchArgs),
+    /// A soak under failure: canaries across accounts, frame faults,
+    /// SIGKILL and SIGSTOP of workers; what must hold whatever broke.
+    Chaos(crate::bench_chaos::ChaosBenchArgs),
 }
 
 /// Model and engine flags shared by the subcommands that run the model.
@@ -251,6 +254,9 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Neighbours(args),
         } => crate::bench_neighbours::run(&args),
+        Command::Bench {
+            command: BenchCommand::Chaos(args),
+        } => crate::bench_chaos::run(&args),
         Command::Bench {
             command: BenchCommand::Serving(args),
         } => crate::bench_serving::run(&args),

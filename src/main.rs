@@ -2,6 +2,7 @@
 //! hands off to the subcommand's module.
 
 mod bench;
+mod bench_chaos;
 mod bench_gateway;
 mod bench_neighbours;
 mod bench_serving;

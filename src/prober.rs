@@ -533,7 +533,7 @@ fn marker() -> String {
     format!("ZQX{:016X}", u64::from_le_bytes(b))
 }
 
-fn words(n: u64) -> String {
+pub(crate) fn words(n: u64) -> String {
     let mut s = String::from("hello");
     for _ in 1..n {
         s.push_str(" hello");
@@ -542,7 +542,7 @@ fn words(n: u64) -> String {
 }
 
 /// An SSE body's text joined up, so a marker split across events is found.
-fn visible(body: &str) -> String {
+pub(crate) fn visible(body: &str) -> String {
     let mut out = String::new();
     for event in body.split("\n\n") {
         if let Some(data) = event.strip_prefix("data: ")

@@ -124,6 +124,10 @@ pub(crate) struct PrefillArgs {
     /// Refused unless built with the test-hooks feature (`cargo test` builds).
     #[arg(long, hide = true)]
     page_delay_ms: Option<u64>,
+    /// Testing only: break this percent of the page frames sent (the chaos
+    /// soak). Refused unless built with the test-hooks feature.
+    #[arg(long, hide = true)]
+    frame_faults_percent: Option<u8>,
     #[command(flatten)]
     transport: TransportArgs,
     #[command(flatten)]
@@ -249,6 +253,9 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
     );
     if let Some(ms) = args.page_delay_ms {
         options.slow_link(Duration::from_millis(ms))?;
+    }
+    if let Some(p) = args.frame_faults_percent {
+        options.broken_link(p)?;
     }
     let identity = args.tls.load(CertRole::Prefill)?;
     let (engine, weights) = load(&args.model)?;

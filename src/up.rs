@@ -79,6 +79,10 @@ pub(crate) struct UpArgs {
     /// this many requests. Refused unless built with the test hooks.
     #[arg(long, hide = true)]
     corrupt_answers_after: Option<u64>,
+    /// Testing only: each prefill worker breaks this percent of its page
+    /// frames (the chaos soak). Refused unless built with the test hooks.
+    #[arg(long, hide = true)]
+    frame_faults_percent: Option<u8>,
 }
 
 /// A model `up` serves: the default file, as it is or converted at load.
@@ -870,6 +874,7 @@ fn start(
     let deadline = args.prefill_deadline_secs.to_string();
     let threads = args.threads.map(|t| t.to_string());
     let corrupt = args.corrupt_answers_after.map(|n| n.to_string());
+    let faults = args.frame_faults_percent.map(|p| p.to_string());
     for served in args.served() {
         let slug = served.slug();
         let mut worker = |role: &str, i: u8, extra: &[&str]| -> anyhow::Result<String> {
@@ -891,6 +896,11 @@ fn start(
                 && let Some(n) = &corrupt
             {
                 a.extend_from_slice(&["--corrupt-answers-after", n]);
+            }
+            if role == "prefill"
+                && let Some(p) = &faults
+            {
+                a.extend_from_slice(&["--frame-faults-percent", p]);
             }
             let env = vec![("BULKHEAD_NODE_TOKEN", internal.node.clone()), tls_env()];
             let line = c.spawn_with(&format!("{} worker", &node_name["up-".len()..]), &a, env)?;

@@ -330,9 +330,21 @@ fn prefill_transfers(
         .with_callback(move |o| o.observe(g(&p3.counters().pages_sent) * page, &attrs))
         .build();
     let late = with(&b, "kind", "late");
+    let faults = std::sync::Arc::clone(&p4.counters().frame_faults);
     m.u64_observable_counter("bulkhead.kv.transfer.frames.dropped")
         .with_description("Transfer frames refused: late (for a finished, aborting or unknown transfer), duplicate, or misaddressed")
         .with_unit("{frame}")
         .with_callback(move |o| o.observe(g(&p4.counters().dropped_frames), &late))
         .build();
+    if cfg!(feature = "test-hooks") {
+        m.u64_observable_counter("bulkhead.kv.transfer.chaos.injected")
+            .with_description("Page frames broken on purpose by a test build's chaos link, by kind")
+            .with_unit("{frame}")
+            .with_callback(move |o| {
+                for (kind, n) in faults.by_kind() {
+                    o.observe(n, &with(&b, "kind", kind));
+                }
+            })
+            .build();
+    }
 }

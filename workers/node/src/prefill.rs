@@ -38,6 +38,9 @@ pub struct PrefillOptions {
     /// Testing: wait this long before every frame (a deliberately slow link).
     #[cfg(feature = "test-hooks")]
     page_delay: Option<Duration>,
+    /// Testing: the percent of page frames broken on purpose (chaos soak).
+    #[cfg(feature = "test-hooks")]
+    frame_faults: Option<u8>,
 }
 
 impl PrefillOptions {
@@ -48,6 +51,30 @@ impl PrefillOptions {
             transport,
             #[cfg(feature = "test-hooks")]
             page_delay: None,
+            #[cfg(feature = "test-hooks")]
+            frame_faults: None,
+        }
+    }
+
+    /// Testing only: break `percent` of the page frames sent (corrupted,
+    /// delayed, dropped, duplicated or reordered), for the chaos soak.
+    /// Refused in a build without the `test-hooks` feature.
+    #[allow(clippy::needless_pass_by_ref_mut, clippy::unused_self)]
+    pub fn broken_link(
+        &mut self,
+        percent: u8,
+    ) -> Result<(), bulkhead_engine::hooks::HooksDisabled> {
+        #[cfg(feature = "test-hooks")]
+        {
+            self.frame_faults = Some(percent);
+            Ok(())
+        }
+        #[cfg(not(feature = "test-hooks"))]
+        {
+            let _ = percent;
+            Err(bulkhead_engine::hooks::HooksDisabled(
+                "broken frames (--frame-faults-percent)",
+            ))
         }
     }
 
@@ -101,6 +128,8 @@ pub struct PrefillCounters {
     /// Frames held back by a slowed link (test builds only; always 0 in
     /// the serving build).
     pub delayed_frames: Arc<AtomicU64>,
+    /// Frames broken on purpose, by kind (test builds only).
+    pub frame_faults: Arc<bulkhead_transfer::ChaosCounts>,
 }
 
 /// An operator command for every connection.
@@ -195,13 +224,18 @@ impl PrefillWorker {
         let transport = TcpTransport::new(wr, Checksums::On, self.options.write_timeout);
         let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx, data_tx));
         #[cfg(feature = "test-hooks")]
-        let ctrl = match self.options.page_delay {
-            Some(d) => {
+        let ctrl = match (self.options.page_delay, self.options.frame_faults) {
+            (Some(d), _) => {
                 let delayed = Arc::clone(&self.counters.delayed_frames);
                 let t = bulkhead_transfer::SlowTransport::new(transport, d, delayed);
                 write_loop(t, self.clone(), ctrl_rx, data_rx, admin).await
             }
-            None => write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await,
+            (None, Some(p)) => {
+                let counts = Arc::clone(&self.counters.frame_faults);
+                let t = bulkhead_transfer::ChaosTransport::new(transport, p, counts);
+                write_loop(t, self.clone(), ctrl_rx, data_rx, admin).await
+            }
+            (None, None) => write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await,
         };
         #[cfg(not(feature = "test-hooks"))]
         let ctrl = write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await;

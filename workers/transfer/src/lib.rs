@@ -23,6 +23,7 @@
 //! This crate knows pools only through `bulkhead-kv` ids; it never touches
 //! page memory and knows nothing about models.
 
+pub mod chaos;
 pub mod checksum;
 pub mod ledger;
 pub mod mac;
@@ -32,6 +33,9 @@ pub mod rdma;
 pub mod transport;
 pub mod wire;
 
+pub use chaos::ChaosCounts;
+#[cfg(feature = "test-hooks")]
+pub use chaos::ChaosTransport;
 pub use checksum::Checksums;
 pub use ledger::{DoneVerdict, Fault, Ledger, PageVerdict, TransferCounters};
 pub use mac::FrameKey;
