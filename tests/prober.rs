@@ -1,8 +1,8 @@
 //! The leak prober catches a worker whose answers went wrong, by itself:
-//! `bulkhead up` with a test build's fault (every request after the 12th
+//! `bulkhead up` with a test build's fault (every request after the 10th
 //! on each decode worker answers wrong), the prober every 2 s. The prober
-//! records its golden answers in its first round and finds the change in a
-//! later one: the model is private, a major incident is open on the status
+//! records its golden answers in its first round and finds the change in
+//! the next one, within an interval, a round and the flip: the model is private, a major incident is open on the status
 //! page, the finding is counted, the webhook got it, and no tenant request
 //! is served by the model afterwards. A prober that cannot reach the
 //! gateway counts errors and flips nothing.
@@ -58,13 +58,14 @@ fn webhook() -> (String, std::thread::JoinHandle<String>) {
     (url, h)
 }
 
-fn prober_metric(url: &str, name: &str) -> f64 {
+/// The sum of the samples of metric `name` whose line contains `label`.
+fn prober_metric(url: &str, name: &str, label: &str) -> f64 {
     let (base, path) = url.split_at(url.find("/metrics").expect("a /metrics URL"));
     let text = try_call(base, "GET", path, "", "")
         .map(|(_, t)| t)
         .unwrap_or_default();
     text.lines()
-        .filter(|l| l.starts_with(name))
+        .filter(|l| l.starts_with(name) && l.contains(label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -90,7 +91,7 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
             "--prober-webhook",
             &hook,
             "--corrupt-answers-after",
-            "12",
+            "10",
         ],
     );
     let creds = credentials(&dir);
@@ -139,26 +140,33 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
         "a network error flipped the model: {m}"
     );
 
-    // The fault: every answer after the 12th on the decode worker is wrong.
-    // The prober records golden answers in its first round and compares
-    // them in the next ones.
-    let started = Instant::now();
-    let limit = Duration::from_secs(120);
+    // The fault: every answer after the 10th on the decode worker is
+    // wrong. The prober's first round records its golden answers (4
+    // requests) and sends its canaries (6 or 7 more): by its end the fault
+    // is in force, and the next round must find it.
+    let until = Instant::now() + Duration::from_secs(120);
+    while prober_metric(&metrics, "bulkhead_prober_checks_total", "check=\"canary\"") < 1.0 {
+        assert!(Instant::now() < until, "the prober never finished a round");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let round_one = Instant::now();
+    // One interval, one round (a few seconds of model calls) and the flip.
+    let limit = Duration::from_secs(interval) + Duration::from_secs(30);
     let private = loop {
         let m = get(&cp, &format!("/admin/v1/models/{MODEL_PATH}"), &op);
         if m["visibility"] == "private" {
-            break started.elapsed();
+            break round_one.elapsed();
         }
         assert!(
-            started.elapsed() < limit,
-            "the prober did not withdraw the model: {m}"
+            round_one.elapsed() < limit,
+            "the prober did not withdraw the model within {limit:?} of its first round: {m}"
         );
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(100));
     };
-    eprintln!("withdrawn {private:?} after the platform was up (probe interval {interval} s)");
-    assert!(prober_metric(&metrics, "bulkhead_prober_findings_total") >= 1.0);
+    eprintln!("withdrawn {private:?} after the first round ended (probe interval {interval} s)");
+    assert!(prober_metric(&metrics, "bulkhead_prober_findings_total", "") >= 1.0);
     assert_eq!(
-        prober_metric(&metrics, "bulkhead_prober_withdrawals_total"),
+        prober_metric(&metrics, "bulkhead_prober_withdrawals_total", ""),
         1.0
     );
 
@@ -215,7 +223,7 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
     // Once only: later rounds see no public model to probe.
     std::thread::sleep(Duration::from_secs(2 * interval));
     assert_eq!(
-        prober_metric(&metrics, "bulkhead_prober_withdrawals_total"),
+        prober_metric(&metrics, "bulkhead_prober_withdrawals_total", ""),
         1.0
     );
     drop(platform);
