@@ -308,8 +308,12 @@ fn get(gw: &str, path: &str, token: &str) -> std::io::Result<u16> {
         .unwrap_or(0))
 }
 
-/// Every `every`: SIGKILL the decode worker (`up` restarts it) or SIGSTOP
-/// a worker for up to 3 s; until `stop`.
+/// Every `every`: a SIGSTOP of a worker for up to 3 s (then SIGCONT), or,
+/// one time in four, a SIGKILL of a decode worker (`up` restarts it); until
+/// `stop`. A SIGKILL waits until both decode workers run and [`KILL_GAP`]
+/// has passed since the last, and goes to the other one than last time, so
+/// each lives past the minute after which `up` resets its restart backoff:
+/// the platform spends the soak mostly serving, not restarting.
 fn signal_workers(
     up: u32,
     every: Duration,
@@ -319,6 +323,7 @@ fn signal_workers(
 ) {
     let mut round = 0u64;
     let mut last = Instant::now();
+    let mut last_kill: Option<(Instant, String)> = None;
     while !stop.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(100));
         if last.elapsed() < every {
@@ -326,17 +331,22 @@ fn signal_workers(
         }
         last = Instant::now();
         round += 1;
-        // One signal in four is a SIGKILL (the restart takes seconds);
-        // the others stop a worker for up to 3 s.
-        let (role, kill) = match round % 4 {
-            0 => ("decode", true),
-            1 | 3 => ("prefill", false),
-            _ => ("decode", false),
-        };
-        let Some(pid) = child(up, role) else { continue };
-        if kill {
+        let decodes = children(up, "decode");
+        let kill_due = decodes.len() >= 2
+            && last_kill
+                .as_ref()
+                .is_none_or(|(at, _)| at.elapsed() >= KILL_GAP);
+        if round.is_multiple_of(4) && kill_due {
+            let last_name = last_kill.as_ref().map(|(_, n)| n.as_str());
+            let Some((pid, name)) = decodes
+                .iter()
+                .find(|(_, n)| Some(n.as_str()) != last_name)
+                .cloned()
+            else {
+                continue;
+            };
             // Owner violations it counted die with it: read them first.
-            if let Some(url) = metrics.get("decode") {
+            if let Some(url) = metrics.get(name.trim_start_matches("up-")) {
                 stats.violations.fetch_add(
                     metric(url, "bulkhead_kv_owner_violations_total") as u64,
                     Ordering::Relaxed,
@@ -346,31 +356,55 @@ fn signal_workers(
                 .args(["-KILL", &pid.to_string()])
                 .status();
             stats.count(&stats.signals, "sigkill".to_owned());
-        } else {
-            let _ = Command::new("kill")
-                .args(["-STOP", &pid.to_string()])
-                .status();
-            std::thread::sleep(Duration::from_millis(500 + (round * 997) % 2500));
-            let _ = Command::new("kill")
-                .args(["-CONT", &pid.to_string()])
-                .status();
-            stats.count(&stats.signals, "sigstop".to_owned());
+            last_kill = Some((Instant::now(), name));
+            continue;
         }
+        let role = if round % 2 == 1 { "prefill" } else { "decode" };
+        let Some((pid, _)) = children(up, role).into_iter().next() else {
+            continue;
+        };
+        let _ = Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status();
+        std::thread::sleep(Duration::from_millis(500 + (round * 997) % 2500));
+        let _ = Command::new("kill")
+            .args(["-CONT", &pid.to_string()])
+            .status();
+        stats.count(&stats.signals, "sigstop".to_owned());
     }
 }
 
-/// The pid of `up`'s child `bulkhead ROLE ...`.
-fn child(up: u32, role: &str) -> Option<u32> {
-    let out = Command::new("pgrep")
-        .args(["-P", &up.to_string(), "-f", &format!("bulkhead {role} ")])
+/// Least time between two SIGKILLs: with two decode workers killed in
+/// turn, each lives past the 60 s after which `up` resets its backoff.
+const KILL_GAP: Duration = Duration::from_secs(30);
+
+/// `up`'s children running `bulkhead ROLE ...`: pid and node name.
+fn children(up: u32, role: &str) -> Vec<(u32, String)> {
+    let Ok(out) = Command::new("pgrep")
+        .args([
+            "-a",
+            "-P",
+            &up.to_string(),
+            "-f",
+            &format!("bulkhead {role} "),
+        ])
         .output()
-        .ok()?;
+    else {
+        return Vec::new();
+    };
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let pid = words.next()?.parse().ok()?;
+            let name = words
+                .skip_while(|w| *w != "--node-name")
+                .nth(1)
+                .unwrap_or_default()
+                .to_owned();
+            Some((pid, name))
+        })
+        .collect()
 }
 
 /// The sum of a Prometheus metric's samples at `url` (0 when unreachable).
