@@ -15,9 +15,9 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -63,7 +63,7 @@ pub(crate) fn run(args: &ChaosBenchArgs) -> anyhow::Result<()> {
     let signals = {
         let (stop, stats) = (Arc::clone(&stop), Arc::clone(&stats));
         let (up, every) = (
-            p.child.id(),
+            p.up.child.id(),
             Duration::from_secs(args.signal_every_secs.max(1)),
         );
         let metrics = p.metrics.clone();
@@ -414,8 +414,7 @@ fn metric(url: &str, name: &str) -> f64 {
 
 /// `bulkhead up` for the soak, stopped when dropped.
 struct Platform {
-    child: Child,
-    dir: std::path::PathBuf,
+    up: crate::up_child::UpChild,
     gateway: String,
     control_plane: String,
     /// Component name to its /metrics URL.
@@ -426,56 +425,34 @@ struct Platform {
 
 impl Platform {
     fn start(frame_faults: u8, logs: bool) -> anyhow::Result<Platform> {
-        let dir = std::env::temp_dir().join(format!(
-            "bulkhead-bench-chaos-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos())
-        ));
-        let mut child = Command::new(std::env::current_exe()?)
-            .args(["up", "--port", "0", "--models", "q4_1", "--threads", "1"])
-            // Two decode workers: the gateway routes around the one that is
-            // stopped or restarting.
-            .args(["--decode-workers", "2"])
-            .args([
+        let (window, faults) = (WINDOW.to_string(), frame_faults.to_string());
+        let up = crate::up_child::UpChild::start(
+            "bench-chaos",
+            &[
+                "--port",
+                "0",
+                "--models",
+                "q4_1",
+                "--threads",
+                "1",
+                // Two decode workers: the gateway routes around the one
+                // that is stopped or restarting.
+                "--decode-workers",
+                "2",
                 "--kv-budget-mib",
                 "64",
                 "--context-window",
-                &WINDOW.to_string(),
-            ])
-            .args(["--max-output", "128", "--no-prober"])
-            .args(["--frame-faults-percent", &frame_faults.to_string()])
-            .arg("--data-dir")
-            .arg(&dir)
-            .stdout(Stdio::piped())
-            .stderr(if logs {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .spawn()
-            .context("starting bulkhead up")?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(l)) if l.contains("Ctrl-C stops everything") => break,
-                Some(Ok(_)) => {}
-                _ => {
-                    let _ = child.kill();
-                    anyhow::bail!("bulkhead up did not start");
-                }
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        let read = |f: &str| -> anyhow::Result<Value> {
-            Ok(serde_json::from_str(&std::fs::read_to_string(
-                dir.join(f),
-            )?)?)
-        };
-        let creds = read("credentials.json")?;
-        let internal = read("internal-tokens.json")?;
+                &window,
+                "--max-output",
+                "128",
+                "--no-prober",
+                "--frame-faults-percent",
+                &faults,
+            ],
+            logs,
+        )?;
+        let creds = up.read("credentials.json")?;
+        let internal = up.read("internal-tokens.json")?;
         let metrics = creds["metrics"]
             .as_object()
             .map(|m| {
@@ -493,8 +470,7 @@ impl Platform {
             metrics,
             creds,
             internal,
-            child,
-            dir,
+            up,
         })
     }
 
@@ -621,23 +597,4 @@ fn metric_with(url: &str, name: &str, label: &str) -> f64 {
         .filter(|l| l.starts_with(name) && l.contains(label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
-}
-
-impl Drop for Platform {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            use nix::sys::signal::{Signal, kill};
-            let _ = kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
-            let until = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < until {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }

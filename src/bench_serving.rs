@@ -18,8 +18,6 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Flags of `bulkhead bench serving`.
@@ -345,8 +343,7 @@ async fn one(
 
 /// A platform started with `bulkhead up`, stopped when dropped.
 struct Platform {
-    child: Child,
-    dir: std::path::PathBuf,
+    _up: crate::up_child::UpChild,
     gateway: String,
     token: String,
     describe: String,
@@ -354,89 +351,39 @@ struct Platform {
 
 impl Platform {
     fn start(args: &ServingBenchArgs) -> anyhow::Result<Platform> {
-        let dir = std::env::temp_dir().join(format!(
-            "bulkhead-bench-serving-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos())
-        ));
         let pairs = args.pairs.max(1).to_string();
-        let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.args([
-            "up",
+        let threads = args.threads.map(|t| t.to_string());
+        let mut a = vec![
             "--port",
             "0",
             "--models",
             "q4_1",
             "--decode-workers",
             &pairs,
-        ])
-        .arg("--data-dir")
-        .arg(&dir);
+        ];
         if args.colocated {
-            cmd.arg("--colocated");
+            a.push("--colocated");
         } else {
-            cmd.args(["--prefill-workers", &pairs]);
+            a.extend_from_slice(&["--prefill-workers", &pairs]);
         }
-        if let Some(t) = args.threads {
-            cmd.args(["--threads", &t.to_string()]);
+        if let Some(t) = &threads {
+            a.extend_from_slice(&["--threads", t]);
         }
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting bulkhead up")?;
-        let stdout = child.stdout.take().context("stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(l)) if l.contains("Ctrl-C stops everything") => break,
-                Some(Ok(_)) => {}
-                _ => {
-                    let _ = child.kill();
-                    anyhow::bail!("bulkhead up did not start");
-                }
-            }
-        }
-        // Keep draining its output.
-        std::thread::spawn(move || for _ in lines {});
-        let creds: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("credentials.json"))?)?;
+        let up = crate::up_child::UpChild::start("bench-serving", &a, false)?;
+        let creds = up.read("credentials.json")?;
         let kind = if args.colocated {
             "colocated worker(s)"
         } else {
             "prefill/decode pair(s)"
         };
         Ok(Platform {
-            child,
             gateway: creds["gateway_url"].as_str().unwrap_or_default().to_owned(),
             token: creds["accounts"][0]["token"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned(),
             describe: format!("bulkhead up, {} {kind}", args.pairs.max(1)),
-            dir,
+            _up: up,
         })
-    }
-}
-
-impl Drop for Platform {
-    fn drop(&mut self) {
-        #[cfg(unix)]
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            use nix::sys::signal::{Signal, kill};
-            let _ = kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
-            let until = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < until {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

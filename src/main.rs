@@ -18,6 +18,7 @@ mod register;
 mod serve;
 mod tls;
 mod up;
+mod up_child;
 
 use clap::Parser;
 

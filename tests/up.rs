@@ -123,6 +123,20 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
     }
     let accounts = creds["accounts"].as_array().expect("accounts").clone();
     assert_eq!(accounts.len(), 2);
+    // The prober's two accounts are marked as sentinels; the tenants' not.
+    let listed = get(
+        creds["control_plane_url"].as_str().unwrap_or_default(),
+        "/admin/v1/accounts",
+        creds["operator_token"].as_str().unwrap_or_default(),
+    );
+    let sentinels: Vec<&str> = listed
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["sentinel"] == true)
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert_eq!(sentinels, ["sentinel-a", "sentinel-b"], "{listed}");
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;

@@ -572,6 +572,29 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn a_control_frame_over_its_bound_is_refused_before_its_body_is_read() {
+        // A frame claiming a 16 MiB + 1 body of a control kind (Done).
+        let mut head = u32::try_from(MAX_CONTROL_FRAME + 1)
+            .expect("in u32")
+            .to_le_bytes()
+            .to_vec();
+        let done_kind = Message::Done(Done {
+            transfer: TransferId::new(1),
+            tokens: 0,
+            digest: 0,
+            logits: Vec::new(),
+            mac: [0; crate::mac::TAG_LEN],
+        })
+        .encode()[4];
+        head.push(done_kind);
+        let mut r = &head[..];
+        match Message::read_head(&mut r).await {
+            Err(WireError::Malformed(why)) => assert_eq!(why, "control frame too long"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
     async fn every_frame_round_trips_and_garbage_is_refused() {
         let t = TransferId::new(0xfeed);
         let frames = vec![
