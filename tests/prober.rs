@@ -165,6 +165,13 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
     };
     eprintln!("withdrawn {private:?} after the first round ended (probe interval {interval} s)");
     assert!(prober_metric(&metrics, "bulkhead_prober_findings_total", "") >= 1.0);
+    // The prober counts the withdrawal once the control plane has answered
+    // the flip, which may be a moment after the flip is visible here.
+    let until = Instant::now() + Duration::from_secs(10);
+    while prober_metric(&metrics, "bulkhead_prober_withdrawals_total", "") < 1.0 {
+        assert!(Instant::now() < until, "the withdrawal was never counted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(
         prober_metric(&metrics, "bulkhead_prober_withdrawals_total", ""),
         1.0
