@@ -4,11 +4,17 @@
 //! plane and token in `BULKHEAD_CONTROL_PLANE_URL` and `BULKHEAD_TOKEN`, or
 //! else in `credentials.json` under `--data-dir`; they print a short human
 //! summary, or the API's JSON with `--json`.
+//!
+//! A refused token is reported with where it came from; a slug the control
+//! plane does not know gets the nearest registered slug as a suggestion; a
+//! flip shows its progress while the gateways apply it and fails (exit 1)
+//! when not every live gateway confirmed it.
 
+use anyhow::anyhow;
 use bulkhead_control_api::{
-    AuditEntry, Client, ComponentChange, ComponentStatus, Credentials, Impact, IncidentStatus,
-    IncidentView, ModelChange, ModelSlug, ModelView, OpenIncident, SetVisibility, UpdateIncident,
-    Visibility,
+    AuditEntry, Client, ClientError, ComponentChange, ComponentStatus, Credentials, Impact,
+    IncidentStatus, IncidentView, ModelChange, ModelSlug, ModelView, OpenIncident, SetVisibility,
+    UpdateIncident, Visibility,
 };
 use clap::{Args, Subcommand};
 use serde::Serialize;
@@ -152,6 +158,87 @@ impl Connection {
         let creds = Credentials::resolve(self.url.clone(), self.token.clone(), &self.data_dir)?;
         Ok(Client::new(&creds)?)
     }
+
+    /// Where the token came from, for a refusal's message.
+    fn token_source(&self) -> String {
+        match &self.token {
+            Some(t) if std::env::var("BULKHEAD_TOKEN").ok().as_ref() == Some(t) => {
+                "the environment (BULKHEAD_TOKEN)".to_owned()
+            }
+            Some(_) => "--token".to_owned(),
+            None => self.data_dir.join("credentials.json").display().to_string(),
+        }
+    }
+
+    /// An admin call's error, with the token's source when it was refused.
+    fn explain(&self, e: ClientError) -> anyhow::Error {
+        match &e {
+            ClientError::Api {
+                status: 401 | 403, ..
+            } => anyhow!("{e} (the token came from {})", self.token_source()),
+            _ => e.into(),
+        }
+    }
+
+    /// Runs one admin call.
+    fn call<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, ClientError>>,
+    ) -> anyhow::Result<T> {
+        block_on(async { f.await.map_err(|e| self.explain(e)) })
+    }
+}
+
+/// `e`, with the registered slug nearest to `slug` suggested when the
+/// control plane does not know it.
+fn unknown_model(
+    client: &Client,
+    conn: &Connection,
+    slug: &str,
+    e: anyhow::Error,
+) -> anyhow::Error {
+    let not_found = e
+        .downcast_ref::<ClientError>()
+        .is_some_and(|c| matches!(c, ClientError::Api { status: 404, .. }))
+        || e.to_string().contains("(404)");
+    if !not_found {
+        return e;
+    }
+    let known: Vec<ModelView> = conn
+        .call(client.get("/admin/v1/models"))
+        .unwrap_or_default();
+    match nearest(slug, known.iter().map(|m| m.slug.as_str())) {
+        Some(s) => anyhow!("no model {slug} is registered; did you mean {s}?"),
+        None => anyhow!("no model {slug} is registered (`bulkhead model list` shows them)"),
+    }
+}
+
+/// The candidate nearest to `wanted` by edit distance, if it is near
+/// enough to be a typo (at most a third of its length away).
+fn nearest<'a>(wanted: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .map(|c| (edit_distance(wanted, c), c))
+        .filter(|(d, c)| *d > 0 && *d * 3 <= c.chars().count().max(3))
+        .min()
+        .map(|(_, c)| c)
+}
+
+/// Levenshtein distance over characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let next = (diag + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            diag = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
 }
 
 fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
@@ -168,7 +255,7 @@ fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
 
 pub(crate) fn model_list(args: &ListArgs) -> anyhow::Result<()> {
     let client = args.conn.client()?;
-    let models: Vec<ModelView> = block_on(async { Ok(client.get("/admin/v1/models").await?) })?;
+    let models: Vec<ModelView> = args.conn.call(client.get("/admin/v1/models"))?;
     if args.conn.json {
         return print_json(&models);
     }
@@ -208,21 +295,62 @@ pub(crate) fn model_flip(args: &FlipArgs, to: Visibility) -> anyhow::Result<()> 
         end_streams: !args.keep_streams,
     };
     let path = format!("/admin/v1/models/{}/visibility", args.slug.path_segment());
-    let change: ModelChange = block_on(async { Ok(client.post(&path, &body).await?) })?;
+    // The answer comes once every live gateway applied the flip (or their
+    // lease ran out): say what is happening meanwhile.
+    let change: ModelChange = block_on(async {
+        let call = client.post(&path, &body);
+        tokio::pin!(call);
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.tick().await;
+        let mut waited = 0u64;
+        loop {
+            tokio::select! {
+                r = &mut call => break r.map_err(|e| args.conn.explain(e)),
+                _ = tick.tick() => {
+                    waited += 1;
+                    eprintln!("waiting for every gateway to apply it: {waited} s");
+                }
+            }
+        }
+    })
+    .map_err(|e| unknown_model(&client, &args.conn, args.slug.as_str(), e))?;
     if args.conn.json {
-        return print_json(&change);
+        print_json(&change)?;
+    } else {
+        match &change.audit {
+            Some(a) => println!(
+                "{} is now {} (was {}); audit #{} by {} at {}: {}",
+                change.model.slug, a.after, a.before, a.id, a.actor, a.at, a.reason
+            ),
+            None => println!(
+                "{} was already {}; nothing changed",
+                change.model.slug, change.model.visibility
+            ),
+        }
     }
-    match &change.audit {
-        Some(a) => println!(
-            "{} is now {} (was {}); audit #{} by {} at {}: {}",
-            change.model.slug, a.after, a.before, a.id, a.actor, a.at, a.reason
-        ),
-        None => println!(
-            "{} was already {}; nothing changed",
-            change.model.slug, change.model.visibility
-        ),
+    let Some(p) = change.propagation else {
+        return Ok(());
+    };
+    if p.applied >= p.gateways {
+        if !args.conn.json {
+            match p.gateways {
+                0 => println!("no gateway is running; each applies it when it starts"),
+                n => println!("applied by all {n} gateways in {} ms", p.waited_ms),
+            }
+        }
+        return Ok(());
     }
-    Ok(())
+    let missing = p.gateways - p.applied;
+    Err(anyhow!(
+        "the flip is recorded, but only {} of {} gateways confirmed applying it within {} ms. \
+         A gateway that has not heard from the control plane since the flip stops serving every \
+         model once its lease ({} s) runs out, so the other {missing} have stopped serving by now; \
+         check them before trusting the flip",
+        p.applied,
+        p.gateways,
+        p.waited_ms,
+        p.lease_ms / 1000
+    ))
 }
 
 pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
@@ -243,8 +371,7 @@ pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
                 body,
                 components,
             };
-            let v: IncidentView =
-                block_on(async { Ok(client.post("/admin/v1/incidents", &req).await?) })?;
+            let v: IncidentView = conn.call(client.post("/admin/v1/incidents", &req))?;
             show_incident(&v, conn.json, "opened")
         }
         IncidentCommand::Update {
@@ -264,7 +391,7 @@ pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
                 postmortem: None,
             };
             let path = format!("/admin/v1/incidents/{id}/updates");
-            let v: IncidentView = block_on(async { Ok(client.post(&path, &req).await?) })?;
+            let v: IncidentView = conn.call(client.post(&path, &req))?;
             show_incident(&v, conn.json, "updated")
         }
         IncidentCommand::Resolve {
@@ -282,13 +409,12 @@ pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
                 postmortem,
             };
             let path = format!("/admin/v1/incidents/{id}/updates");
-            let v: IncidentView = block_on(async { Ok(client.post(&path, &req).await?) })?;
+            let v: IncidentView = conn.call(client.post(&path, &req))?;
             show_incident(&v, conn.json, "resolved")
         }
         IncidentCommand::List { conn } => {
             let client = conn.client()?;
-            let all: Vec<IncidentView> =
-                block_on(async { Ok(client.get("/admin/v1/incidents").await?) })?;
+            let all: Vec<IncidentView> = conn.call(client.get("/admin/v1/incidents"))?;
             if conn.json {
                 return print_json(&all);
             }
@@ -326,15 +452,25 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<()> {
     let client = args.conn.client()?;
     let mut path = format!("/admin/v1/audit?limit={}", args.limit);
     if let Some(s) = &args.subject {
+        // A slug must name a registered model: a typo would otherwise read
+        // as "nothing happened to it".
+        if let Ok(slug) = s.parse::<ModelSlug>() {
+            let model = format!("/admin/v1/models/{}", slug.path_segment());
+            args.conn
+                .call(client.get::<ModelView>(&model))
+                .map_err(|e| unknown_model(&client, &args.conn, slug.as_str(), e))?;
+        }
         path.push_str("&subject=");
         path.push_str(&query_escape(s));
     }
-    let entries: Vec<AuditEntry> = block_on(async { Ok(client.get(&path).await?) })?;
+    let entries: Vec<AuditEntry> = args.conn.call(client.get(&path))?;
     if args.conn.json {
         return print_json(&entries);
     }
-    if entries.is_empty() {
-        println!("the audit log is empty");
+    match (&args.subject, entries.is_empty()) {
+        (Some(s), true) => println!("no audit entries about {s}"),
+        (None, true) => println!("the audit log is empty"),
+        _ => {}
     }
     for e in &entries {
         println!(

@@ -165,6 +165,32 @@ fn responder_commands_flip_visibility_run_incidents_and_read_the_audit_log() {
         flip.contains("is now private (was public)") && flip.contains("rita"),
         "{flip}"
     );
+    // No gateway runs here: the flip says so (and succeeds).
+    assert!(flip.contains("no gateway is running"), "{flip}");
+    // A typo gets the nearest registered slug.
+    let typo = SLUG.replacen("instruct", "instrct", 1);
+    assert_ne!(typo, SLUG);
+    let out = bulkhead(&["model", "public", &typo, "--reason", "x"], &env);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "no model {typo} is registered; did you mean {SLUG}?"
+        )),
+        "{err}"
+    );
+    // So does an audit query about a model nobody registered.
+    let out = bulkhead(&["audit", "--subject", &typo], &env);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did you mean"), "{err}");
+    let out = bulkhead(&["audit", "--subject", "@cf/nobody/nothing-at-all"], &env);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no model @cf/nobody/nothing-at-all is registered (`bulkhead model list`"),
+        "{err}"
+    );
     let again = ok(&bulkhead(
         &["model", "private", SLUG, "--reason", "again"],
         &env,
@@ -298,11 +324,35 @@ fn responder_commands_flip_visibility_run_incidents_and_read_the_audit_log() {
     ];
     let out = bulkhead(&["model", "private", SLUG, "--reason", "x"], &bad);
     assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("401"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        err.contains("401") && err.contains("the token came from the environment (BULKHEAD_TOKEN)"),
+        "{err}"
     );
+    // ...and one from credentials.json names the file.
+    let other = temp_dir("responder-bad");
+    std::fs::write(
+        other.join("credentials.json"),
+        json!({"control_plane_url": url, "operator_token": "bho_nope"}).to_string(),
+    )
+    .expect("write credentials");
+    let out = bulkhead(
+        &[
+            "model",
+            "list",
+            "--data-dir",
+            other.to_str().expect("utf-8 path"),
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("401")
+            && err.contains(&format!("{}", other.join("credentials.json").display())),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&other);
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -425,12 +425,37 @@ async fn answers_through_every_api_equal_the_workers_own() {
     let v: Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(v["errors"][0]["code"], 5021);
     assert_eq!(v["success"], false);
+    // Workers AI's wording on its route...
+    assert_eq!(
+        v["errors"][0]["message"],
+        "AiError: The estimated number of input and maximum output tokens exceeded this model's context window limit."
+    );
     let (status, text) = f
         .call("POST", "/v1/chat/completions", json!({"model": SLUG, "messages": [{"role": "user", "content": long}], "max_tokens": 8}))
         .await;
     assert_eq!(status, 400, "{text}");
     let v: Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert_eq!(v["error"]["param"], "messages");
+    // ...and OpenAI's on OpenAI's, which client libraries match (LiteLLM's
+    // context-window fallbacks look for "maximum context length"), with
+    // the real counts.
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    let numbers: Vec<usize> = message
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    assert!(
+        message.starts_with("This model's maximum context length is ")
+            && message.contains(" in the messages, 8 in the completion). Please reduce the length of the messages or completion."),
+        "{message}"
+    );
+    let [limit, requested, prompt, completion] = numbers[..] else {
+        panic!("four numbers: {message}")
+    };
+    assert_eq!(completion, 8);
+    assert_eq!(requested, prompt + completion, "{message}");
+    assert!(prompt > 4000 && requested > limit, "{message}");
     let stats =
         tokio::task::spawn_blocking(move || support::wait_stats(&addr, support::at_baseline))
             .await

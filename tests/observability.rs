@@ -72,6 +72,17 @@ impl Received {
                                 )
                             })
                             .collect();
+                        let ints = s
+                            .attributes
+                            .iter()
+                            .filter(|a| {
+                                matches!(
+                                    a.value.as_ref().and_then(|v| v.value.as_ref()),
+                                    Some(any_value::Value::IntValue(_))
+                                )
+                            })
+                            .map(|a| a.key.clone())
+                            .collect();
                         for e in &s.events {
                             attrs.push(("event".into(), e.name.clone()));
                             for a in &e.attributes {
@@ -88,6 +99,10 @@ impl Received {
                             id: hex(&s.span_id),
                             parent: hex(&s.parent_span_id),
                             attrs,
+                            ints,
+                            seconds: s.end_time_unix_nano.saturating_sub(s.start_time_unix_nano)
+                                as f64
+                                / 1e9,
                         });
                     }
                 }
@@ -105,6 +120,10 @@ struct Span {
     id: String,
     parent: String,
     attrs: Vec<(String, String)>,
+    /// Keys of the span's attributes that arrived as integers.
+    ints: Vec<String>,
+    /// From its start to its end.
+    seconds: f64,
 }
 
 /// The `service.name` of an OTLP resource.
@@ -531,26 +550,117 @@ fn one_request_is_one_trace_across_gateway_decode_transfer_and_prefill() {
         );
     }
 
-    // The gateway's lookups: its routing polls are traces that the control
-    // plane's spans join.
-    let joined = wait_for(
-        "a routing poll joined by the control plane",
+    // Counts reach the backend as numbers, not as their text.
+    for (span, key) in [
+        (edge, "http.response.status_code"),
+        (upstream, "bulkhead.attempt"),
+        (upstream, "bulkhead.routing.version"),
+        (generate, "gen_ai.usage.output_tokens"),
+        (generate, "gen_ai.usage.input_tokens"),
+        (prefill, "bulkhead.transfer.prompt_tokens"),
+    ] {
+        assert!(
+            span.ints.iter().any(|k| k == key),
+            "{key} is not an integer: {span:?}"
+        );
+    }
+
+    // A streamed answer's server span and duration end with its body, not
+    // its head: the span covers what the client waited for.
+    let (account, token) = p.account(0);
+    let started = Instant::now();
+    let addr = p.gateway().trim_start_matches("http://").to_owned();
+    let mut s = TcpStream::connect(&addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(180))).ok();
+    let body = json!({"prompt": "Tell me a story about a lighthouse.", "max_tokens": 48,
+                      "temperature": 0, "stream": true})
+    .to_string();
+    write!(
+        s,
+        "POST /client/v4/accounts/{account}/ai/run/{MODEL} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut raw = Vec::new();
+    let mut head = None;
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+        if head.is_none() && raw.windows(4).any(|w| w == b"\r\n\r\n") {
+            head = Some(started.elapsed().as_secs_f64());
+        }
+    }
+    let total = started.elapsed().as_secs_f64();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    assert!(
+        raw.starts_with("HTTP/1.0 200") && raw.contains("data: [DONE]"),
+        "{raw}"
+    );
+    let head = head.expect("a head");
+    let id = raw
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id: "))
+        .expect("x-request-id")
+        .trim()
+        .to_owned();
+    let streamed = wait_for(
+        "the streamed request's server span",
         Duration::from_secs(30),
         || {
-            let all = c.spans();
-            all.iter()
-                .filter(|s| s.service == "bulkhead-gateway" && s.name == "routing.poll")
-                .find_map(|poll| {
-                    all.iter().find(|s| {
-                        s.service == "bulkhead-control-plane"
-                            && s.parent == poll.id
-                            && s.name == "GET /admin/v1/routing"
-                    })
-                })
-                .cloned()
+            c.spans().into_iter().find(|s| {
+                s.trace == id
+                    && s.service == "bulkhead-gateway"
+                    && s.name.starts_with("POST /client/v4/")
+            })
         },
     );
-    assert!(!joined.trace.is_empty());
+    eprintln!(
+        "streamed: head after {head:.3} s, body ended after {total:.3} s; server span {:.3} s",
+        streamed.seconds
+    );
+    assert!(
+        total - head > 0.2,
+        "the stream must outlast its head for this check to mean anything: head {head:.3} s, total {total:.3} s"
+    );
+    assert!(
+        streamed.seconds > head + (total - head) / 2.0 && streamed.seconds <= total + 0.05,
+        "the server span ended at {:.3} s; head {head:.3} s, body end {total:.3} s",
+        streamed.seconds
+    );
+
+    // Routine polls are not traced: the gateway long-polls the routing
+    // table and every worker heartbeats every few seconds while this test
+    // ran, and none of it buried the tenant's trace.
+    let polls: Vec<String> = c
+        .spans()
+        .into_iter()
+        .filter(|s| {
+            s.name == "routing.poll"
+                || s.name == "GET /admin/v1/routing"
+                || s.name.ends_with("/heartbeat")
+                || s.name == "GET /health"
+        })
+        .map(|s| format!("{} {}", s.service, s.name))
+        .collect();
+    assert!(polls.is_empty(), "traced polls: {polls:?}");
+    // ...and there were polls and heartbeats to trace.
+    let (_, cp) = p
+        .metrics_urls()
+        .into_iter()
+        .find(|(k, _)| k.contains("control"))
+        .expect("the control plane's metrics");
+    let served = exposed(&scrape(&cp));
+    for route in ["/admin/v1/routing", "/admin/v1/nodes/{id}/heartbeat"] {
+        let n = sample(
+            &served,
+            "http_server_request_duration_seconds_count",
+            &[&format!("http_route=\"{route}\"")],
+        );
+        assert!(n.is_some_and(|n| n >= 1.0), "no {route} served: {served:?}");
+    }
 
     // Logs: the gateway's and the decode worker's lines carry the id the
     // client got.

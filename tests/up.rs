@@ -237,6 +237,59 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         "{v}"
     );
 
+    // HTTP/2 in clear text with prior knowledge, as curl speaks it: the
+    // tenant port, the status page and /metrics.
+    let h2 = |url: &str, extra: &[&str]| -> (String, String) {
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--http2-prior-knowledge",
+                "-o",
+                "-",
+                "-w",
+                "\n%{http_version} %{http_code}",
+            ])
+            .args(extra)
+            .arg(url)
+            .output()
+            .expect("curl runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, tail) = text.rsplit_once('\n').unwrap_or(("", &text));
+        assert!(
+            out.status.success(),
+            "curl {url}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (tail.to_owned(), body.to_owned())
+    };
+    let auth = format!(
+        "Authorization: Bearer {}",
+        a["token"].as_str().unwrap_or_default()
+    );
+    let (got, text) = h2(
+        &format!("{gw}{path}"),
+        &[
+            "-H",
+            &auth,
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+        ],
+    );
+    assert_eq!(got, "2 200", "{text}");
+    assert!(text.contains("Paris"), "{text}");
+    let status_url = creds["status_url"].as_str().unwrap_or_default();
+    let (got, text) = h2(&format!("{status_url}/api/v2/summary.json"), &[]);
+    assert_eq!(got, "2 200", "{text}");
+    let metrics_url = creds["metrics"]["gateway"].as_str().unwrap_or_default();
+    let (got, text) = h2(metrics_url, &[]);
+    assert_eq!(got, "2 200", "{text}");
+    assert!(
+        text.contains("http_server_request_duration_seconds"),
+        "{text}"
+    );
+
     // Two models, each on its own workers: a request by slug reaches only
     // that model's decode worker; flipping one private leaves the other
     // serving; both listings show each account what it may see.
@@ -464,6 +517,59 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         .as_str()
         .unwrap_or_default()
         .to_owned();
+
+    // Responder commands pointed at the gateway say so.
+    let op = creds["operator_token"].as_str().unwrap_or_default();
+    let responder = |args: &[&str], url: &str| {
+        Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+            .args(args)
+            .env("BULKHEAD_CONTROL_PLANE_URL", url)
+            .env("BULKHEAD_TOKEN", op)
+            .output()
+            .expect("bulkhead runs")
+    };
+    let out = responder(&["model", "list"], &gw);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("answered like a Bulkhead gateway"), "{err}");
+    // A flip that a live gateway does not apply (stopped right after a
+    // poll) shows its progress and fails, saying how many applied.
+    let gateway_pid = child_pid(first.child.id(), "gateway", "gateway");
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &gateway_pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(ok.success(), "kill {sig}");
+    };
+    signal("-STOP");
+    let out = responder(&["model", "private", &q8, "--reason", "gateway test"], &cp);
+    signal("-CONT");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a flip one gateway never applied succeeded: {err}"
+    );
+    assert!(
+        err.contains("waiting for every gateway to apply it: 1 s")
+            && err.contains("only 0 of 1 gateways confirmed applying it"),
+        "{err}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("is now private"),
+        "the flip itself is recorded"
+    );
+    let out = responder(
+        &["model", "public", &q8, "--reason", "gateway test over"],
+        &cp,
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("applied by all 1 gateways"), "{said}");
     stop(first, &[&gw, &cp]);
 
     // A second `up` keeps the accounts and their tokens.

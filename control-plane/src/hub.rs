@@ -125,6 +125,7 @@ impl Hub {
             gateways: 0,
             applied: 0,
             waited_ms: 0,
+            lease_ms: u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX),
         })
     }
 }
@@ -211,6 +212,7 @@ fn settle(
                 gateways: w.gateways.len(),
                 applied,
                 waited_ms: u64::try_from(w.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
             });
         } else {
             pending.push(w);

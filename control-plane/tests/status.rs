@@ -108,6 +108,70 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
         assert_eq!(view["status"], "postmortem");
         assert!(view["resolved_at"].is_string() && view["monitoring_at"].is_string());
 
+        // Every step is in the audit log, with the model status it changed.
+        let subject = format!("incident/{}", view["id"]);
+        let log = h
+            .ok(
+                Method::GET,
+                &format!("/admin/v1/audit?subject={subject}"),
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
+            .await?;
+        let steps: Vec<(&str, &str, &str)> = log
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e["action"].as_str().unwrap_or_default(),
+                    e["before"].as_str().unwrap_or_default(),
+                    e["after"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                ("incident.resolve", "monitoring", "postmortem"),
+                ("incident.update", "identified", "monitoring"),
+                ("incident.update", "investigating", "identified"),
+                ("incident.open", "", "investigating"),
+            ],
+            "{log}"
+        );
+        let log = h
+            .ok(
+                Method::GET,
+                &format!("/admin/v1/audit?subject={SLUG_PATH}"),
+                &h.responder,
+                None,
+                StatusCode::OK,
+            )
+            .await?;
+        let changes: Vec<(&str, &str, &str)> = log
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["action"] == "model.component_status")
+            .map(|e| {
+                (
+                    e["reason"].as_str().unwrap_or_default(),
+                    e["before"].as_str().unwrap_or_default(),
+                    e["after"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                (subject.as_str(), "major_outage", "operational"),
+                (subject.as_str(), "operational", "major_outage"),
+            ],
+            "{log}"
+        );
+
         // JSON: newest update first, statuses in order, component changes kept.
         let (s, v) = h
             .call(Method::GET, "/api/v2/incidents.json", None, None)
@@ -230,6 +294,14 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
             "body HTML-escaped inside the feed"
         );
         assert!(!atom.contains("never-public"));
+        // The postmortem is in the feed, before the updates.
+        assert!(
+            content
+                .text()
+                .unwrap_or("")
+                .starts_with("<p><strong>Postmortem</strong> - Two faults lined up.</p>"),
+            "{atom}"
+        );
 
         // RSS: same.
         let (s, ctype, rss) = h.raw(Method::GET, "/history.rss", None, None).await;
@@ -243,6 +315,17 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
             .find(|n| n.has_tag_name("channel"))
             .ok_or_else(|| anyhow::anyhow!("no channel"))?;
         assert_eq!(child_text(channel, "", "description"), Some("Statuspage"));
+        // The channel names itself, as feed validators ask.
+        let own = channel
+            .children()
+            .find(|n| n.has_tag_name((ns, "link")))
+            .ok_or_else(|| anyhow::anyhow!("no atom:link in {rss}"))?;
+        assert_eq!(own.attribute("rel"), Some("self"));
+        assert_eq!(own.attribute("type"), Some("application/rss+xml"));
+        assert_eq!(
+            own.attribute("href"),
+            Some("http://status.test:8788/history.rss")
+        );
         let items: Vec<_> = channel
             .children()
             .filter(|n| n.has_tag_name("item"))
@@ -272,6 +355,16 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
         assert_eq!(s, StatusCode::OK);
         assert_in_order(&page, &LABELS)?;
         assert!(page.contains("Two faults lined up."));
+        // A page that is not there is a page, not JSON.
+        for missing in ["/incidents/999999", "/incidents/abc", "/incidents/-1"] {
+            let (s, ctype, page) = h.raw(Method::GET, missing, None, None).await;
+            assert_eq!(s, StatusCode::NOT_FOUND, "{missing}");
+            assert!(ctype.starts_with("text/html"), "{missing}: {ctype}");
+            assert!(
+                page.starts_with("<!DOCTYPE html>") && page.contains("Page not found"),
+                "{missing}: {page}"
+            );
+        }
         Ok(())
     })
     .await;

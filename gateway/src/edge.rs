@@ -7,9 +7,10 @@
 
 use crate::errors::{ApiError, Flavor, GatewayError};
 use crate::http::{AppState, authenticate};
+use crate::limits::Quota;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -45,8 +46,49 @@ pub(crate) async fn guard(State(s): State<AppState>, mut req: Request, next: Nex
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return GatewayError::TooLarge.in_(flavor).into_response();
     }
+    let quota = ctx.quota.clone();
     req.extensions_mut().insert(ctx);
-    next.run(req).await
+    let mut response = next.run(req).await;
+    if let Some(q) = quota.get() {
+        rate_limit_headers(q, response.headers_mut());
+    }
+    response
+}
+
+/// OpenAI's `x-ratelimit-*` headers, on every answer the limiter decided
+/// (admitted or refused). Both windows are the same calendar minute, so
+/// both resets are when it ends, in OpenAI's duration format (`12s`, `1m0s`).
+pub(crate) fn rate_limit_headers(q: &Quota, headers: &mut HeaderMap) {
+    let reset = if q.reset_secs >= 60 {
+        format!("{}m{}s", q.reset_secs / 60, q.reset_secs % 60)
+    } else {
+        format!("{}s", q.reset_secs)
+    };
+    let values = [
+        (
+            "x-ratelimit-limit-requests",
+            q.limits.requests_per_minute.to_string(),
+        ),
+        (
+            "x-ratelimit-remaining-requests",
+            q.remaining_requests().to_string(),
+        ),
+        ("x-ratelimit-reset-requests", reset.clone()),
+        (
+            "x-ratelimit-limit-tokens",
+            q.limits.tokens_per_minute.to_string(),
+        ),
+        (
+            "x-ratelimit-remaining-tokens",
+            q.remaining_tokens().to_string(),
+        ),
+        ("x-ratelimit-reset-tokens", reset),
+    ];
+    for (name, value) in values {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    }
 }
 
 /// A method the route does not take, in the API's shape.

@@ -9,6 +9,7 @@ use crate::upstream::UpstreamError;
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use bulkhead_worker_api::Overflow;
 use serde_json::json;
 
 /// Which API's error shape to use.
@@ -31,8 +32,16 @@ pub(crate) enum GatewayError {
     ModelNotFound(String),
     /// The request is malformed or out of range.
     BadInput(String),
-    /// Prompt plus output exceed the model's limit.
-    ContextTooLong(String),
+    /// The request asks for something this platform does not do (the
+    /// parameter's name): refused rather than silently ignored.
+    Unsupported(String),
+    /// Prompt plus output exceed the model's limit: the Workers AI message,
+    /// and the lengths (when the worker sent them) that OpenAI's wording
+    /// names.
+    ContextTooLong {
+        message: String,
+        overflow: Option<Overflow>,
+    },
     /// Over a per-account limit.
     RateLimited {
         what: &'static str,
@@ -60,15 +69,20 @@ pub(crate) enum GatewayError {
 impl From<UpstreamError> for GatewayError {
     fn from(e: UpstreamError) -> Self {
         match e {
-            UpstreamError::Worker { code, message, .. } => match code.as_str() {
-                // The worker's message names its pool; the client is told
-                // only what it can act on.
-                "context_length_exceeded" => GatewayError::ContextTooLong(
-                    "The estimated number of input and maximum output tokens exceeded this model's context window limit."
+            UpstreamError::Worker {
+                code,
+                message,
+                overflow,
+                ..
+            } => match code.as_str() {
+                // Workers AI's own wording; OpenAI's names the lengths.
+                "context_length_exceeded" => GatewayError::ContextTooLong {
+                    message: "The estimated number of input and maximum output tokens exceeded this model's context window limit."
                         .to_owned(),
-                ),
+                    overflow,
+                },
                 // Names only the prompt's length and the deployment's limit.
-                "prefill_too_long" => GatewayError::ContextTooLong(message),
+                "prefill_too_long" => GatewayError::ContextTooLong { message, overflow },
                 "invalid_request" => GatewayError::BadInput(message),
                 "unavailable" => GatewayError::Unavailable("no worker can take the request now"),
                 _ => GatewayError::Upstream,
@@ -85,6 +99,7 @@ impl From<LimiterError> for GatewayError {
             LimiterError::Limited {
                 what,
                 retry_after_secs,
+                ..
             } => GatewayError::RateLimited {
                 what,
                 retry_after_secs,
@@ -107,7 +122,8 @@ impl GatewayError {
             GatewayError::WrongAccount => "wrong_account",
             GatewayError::ModelNotFound(_) => "model_not_found",
             GatewayError::BadInput(_) => "invalid_request",
-            GatewayError::ContextTooLong(_) => "context_length_exceeded",
+            GatewayError::Unsupported(_) => "unsupported_parameter",
+            GatewayError::ContextTooLong { .. } => "context_length_exceeded",
             GatewayError::RateLimited { .. } => "rate_limited",
             GatewayError::Unavailable(_) => "unavailable",
             GatewayError::Upstream => "upstream",
@@ -144,8 +160,8 @@ impl GatewayError {
                 Flavor::WorkersAi => StatusCode::BAD_REQUEST,
                 Flavor::OpenAi => StatusCode::NOT_FOUND,
             },
-            GatewayError::BadInput(_) => StatusCode::BAD_REQUEST,
-            GatewayError::ContextTooLong(_) => match flavor {
+            GatewayError::BadInput(_) | GatewayError::Unsupported(_) => StatusCode::BAD_REQUEST,
+            GatewayError::ContextTooLong { .. } => match flavor {
                 Flavor::WorkersAi => StatusCode::PAYLOAD_TOO_LARGE,
                 Flavor::OpenAi => StatusCode::BAD_REQUEST,
             },
@@ -167,7 +183,10 @@ impl GatewayError {
             GatewayError::WrongAccount => "the token is not valid for this account".to_owned(),
             GatewayError::ModelNotFound(m) => format!("No such model {m} or task"),
             GatewayError::BadInput(m) => format!("Bad input: {m}"),
-            GatewayError::ContextTooLong(m) => m.clone(),
+            GatewayError::Unsupported(p) => format!(
+                "Unsupported parameter: '{p}' is not supported by Bulkhead; remove it (the README lists what is supported)"
+            ),
+            GatewayError::ContextTooLong { message, .. } => message.clone(),
             GatewayError::RateLimited {
                 what,
                 retry_after_secs,
@@ -197,8 +216,8 @@ impl GatewayError {
         match self {
             GatewayError::Unauthenticated | GatewayError::WrongAccount => 10000,
             GatewayError::ModelNotFound(_) => 5007,
-            GatewayError::BadInput(_) => 5006,
-            GatewayError::ContextTooLong(_) => 5021,
+            GatewayError::BadInput(_) | GatewayError::Unsupported(_) => 5006,
+            GatewayError::ContextTooLong { .. } => 5021,
             GatewayError::RateLimited { .. } => 3036,
             GatewayError::Unavailable(_) => 3040,
             GatewayError::Upstream => 3043,
@@ -218,7 +237,10 @@ impl GatewayError {
             GatewayError::WrongAccount => ("permission_error", None),
             GatewayError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
             GatewayError::BadInput(_) => ("invalid_request_error", None),
-            GatewayError::ContextTooLong(_) => {
+            GatewayError::Unsupported(_) => {
+                ("invalid_request_error", Some("unsupported_parameter"))
+            }
+            GatewayError::ContextTooLong { .. } => {
                 ("invalid_request_error", Some("context_length_exceeded"))
             }
             GatewayError::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
@@ -241,8 +263,33 @@ impl GatewayError {
             }
             Flavor::OpenAi => {
                 let (kind, code) = self.openai_kind();
-                json!({"error": {"message": self.message(), "type": kind, "code": code}})
+                json!({"error": {"message": self.openai_message(), "type": kind, "code": code}})
             }
+        }
+    }
+
+    /// OpenAI's wording, which client libraries match to recognise a
+    /// context-window error (LiteLLM's fallbacks look for "maximum context
+    /// length"); everything else reads as in Workers AI.
+    fn openai_message(&self) -> String {
+        match self {
+            GatewayError::ContextTooLong {
+                overflow: Some(o), ..
+            } if o.max_tokens > 0 => format!(
+                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+                o.limit,
+                o.prompt_tokens + o.max_tokens,
+                o.prompt_tokens,
+                o.max_tokens
+            ),
+            // Too long to prefill, whatever the output.
+            GatewayError::ContextTooLong {
+                overflow: Some(o), ..
+            } => format!(
+                "This model's maximum context length is {} tokens. However, your messages resulted in {} tokens. Please reduce the length of the messages.",
+                o.limit, o.prompt_tokens
+            ),
+            _ => self.message(),
         }
     }
 
@@ -270,7 +317,12 @@ impl ApiError {
             }),
             Flavor::OpenAi => {
                 let (kind, code) = e.openai_kind();
-                json!({"error": {"message": e.message(), "type": kind, "param": null, "code": code}})
+                let param = match e {
+                    GatewayError::ContextTooLong { .. } => Some("messages"),
+                    GatewayError::Unsupported(p) => Some(p.as_str()),
+                    _ => None,
+                };
+                json!({"error": {"message": e.openai_message(), "type": kind, "param": param, "code": code}})
             }
         };
         (e.status(self.flavor), body)

@@ -5,7 +5,7 @@
 
 use crate::auth::{self, JwtConfig, Principal};
 use crate::errors::GatewayError;
-use crate::limits::{Limiter, Permit};
+use crate::limits::{Limiter, LimiterError, Permit, Quota};
 use crate::metrics::{self, GenAiTimer};
 use crate::pick::{NodeLease, Picker};
 use crate::upstream::{LineStream, Upstream, UpstreamError};
@@ -20,7 +20,7 @@ use bulkhead_control_api::RoutedModel;
 use bulkhead_worker_api::context::TenantContext;
 use bulkhead_worker_api::{GenerateBody, Line, Usage};
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
@@ -110,6 +110,9 @@ async fn fallback(uri: Uri) -> Response {
 pub(crate) struct Ctx {
     pub(crate) snap: Arc<Snapshot>,
     pub(crate) principal: Principal,
+    /// The account's standing once the limiter decided on this request;
+    /// the door turns it into `x-ratelimit-*` headers on the response.
+    pub(crate) quota: Arc<OnceLock<Quota>>,
 }
 
 /// Authenticates the request from its headers against the current table.
@@ -126,7 +129,11 @@ pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Ctx,
     let token = auth::bearer(header).map_err(|_| GatewayError::Unauthenticated)?;
     let principal = auth::authenticate(token, &snap.table, state.jwt.as_deref())
         .map_err(|_| GatewayError::Unauthenticated)?;
-    Ok(Ctx { snap, principal })
+    Ok(Ctx {
+        snap,
+        principal,
+        quota: Arc::default(),
+    })
 }
 
 impl Ctx {
@@ -201,8 +208,14 @@ pub(crate) async fn start(
         .admit(&ctx.principal.account_id, estimate(body))
         .await
     {
-        Ok(p) => p,
+        Ok(p) => {
+            let _ = ctx.quota.set(p.quota());
+            p
+        }
         Err(e) => {
+            if let LimiterError::Limited { quota, .. } = &e {
+                let _ = ctx.quota.set(*quota);
+            }
             let e = GatewayError::from(e);
             if let GatewayError::RateLimited { what, .. } = &e {
                 metrics::rate_limited(what);
@@ -235,8 +248,8 @@ pub(crate) async fn start(
             gen_ai.operation.name = operation,
             gen_ai.request.model = model.slug.as_str(),
             bulkhead.node = node.registration.name.as_str(),
-            bulkhead.routing.version = ctx.snap.table.version(),
-            bulkhead.attempt = tried.len(),
+            bulkhead.routing.version = bulkhead_telemetry::int(ctx.snap.table.version()),
+            bulkhead.attempt = bulkhead_telemetry::int(tried.len()),
         );
         // A worker that leaves the routing table (its heartbeat lapsed: a
         // partition that TCP alone would notice only after minutes) fails
@@ -387,6 +400,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
                     status: crate::upstream::status_of(&error.code),
                     code: error.code,
                     message: error.message,
+                    overflow: error.overflow,
                 }));
             }
             Some(Err(e)) => break Err(e.into()),
@@ -486,6 +500,7 @@ where
                         status: crate::upstream::status_of(&error.code),
                         code: error.code.clone(),
                         message: error.message.clone(),
+                        overflow: error.overflow,
                     });
                     if let Some(t) = timer.take() {
                         t.failed(e.kind());

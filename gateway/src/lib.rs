@@ -25,6 +25,7 @@ mod http;
 mod limits;
 pub mod metrics;
 mod openai;
+mod params;
 mod pick;
 mod serve;
 mod table;
@@ -34,7 +35,7 @@ mod workers_ai;
 
 pub use auth::{JwtConfig, JwtKeys, Principal};
 pub use http::{AppState, app};
-pub use limits::{Limiter, LimiterError, Limits};
+pub use limits::{Limiter, LimiterError, Limits, Quota};
 pub use serve::{ConnLimits, serve};
 pub use table::Table;
 pub use upstream::Upstream;

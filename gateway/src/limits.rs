@@ -28,6 +28,35 @@ pub struct Limits {
     pub concurrency: u64,
 }
 
+/// An account's standing in the current window, as the limiter saw it when
+/// it decided (the request itself counted when it was admitted): what the
+/// `x-ratelimit-*` headers tell the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// The account's limits.
+    pub limits: Limits,
+    /// Requests counted in this window.
+    pub requests: u64,
+    /// Tokens counted in this window.
+    pub tokens: u64,
+    /// Seconds until the window ends and both counts start again.
+    pub reset_secs: u64,
+}
+
+impl Quota {
+    /// Requests left in this window.
+    pub fn remaining_requests(&self) -> u64 {
+        self.limits
+            .requests_per_minute
+            .saturating_sub(self.requests)
+    }
+
+    /// Tokens left in this window.
+    pub fn remaining_tokens(&self) -> u64 {
+        self.limits.tokens_per_minute.saturating_sub(self.tokens)
+    }
+}
+
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimiterError {
@@ -38,6 +67,8 @@ pub enum LimiterError {
         what: &'static str,
         /// Seconds until it may pass.
         retry_after_secs: u64,
+        /// The account's standing when it was refused.
+        quota: Quota,
     },
     /// The request alone needs more tokens than a minute allows.
     #[error(
@@ -58,6 +89,14 @@ pub enum LimiterError {
 #[derive(Debug)]
 pub struct Permit {
     release: Option<Release>,
+    quota: Quota,
+}
+
+impl Permit {
+    /// The account's standing once this request was counted.
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
 }
 
 #[derive(Debug)]
@@ -133,7 +172,7 @@ enum Event {
         account: String,
         tokens: u64,
         started: Instant,
-        reply: oneshot::Sender<Result<(), LimiterError>>,
+        reply: oneshot::Sender<Result<Quota, LimiterError>>,
     },
     Release {
         account: String,
@@ -144,27 +183,28 @@ enum Event {
 /// KEYS: requests this minute, tokens this minute, in-flight set, mean
 /// duration. ARGV: rpm, tpm, concurrency, tokens, now (ms), request id,
 /// deadline (ms), in-flight key lifetime (ms), first guess of the mean (ms).
-/// Returns {0} (admitted) or which limit: {1}, {2}, or {3, ms until a slot
-/// is expected}.
+/// Returns {0, requests, tokens} (admitted, counted) or which limit:
+/// {1, requests, tokens}, {2, requests, tokens}, or {3, requests, tokens, ms
+/// until a slot is expected}.
 const SCRIPT: &str = r"
 local r = tonumber(redis.call('GET', KEYS[1]) or '0')
-if r + 1 > tonumber(ARGV[1]) then return {1} end
 local t = tonumber(redis.call('GET', KEYS[2]) or '0')
-if t + tonumber(ARGV[4]) > tonumber(ARGV[2]) then return {2} end
+if r + 1 > tonumber(ARGV[1]) then return {1, r, t} end
+if t + tonumber(ARGV[4]) > tonumber(ARGV[2]) then return {2, r, t} end
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[5])
 if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[3]) then
   local oldest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   local age = tonumber(ARGV[5]) - (tonumber(oldest[2]) - tonumber(ARGV[8]))
   local mean = tonumber(redis.call('GET', KEYS[4]) or ARGV[9])
-  return {3, math.max(mean - age, 0)}
+  return {3, r, t, math.max(mean - age, 0)}
 end
-redis.call('INCR', KEYS[1])
+r = redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], 120)
-redis.call('INCRBY', KEYS[2], ARGV[4])
+t = redis.call('INCRBY', KEYS[2], ARGV[4])
 redis.call('EXPIRE', KEYS[2], 120)
 redis.call('ZADD', KEYS[3], ARGV[7], ARGV[6])
 redis.call('PEXPIRE', KEYS[3], ARGV[8])
-return {0}
+return {0, r, t}
 ";
 
 /// KEYS: in-flight set, mean duration. ARGV: request id, now (ms),
@@ -230,10 +270,12 @@ impl Limiter {
                     reply,
                 })
                 .map_err(|_| LimiterError::Unavailable("limiter stopped".to_owned()))?;
-                rx.await
+                let quota = rx
+                    .await
                     .map_err(|_| LimiterError::Unavailable("limiter stopped".to_owned()))??;
                 Ok(Permit {
                     release: Some(Release::Memory(tx.clone(), account.to_owned(), started)),
+                    quota,
                 })
             }
             Store::Redis { con, prefix } => {
@@ -281,33 +323,43 @@ async fn redis_admit(
         .invoke_async(&mut con)
         .await
         .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+    let at = |i: usize| verdict.get(i).map_or(0, |v| u64::try_from(*v).unwrap_or(0));
     let code = verdict.first().copied().unwrap_or(-1);
     let slot = verdict
-        .get(1)
+        .get(3)
         .map_or(1, |ms| slot_expected_in(0, u64::try_from(*ms).unwrap_or(0)));
-    verdict_of(code, retry, slot)?;
+    let quota = Quota {
+        limits,
+        requests: at(1),
+        tokens: at(2),
+        reset_secs: retry,
+    };
+    verdict_of(code, quota, slot)?;
     Ok(Permit {
         release: Some(Release::Redis(con, base, id)),
+        quota,
     })
 }
 
-/// `retry` is when the minute ends, `slot` when a concurrency slot is
-/// expected (seconds).
-fn verdict_of(v: i64, retry: u64, slot: u64) -> Result<(), LimiterError> {
+/// The window ends in `quota.reset_secs`; `slot` is when a concurrency slot
+/// is expected (seconds).
+fn verdict_of(v: i64, quota: Quota, slot: u64) -> Result<Quota, LimiterError> {
     let what = match v {
-        0 => return Ok(()),
+        0 => return Ok(quota),
         1 => "requests per minute",
         2 => "tokens per minute",
         _ => {
             return Err(LimiterError::Limited {
                 what: "concurrent requests",
                 retry_after_secs: slot,
+                quota,
             });
         }
     };
     Err(LimiterError::Limited {
         what,
-        retry_after_secs: retry,
+        retry_after_secs: quota.reset_secs,
+        quota,
     })
 }
 
@@ -364,7 +416,13 @@ async fn own(mut rx: mpsc::UnboundedReceiver<Event>, limits: Limits) {
                     u64::try_from(s.elapsed().as_millis()).unwrap_or(u64::MAX)
                 });
                 let slot = slot_expected_in(oldest, c.mean_ms.unwrap_or(FIRST_GUESS_MS));
-                if reply.send(verdict_of(verdict, retry, slot)).is_err() && verdict == 0 {
+                let quota = Quota {
+                    limits,
+                    requests: c.requests,
+                    tokens: c.tokens,
+                    reset_secs: retry,
+                };
+                if reply.send(verdict_of(verdict, quota, slot)).is_err() && verdict == 0 {
                     // The caller went away while we decided: give the slot back.
                     if let Some(i) = c.in_flight.iter().position(|s| *s == started) {
                         c.in_flight.swap_remove(i);
@@ -388,6 +446,18 @@ async fn own(mut rx: mpsc::UnboundedReceiver<Event>, limits: Limits) {
 mod tests {
     use super::*;
 
+    /// Which limit refused, and when to retry.
+    fn refusal(e: &LimiterError) -> (&'static str, u64) {
+        match e {
+            LimiterError::Limited {
+                what,
+                retry_after_secs,
+                ..
+            } => (*what, *retry_after_secs),
+            other => panic!("not a limit: {other}"),
+        }
+    }
+
     #[test]
     fn a_slot_is_expected_when_the_oldest_request_should_end() {
         assert_eq!(slot_expected_in(2_000, 10_000), 8);
@@ -403,29 +473,27 @@ mod tests {
             concurrency: 2,
         });
         let a = l.admit("a", 10).await.unwrap();
-        let _b = l.admit("a", 10).await.unwrap();
+        let b = l.admit("a", 10).await.unwrap();
+        // The second request counted: what the headers tell the client.
+        let q = b.quota();
+        assert_eq!((q.requests, q.tokens), (2, 20));
+        assert_eq!((q.remaining_requests(), q.remaining_tokens()), (98, 980));
+        assert!((1..=60).contains(&q.reset_secs), "{q:?}");
         let e = l.admit("a", 10).await.unwrap_err();
+        // A refusal counts nothing and says so.
+        let LimiterError::Limited { quota, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!((quota.requests, quota.tokens), (2, 20));
         // Nothing finished yet: the first guess of a request's length.
-        assert_eq!(
-            e,
-            LimiterError::Limited {
-                what: "concurrent requests",
-                retry_after_secs: FIRST_GUESS_MS / 1000,
-            }
-        );
+        assert_eq!(refusal(&e), ("concurrent requests", FIRST_GUESS_MS / 1000));
         let _other = l.admit("b", 10).await.unwrap();
         drop(a);
         tokio::task::yield_now().await;
         let _c = l.admit("a", 10).await.unwrap();
         // A request took well under a second: a slot is expected at once.
         let e = l.admit("a", 10).await.unwrap_err();
-        assert_eq!(
-            e,
-            LimiterError::Limited {
-                what: "concurrent requests",
-                retry_after_secs: 1,
-            }
-        );
+        assert_eq!(refusal(&e), ("concurrent requests", 1));
         let e = l.admit("b", 995).await.unwrap_err();
         assert!(
             matches!(
@@ -468,13 +536,12 @@ mod tests {
             }
         };
         let a = l.admit("a", 1).await.expect("admitted");
+        let q = a.quota();
+        assert_eq!((q.requests, q.tokens, q.remaining_requests()), (1, 1, 99));
         // Nothing finished yet: the first guess of a request's length.
         assert_eq!(
-            l.admit("a", 1).await.unwrap_err(),
-            LimiterError::Limited {
-                what: "concurrent requests",
-                retry_after_secs: FIRST_GUESS_MS / 1000,
-            }
+            refusal(&l.admit("a", 1).await.unwrap_err()),
+            ("concurrent requests", FIRST_GUESS_MS / 1000)
         );
         drop(a);
         // The release runs in the background; then the mean is what that
@@ -489,11 +556,8 @@ mod tests {
         }
         assert!(again.is_some(), "the slot came back");
         assert_eq!(
-            l.admit("a", 1).await.unwrap_err(),
-            LimiterError::Limited {
-                what: "concurrent requests",
-                retry_after_secs: 1,
-            }
+            refusal(&l.admit("a", 1).await.unwrap_err()),
+            ("concurrent requests", 1)
         );
     }
 }

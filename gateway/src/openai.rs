@@ -30,7 +30,9 @@ struct StreamOptions {
     include_usage: bool,
 }
 
-/// Sampling settings both endpoints share. Unknown fields are ignored.
+/// Sampling settings both endpoints share. Every other field is refused
+/// unless it asks for nothing (`unsupported`): a client is never answered
+/// as if a setting it sent had been applied.
 #[derive(Debug, Deserialize)]
 struct Common {
     model: Option<String>,
@@ -44,6 +46,9 @@ struct Common {
     stream: bool,
     stream_options: Option<StreamOptions>,
     n: Option<i64>,
+    /// Everything else the body holds.
+    #[serde(flatten)]
+    other: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -76,8 +81,9 @@ impl Common {
 
     fn apply(&self, b: &mut GenerateBody, default_max: usize) -> Result<(), GatewayError> {
         if self.n.is_some_and(|n| n != 1) {
-            return Err(bad("n must be 1"));
+            return Err(GatewayError::Unsupported("n".to_owned()));
         }
+        crate::params::refuse_unsupported(&self.other)?;
         b.max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(n) => usize::try_from(n)
                 .ok()

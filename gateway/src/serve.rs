@@ -7,11 +7,18 @@
 //! the one owner of the connection counts; each connection's task tells it
 //! when it ends. A head hyper refuses itself (431, 400) is answered in the
 //! API's JSON shape (`head_errors`).
+//!
+//! A connection speaks HTTP/1.1, or HTTP/2 in clear text when it opens with
+//! HTTP/2's preface (h2c with prior knowledge, as `curl
+//! --http2-prior-knowledge` and gRPC-style clients do). Which one is read
+//! from the connection's first bytes, within `header_timeout`; an HTTP/2
+//! connection's header block is bounded as HTTP/1.1's is, and its streams
+//! at once by `MAX_STREAMS`.
 
 mod head_errors;
 
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
 use std::future::Future;
@@ -46,6 +53,37 @@ impl Default for ConnLimits {
 
 /// Largest buffer for a request's headers (hyper's minimum is 8 KiB).
 pub(crate) const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// Requests open at once on one HTTP/2 connection.
+const MAX_STREAMS: u32 = 256;
+
+/// What every HTTP/2 connection opens with (RFC 9113, section 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the connection opens with HTTP/2's preface: peeks (reads
+/// nothing) until the first bytes decide, within `limit`. `None` when the
+/// client sent nothing decisive in time or went away.
+async fn opens_with_h2_preface(stream: &tokio::net::TcpStream, limit: Duration) -> Option<bool> {
+    let peek = async {
+        let mut buf = [0u8; H2_PREFACE.len()];
+        loop {
+            let n = stream.peek(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            if buf[..n] != H2_PREFACE[..n] {
+                return Some(false);
+            }
+            if n == H2_PREFACE.len() {
+                return Some(true);
+            }
+            // Part of the preface: wait for more bytes.
+            stream.readable().await.ok()?;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(limit, peek).await.ok().flatten()
+}
 
 /// Serves `router` on `listener` within `limits` until `shutdown`
 /// completes; then stops accepting and waits up to 10 s for open
@@ -102,12 +140,28 @@ pub async fn serve(
                 let service = TowerToHyperService::new(router.clone());
                 let done = closed_tx.clone();
                 tokio::spawn(async move {
-                    let mut http = hyper::server::conn::http1::Builder::new();
-                    http.timer(TokioTimer::new())
-                        .header_read_timeout(limits.header_timeout)
-                        .max_buf_size(MAX_HEADER_BYTES);
-                    let io = TokioIo::new(head_errors::HeadErrors::new(stream));
-                    let _ = http.serve_connection(io, service).await;
+                    match opens_with_h2_preface(&stream, limits.header_timeout).await {
+                        Some(false) => {
+                            let mut http = hyper::server::conn::http1::Builder::new();
+                            http.timer(TokioTimer::new())
+                                .header_read_timeout(limits.header_timeout)
+                                .max_buf_size(MAX_HEADER_BYTES);
+                            let io = TokioIo::new(head_errors::HeadErrors::new(stream));
+                            let _ = http.serve_connection(io, service).await;
+                        }
+                        Some(true) => {
+                            let mut http =
+                                hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                            http.timer(TokioTimer::new())
+                                .max_header_list_size(MAX_HEADER_BYTES as u32)
+                                .max_concurrent_streams(MAX_STREAMS)
+                                .keep_alive_interval(Some(limits.header_timeout))
+                                .keep_alive_timeout(limits.header_timeout);
+                            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                        // Silent past the header timeout, or gone.
+                        None => {}
+                    }
                     let _ = done.send(ip);
                 });
             }

@@ -33,6 +33,7 @@ pub(crate) enum UpstreamError {
         status: u16,
         code: String,
         message: String,
+        overflow: Option<bulkhead_worker_api::Overflow>,
     },
     /// The worker answered something that is not its API.
     Protocol,
@@ -116,6 +117,7 @@ impl Upstream {
                 status: status.as_u16(),
                 code: err.error.code,
                 message: err.error.message,
+                overflow: err.error.overflow,
             });
         }
         let mut stream = LineStream {
@@ -129,6 +131,7 @@ impl Upstream {
                 status: status_of(&error.code),
                 code: error.code,
                 message: error.message,
+                overflow: error.overflow,
             }),
             Some(Ok(first)) => Ok((first, stream)),
             Some(Err(e)) => Err(e),

@@ -206,12 +206,23 @@ async fn poll(
         // gateway stops serving within one lease of the flip even if that
         // answer arrives late and nothing follows it.
         let sent = u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let span = tracing::info_span!(
-            target: "bulkhead::gateway",
-            "routing.poll",
-            otel.kind = "client",
-            bulkhead.routing.version = applied,
-        );
+        // Not traced by default: one every few seconds would bury the
+        // tenants' traces (`BULKHEAD_TRACE_POLLS=true` traces it).
+        let span = if bulkhead_telemetry::trace_polls() {
+            tracing::info_span!(
+                target: "bulkhead::gateway",
+                "routing.poll",
+                otel.kind = "client",
+                bulkhead.routing.version = bulkhead_telemetry::int(applied),
+            )
+        } else {
+            tracing::debug_span!(
+                target: "bulkhead::gateway",
+                "routing.poll",
+                otel.kind = "client",
+                bulkhead.routing.version = bulkhead_telemetry::int(applied),
+            )
+        };
         match client.get::<RoutingTable>(&path).instrument(span).await {
             Ok(t) => {
                 heard_ms.store(sent, Ordering::Release);

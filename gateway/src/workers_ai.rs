@@ -21,7 +21,8 @@ use std::collections::HashMap;
 const W: Flavor = Flavor::WorkersAi;
 
 /// `POST run/{model}` body: a prompt or messages, and sampling settings.
-/// Unknown fields are ignored, as Workers AI does.
+/// Any other field that asks for something (`response_format`, `tools`,
+/// `lora`, …) is refused, not ignored.
 #[derive(Debug, Deserialize)]
 struct RunBody {
     prompt: Option<String>,
@@ -36,6 +37,9 @@ struct RunBody {
     top_k: Option<i64>,
     seed: Option<i64>,
     repetition_penalty: Option<f64>,
+    /// Everything else the body holds.
+    #[serde(flatten)]
+    other: serde_json::Map<String, Value>,
 }
 
 fn bad(m: &str) -> GatewayError {
@@ -45,6 +49,7 @@ fn bad(m: &str) -> GatewayError {
 impl RunBody {
     /// The worker request, with Workers AI's ranges and defaults checked.
     fn to_worker(&self) -> Result<GenerateBody, GatewayError> {
+        crate::params::refuse_unsupported(&self.other)?;
         let mut b = GenerateBody {
             max_tokens: 256,
             temperature: 0.6,

@@ -92,3 +92,66 @@ async fn slow_and_surplus_connections_are_cut_off_and_others_are_served() {
     });
     result.await.expect("client thread");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_with_prior_knowledge_is_served_beside_http1() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper::body::Bytes;
+    let p = platform().await;
+    let router = p.gateway(None, Platform::limiter()).await;
+    let limits = ConnLimits {
+        header_timeout: Duration::from_millis(400),
+        ..ConnLimits::default()
+    };
+    let addr = serve_on_loopback(router, limits).await;
+
+    // h2c, as `curl --http2-prior-knowledge` speaks it: two requests on
+    // one connection.
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("an HTTP/2 handshake");
+    tokio::spawn(conn);
+    for path in ["/v1/models", "/v1/nothing"] {
+        let req = hyper::Request::get(format!("http://{addr}{path}"))
+            .header("authorization", bearer(&p.a_token))
+            .body(Empty::<Bytes>::new())
+            .expect("request");
+        let resp = send.send_request(req).await.expect("an HTTP/2 answer");
+        assert_eq!(resp.version(), hyper::Version::HTTP_2);
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        match path {
+            "/v1/models" => assert_eq!(status, 200, "{body}"),
+            _ => {
+                assert_eq!(status, 404, "{body}");
+                assert!(body.contains("\"unknown_url\""), "{body}");
+            }
+        }
+    }
+
+    // Half a preface, then silence: cut off like a slow HTTP/1.1 head.
+    let result = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.write_all(b"PRI * HTTP/2.0\r\n").expect("write");
+        let (_, closed) = read_to_close(&mut s, Duration::from_secs(3));
+        assert!(
+            closed,
+            "a client that never finished its preface stayed connected"
+        );
+        // HTTP/1.1 still works on the same listener.
+        let mut ok = TcpStream::connect(addr).expect("connect");
+        write!(
+            ok,
+            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write");
+        let (answer, _) = read_to_close(&mut ok, Duration::from_secs(5));
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    });
+    result.await.expect("client thread");
+}

@@ -155,7 +155,6 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         r#"{"messages": [{"role": "user", "content": "hi"}]}"#.to_owned(),
         json!({"model": OPEN, "messages": []}).to_string(),
         json!({"model": OPEN, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).to_string(),
-        json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "n": 2}).to_string(),
         json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "temperature": 3}).to_string(),
         json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}).to_string(),
         "not json".to_owned(),
@@ -165,6 +164,71 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         assert_oa(&r.json(), "invalid_request_error", &Value::Null);
     }
+    // What Bulkhead does not do is refused by name, never ignored.
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for (extra, param) in [
+        (json!({"n": 2}), "n"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "tools",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice"),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"logprobs": true, "top_logprobs": 2}), "logprobs"),
+        (json!({"presence_penalty": 1.5}), "presence_penalty"),
+        (json!({"max_tokns": 8}), "max_tokns"),
+    ] {
+        let mut body = json!({"model": OPEN, "messages": msgs});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let r = call(
+            &gw,
+            "POST",
+            "/v1/chat/completions",
+            Some(&a),
+            Some(&body.to_string()),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        let v = r.json();
+        assert_eq!(v["error"]["code"], "unsupported_parameter", "{v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(param),
+            "{v}"
+        );
+    }
+    let r = call(
+        &gw,
+        "POST",
+        &run_path(&p.a, OPEN),
+        Some(&a),
+        Some(&json!({"prompt": "x", "response_format": {"type": "json_schema"}}).to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_wa(&r.json(), 5006);
+    assert!(r.body.contains("'response_format'"), "{}", r.body);
+    // Defaults a client library sends explicitly ask for nothing: admitted.
+    let defaults = json!({"model": OPEN, "messages": msgs, "n": 1, "user": "u-1", "logprobs": false,
+                          "frequency_penalty": 0, "presence_penalty": 0, "tools": null,
+                          "response_format": {"type": "text"}, "stream": false});
+    let r = call(
+        &gw,
+        "POST",
+        "/v1/chat/completions",
+        Some(&a),
+        Some(&defaults.to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 503, "admitted: {}", r.body);
     let r = call(
         &gw,
         "POST",
@@ -320,13 +384,53 @@ async fn per_account_limits_answer_429_with_retry_after() {
     });
     let gw = p.gateway(None, limiter).await;
     let a = bearer(&p.a_token);
-    for _ in 0..2 {
+    // OpenAI's x-ratelimit-* headers on every answer the limiter decided.
+    let reset = |r: &support::Reply| {
+        let secs = |k: &str| {
+            r.ratelimit
+                .get(k)
+                .and_then(|v| v.strip_suffix('s'))
+                .map(|v| match v.split_once('m') {
+                    Some((m, s)) => m
+                        .parse::<u64>()
+                        .ok()
+                        .zip(s.parse::<u64>().ok())
+                        .map(|(m, s)| m * 60 + s),
+                    None => v.parse::<u64>().ok(),
+                })
+        };
+        assert_eq!(
+            secs("reset-requests"),
+            secs("reset-tokens"),
+            "{:?}",
+            r.ratelimit
+        );
+        secs("reset-requests")
+            .flatten()
+            .filter(|s| (1..=60).contains(s))
+    };
+    for left in ["1", "0"] {
         let r = call(&gw, "POST", &run_path(&p.a, OPEN), Some(&a), Some(PROMPT)).await;
         assert_eq!(r.status, 503);
+        assert_eq!(r.ratelimit["limit-requests"], "2", "{:?}", r.ratelimit);
+        assert_eq!(r.ratelimit["remaining-requests"], left, "{:?}", r.ratelimit);
+        assert_eq!(r.ratelimit["limit-tokens"], "1000000", "{:?}", r.ratelimit);
+        let tokens: u64 = r.ratelimit["remaining-tokens"].parse().expect("a number");
+        assert!(
+            tokens < 1_000_000,
+            "the request's tokens were counted: {tokens}"
+        );
+        assert!(reset(&r).is_some(), "{:?}", r.ratelimit);
     }
     let r = call(&gw, "POST", &run_path(&p.a, OPEN), Some(&a), Some(PROMPT)).await;
     assert_eq!(r.status, 429);
     assert_wa(&r.json(), 3036);
+    assert_eq!(r.ratelimit["remaining-requests"], "0", "{:?}", r.ratelimit);
+    assert!(reset(&r).is_some(), "{:?}", r.ratelimit);
+    // A request the limiter never saw (refused at the door) has none.
+    let stranger = call(&gw, "POST", &run_path(&p.a, OPEN), None, Some(PROMPT)).await;
+    assert_eq!(stranger.status, 401);
+    assert!(stranger.ratelimit.is_empty(), "{:?}", stranger.ratelimit);
     assert!(
         r.retry_after
             .as_deref()
@@ -414,8 +518,15 @@ async fn a_redis_rate_limit_holds_across_two_gateways() {
         tokio::time::sleep(Duration::from_secs(61 - into_minute)).await;
     }
     let mut outcomes = Vec::new();
+    let mut remaining = Vec::new();
     for g in [&g1, &g2, &g1, &g2, &g1] {
         let r = call(g, "POST", &path, Some(&a), Some(PROMPT)).await;
+        remaining.push(
+            r.ratelimit
+                .get("remaining-requests")
+                .cloned()
+                .unwrap_or_default(),
+        );
         let v = r.json();
         let message = v["errors"][0]["message"].as_str().unwrap_or("").to_owned();
         // Admitted requests find no worker (this test runs none); a store
@@ -432,6 +543,8 @@ async fn a_redis_rate_limit_holds_across_two_gateways() {
         ["admitted", "admitted", "admitted", "limited", "limited"],
         "exactly the budget of 3 passes, across both gateways"
     );
+    // Both gateways tell the client the shared count.
+    assert_eq!(remaining, ["2", "1", "0", "0", "0"]);
     // The counter the gateways shared is in Redis, and holds the budget.
     let client = redis::Client::open(url.as_str()).expect("redis url");
     let mut con = client

@@ -71,7 +71,10 @@ impl RequestId {
 /// Wraps `router`: a server span per request (named `METHOD /route`), the
 /// `x-request-id` response header, `http.server.request.duration` and
 /// `http.server.active_requests`, and a log line. Routes in `quiet` (route
-/// templates such as `/health`) log at debug unless they fail.
+/// templates such as `/health`, the routing long-poll, heartbeats) log at
+/// debug unless they fail, and are not traced unless
+/// `BULKHEAD_TRACE_POLLS=true` ([`trace_polls`]): a poll every few seconds
+/// per component would bury the traces of tenants' requests.
 pub fn instrument(router: Router, hop: Hop, quiet: &'static [&'static str]) -> Router {
     let meter = crate::meter();
     let layer = Arc::new(HttpLayer {
@@ -80,7 +83,9 @@ pub fn instrument(router: Router, hop: Hop, quiet: &'static [&'static str]) -> R
         duration: meter
             .f64_histogram("http.server.request.duration")
             .with_unit("s")
-            .with_description("Duration of HTTP server requests, until the response head")
+            .with_description(
+                "Duration of HTTP server requests, until the response body ended or was dropped",
+            )
             .with_boundaries(vec![
                 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
             ])
@@ -114,11 +119,72 @@ struct HttpLayer {
 
 /// Counts a request in flight until dropped (also when the client leaves
 /// before the response).
-struct Active<'a>(&'a UpDownCounter<i64>, [KeyValue; 2]);
+struct Active(Arc<HttpLayer>, [KeyValue; 2]);
 
-impl Drop for Active<'_> {
+impl Drop for Active {
     fn drop(&mut self) {
-        self.0.add(-1, &self.1);
+        self.0.active.add(-1, &self.1);
+    }
+}
+
+/// What is left to do when a response ends: record its duration, log it,
+/// and end its span (the last handle). Runs once, on drop.
+struct Finish {
+    layer: Arc<HttpLayer>,
+    attrs: Vec<KeyValue>,
+    started: Instant,
+    span: tracing::Span,
+    status: u16,
+    quiet: bool,
+    /// Routine polls and scrapes are not counted in flight.
+    _active: Option<Active>,
+}
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        let elapsed = self.started.elapsed();
+        self.layer
+            .duration
+            .record(elapsed.as_secs_f64(), &self.attrs);
+        let ms = elapsed.as_secs_f64() * 1e3;
+        let status = i64::from(self.status);
+        if self.quiet && self.status < 400 {
+            tracing::debug!(target: "bulkhead::http", parent: &self.span, status, ms, "served");
+        } else {
+            tracing::info!(target: "bulkhead::http", parent: &self.span, status, ms, "served");
+        }
+    }
+}
+
+/// A response body that finishes its request when it ends: at its last
+/// frame, at an error, or when dropped unfinished (the client went away).
+/// A streamed answer is measured to its end, not to its head.
+struct Timed {
+    inner: axum::body::Body,
+    finish: Option<Finish>,
+}
+
+impl http_body::Body for Timed {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None | Some(Err(_)))) {
+            self.finish = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -133,17 +199,33 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
         Some(r) => format!("{method} {r}"),
         None => method.to_owned(),
     };
-    let span = tracing::info_span!(
-        target: "bulkhead::http",
-        "http.request",
-        otel.name = %name,
-        otel.kind = "server",
-        http.request.method = method,
-        http.route = route.as_deref(),
-        http.response.status_code = Empty,
-        otel.status_code = Empty,
-        request_id = Empty,
-    );
+    let quiet = route.as_deref().is_some_and(|r| l.quiet.contains(&r));
+    // Only spans at info and above become OpenTelemetry spans.
+    let span = if quiet && !trace_polls() {
+        tracing::debug_span!(
+            target: "bulkhead::http",
+            "http.request",
+            otel.name = %name,
+            otel.kind = "server",
+            http.request.method = method,
+            http.route = route.as_deref(),
+            http.response.status_code = Empty,
+            otel.status_code = Empty,
+            request_id = Empty,
+        )
+    } else {
+        tracing::info_span!(
+            target: "bulkhead::http",
+            "http.request",
+            otel.name = %name,
+            otel.kind = "server",
+            http.request.method = method,
+            http.route = route.as_deref(),
+            http.response.status_code = Empty,
+            otel.status_code = Empty,
+            request_id = Empty,
+        )
+    };
     let mut incoming = None;
     if l.hop.internal(req.uri().path()) {
         let _ = span.set_parent(parent_from_headers(req.headers()));
@@ -169,16 +251,19 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
         KeyValue::new("http.request.method", method),
         KeyValue::new("url.scheme", "http"),
     ];
-    l.active.add(1, &base);
-    let guard = Active(&l.active, base.clone());
+    // A scrape would always count itself, and a long-poll waits by design:
+    // quiet routes are not requests in flight.
+    let active = (!quiet).then(|| {
+        l.active.add(1, &base);
+        Active(l.clone(), base.clone())
+    });
     let mut resp = CURRENT
         .scope(RequestId(id.clone()), next.run(req))
         .instrument(span.clone())
         .await;
-    drop(guard);
 
     let status = resp.status();
-    span.record("http.response.status_code", status.as_u16());
+    span.record("http.response.status_code", i64::from(status.as_u16()));
     if status.is_server_error() {
         span.record("otel.status_code", "ERROR");
     }
@@ -193,19 +278,31 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
     if status.is_server_error() {
         attrs.push(KeyValue::new("error.type", status.as_u16().to_string()));
     }
-    let elapsed = started.elapsed();
-    l.duration.record(elapsed.as_secs_f64(), &attrs);
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(REQUEST_ID_HEADER, v);
     }
-    let quiet = route.as_deref().is_some_and(|r| l.quiet.contains(&r));
-    let ms = elapsed.as_secs_f64() * 1e3;
-    if quiet && status.as_u16() < 400 {
-        tracing::debug!(target: "bulkhead::http", parent: &span, status = status.as_u16(), ms, "served");
-    } else {
-        tracing::info!(target: "bulkhead::http", parent: &span, status = status.as_u16(), ms, "served");
-    }
-    resp
+    let finish = Finish {
+        layer: l,
+        attrs,
+        started,
+        span,
+        status: status.as_u16(),
+        quiet,
+        _active: active,
+    };
+    resp.map(|inner| {
+        axum::body::Body::new(Timed {
+            inner,
+            finish: Some(finish),
+        })
+    })
+}
+
+/// Whether routine polls (routing long-polls, heartbeats, health checks,
+/// scrapes) are traced: `BULKHEAD_TRACE_POLLS=true`, read once.
+pub fn trace_polls() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("BULKHEAD_TRACE_POLLS").is_ok_and(|v| v == "true" || v == "1"))
 }
 
 /// The method as OpenTelemetry names it (`_OTHER` for anything unknown,

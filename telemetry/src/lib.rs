@@ -21,9 +21,19 @@ mod http;
 mod propagate;
 mod setup;
 
-pub use http::{Hop, REQUEST_ID_HEADER, RequestId, instrument, metrics_app, metrics_router};
+pub use http::{
+    Hop, REQUEST_ID_HEADER, RequestId, instrument, metrics_app, metrics_router, trace_polls,
+};
 pub use propagate::{inject_headers, parent_from, set_remote_parent, traceparent, traceparent_of};
 pub use setup::{Telemetry, TelemetryError, init, init_with_logs};
+
+/// A count as a span attribute. `tracing-opentelemetry` exports `i64`,
+/// `f64`, `bool` and strings as themselves but any other integer (`u64`,
+/// `usize`, `u16`) as its text, so a count recorded as such would reach a
+/// trace backend as a string: every numeric span field goes through this.
+pub fn int<T: TryInto<i64>>(v: T) -> i64 {
+    v.try_into().unwrap_or(i64::MAX)
+}
 
 /// The meter every Bulkhead instrument comes from.
 pub fn meter() -> opentelemetry::metrics::Meter {

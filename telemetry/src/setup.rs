@@ -1,5 +1,13 @@
 //! [`init`]: providers, exporters and the `tracing` subscriber, once per
 //! process, before any port is bound.
+//!
+//! The OpenTelemetry environment is honoured as the specification names it:
+//! `OTEL_SDK_DISABLED=true` exports nothing and samples no trace;
+//! `OTEL_TRACES_EXPORTER` and `OTEL_METRICS_EXPORTER` choose `otlp` (the
+//! default when an endpoint is set) or `none` (`prometheus` too for metrics,
+//! which `/metrics` always serves), so a traces-only backend is not sent
+//! metrics every interval; `OTEL_TRACES_SAMPLER` and its argument are the
+//! SDK's own. Any other exporter name is refused at start, not ignored.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig};
@@ -24,6 +32,16 @@ pub enum TelemetryError {
     /// `RUST_LOG` does not parse.
     #[error("RUST_LOG: {0}")]
     Filter(String),
+    /// An `OTEL_*_EXPORTER` this build does not have.
+    #[error("{var}={value} is not supported: use otlp or none{also}")]
+    ExporterName {
+        /// The variable.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// Other accepted values.
+        also: &'static str,
+    },
     /// Only http/protobuf is built in.
     #[error(
         "OTEL_EXPORTER_OTLP_PROTOCOL={0} is not supported: this build exports http/protobuf only"
@@ -100,10 +118,24 @@ pub fn init_with_logs(
             opentelemetry::KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
         ])
         .build();
-    let traces = configured("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
-    let metrics = configured("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    let traces = exporter_wanted(
+        "OTEL_TRACES_EXPORTER",
+        &std::env::var("OTEL_TRACES_EXPORTER").unwrap_or_default(),
+        configured("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        &[],
+    )? && !disabled;
+    let metrics = exporter_wanted(
+        "OTEL_METRICS_EXPORTER",
+        &std::env::var("OTEL_METRICS_EXPORTER").unwrap_or_default(),
+        configured("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
+        &["prometheus"],
+    )? && !disabled;
 
     let mut tracer = SdkTracerProvider::builder().with_resource(resource.clone());
+    if disabled {
+        tracer = tracer.with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOff);
+    }
     if traces {
         let exporter = SpanExporter::builder()
             .with_http()
@@ -176,9 +208,68 @@ pub fn init_with_logs(
     })
 }
 
-/// Whether OTLP export of a signal is asked for in the environment.
+/// Whether a signal goes out over OTLP: as `var`'s `value` says (`otlp`,
+/// `none`, or one of `pull`, which `/metrics` serves), else when an
+/// endpoint is set.
+fn exporter_wanted(
+    var: &'static str,
+    value: &str,
+    endpoint_set: bool,
+    pull: &[&str],
+) -> Result<bool, TelemetryError> {
+    let mut otlp = false;
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name {
+            "otlp" => otlp = true,
+            "none" => {}
+            n if pull.contains(&n) => {}
+            _ => {
+                return Err(TelemetryError::ExporterName {
+                    var,
+                    value: value.to_owned(),
+                    also: if pull.is_empty() {
+                        ""
+                    } else {
+                        " or prometheus"
+                    },
+                });
+            }
+        }
+    }
+    if value.trim().is_empty() {
+        return Ok(endpoint_set);
+    }
+    Ok(otlp)
+}
+
+/// Whether an OTLP endpoint for a signal is set in the environment.
 fn configured(signal_var: &str) -> bool {
     [signal_var, "OTEL_EXPORTER_OTLP_ENDPOINT"]
         .iter()
         .any(|v| std::env::var(v).is_ok_and(|s| !s.is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exporter_variables_choose_otlp_or_nothing() {
+        let m = "OTEL_METRICS_EXPORTER";
+        // Unset: export when an endpoint is set.
+        assert!(exporter_wanted(m, "", true, &["prometheus"]).unwrap());
+        assert!(!exporter_wanted(m, "", false, &["prometheus"]).unwrap());
+        // `none` and the pull exporter win over the endpoint.
+        assert!(!exporter_wanted(m, "none", true, &["prometheus"]).unwrap());
+        assert!(!exporter_wanted(m, "prometheus", true, &["prometheus"]).unwrap());
+        assert!(exporter_wanted(m, "prometheus, otlp", false, &["prometheus"]).unwrap());
+        // Traces have no pull exporter; unknown names are refused, naming
+        // the variable.
+        let e = exporter_wanted("OTEL_TRACES_EXPORTER", "zipkin", true, &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "OTEL_TRACES_EXPORTER=zipkin is not supported: use otlp or none"
+        );
+        assert!(exporter_wanted("OTEL_TRACES_EXPORTER", "prometheus", true, &[]).is_err());
+    }
 }

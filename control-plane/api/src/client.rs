@@ -124,6 +124,12 @@ pub enum ClientError {
         /// Its message.
         message: String,
     },
+    /// The URL answered as a gateway (the tenant API) answers.
+    #[error(
+        "{0} answered like a Bulkhead gateway (the tenant API), not the control plane: \
+         responder commands need the control plane's URL (`control_plane_url` in credentials.json)"
+    )]
+    NotControlPlane(String),
     /// The answer was not what the API promises.
     #[error("unexpected answer from the control plane: {0}")]
     Decode(String),
@@ -255,7 +261,7 @@ impl Client {
         if status.is_success() {
             return serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()));
         }
-        Err(api_error(status, &bytes))
+        Err(api_error(&self.base, status, &bytes))
     }
 }
 
@@ -270,7 +276,14 @@ fn base_url(credentials: &Credentials, scheme: &str) -> Option<String> {
     (uri.scheme_str() == Some(scheme) && uri.host().is_some()).then_some(base)
 }
 
-fn api_error(status: StatusCode, bytes: &[u8]) -> ClientError {
+fn api_error(base: &str, status: StatusCode, bytes: &[u8]) -> ClientError {
+    // The gateway answers in OpenAI's (`error.type`) or Workers AI's
+    // (`success`, `errors`) shape, never in the control plane's.
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes)
+        && (v["error"]["type"].is_string() || v["errors"].is_array())
+    {
+        return ClientError::NotControlPlane(base.to_owned());
+    }
     match serde_json::from_slice::<ErrorBody>(bytes) {
         Ok(b) => ClientError::Api {
             status: status.as_u16(),

@@ -566,6 +566,11 @@ pub struct Propagation {
     pub applied: usize,
     /// How long the answer waited for them.
     pub waited_ms: u64,
+    /// The gateways' lease: one that has not applied the change stops
+    /// serving once this long has passed without an answer from the
+    /// control plane.
+    #[serde(default)]
+    pub lease_ms: u64,
 }
 
 /// `GET /admin/v1/routing`: everything a gateway routes and authenticates

@@ -3,11 +3,11 @@
 //! writes, and nothing here names a model that was never public.
 
 use super::AppState;
-use super::error::{ApiError, AppPath};
+use super::error::ApiError;
 use crate::IncidentId;
 use crate::status::{Snapshot, feeds, html, statuspage};
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -123,22 +123,26 @@ async fn index(State(s): State<AppState>) -> Result<Response, ApiError> {
         .into_response())
 }
 
+/// `GET /incidents/{id}`: the incident's page, or a 404 page (a browser
+/// asked) for an id that is unknown or not a number.
 async fn incident_page(
     State(s): State<AppState>,
-    AppPath(id): AppPath<i64>,
+    Path(raw): Path<String>,
 ) -> Result<Response, ApiError> {
     let snap = snapshot(&s).await?;
-    let id = IncidentId::from_db(id);
-    match snap.incidents.iter().find(|i| i.id == id.get()) {
-        Some(i) => Ok((
-            [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-            html::incident(&snap, i),
-        )
-            .into_response()),
-        None => Err(ApiError::new(
+    let found = raw
+        .parse::<i64>()
+        .ok()
+        .map(|id| IncidentId::from_db(id).get())
+        .and_then(|id| snap.incidents.iter().find(|i| i.id == id));
+    let html_type = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
+    Ok(match found {
+        Some(i) => (html_type, html::incident(&snap, i)).into_response(),
+        None => (
             StatusCode::NOT_FOUND,
-            "not_found",
-            "no such incident",
-        )),
-    }
+            html_type,
+            html::not_found(&snap, "There is no incident with this number."),
+        )
+            .into_response(),
+    })
 }

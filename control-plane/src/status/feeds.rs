@@ -1,7 +1,9 @@
 //! The incident history as Atom and RSS 2.0, in the shape of Statuspage's
 //! `/history.atom` and `/history.rss`: one entry per incident, newest first,
 //! whose HTML content lists the updates newest first, each as
-//! `<p><small>date</small><br><strong>Status</strong> - body</p>`.
+//! `<p><small>date</small><br><strong>Status</strong> - body</p>`, after the
+//! postmortem when one is published. The RSS channel names itself with
+//! `atom:link rel="self"`, as feed validators ask.
 
 use super::{Snapshot, escape};
 use bulkhead_control_api::IncidentView;
@@ -64,7 +66,12 @@ pub(crate) fn rss(s: &Snapshot) -> String {
     let mut x = String::new();
     x.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     x.push_str(
-        "<rss version=\"2.0\" xmlns:dc=\"http://purl.org/dc/elements/1.1/\">\n  <channel>\n",
+        "<rss version=\"2.0\" xmlns:dc=\"http://purl.org/dc/elements/1.1/\" xmlns:atom=\"http://www.w3.org/2005/Atom\">\n  <channel>\n",
+    );
+    let _ = writeln!(
+        x,
+        "    <atom:link href=\"{}/history.rss\" rel=\"self\" type=\"application/rss+xml\"/>",
+        escape(&s.url)
     );
     let _ = writeln!(x, "    <title>{}</title>", escape(&title));
     let _ = writeln!(x, "    <link>{}</link>", escape(&s.url));
@@ -90,6 +97,9 @@ pub(crate) fn rss(s: &Snapshot) -> String {
 /// The HTML an entry carries, before XML escaping: updates newest first.
 pub(crate) fn content_html(i: &IncidentView) -> String {
     let mut h = String::new();
+    if let Some(pm) = &i.postmortem_body {
+        let _ = write!(h, "<p><strong>Postmortem</strong> - {}</p>", escape(pm));
+    }
     for u in &i.updates {
         let (month, day, time) = u.created_at.feed_parts();
         let _ = write!(

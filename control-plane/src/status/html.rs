@@ -77,6 +77,20 @@ pub(crate) fn incident(s: &Snapshot, i: &IncidentView) -> String {
     h
 }
 
+/// A page that is not there (an unknown or malformed incident id), as a
+/// page a browser shows, not as JSON.
+pub(crate) fn not_found(s: &Snapshot, what: &str) -> String {
+    let mut h = head(&format!("Not found - {} Status", s.name));
+    let _ = writeln!(
+        h,
+        "<h1>Page not found</h1><p>{}</p><p><a href=\"{}/\">Back to {} Status</a></p></body></html>",
+        escape(what),
+        escape(&s.url),
+        escape(&s.name)
+    );
+    h
+}
+
 fn head(title: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\

@@ -1,7 +1,12 @@
 //! Incidents and their timestamped updates. An update may change the status
 //! of affected models (their status-page components); each change is kept
 //! with its old and new status, as Statuspage's `affected_components`.
+//! Every update is in the audit log too, in the same transaction: one entry
+//! for the incident (`incident.open`, `.update`, `.resolve`, `.postmortem`,
+//! subject `incident/ID`) and one per model whose status it changed
+//! (`model.component_status`, subject the slug).
 
+use super::audit::{self, NewEntry};
 use super::{Conn, get_enum, get_opt_time, get_time, models};
 use crate::{Error, IncidentId, ModelId};
 use bulkhead_control_api::{
@@ -41,7 +46,7 @@ pub async fn open(
         components: req.components.clone(),
         postmortem: None,
     };
-    write_update(conn, id, &update, actor, now).await?;
+    write_update(conn, id, None, &update, actor, now).await?;
     Ok(id)
 }
 
@@ -112,12 +117,13 @@ pub async fn update(
             }
         }
     }
-    write_update(conn, id, &req, actor, now).await
+    write_update(conn, id, Some(before.status), &req, actor, now).await
 }
 
 async fn write_update(
     conn: &mut Conn,
     id: IncidentId,
+    before: Option<IncidentStatus>,
     req: &UpdateIncident,
     actor: &str,
     now: Timestamp,
@@ -127,7 +133,7 @@ async fn write_update(
         super::require_text("postmortem", p, 100_000)?;
     }
     let mut seen = BTreeSet::new();
-    let mut targets: Vec<(ModelId, ComponentStatus)> = Vec::new();
+    let mut targets: Vec<(&ModelSlug, ModelId, ComponentStatus)> = Vec::new();
     for c in &req.components {
         if !seen.insert(c.model.clone()) {
             return Err(Error::Invalid(format!(
@@ -135,7 +141,7 @@ async fn write_update(
                 c.model
             )));
         }
-        targets.push((models::find(conn, &c.model).await?.id, c.status));
+        targets.push((&c.model, models::find(conn, &c.model).await?.id, c.status));
     }
     let row = sqlx::query(
         "INSERT INTO incident_updates (incident_id, status, body, actor, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING id",
@@ -148,8 +154,22 @@ async fn write_update(
     .fetch_one(&mut *conn)
     .await?;
     let update_id: i64 = row.try_get("id")?;
-    for (model, to) in targets {
+    let subject = format!("incident/{id}");
+    for (slug, model, to) in targets {
         let old = models::set_component_status(conn, model, to, now).await?;
+        audit::append(
+            conn,
+            NewEntry {
+                actor,
+                action: "model.component_status",
+                subject: slug.as_str(),
+                reason: &subject,
+                before: old.as_str(),
+                after: to.as_str(),
+            },
+            now,
+        )
+        .await?;
         sqlx::query(
             "INSERT INTO incident_update_components (update_id, model_id, old_status, new_status) VALUES ($1, $2, $3, $4)",
         )
@@ -164,6 +184,26 @@ async fn write_update(
         Some(_) => IncidentStatus::Postmortem,
         None => req.status,
     };
+    let action = match before {
+        None => "incident.open",
+        Some(b) if req.status == IncidentStatus::Resolved && !b.is_closed() => "incident.resolve",
+        Some(_) if req.postmortem.is_some() => "incident.postmortem",
+        Some(_) => "incident.update",
+    };
+    let reason: String = req.body.chars().take(300).collect();
+    audit::append(
+        conn,
+        NewEntry {
+            actor,
+            action,
+            subject: &subject,
+            reason: &reason,
+            before: before.map_or("", IncidentStatus::as_str),
+            after: status.as_str(),
+        },
+        now,
+    )
+    .await?;
     let at = |s: IncidentStatus| (req.status == s).then_some(now.millis());
     // COALESCE keeps the first time an incident reached monitoring or
     // resolved; the guard in `update` has already claimed the row.

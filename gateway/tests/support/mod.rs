@@ -261,6 +261,8 @@ pub struct Reply {
     pub status: StatusCode,
     pub retry_after: Option<String>,
     pub content_type: String,
+    /// The `x-ratelimit-*` headers, without the prefix.
+    pub ratelimit: std::collections::BTreeMap<String, String>,
     pub body: String,
 }
 
@@ -302,11 +304,20 @@ pub async fn call(
     };
     let retry_after = header("retry-after");
     let content_type = header("content-type").unwrap_or_default();
+    let ratelimit = resp
+        .headers()
+        .iter()
+        .filter_map(|(k, v)| {
+            let name = k.as_str().strip_prefix("x-ratelimit-")?;
+            Some((name.to_owned(), v.to_str().ok()?.to_owned()))
+        })
+        .collect();
     let bytes = resp.into_body().collect().await.expect("body").to_bytes();
     Reply {
         status,
         retry_after,
         content_type,
+        ratelimit,
         body: String::from_utf8_lossy(&bytes).into_owned(),
     }
 }

@@ -136,13 +136,32 @@ pub struct Usage {
     pub completion_tokens: usize,
 }
 
-/// A worker error: `{"error": {"code", "message"}}`.
+/// A worker error: `{"error": {"code", "message"}}`, plus the numbers
+/// behind a refusal for length.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorDetail {
     /// `context_length_exceeded`, `invalid_request`, `kv_transfer_failed`, …
     pub code: String,
     /// Human message.
     pub message: String,
+    /// With `context_length_exceeded` and `prefill_too_long`: the lengths
+    /// that did not fit, so the gateway can word the refusal as each API's
+    /// clients expect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflow: Option<Overflow>,
+}
+
+/// The lengths of a request refused for its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Overflow {
+    /// The prompt's tokens.
+    pub prompt_tokens: usize,
+    /// The output tokens asked for.
+    pub max_tokens: usize,
+    /// The most tokens the deployment takes: the context window, what the
+    /// KV pool holds, or (for `prefill_too_long`) the longest prompt it
+    /// prefills within its deadline.
+    pub limit: usize,
 }
 
 /// A worker's error body.
@@ -162,6 +181,7 @@ mod tests {
             r#"{"token":42,"text":"hi"}"#,
             r#"{"finish_reason":"stop","text":"hi","usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
             r#"{"error":{"code":"kv_transfer_failed","message":"m"}}"#,
+            r#"{"error":{"code":"context_length_exceeded","message":"m","overflow":{"prompt_tokens":300,"max_tokens":8,"limit":256}}}"#,
         ] {
             let line: Line = serde_json::from_str(text).unwrap();
             assert_eq!(serde_json::to_string(&line).unwrap(), text);

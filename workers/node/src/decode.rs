@@ -210,8 +210,8 @@ impl DecodeWorker {
             target: "bulkhead::worker",
             "kv.transfer",
             otel.kind = "client",
-            bulkhead.transfer.id = transfer.get(),
-            bulkhead.transfer.prompt_tokens = prompt.len(),
+            bulkhead.transfer.id = %transfer,
+            bulkhead.transfer.prompt_tokens = bulkhead_telemetry::int(prompt.len()),
             bulkhead.transfer.peer = %link.address,
             bulkhead.transfer.outcome = tracing::field::Empty,
         );

@@ -30,7 +30,7 @@ use bulkhead_trust::{CallerRole, Role as CertRole};
 use bulkhead_worker_api::context::{
     CONTEXT_HEADER, ContextError, KeyRing, ReplayGuard, TenantContext,
 };
-use bulkhead_worker_api::{GenerateBody, Line};
+use bulkhead_worker_api::{ErrorBody, ErrorDetail, GenerateBody, Line, Overflow};
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -76,21 +76,33 @@ struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    overflow: Option<Overflow>,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let body = ErrorBody {
+            error: self.detail(),
+        };
         (self.status, axum::Json(body)).into_response()
     }
 }
 
 impl ApiError {
+    fn detail(&self) -> ErrorDetail {
+        ErrorDetail {
+            code: self.code.to_owned(),
+            message: self.message.clone(),
+            overflow: self.overflow,
+        }
+    }
+
     fn forbidden(message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::FORBIDDEN,
             code: "forbidden",
             message: message.into(),
+            overflow: None,
         }
     }
 
@@ -99,19 +111,48 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             code,
             message: message.into(),
+            overflow: None,
         }
     }
 }
 
 impl From<AdmissionError> for ApiError {
     fn from(e: AdmissionError) -> Self {
-        let code = match e {
-            AdmissionError::ContextWindowExceeded { .. }
-            | AdmissionError::PoolCapacityExceeded { .. } => "context_length_exceeded",
-            AdmissionError::PrefillTooLong { .. } => "prefill_too_long",
-            _ => "invalid_request",
+        let (code, overflow) = match e {
+            AdmissionError::ContextWindowExceeded {
+                prompt_tokens,
+                max_tokens,
+                limit,
+            }
+            | AdmissionError::PoolCapacityExceeded {
+                prompt_tokens,
+                max_tokens,
+                limit,
+            } => (
+                "context_length_exceeded",
+                Some(Overflow {
+                    prompt_tokens,
+                    max_tokens,
+                    limit,
+                }),
+            ),
+            AdmissionError::PrefillTooLong {
+                prompt_tokens,
+                limit,
+            } => (
+                "prefill_too_long",
+                Some(Overflow {
+                    prompt_tokens,
+                    max_tokens: 0,
+                    limit,
+                }),
+            ),
+            _ => ("invalid_request", None),
         };
-        ApiError::bad(code, e.to_string())
+        ApiError {
+            overflow,
+            ..ApiError::bad(code, e.to_string())
+        }
     }
 }
 
@@ -130,6 +171,7 @@ fn engine_error(e: &EngineError) -> ApiError {
         status,
         code,
         message: e.to_string(),
+        overflow: None,
     }
 }
 
@@ -204,6 +246,7 @@ fn refused(e: &ContextError) -> ApiError {
         status: StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN),
         code: e.code(),
         message: e.to_string(),
+        overflow: None,
     }
 }
 
@@ -274,22 +317,19 @@ async fn generate(
         && prompt.len().saturating_add(body.max_tokens) > limit
     {
         crate::metrics::admission_rejected("context_window_exceeded");
-        return Err(ApiError::bad(
-            "context_length_exceeded",
-            format!(
-                "prompt of {} tokens plus max_tokens {} exceeds the model's context window of {limit} tokens",
-                prompt.len(),
-                body.max_tokens
-            ),
-        ));
+        return Err(ApiError::from(AdmissionError::ContextWindowExceeded {
+            prompt_tokens: prompt.len(),
+            max_tokens: body.max_tokens,
+            limit,
+        }));
     }
     let span = tracing::info_span!(
         target: "bulkhead::worker",
         "generate",
         otel.kind = "internal",
-        bulkhead.tenant = tenant.get(),
-        gen_ai.request.max_tokens = body.max_tokens,
-        gen_ai.usage.input_tokens = prompt.len(),
+        bulkhead.tenant = bulkhead_telemetry::int(tenant.get()),
+        gen_ai.request.max_tokens = bulkhead_telemetry::int(body.max_tokens),
+        gen_ai.usage.input_tokens = bulkhead_telemetry::int(prompt.len()),
         gen_ai.usage.output_tokens = tracing::field::Empty,
         gen_ai.response.finish_reasons = tracing::field::Empty,
     );
@@ -328,6 +368,7 @@ async fn generate(
                     status: StatusCode::SERVICE_UNAVAILABLE,
                     code: "unavailable",
                     message: e.to_string(),
+                    overflow: None,
                 },
             });
         }
@@ -376,7 +417,10 @@ fn forward(
         while let Some(ev) = next {
             if let SeqEvent::Finished { reason, usage, .. } = &ev {
                 let s = tracing::Span::current();
-                s.record("gen_ai.usage.output_tokens", usage.completion_tokens);
+                s.record(
+                    "gen_ai.usage.output_tokens",
+                    bulkhead_telemetry::int(usage.completion_tokens),
+                );
                 s.record("gen_ai.response.finish_reasons", reason.as_str());
                 tracing::info!(
                     target: "bulkhead::worker",
@@ -426,15 +470,7 @@ fn event_line(ev: &SeqEvent) -> (String, bool) {
         ),
         SeqEvent::Failed(e) => {
             let a = engine_error(e);
-            (
-                Line::Error {
-                    error: bulkhead_worker_api::ErrorDetail {
-                        code: a.code.to_owned(),
-                        message: a.message,
-                    },
-                },
-                true,
-            )
+            (Line::Error { error: a.detail() }, true)
         }
     };
     let mut text = serde_json::to_string(&line).unwrap_or_default();
@@ -456,6 +492,7 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "unavailable",
             message: "the engine has shut down".into(),
+            overflow: None,
         })?;
     let p = s.pool;
     let mut v = json!({

@@ -345,8 +345,8 @@ impl PrefillWorker {
             target: "bulkhead::worker",
             "prefill",
             otel.kind = "server",
-            bulkhead.transfer.id = transfer.get(),
-            bulkhead.transfer.prompt_tokens = tokens,
+            bulkhead.transfer.id = %transfer,
+            bulkhead.transfer.prompt_tokens = bulkhead_telemetry::int(tokens),
             bulkhead.admission.rejected = tracing::field::Empty,
         );
         if let Some(tp) = &req.traceparent {
@@ -482,7 +482,7 @@ async fn write_loop<T: Transport>(
                         match live.get(&transfer) {
                             Some(s) if s.done => {
                                 s.span.record("bulkhead.transfer.outcome", "released");
-                                s.span.record("bulkhead.transfer.pages", s.sent.len());
+                                s.span.record("bulkhead.transfer.pages", bulkhead_telemetry::int(s.sent.len()));
                                 live.remove(&transfer);
                                 c.released.fetch_add(1, Ordering::Relaxed);
                                 w.engine.release_source(transfer);

@@ -1,0 +1,89 @@
+//! Request fields the gateway does not act on. Both APIs refuse a field
+//! that asks for something Bulkhead does not do, with 400
+//! `unsupported_parameter` naming it, instead of answering as if it had
+//! been applied (an agent that asked for a tool call must not get plain
+//! text). A field passes when its value asks for nothing.
+
+use crate::errors::GatewayError;
+use serde_json::{Value, json};
+
+/// Refuses the first field of `other` that asks for something Bulkhead does not
+/// do. A field passes only when its value asks for nothing: the default a
+/// client library may send explicitly (`"logprobs": false`,
+/// `"frequency_penalty": 0`, `"response_format": {"type": "text"}`), or one
+/// that has no effect on an answer by nature (`user`, `store`,
+/// `metadata`).
+pub(crate) fn refuse_unsupported(
+    other: &serde_json::Map<String, Value>,
+) -> Result<(), GatewayError> {
+    for (key, value) in other {
+        let harmless = match key.as_str() {
+            // `null` is the same as leaving the field out.
+            _ if value.is_null() => true,
+            "user" | "metadata" | "service_tier" => true,
+            "store" | "logprobs" | "parallel_tool_calls" | "echo" => *value == Value::Bool(false),
+            "frequency_penalty" | "presence_penalty" => value.as_f64() == Some(0.0),
+            "logit_bias" => value.as_object().is_some_and(serde_json::Map::is_empty),
+            "tools" | "functions" => value.as_array().is_some_and(Vec::is_empty),
+            "tool_choice" | "function_call" => value == "none",
+            "response_format" => value["type"] == "text",
+            "modalities" => *value == json!(["text"]),
+            "best_of" => value.as_i64() == Some(1),
+            "top_logprobs" => value.as_i64() == Some(0),
+            "suffix" => value == "",
+            _ => false,
+        };
+        if !harmless {
+            return Err(GatewayError::Unsupported(key.chars().take(64).collect()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(body: Value) -> Option<String> {
+        let Value::Object(o) = body else {
+            panic!("an object")
+        };
+        match refuse_unsupported(&o) {
+            Ok(()) => None,
+            Err(GatewayError::Unsupported(p)) => Some(p),
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn a_field_passes_only_when_it_asks_for_nothing() {
+        for ok in [
+            json!({}),
+            json!({"user": "u-1", "store": false, "logprobs": false, "tools": []}),
+            json!({"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}}),
+            json!({"response_format": {"type": "text"}, "tool_choice": "none"}),
+            json!({"lora": null, "anything": null, "modalities": ["text"]}),
+        ] {
+            assert_eq!(verdict(ok.clone()), None, "{ok}");
+        }
+        for (bad, name) in [
+            (json!({"tools": [{"type": "function"}]}), "tools"),
+            (json!({"tool_choice": "auto"}), "tool_choice"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (json!({"logprobs": true}), "logprobs"),
+            (json!({"top_logprobs": 3}), "top_logprobs"),
+            (json!({"frequency_penalty": 0.5}), "frequency_penalty"),
+            (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
+            (json!({"lora": "my-adapter"}), "lora"),
+            (json!({"max_tokns": 8}), "max_tokns"),
+        ] {
+            assert_eq!(verdict(bad.clone()).as_deref(), Some(name), "{bad}");
+        }
+        // A client's key is echoed bounded.
+        let long = "k".repeat(1000);
+        assert_eq!(verdict(json!({ long: 1 })).map(|p| p.len()), Some(64));
+    }
+}
