@@ -148,11 +148,15 @@ impl Drop for Finish {
             .record(elapsed.as_secs_f64(), &self.attrs);
         let ms = elapsed.as_secs_f64() * 1e3;
         let status = i64::from(self.status);
-        if self.quiet && self.status < 400 {
-            tracing::debug!(target: "bulkhead::http", parent: &self.span, status, ms, "served");
-        } else {
-            tracing::info!(target: "bulkhead::http", parent: &self.span, status, ms, "served");
-        }
+        // `tracing-opentelemetry` ends a span at its last exit, not when it
+        // closes: entering it once more here makes the span end now.
+        self.span.in_scope(|| {
+            if self.quiet && self.status < 400 {
+                tracing::debug!(target: "bulkhead::http", status, ms, "served");
+            } else {
+                tracing::info!(target: "bulkhead::http", status, ms, "served");
+            }
+        });
     }
 }
 
