@@ -204,31 +204,28 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
         None => method.to_owned(),
     };
     let quiet = route.as_deref().is_some_and(|r| l.quiet.contains(&r));
-    // Only spans at info and above become OpenTelemetry spans.
+    // Only spans at info and above become OpenTelemetry spans. A span's
+    // level is fixed where it is written, hence one callsite per level.
+    macro_rules! server_span {
+        ($level:expr) => {
+            tracing::span!(
+                target: "bulkhead::http",
+                $level,
+                "http.request",
+                otel.name = %name,
+                otel.kind = "server",
+                http.request.method = method,
+                http.route = route.as_deref(),
+                http.response.status_code = Empty,
+                otel.status_code = Empty,
+                request_id = Empty,
+            )
+        };
+    }
     let span = if quiet && !trace_polls() {
-        tracing::debug_span!(
-            target: "bulkhead::http",
-            "http.request",
-            otel.name = %name,
-            otel.kind = "server",
-            http.request.method = method,
-            http.route = route.as_deref(),
-            http.response.status_code = Empty,
-            otel.status_code = Empty,
-            request_id = Empty,
-        )
+        server_span!(tracing::Level::DEBUG)
     } else {
-        tracing::info_span!(
-            target: "bulkhead::http",
-            "http.request",
-            otel.name = %name,
-            otel.kind = "server",
-            http.request.method = method,
-            http.route = route.as_deref(),
-            http.response.status_code = Empty,
-            otel.status_code = Empty,
-            request_id = Empty,
-        )
+        server_span!(tracing::Level::INFO)
     };
     let mut incoming = None;
     if l.hop.internal(req.uri().path()) {
