@@ -129,13 +129,15 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         "/admin/v1/accounts",
         creds["operator_token"].as_str().unwrap_or_default(),
     );
-    let sentinels: Vec<&str> = listed
+    // Accounts created in the same millisecond list in no fixed order.
+    let mut sentinels: Vec<&str> = listed
         .as_array()
         .into_iter()
         .flatten()
         .filter(|a| a["sentinel"] == true)
         .filter_map(|a| a["name"].as_str())
         .collect();
+    sentinels.sort_unstable();
     assert_eq!(sentinels, ["sentinel-a", "sentinel-b"], "{listed}");
     #[cfg(unix)]
     {
