@@ -199,8 +199,7 @@ fn unknown_model(
 ) -> anyhow::Error {
     let not_found = e
         .downcast_ref::<ClientError>()
-        .is_some_and(|c| matches!(c, ClientError::Api { status: 404, .. }))
-        || e.to_string().contains("(404)");
+        .is_some_and(|c| matches!(c, ClientError::Api { status: 404, .. }));
     if !not_found {
         return e;
     }
