@@ -216,7 +216,9 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
 }
 
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let identity = args.tls.load(CertRole::Colocated)?;
+    let identity = args
+        .tls
+        .load_worker(CertRole::Colocated, args.register.model_slug().as_str())?;
     let contexts = ContextCheck::new(args.tls.key_ring()?, args.register.model_slug().as_str());
     let (engine, weights) = load(&args.model)?;
     runtime()?.block_on(async {
@@ -257,7 +259,9 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
     if let Some(p) = args.frame_faults_percent {
         options.broken_link(p)?;
     }
-    let identity = args.tls.load(CertRole::Prefill)?;
+    let identity = args
+        .tls
+        .load_worker(CertRole::Prefill, args.register.model_slug().as_str())?;
     let (engine, weights) = load(&args.model)?;
     let hello = hello(&engine, &options.transport);
     let worker = PrefillWorker::new(Arc::clone(&engine), hello, options);
@@ -301,7 +305,9 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
 
 pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
     let transport = args.transport.kind()?;
-    let identity = args.tls.load(CertRole::Decode)?;
+    let identity = args
+        .tls
+        .load_worker(CertRole::Decode, args.register.model_slug().as_str())?;
     let contexts = ContextCheck::new(args.tls.key_ring()?, args.register.model_slug().as_str());
     let (engine, weights) = load(&args.model)?;
     let hello = hello(&engine, &transport);

@@ -78,20 +78,58 @@ impl TlsArgs {
         let files = self.files(role)?;
         Identity::load(&files, role).with_context(|| format!("loading the {role} TLS identity"))
     }
+
+    /// Loads the identity of a worker of `role` serving `model`: a
+    /// certificate scoped to other models is refused before anything is
+    /// loaded or bound (the control plane and its peers would refuse it).
+    pub(crate) fn load_worker(&self, role: Role, model: &str) -> anyhow::Result<Identity> {
+        let id = self.load(role)?;
+        if !id.scope().allows_model(model) {
+            anyhow::bail!(
+                "{}: this {role} certificate is for {}, not {model}",
+                self.files(role)?.cert.display(),
+                id.scope().describe()
+            );
+        }
+        Ok(id)
+    }
 }
 
 /// `bulkhead tls init`: the CA, a certificate for every role and the
-/// tenant-context key ring.
+/// tenant-context key ring; with `--model`, worker certificates scoped to
+/// that model too.
 #[derive(Debug, Args)]
 pub(crate) struct TlsInitArgs {
     /// Directory to write (0700; files 0600). Existing valid files are kept.
     #[arg(long)]
     dir: PathBuf,
+    /// Also issue prefill, decode and colocated certificates that may serve
+    /// only this model (`ROLE.KEY.pem`, `ROLE.KEY.key`); repeatable.
+    #[arg(long)]
+    model: Vec<String>,
+    /// With --model: the largest KV pool those certificates may register,
+    /// in MiB.
+    #[arg(long, requires = "model")]
+    max_kv_mib: Option<u64>,
 }
+
+/// The roles whose certificates may be scoped to a model.
+pub(crate) const WORKER_ROLES: [Role; 3] = [Role::Prefill, Role::Decode, Role::Colocated];
 
 pub(crate) fn init(args: &TlsInitArgs) -> anyhow::Result<()> {
     let mut created = bulkhead_trust::authority::init_dir(&args.dir, &Role::ALL)
         .with_context(|| format!("creating TLS identities in {}", args.dir.display()))?;
+    for model in &args.model {
+        model
+            .parse::<bulkhead_control_api::ModelSlug>()
+            .map_err(|e| anyhow::anyhow!("--model {model}: {e}"))?;
+        let scope = bulkhead_trust::Scope::model(model, args.max_kv_mib.map(|m| m << 20));
+        for role in WORKER_ROLES {
+            let (_, more) = bulkhead_trust::authority::init_scoped(&args.dir, role, &scope)
+                .with_context(|| format!("issuing the {role} certificate for {model}"))?;
+            created.written.extend(more.written);
+        }
+    }
     let keys = args.dir.join(CONTEXT_KEYS);
     if KeyRing::create(&keys)? {
         created.written.push(keys);

@@ -877,7 +877,24 @@ fn start(
     let faults = args.frame_faults_percent.map(|p| p.to_string());
     for served in args.served() {
         let slug = served.slug();
+        // Each model's workers hold certificates scoped to that model and
+        // to the pool they are given: they can register nothing else, and
+        // the gateway sends another model's requests to none of them.
+        let scope = bulkhead_trust::Scope::model(&slug, Some(args.kv_budget_mib << 20));
+        let tls_dir = args.data_dir.join("tls");
         let mut worker = |role: &str, i: u8, extra: &[&str]| -> anyhow::Result<String> {
+            let cert_role = match role {
+                "prefill" => CertRole::Prefill,
+                "decode" => CertRole::Decode,
+                _ => CertRole::Colocated,
+            };
+            let (files, _) = bulkhead_trust::authority::init_scoped(&tls_dir, cert_role, &scope)
+                .with_context(|| format!("issuing the {cert_role} certificate for {slug}"))?;
+            let path = |p: &std::path::Path| -> anyhow::Result<String> {
+                Ok(p.to_str()
+                    .context("the data directory must be UTF-8")?
+                    .to_owned())
+            };
             let node_name = served.node_name(role, i);
             let mut a: Vec<&str> = vec![role, "--http", "127.0.0.1:0"];
             a.extend_from_slice(extra);
@@ -902,7 +919,13 @@ fn start(
             {
                 a.extend_from_slice(&["--frame-faults-percent", p]);
             }
-            let env = vec![("BULKHEAD_NODE_TOKEN", internal.node.clone()), tls_env()];
+            let env = vec![
+                ("BULKHEAD_NODE_TOKEN", internal.node.clone()),
+                tls_env(),
+                ("BULKHEAD_TLS_CA", path(&files.ca)?),
+                ("BULKHEAD_TLS_CERT", path(&files.cert)?),
+                ("BULKHEAD_TLS_KEY", path(&files.key)?),
+            ];
             let line = c.spawn_with(&format!("{} worker", &node_name["up-".len()..]), &a, env)?;
             let key = node_name.trim_start_matches("up-").to_owned();
             creds

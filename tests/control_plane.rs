@@ -593,6 +593,26 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
     );
     assert!(r.is_err(), "{r:?}");
 
+    // A worker certificate scoped to another model cannot register this
+    // one; one scoped to this model cannot claim more pool than it names.
+    let as_scoped = |model: &str, max_kv: u64, body: &str| {
+        support::tls_call(
+            &internal,
+            support::scoped_identity(CertRole::Decode, model, Some(max_kv))
+                .client_config(&[CertRole::ControlPlane])
+                .expect("config"),
+            CertRole::ControlPlane,
+            &support::request("POST", "/admin/v1/nodes", &node, body),
+        )
+        .expect("answered")
+    };
+    let (s, v) = as_scoped("@cf/other/model", 1 << 40, &fake);
+    assert_eq!(s, 403, "{v}");
+    assert!(v.contains("cannot register a node of"), "{v}");
+    let (s, v) = as_scoped(SLUG, 64 << 20, &fake);
+    assert_eq!(s, 403, "{v}");
+    assert!(v.contains("cannot claim a KV pool"), "{v}");
+
     // Nothing was registered; the routing table's reader is refused too.
     let (s, v) = call(&addr, "GET", "/admin/v1/nodes", &admin, None);
     assert_eq!((s, v.as_array().map(Vec::len)), (200, Some(0)), "{v}");
@@ -602,6 +622,12 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
     // The same body with the right certificate is registered: the refusals
     // above were the certificate's, not the body's.
     let (s, v) = as_role(CertRole::Decode, &fake);
+    assert_eq!(s, 200, "{v}");
+    // And a certificate scoped to this model, within its pool, registers.
+    let within = fake
+        .replace("\"fake\"", "\"scoped\"")
+        .replace(&(1u64 << 40).to_string(), &(64u64 << 20).to_string());
+    let (s, v) = as_scoped(SLUG, 64 << 20, &within);
     assert_eq!(s, 200, "{v}");
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);

@@ -599,6 +599,105 @@ async fn a_worker_that_cannot_be_reached_is_skipped_before_the_first_byte() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_certificate_is_for_another_model_never_gets_a_request() {
+    let f = fixture().await;
+    // A worker of another model (its certificate is scoped to it) whose
+    // address was registered for this model, with a vast free pool: the
+    // picker's first choice. The gateway must refuse it in the handshake,
+    // before a byte of any prompt reaches it.
+    let other = "@cf/other/model";
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handshakes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let impostor = listener.local_addr().expect("addr").to_string();
+    let acceptor = support::scoped_identity(CertRole::Colocated, other, None)
+        .acceptor(&[CertRole::Gateway])
+        .expect("acceptor");
+    let (a, h) = (
+        std::sync::Arc::clone(&accepted),
+        std::sync::Arc::clone(&handshakes),
+    );
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            a.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if acceptor.accept(sock).await.is_ok() {
+                // Reached: whatever it reads would be a tenant's request.
+                h.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    // Registered with an unscoped worker certificate (which may register any
+    // model): the control plane cannot tell; the gateway still can.
+    let nodes = Client::with_identity(
+        &Credentials {
+            control_plane_url: f.cp.clone(),
+            operator_token: f.node_token.clone(),
+        },
+        &support::identity(CertRole::Colocated),
+    )
+    .expect("client");
+    let node = bulkhead_control_api::RegisterNode {
+        name: "impostor".to_owned(),
+        role: bulkhead_control_api::NodeRole::Colocated,
+        model: SLUG.parse().expect("slug"),
+        address: impostor,
+        transfer_address: None,
+        kv_pool_tokens: 1 << 20,
+        weights_sha256: f.sha256.clone(),
+        quantization: "q4_1".to_owned(),
+        page_size: 16,
+        kv_budget_bytes: 64 << 20,
+        parallelism: Parallelism::default(),
+        prefill: Some(bulkhead_control_api::PrefillFigures {
+            ns_per_token: 1,
+            ns_per_pair: 1,
+            deadline_ms: 60_000,
+        }),
+    };
+    let status: bulkhead_control_api::NodeStatus = nodes
+        .post("/admin/v1/nodes", &node)
+        .await
+        .expect("register");
+    assert!(status.node.routable, "{:?}", status.node.unroutable_reason);
+    let beat = bulkhead_control_api::Heartbeat {
+        load: Some(bulkhead_control_api::NodeLoad {
+            free_pages: 1 << 16,
+            total_pages: 1 << 16,
+            queue_depth: 0,
+        }),
+    };
+    let _: bulkhead_control_api::NodeStatus = nodes
+        .post(
+            &format!("/admin/v1/nodes/{}/heartbeat", status.node.id),
+            &beat,
+        )
+        .await
+        .expect("heartbeat");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for stream in [false, true] {
+        let (status, body) = f
+            .call(
+                "POST",
+                "/v1/completions",
+                json!({"model": SLUG, "prompt": "my secret prompt", "max_tokens": 3, "stream": stream}),
+            )
+            .await;
+        assert_eq!(status, 200, "the real worker answers: {body}");
+    }
+    assert!(
+        accepted.load(std::sync::atomic::Ordering::Relaxed) >= 1,
+        "the impostor was tried first"
+    );
+    assert_eq!(
+        handshakes.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "a handshake with a worker of another model completed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_private_flip_ends_streams_in_flight_before_it_is_acknowledged_unless_planned() {
     let f = fixture().await;
     for planned in [false, true] {

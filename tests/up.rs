@@ -139,6 +139,18 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         .collect();
     sentinels.sort_unstable();
     assert_eq!(sentinels, ["sentinel-a", "sentinel-b"], "{listed}");
+    // Every worker's certificate is scoped to its model and its pool.
+    let tls = dir.join("tls");
+    for model in creds["models"].as_array().expect("models") {
+        let slug = model.as_str().expect("slug");
+        for role in [bulkhead_trust::Role::Prefill, bulkhead_trust::Role::Decode] {
+            let scope = bulkhead_trust::Scope::model(slug, Some(512 << 20));
+            let files = bulkhead_trust::TlsFiles::scoped_in_dir(&tls, role, &scope);
+            let id = bulkhead_trust::Identity::load(&files, role)
+                .unwrap_or_else(|e| panic!("{role} certificate for {slug}: {e}"));
+            assert_eq!(id.scope(), &scope, "{role} for {slug}");
+        }
+    }
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;

@@ -1,5 +1,6 @@
 //! Calling a worker: `POST https://{address}/v1/generate` over mutual TLS
-//! (the gateway's certificate; the worker's must name decode or colocated)
+//! (the gateway's certificate; the worker's must name decode or colocated,
+//! and may not be scoped to another model than the call's)
 //! with the signed tenant context, then reading its NDJSON lines as they
 //! arrive. Dropping a
 //! [`LineStream`] closes the connection, which the worker takes as the
@@ -15,6 +16,8 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Longest to wait for a worker's first answer. The worker refuses at once
@@ -57,23 +60,51 @@ impl UpstreamError {
     }
 }
 
-/// A pooled HTTP/1.1 client for workers, over mutual TLS.
+/// A pooled client for one model's workers.
+type WorkerClient = Client<Connector, Full<Bytes>>;
+
+/// The roles whose workers generate.
+const GENERATING: [CertRole; 2] = [CertRole::Decode, CertRole::Colocated];
+
+/// Pooled HTTP/1.1 clients for workers, over mutual TLS: one per model,
+/// each accepting only workers whose certificate may serve that model.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    http: Client<Connector, Full<Bytes>>,
+    identity: Identity,
+    /// The model's client, made on its first call. The only shared state
+    /// here: a map from slug to a client that is itself shared and cheap
+    /// to clone, locked only to look one up.
+    clients: Arc<Mutex<HashMap<String, WorkerClient>>>,
     keys: KeyRing,
 }
 
 impl Upstream {
     /// A client presenting the gateway's `identity`, accepting only workers
-    /// that generate (decode and colocated certificates), signing each
-    /// call's tenant context with `keys`.
+    /// that generate (decode and colocated certificates) and may serve the
+    /// call's model, signing each call's tenant context with `keys`.
     pub fn new(identity: &Identity, keys: KeyRing) -> Result<Upstream, TrustError> {
-        let connector = Connector::new(identity, &[CertRole::Decode, CertRole::Colocated])?;
+        // Checked once here, so a per-model connector cannot fail later.
+        Connector::new(identity, &GENERATING)?;
         Ok(Upstream {
-            http: Client::builder(TokioExecutor::new()).build(connector),
+            identity: identity.clone(),
+            clients: Arc::default(),
             keys,
         })
+    }
+
+    /// The client for `model`'s workers: a worker whose certificate is
+    /// scoped to another model is refused in the handshake, before a byte
+    /// of the request (its prompt) is sent.
+    fn client(&self, model: &str) -> Result<WorkerClient, UpstreamError> {
+        let mut clients = self.clients.lock().map_err(|_| UpstreamError::Protocol)?;
+        if let Some(c) = clients.get(model) {
+            return Ok(c.clone());
+        }
+        let connector = Connector::for_model(&self.identity, &GENERATING, model)
+            .map_err(|_| UpstreamError::Protocol)?;
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        clients.insert(model.to_owned(), client.clone());
+        Ok(client)
     }
 
     /// Sends the request; returns the first line (a token or the end) and
@@ -99,10 +130,14 @@ impl Upstream {
             req.headers_mut()
                 .insert(bulkhead_telemetry::REQUEST_ID_HEADER, v);
         }
-        let resp = tokio::time::timeout(UPSTREAM_HEAD_TIMEOUT, self.http.request(req))
+        let http = self.client(&ctx.model)?;
+        let resp = tokio::time::timeout(UPSTREAM_HEAD_TIMEOUT, http.request(req))
             .await
             .map_err(|_| UpstreamError::Unreachable)?
-            .map_err(|_| UpstreamError::Unreachable)?;
+            .map_err(|e| {
+                tracing::warn!(worker = %address, error = %chain(&e), "worker call failed");
+                UpstreamError::Unreachable
+            })?;
         let status = resp.status();
         if status != StatusCode::OK {
             let bytes = resp
@@ -138,6 +173,19 @@ impl Upstream {
             None => Err(UpstreamError::Protocol),
         }
     }
+}
+
+/// An error and its sources, for a log line (a refused handshake says
+/// why only in a source).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut next = e.source();
+    while let Some(inner) = next {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        next = inner.source();
+    }
+    s
 }
 
 /// The HTTP status a worker error code stands for (for errors that arrive

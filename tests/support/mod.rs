@@ -55,6 +55,18 @@ pub fn identity(role: CertRole) -> bulkhead_trust::Identity {
         .expect("test identity")
 }
 
+/// The test CA's identity of `role` scoped to `model` (and a pool bound).
+pub fn scoped_identity(
+    role: CertRole,
+    model: &str,
+    max_kv_bytes: Option<u64>,
+) -> bulkhead_trust::Identity {
+    let scope = bulkhead_trust::Scope::model(model, max_kv_bytes);
+    let (files, _) =
+        bulkhead_trust::authority::init_scoped(tls_dir(), role, &scope).expect("scoped identity");
+    bulkhead_trust::Identity::load(&files, role).expect("scoped identity")
+}
+
 /// A blocking mutual-TLS connection to a worker at `addr`, presenting the
 /// test CA's certificate of `present`.
 pub fn tls_connect(

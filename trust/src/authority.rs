@@ -8,11 +8,13 @@
 //! each component its files instead (`--tls-ca`, `--tls-cert`,
 //! `--tls-key`); a role certificate is any certificate from their CA whose
 //! subject alternative names hold the DNS name `ROLE.bulkhead.internal`.
+//! [`init_scoped`] issues a worker certificate scoped to a model (and a
+//! pool bound) beside them: `ROLE.KEY.pem`, `ROLE.KEY.key`.
 
-use crate::{Identity, Role, TlsFiles, TrustError};
+use crate::{Identity, Role, Scope, TlsFiles, TrustError};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use std::path::{Path, PathBuf};
 
@@ -70,29 +72,79 @@ pub fn init_dir(dir: &Path, roles: &[Role]) -> Result<Created, TrustError> {
     let issuer = Issuer::new(ca_params(), key);
     for role in roles {
         let files = TlsFiles::in_dir(dir, *role);
-        if files.cert.exists() && files.key.exists() && Identity::load(&files, *role).is_ok() {
-            continue;
-        }
-        let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec![role.dns_name()])?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::OrganizationName, "Bulkhead");
-        dn.push(DnType::CommonName, role.dns_name());
-        params.distinguished_name = dn;
-        params.not_before = time::OffsetDateTime::now_utc() - time::Duration::days(1);
-        params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(ROLE_DAYS);
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        let cert = params.signed_by(&key, &issuer)?;
-        write(&files.key, key.serialize_pem().as_bytes(), &mut created)?;
-        write(&files.cert, cert.pem().as_bytes(), &mut created)?;
-        Identity::load(&files, *role)?;
+        issue(&issuer, &files, *role, &Scope::default(), &mut created)?;
     }
     Ok(created)
+}
+
+/// Makes sure `dir` (which [`init_dir`] made) holds a valid certificate
+/// for `role` scoped to exactly `scope`, in the files
+/// [`TlsFiles::scoped_in_dir`] names, issuing one if it is missing,
+/// expired or scoped otherwise. Returns the files and what was written.
+pub fn init_scoped(
+    dir: &Path,
+    role: Role,
+    scope: &Scope,
+) -> Result<(TlsFiles, Created), TrustError> {
+    let ca_key = dir.join("ca.key");
+    let pem = std::fs::read_to_string(&ca_key).map_err(|source| TrustError::Io {
+        path: ca_key.display().to_string(),
+        source,
+    })?;
+    let issuer = Issuer::new(ca_params(), KeyPair::from_pem(&pem)?);
+    let files = TlsFiles::scoped_in_dir(dir, role, scope);
+    let mut created = Created::default();
+    issue(&issuer, &files, role, scope, &mut created)?;
+    Ok((files, created))
+}
+
+/// Issues a certificate for `role` scoped to `scope` into `files`, unless
+/// a valid one of exactly that role and scope is there already.
+fn issue(
+    issuer: &Issuer<'_, KeyPair>,
+    files: &TlsFiles,
+    role: Role,
+    scope: &Scope,
+    created: &mut Created,
+) -> Result<(), TrustError> {
+    if files.cert.exists()
+        && files.key.exists()
+        && Identity::load(files, role).is_ok_and(|id| id.scope() == scope)
+    {
+        return Ok(());
+    }
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(vec![role.dns_name()])?;
+    for uri in scope.uris() {
+        params
+            .subject_alt_names
+            .push(SanType::URI(uri.as_str().try_into()?));
+    }
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "Bulkhead");
+    dn.push(DnType::CommonName, role.dns_name());
+    params.distinguished_name = dn;
+    params.not_before = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+    params.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(ROLE_DAYS);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    let cert = params.signed_by(&key, issuer)?;
+    write(&files.key, key.serialize_pem().as_bytes(), created)?;
+    write(&files.cert, cert.pem().as_bytes(), created)?;
+    let loaded = Identity::load(files, role)?;
+    if loaded.scope() != scope {
+        return Err(TrustError::Certificate(format!(
+            "{}: issued for {} but reads as {}",
+            files.cert.display(),
+            scope.describe(),
+            loaded.scope().describe()
+        )));
+    }
+    Ok(())
 }
 
 fn create_dir(dir: &Path) -> Result<(), TrustError> {

@@ -65,6 +65,25 @@ impl Connector {
     }
 }
 
+impl Connector {
+    /// Dials with `identity`, accepting a server of one of `expect` whose
+    /// certificate may serve `model`: a worker scoped to another model is
+    /// refused in the handshake, before a byte of a request is sent.
+    pub fn for_model(
+        identity: &Identity,
+        expect: &[Role],
+        model: &str,
+    ) -> Result<Connector, TrustError> {
+        let first = *expect
+            .first()
+            .ok_or_else(|| TrustError::Certificate("no role to expect".to_owned()))?;
+        Ok(Connector {
+            tls: identity.connector_for_model(expect, model)?,
+            expect: first,
+        })
+    }
+}
+
 impl tower_service::Service<Uri> for Connector {
     type Response = TlsConnection;
     type Error = io::Error;

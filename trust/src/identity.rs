@@ -4,7 +4,7 @@
 //! wrong file is a clear error before any port is bound.
 
 use crate::verify::{AdmitRoles, ExpectRoles};
-use crate::{Role, TrustError};
+use crate::{Role, Scope, TrustError};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -33,12 +33,25 @@ impl TlsFiles {
             key: dir.join(format!("{role}.key")),
         }
     }
+
+    /// The files [`crate::authority::init_scoped`] writes for `role`
+    /// scoped to `scope` in `dir`: `ca.pem`, `ROLE.KEY.pem`,
+    /// `ROLE.KEY.key` (`KEY` from the scope's models).
+    pub fn scoped_in_dir(dir: &Path, role: Role, scope: &crate::Scope) -> TlsFiles {
+        let key = scope.file_key();
+        TlsFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join(format!("{role}.{key}.pem")),
+            key: dir.join(format!("{role}.{key}.key")),
+        }
+    }
 }
 
 /// A loaded identity. Cheap to clone.
 #[derive(Clone)]
 pub struct Identity {
     role: Role,
+    scope: Scope,
     roots: Arc<RootCertStore>,
     chain: Vec<CertificateDer<'static>>,
     key: Arc<PrivateKeyDer<'static>>,
@@ -50,6 +63,7 @@ impl std::fmt::Debug for Identity {
         // Never the key.
         f.debug_struct("Identity")
             .field("role", &self.role)
+            .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
 }
@@ -87,6 +101,7 @@ impl Identity {
             PrivateKeyDer::from_pem_slice(&read(&files.key)?).map_err(|e| pem(&files.key, &e))?;
         let id = Identity {
             role,
+            scope: Scope::of(&chain[0]),
             roots: Arc::new(roots),
             chain,
             key: Arc::new(key),
@@ -101,8 +116,14 @@ impl Identity {
         self.role
     }
 
+    /// What its certificate limits it to beyond its role.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
     /// The configuration of a server that admits only clients whose
-    /// certificate names one of `admit`.
+    /// certificate names one of `admit` (and, when this identity is scoped
+    /// to models, is scoped to one of them too).
     pub fn server_config(&self, admit: &[Role]) -> Result<Arc<ServerConfig>, TrustError> {
         let inner = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::clone(&self.roots),
@@ -113,6 +134,7 @@ impl Identity {
         let verifier = Arc::new(AdmitRoles {
             inner,
             admit: admit.to_vec(),
+            models: self.scope.models.clone(),
         });
         let mut config = ServerConfig::builder_with_provider(Arc::clone(&self.provider))
             .with_safe_default_protocol_versions()?
@@ -123,12 +145,25 @@ impl Identity {
     }
 
     /// The configuration of a client that presents this identity and
-    /// accepts only a server whose certificate names one of `expect`.
+    /// accepts only a server whose certificate names one of `expect` (and,
+    /// when this identity is scoped to models, is scoped to one of them).
     pub fn client_config(&self, expect: &[Role]) -> Result<Arc<ClientConfig>, TrustError> {
+        self.client_config_for(expect, &self.scope.models)
+    }
+
+    /// The configuration of a client that presents this identity and
+    /// accepts only a server whose certificate names one of `expect` and
+    /// may serve one of `models` (any server, when `models` is empty).
+    pub fn client_config_for(
+        &self,
+        expect: &[Role],
+        models: &[String],
+    ) -> Result<Arc<ClientConfig>, TrustError> {
         let inner = self.server_verifier()?;
         let verifier = Arc::new(ExpectRoles {
             inner,
             expect: expect.to_vec(),
+            models: models.to_vec(),
         });
         let config = ClientConfig::builder_with_provider(Arc::clone(&self.provider))
             .with_safe_default_protocol_versions()?
@@ -147,6 +182,7 @@ impl Identity {
         let verifier = Arc::new(ExpectRoles {
             inner: self.server_verifier()?,
             expect: expect.to_vec(),
+            models: Vec::new(),
         });
         let config = ClientConfig::builder_with_provider(Arc::clone(&self.provider))
             .with_safe_default_protocol_versions()?
@@ -165,6 +201,18 @@ impl Identity {
     pub fn connector(&self, expect: &[Role]) -> Result<tokio_rustls::TlsConnector, TrustError> {
         Ok(tokio_rustls::TlsConnector::from(
             self.client_config(expect)?,
+        ))
+    }
+
+    /// The connector of a client that expects a server of `expect` that
+    /// may serve `model`.
+    pub fn connector_for_model(
+        &self,
+        expect: &[Role],
+        model: &str,
+    ) -> Result<tokio_rustls::TlsConnector, TrustError> {
+        Ok(tokio_rustls::TlsConnector::from(
+            self.client_config_for(expect, &[model.to_owned()])?,
         ))
     }
 

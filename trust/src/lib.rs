@@ -12,6 +12,8 @@
 //!   at start-up; it builds the rustls configurations.
 //! - [`authority`]: creating the CA and role certificates (`up`,
 //!   `bulkhead tls init`).
+//! - [`Scope`]: what a worker certificate limits its holder to beyond its
+//!   role (the models it may serve, the largest pool it may claim).
 //! - [`listen`]: a TLS listener for `axum::serve` whose connections carry
 //!   the peer's verified role ([`Peer`]).
 //! - [`connect`]: a connector for hyper clients that dials with this
@@ -21,10 +23,12 @@ pub mod authority;
 pub mod connect;
 mod identity;
 pub mod listen;
+mod scope;
 mod verify;
 
 pub use identity::{Identity, TlsFiles};
 pub use listen::{CallerRole, Peer, TlsListener};
+pub use scope::Scope;
 
 use std::fmt;
 

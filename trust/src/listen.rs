@@ -4,7 +4,7 @@
 //! certificate the port admits, come out of [`TlsListener::accept`]. A
 //! refused peer never gets a byte of the application protocol read.
 
-use crate::Role;
+use crate::{Role, Scope};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -16,13 +16,16 @@ use tokio_rustls::server::TlsStream;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Who is on the other end of an accepted connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     /// Its address.
     pub addr: SocketAddr,
     /// The role its certificate names (one the port admits; `None` only
     /// on a port without TLS).
     pub role: Option<Role>,
+    /// What its certificate limits it to beyond the role (unscoped on a
+    /// port without TLS, where no route that needs a role is served).
+    pub scope: Scope,
 }
 
 impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>> for Peer {
@@ -30,8 +33,19 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
         Peer {
             addr: *stream.remote_addr(),
             role: peer_role(stream.io()),
+            scope: peer_scope(stream.io()),
         }
     }
+}
+
+/// The scope of the certificate the peer of `tls` presented.
+pub fn peer_scope(tls: &TlsStream<TcpStream>) -> Scope {
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(Scope::of)
+        .unwrap_or_default()
 }
 
 /// The role named by the certificate the peer of `tls` presented.
@@ -145,4 +159,14 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for CallerRole {
     ) -> Result<CallerRole, std::convert::Infallible> {
         Ok(CallerRole::of(&parts.extensions))
     }
+}
+
+/// The scope of the certificate on the connection a request came in on
+/// (unscoped where there is no such connection; every route that needs a
+/// scope needs a role too, and refuses those).
+pub fn caller_scope(extensions: &axum::http::Extensions) -> Scope {
+    extensions
+        .get::<axum::extract::ConnectInfo<Peer>>()
+        .map(|c| c.0.scope.clone())
+        .unwrap_or_default()
 }

@@ -2,7 +2,7 @@
 //! the platform CA. rustls' own verifiers check the chain (and, for servers,
 //! the name the client dialled); these wrap them and decide by role.
 
-use crate::Role;
+use crate::{Role, Scope};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -42,11 +42,26 @@ fn roles(list: &[Role]) -> String {
 }
 
 /// Server side: the client must present a certificate from the platform CA
-/// naming one of `admit`.
+/// naming one of `admit`, scoped to one of `models` if any are given.
 #[derive(Debug)]
 pub(crate) struct AdmitRoles {
     pub(crate) inner: Arc<dyn ClientCertVerifier>,
     pub(crate) admit: Vec<Role>,
+    pub(crate) models: Vec<String>,
+}
+
+/// The refusal of a peer whose certificate is scoped to none of `models`.
+fn check_scope(cert: &CertificateDer<'_>, models: &[String], who: &str) -> Result<(), Error> {
+    let scope = Scope::of(cert);
+    if scope.serves_any(models) {
+        Ok(())
+    } else {
+        Err(refused(format!(
+            "the {who}'s certificate is for {}, not {}",
+            scope.describe(),
+            models.join(" or ")
+        )))
+    }
 }
 
 impl ClientCertVerifier for AdmitRoles {
@@ -64,7 +79,10 @@ impl ClientCertVerifier for AdmitRoles {
             .inner
             .verify_client_cert(end_entity, intermediates, now)?;
         match role_of(end_entity) {
-            Some(r) if self.admit.contains(&r) => Ok(verified),
+            Some(r) if self.admit.contains(&r) => {
+                check_scope(end_entity, &self.models, "client")?;
+                Ok(verified)
+            }
             Some(r) => Err(refused(format!(
                 "a {r} certificate may not use this port (it admits {})",
                 roles(&self.admit)
@@ -101,11 +119,13 @@ impl ClientCertVerifier for AdmitRoles {
 
 /// Client side: the server must present a certificate from the platform CA
 /// naming one of `expect`, whatever address was dialled (workers are
-/// reached by address; what matters is what they are).
+/// reached by address; what matters is what they are), scoped to one of
+/// `models` if any are given.
 #[derive(Debug)]
 pub(crate) struct ExpectRoles {
     pub(crate) inner: Arc<rustls::client::WebPkiServerVerifier>,
     pub(crate) expect: Vec<Role>,
+    pub(crate) models: Vec<String>,
 }
 
 impl ServerCertVerifier for ExpectRoles {
@@ -128,7 +148,10 @@ impl ServerCertVerifier for ExpectRoles {
                 ocsp_response,
                 now,
             ) {
-                Ok(v) => return Ok(v),
+                Ok(v) => {
+                    check_scope(end_entity, &self.models, "server")?;
+                    return Ok(v);
+                }
                 Err(e) => last = Some(e),
             }
         }

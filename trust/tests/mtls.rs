@@ -226,3 +226,131 @@ async fn init_dir_reuses_valid_files_and_writes_keys_owner_only() {
         .expect_err("a gateway certificate is not a decode identity");
     assert!(e.to_string().contains("names gateway"), "{e}");
 }
+
+#[tokio::test]
+async fn a_scoped_certificate_serves_only_its_model_and_meets_only_peers_of_it() {
+    let d = dir("scoped");
+    authority::init_dir(&d, &Role::ALL).expect("CA");
+    let (a, b) = ("@cf/org/model-a", "@cf/org/model-b");
+    let scoped = |role, model| {
+        let scope = bulkhead_trust::Scope::model(model, Some(64 << 20));
+        let (files, _) = authority::init_scoped(&d, role, &scope).expect("scoped");
+        let id = Identity::load(&files, role).expect("identity");
+        assert_eq!(
+            id.scope(),
+            &scope,
+            "the scope reads back from the certificate"
+        );
+        id
+    };
+    let decode_a = scoped(Role::Decode, a);
+    let decode_b = scoped(Role::Decode, b);
+    assert!(decode_a.scope().allows_model(a) && !decode_a.scope().allows_model(b));
+    assert!(decode_a.scope().allows_pool(64 << 20) && !decode_a.scope().allows_pool(65 << 20));
+    // Reissued only when missing or scoped otherwise.
+    let again = authority::init_scoped(&d, Role::Decode, decode_a.scope()).expect("again");
+    assert!(again.1.written.is_empty(), "{:?}", again.1);
+    let unscoped = identity(&d, Role::Decode);
+    assert_eq!(unscoped.scope(), &bulkhead_trust::Scope::default());
+
+    // The gateway calling for model A: A's worker and an unscoped one are
+    // served; B's worker is refused in the handshake, before a byte is sent.
+    let gw = identity(&d, Role::Gateway);
+    let for_a = gw.connector_for_model(&[Role::Decode], a).expect("c");
+    let (addr_a, mut reached_a) = server(&decode_a, &[Role::Gateway]).await;
+    let (addr_b, mut reached_b) = server(&decode_b, &[Role::Gateway]).await;
+    let (addr_any, _) = server(&unscoped, &[Role::Gateway]).await;
+    assert_eq!(
+        talk(&for_a, Role::Decode, &addr_a).await.as_deref(),
+        Ok("ok")
+    );
+    assert!(reached_a.recv().await.is_some());
+    assert_eq!(
+        talk(&for_a, Role::Decode, &addr_any).await.as_deref(),
+        Ok("ok")
+    );
+    let r = talk(&for_a, Role::Decode, &addr_b).await;
+    assert!(
+        r.as_ref().is_err_and(|e| e.contains(b) && e.contains(a)),
+        "B's worker was reached for A: {r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(reached_b.try_recv().is_err(), "B's worker got a connection");
+
+    // Worker to worker: A's prefill meets A's decode, refuses B's, both
+    // ways.
+    let prefill_a = scoped(Role::Prefill, a);
+    let (addr_p, mut reached_p) = server(&prefill_a, &[Role::Decode]).await;
+    let ok = talk(
+        &decode_a.connector(&[Role::Prefill]).expect("c"),
+        Role::Prefill,
+        &addr_p,
+    )
+    .await;
+    assert_eq!(ok.as_deref(), Ok("ok"));
+    assert!(reached_p.recv().await.is_some());
+    let r = talk(
+        &decode_b.connector(&[Role::Prefill]).expect("c"),
+        Role::Prefill,
+        &addr_p,
+    )
+    .await;
+    assert!(
+        r.is_err(),
+        "B's decode worker met A's prefill worker: {r:?}"
+    );
+    // The server decides on its own too: B's decode certificate, presented
+    // by a client that would accept any server, is refused by A's prefill
+    // worker in the handshake; A's is served.
+    let r = talk(
+        &any_server_presenting(&d, Role::Decode, b),
+        Role::Prefill,
+        &addr_p,
+    )
+    .await;
+    assert!(
+        r.is_err(),
+        "A's prefill worker served B's decode certificate: {r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        reached_p.try_recv().is_err(),
+        "B's decode certificate reached A's prefill"
+    );
+    let r = talk(
+        &any_server_presenting(&d, Role::Decode, a),
+        Role::Prefill,
+        &addr_p,
+    )
+    .await;
+    assert_eq!(r.as_deref(), Ok("ok"));
+}
+
+/// A client trusting any server, presenting the decode certificate scoped
+/// to `model` (what the server-side check alone decides on).
+fn any_server_presenting(
+    d: &std::path::Path,
+    role: Role,
+    model: &str,
+) -> tokio_rustls::TlsConnector {
+    let files = TlsFiles::scoped_in_dir(
+        d,
+        role,
+        &bulkhead_trust::Scope::model(model, Some(64 << 20)),
+    );
+    use rustls::pki_types::pem::PemObject;
+    let chain = rustls::pki_types::CertificateDer::pem_file_iter(&files.cert)
+        .expect("cert")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("cert");
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&files.key).expect("key");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AnyServer(provider)))
+        .with_client_auth_cert(chain, key)
+        .expect("client auth");
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+}

@@ -381,7 +381,7 @@ async fn node_status(
 
 async fn register_node(
     State(s): State<AppState>,
-    NodeAgent(op, cert): NodeAgent,
+    NodeAgent(op, cert, scope): NodeAgent,
     AppJson(req): AppJson<RegisterNode>,
 ) -> ApiResult<NodeStatus> {
     // A node is what its certificate says: a decode certificate cannot
@@ -396,6 +396,31 @@ async fn register_node(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!("a {cert} certificate cannot register a {} node", req.role),
+        ));
+    }
+    // Nor beyond its scope: a certificate for one model cannot register a
+    // worker of another (so the gateway never routes that model to it), nor
+    // claim a larger pool than it was issued for.
+    if !scope.allows_model(req.model.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "this {cert} certificate is for {}: it cannot register a node of {}",
+                scope.describe(),
+                req.model
+            ),
+        ));
+    }
+    if !scope.allows_pool(req.kv_budget_bytes) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "this {cert} certificate is for {}: it cannot claim a KV pool of {} bytes",
+                scope.describe(),
+                req.kv_budget_bytes
+            ),
         ));
     }
     let now = Timestamp::now();
@@ -443,13 +468,27 @@ fn node_summary(r: &RegisterNode) -> String {
 
 async fn heartbeat(
     State(s): State<AppState>,
-    NodeAgent(op, _): NodeAgent,
+    NodeAgent(op, _, scope): NodeAgent,
     AppPath(id): AppPath<i64>,
     OptionalJson(beat): OptionalJson<Heartbeat>,
 ) -> ApiResult<NodeStatus> {
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let id = NodeId::from_db(id);
+    // A certificate keeps alive only nodes of the models it may serve.
+    let node = nodes::get(&mut tx, id).await?;
+    if !scope.allows_model(node.registration.model.as_str()) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "this certificate is for {}: node {} serves {}",
+                scope.describe(),
+                node.registration.name,
+                node.registration.model
+            ),
+        ));
+    }
     nodes::heartbeat(&mut tx, id, &op, &beat, now).await?;
     let status = node_status(&s, &mut tx, id, now).await?;
     tx.commit().await?;

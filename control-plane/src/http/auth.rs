@@ -113,9 +113,13 @@ role_extractor!(
 );
 
 /// A worker: a node token, over the internal port, with a worker's
-/// certificate (whose role it carries).
+/// certificate (whose role and scope it carries).
 #[derive(Debug, Clone)]
-pub(crate) struct NodeAgent(pub(crate) Operator, pub(crate) CertRole);
+pub(crate) struct NodeAgent(
+    pub(crate) Operator,
+    pub(crate) CertRole,
+    pub(crate) bulkhead_trust::Scope,
+);
 
 impl FromRequestParts<AppState> for NodeAgent {
     type Rejection = ApiError;
@@ -127,7 +131,11 @@ impl FromRequestParts<AppState> for NodeAgent {
         let NodeToken(op) = NodeToken::from_request_parts(parts, state).await?;
         match cert_role(parts) {
             Some(r @ (CertRole::Prefill | CertRole::Decode | CertRole::Colocated)) => {
-                Ok(NodeAgent(op, r))
+                Ok(NodeAgent(
+                    op,
+                    r,
+                    bulkhead_trust::listen::caller_scope(&parts.extensions),
+                ))
             }
             _ => Err(needs_cert("node calls")),
         }

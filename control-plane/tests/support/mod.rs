@@ -243,6 +243,7 @@ impl Harness {
                 .insert(axum::extract::ConnectInfo(bulkhead_trust::Peer {
                     addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
                     role: Some(role),
+                    scope: Default::default(),
                 }));
         }
         let resp = self.app.clone().oneshot(req).await.expect("router");
@@ -279,6 +280,7 @@ pub fn from_gateway(mut req: axum::http::Request<Body>) -> axum::http::Request<B
         .insert(axum::extract::ConnectInfo(bulkhead_trust::Peer {
             addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
             role: Some(bulkhead_trust::Role::Gateway),
+            scope: Default::default(),
         }));
     req
 }

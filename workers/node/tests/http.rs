@@ -89,6 +89,7 @@ async fn post_with(
             .insert(axum::extract::ConnectInfo(Peer {
                 addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
                 role: Some(role),
+                scope: Default::default(),
             }));
     }
     let res = app(Role::Colocated(Arc::clone(engine)), Arc::clone(check))
@@ -221,6 +222,7 @@ async fn a_missing_forged_expired_replayed_or_mismatched_context_is_refused_befo
         .insert(axum::extract::ConnectInfo(Peer {
             addr: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
             role: Some(CertRole::Gateway),
+            scope: Default::default(),
         }));
     let res = app(
         Role::Colocated(Arc::clone(&e)),
