@@ -583,6 +583,7 @@ pub(crate) async fn in_process_pair(
             ack_timeout: Duration::from_secs(10),
             transport: tcp,
             identity: identity(CertRole::Decode)?,
+            model: crate::register::DEFAULT_SLUG.to_owned(),
         },
     );
     if !decode.ready(Duration::from_secs(10)).await {

@@ -326,6 +326,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
         ack_timeout: Duration::from_millis(args.ack_timeout_ms.max(1)),
         transport,
         identity: identity.clone(),
+        model: args.register.model_slug().as_str().to_owned(),
     };
     runtime()?.block_on(async {
         let worker = DecodeWorker::start(Arc::clone(&engine), hello, options);

@@ -108,9 +108,9 @@ pub(crate) struct TlsInitArgs {
     #[arg(long)]
     model: Vec<String>,
     /// With --model: the largest KV pool those certificates may register,
-    /// in MiB.
+    /// in tokens (what a worker reports as `kv_pool_tokens`).
     #[arg(long, requires = "model")]
-    max_kv_mib: Option<u64>,
+    max_kv_tokens: Option<u64>,
 }
 
 /// The roles whose certificates may be scoped to a model.
@@ -123,7 +123,7 @@ pub(crate) fn init(args: &TlsInitArgs) -> anyhow::Result<()> {
         model
             .parse::<bulkhead_control_api::ModelSlug>()
             .map_err(|e| anyhow::anyhow!("--model {model}: {e}"))?;
-        let scope = bulkhead_trust::Scope::model(model, args.max_kv_mib.map(|m| m << 20));
+        let scope = bulkhead_trust::Scope::model(model, args.max_kv_tokens);
         for role in WORKER_ROLES {
             let (_, more) = bulkhead_trust::authority::init_scoped(&args.dir, role, &scope)
                 .with_context(|| format!("issuing the {role} certificate for {model}"))?;

@@ -875,12 +875,13 @@ fn start(
     let threads = args.threads.map(|t| t.to_string());
     let corrupt = args.corrupt_answers_after.map(|n| n.to_string());
     let faults = args.frame_faults_percent.map(|p| p.to_string());
+    let max_pool = pool_bound(Path::new(weights), args.kv_budget_mib << 20)?;
     for served in args.served() {
         let slug = served.slug();
         // Each model's workers hold certificates scoped to that model and
         // to the pool they are given: they can register nothing else, and
         // the gateway sends another model's requests to none of them.
-        let scope = bulkhead_trust::Scope::model(&slug, Some(args.kv_budget_mib << 20));
+        let scope = bulkhead_trust::Scope::model(&slug, Some(max_pool));
         let tls_dir = args.data_dir.join("tls");
         let mut worker = |role: &str, i: u8, extra: &[&str]| -> anyhow::Result<String> {
             let cert_role = match role {
@@ -975,6 +976,18 @@ fn start(
     creds.control_plane_url = cp;
     creds.internal_url = cp_internal;
     Ok(())
+}
+
+/// The most tokens a worker's pool can hold in `budget` bytes (f16 keys
+/// and values, 16-token pages, as `up`'s workers keep them): the bound
+/// their certificates carry. Both served variants share the geometry.
+fn pool_bound(weights: &Path, budget: u64) -> anyhow::Result<u64> {
+    let model = bulkhead_engine::ModelFile::load(weights)
+        .with_context(|| format!("reading {}", weights.display()))?;
+    let c = model.config();
+    let page = (c.layers * 2 * c.kv_heads * c.head_dim * 2 * 16) as u64;
+    anyhow::ensure!(page > 0, "{}: a model with no KV", weights.display());
+    Ok(budget / page * 16)
 }
 
 /// Starts the leak prober (unless `--no-prober`): the sentinels' tokens and

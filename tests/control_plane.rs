@@ -609,7 +609,14 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
     let (s, v) = as_scoped("@cf/other/model", 1 << 40, &fake);
     assert_eq!(s, 403, "{v}");
     assert!(v.contains("cannot register a node of"), "{v}");
-    let (s, v) = as_scoped(SLUG, 64 << 20, &fake);
+    // The pool bound is in tokens, what routing and load reports count: a
+    // small byte budget beside a vast token count is still refused.
+    let small_budget = {
+        let mut v: Value = serde_json::from_str(&fake).expect("JSON");
+        v["kv_budget_bytes"] = json!(1);
+        v.to_string()
+    };
+    let (s, v) = as_scoped(SLUG, 4096, &small_budget);
     assert_eq!(s, 403, "{v}");
     assert!(v.contains("cannot claim a KV pool"), "{v}");
 
@@ -624,11 +631,21 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
     let (s, v) = as_role(CertRole::Decode, &fake);
     assert_eq!(s, 200, "{v}");
     // And a certificate scoped to this model, within its pool, registers.
-    let within = fake
-        .replace("\"fake\"", "\"scoped\"")
-        .replace(&(1u64 << 40).to_string(), &(64u64 << 20).to_string());
-    let (s, v) = as_scoped(SLUG, 64 << 20, &within);
+    let within = {
+        let mut v: Value = serde_json::from_str(&fake).expect("JSON");
+        v["name"] = json!("scoped");
+        v["kv_pool_tokens"] = json!(4096);
+        v["kv_budget_bytes"] = json!(4096u64 * 23_040);
+        v.to_string()
+    };
+    let (s, v) = as_scoped(SLUG, 4096, &within);
     assert_eq!(s, 200, "{v}");
+    // Nor can a certificate for another model take over a node of this
+    // one by registering under its name.
+    let takeover = within.replace(SLUG, "@cf/other/model");
+    let (s, v) = as_scoped("@cf/other/model", 4096, &takeover);
+    assert_eq!(s, 403, "{v}");
+    assert!(v.contains("cannot replace it"), "{v}");
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }

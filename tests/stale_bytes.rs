@@ -98,6 +98,7 @@ fn no_byte_of_a_previous_tenants_kv_reaches_another_tenants_frames_or_pages() {
                 ack_timeout: Duration::from_secs(10),
                 transport: tcp,
                 identity: support::identity(bulkhead_trust::Role::Decode),
+                model: "@cf/huggingfacetb/smollm2-135m-instruct".to_owned(),
             },
         );
         assert!(

@@ -940,3 +940,64 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
     })
     .await;
 }
+
+/// Found by `fuzz_admin` with 2,000 cases: a NUL in any text of a body was
+/// a 500 on PostgreSQL (which cannot store one). It is a 400 on both
+/// backends, for bodies and queries alike, and nothing is written.
+#[tokio::test]
+async fn text_with_a_nul_character_is_refused_with_a_400_on_every_backend() {
+    each_backend(|h| async move {
+        create_model(&h, "public").await?;
+        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
+        let mut body = config(2048, 256);
+        body["quantization"] = json!("q4\u{0}1");
+        let (status, v) = h
+            .call(Method::POST, &path, Some(h.admin.as_str()), Some(body))
+            .await;
+        anyhow::ensure!(status == StatusCode::BAD_REQUEST, "{status} {v}");
+        anyhow::ensure!(v["error"]["code"] == "invalid_request", "{v}");
+        anyhow::ensure!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("NUL")),
+            "{v}"
+        );
+        let mut node = node("decode-\u{0}", "decode", 2_000_000);
+        node["weights_sha256"] = json!("a".repeat(64));
+        let (status, v) = h
+            .call(
+                Method::POST,
+                "/admin/v1/nodes",
+                Some(h.node.as_str()),
+                Some(node),
+            )
+            .await;
+        anyhow::ensure!(status == StatusCode::BAD_REQUEST, "{status} {v}");
+        let (status, v) = h
+            .call(
+                Method::GET,
+                "/admin/v1/audit?subject=a%00b",
+                Some(h.admin.as_str()),
+                None,
+            )
+            .await;
+        anyhow::ensure!(status == StatusCode::BAD_REQUEST, "{status} {v}");
+        // Nothing was written: no config, no node.
+        let configs = h
+            .ok(Method::GET, &path, &h.admin, None, StatusCode::OK)
+            .await?;
+        anyhow::ensure!(configs.as_array().is_some_and(Vec::is_empty), "{configs}");
+        let nodes = h
+            .ok(
+                Method::GET,
+                "/admin/v1/nodes",
+                &h.admin,
+                None,
+                StatusCode::OK,
+            )
+            .await?;
+        anyhow::ensure!(nodes.as_array().is_some_and(Vec::is_empty), "{nodes}");
+        Ok(())
+    })
+    .await;
+}

@@ -99,9 +99,13 @@ impl Identity {
         }
         let key =
             PrivateKeyDer::from_pem_slice(&read(&files.key)?).map_err(|e| pem(&files.key, &e))?;
+        let scope = Scope::of(&chain[0]).ok_or_else(|| TrustError::Pem {
+            path: files.cert.display().to_string(),
+            what: "its subject alternative names cannot be read".to_owned(),
+        })?;
         let id = Identity {
             role,
-            scope: Scope::of(&chain[0]),
+            scope,
             roots: Arc::new(roots),
             chain,
             key: Arc::new(key),

@@ -3,7 +3,8 @@
 //!
 //! A scope travels in the certificate's subject alternative names as URIs
 //! (`urn:bulkhead:model:SLUG`, one per model, and
-//! `urn:bulkhead:kv-max-bytes:N`), so it is signed by the platform CA like
+//! `urn:bulkhead:kv-max-tokens:N`, in the tokens that routing and load
+//! reports count), so it is signed by the platform CA like
 //! the role. A certificate with no model URI may serve any model and one
 //! with no pool URI may claim any pool: that is an operator's choice when
 //! issuing; `up` and `bulkhead tls init --model` issue scoped ones.
@@ -18,24 +19,24 @@ use rustls::pki_types::CertificateDer;
 
 /// The URI prefix of a model a certificate may serve.
 const MODEL_URN: &str = "urn:bulkhead:model:";
-/// The URI prefix of the largest KV pool, in bytes, it may claim.
-const KV_URN: &str = "urn:bulkhead:kv-max-bytes:";
+/// The URI prefix of the largest KV pool, in tokens, it may claim.
+const KV_URN: &str = "urn:bulkhead:kv-max-tokens:";
 
 /// A certificate's scope. The default is unscoped (any model, any pool).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Scope {
     /// Models it may serve, by slug; empty: any.
     pub models: Vec<String>,
-    /// The largest KV pool it may register, in bytes; `None`: any.
-    pub max_kv_bytes: Option<u64>,
+    /// The largest KV pool it may register, in tokens; `None`: any.
+    pub max_kv_tokens: Option<u64>,
 }
 
 impl Scope {
     /// Scoped to one model, with a pool bound if given.
-    pub fn model(slug: &str, max_kv_bytes: Option<u64>) -> Scope {
+    pub fn model(slug: &str, max_kv_tokens: Option<u64>) -> Scope {
         Scope {
             models: vec![slug.to_owned()],
-            max_kv_bytes,
+            max_kv_tokens,
         }
     }
 
@@ -44,9 +45,9 @@ impl Scope {
         self.models.is_empty() || self.models.iter().any(|m| m == slug)
     }
 
-    /// Whether it may register a pool of `bytes`.
-    pub fn allows_pool(&self, bytes: u64) -> bool {
-        self.max_kv_bytes.is_none_or(|max| bytes <= max)
+    /// Whether it may register a pool of `tokens`.
+    pub fn allows_pool(&self, tokens: u64) -> bool {
+        self.max_kv_tokens.is_none_or(|max| tokens <= max)
     }
 
     /// Whether a peer of this scope may serve at least one of `wanted`
@@ -55,15 +56,14 @@ impl Scope {
         wanted.is_empty() || wanted.iter().any(|w| self.allows_model(w))
     }
 
-    /// The scope a certificate carries (unscoped if it cannot be parsed;
-    /// only a certificate a verifier accepted is asked).
-    pub fn of(cert: &CertificateDer<'_>) -> Scope {
+    /// The scope a certificate carries; `None` if it cannot be read, which
+    /// every check refuses (a scope that cannot be read limits nothing
+    /// that can be trusted).
+    pub fn of(cert: &CertificateDer<'_>) -> Option<Scope> {
         let mut scope = Scope::default();
-        let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert.as_ref()) else {
-            return scope;
-        };
-        let Ok(Some(san)) = parsed.subject_alternative_name() else {
-            return scope;
+        let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+        let Some(san) = parsed.subject_alternative_name().ok()? else {
+            return Some(scope);
         };
         for name in &san.value.general_names {
             if let x509_parser::extensions::GeneralName::URI(uri) = name {
@@ -72,11 +72,11 @@ impl Scope {
                 } else if let Some(n) = uri.strip_prefix(KV_URN) {
                     // An unreadable bound admits nothing rather than anything.
                     let n = n.parse().unwrap_or(0);
-                    scope.max_kv_bytes = Some(scope.max_kv_bytes.map_or(n, |m: u64| m.min(n)));
+                    scope.max_kv_tokens = Some(scope.max_kv_tokens.map_or(n, |m: u64| m.min(n)));
                 }
             }
         }
-        scope
+        Some(scope)
     }
 
     /// The URIs that carry it in a certificate.
@@ -86,13 +86,15 @@ impl Scope {
             .iter()
             .map(|m| format!("{MODEL_URN}{m}"))
             .collect();
-        if let Some(n) = self.max_kv_bytes {
+        if let Some(n) = self.max_kv_tokens {
             uris.push(format!("{KV_URN}{n}"));
         }
         uris
     }
 
-    /// A file-name-safe key for this scope's files (`ROLE.KEY.pem`).
+    /// A file-name-safe key for this scope's files (`ROLE.KEY.pem`): the
+    /// models, readable, then a hash of their exact slugs (two slugs that
+    /// read alike, such as `@cf/a-b/c` and `@cf/a/b-c`, differ in it).
     pub fn file_key(&self) -> String {
         let mut key = String::new();
         for m in &self.models {
@@ -116,7 +118,15 @@ impl Scope {
         if key.is_empty() {
             key.push_str("any");
         }
-        key
+        // FNV-1a over the slugs, each ended by a NUL: stable across builds.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for m in &self.models {
+            for b in m.bytes().chain([0]) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        format!("{key}-{:08x}", h >> 32)
     }
 
     /// How it reads in an error.
@@ -126,8 +136,8 @@ impl Scope {
         } else {
             self.models.join(", ")
         };
-        match self.max_kv_bytes {
-            Some(n) => format!("{models}, a KV pool of at most {n} bytes"),
+        match self.max_kv_tokens {
+            Some(n) => format!("{models}, a KV pool of at most {n} tokens"),
             None => models,
         }
     }

@@ -52,7 +52,11 @@ pub(crate) struct AdmitRoles {
 
 /// The refusal of a peer whose certificate is scoped to none of `models`.
 fn check_scope(cert: &CertificateDer<'_>, models: &[String], who: &str) -> Result<(), Error> {
-    let scope = Scope::of(cert);
+    let Some(scope) = Scope::of(cert) else {
+        return Err(refused(format!(
+            "the {who}'s certificate's subject alternative names cannot be read"
+        )));
+    };
     if scope.serves_any(models) {
         Ok(())
     } else {

@@ -412,24 +412,41 @@ async fn register_node(
             ),
         ));
     }
-    if !scope.allows_pool(req.kv_budget_bytes) {
+    if !scope.allows_pool(req.kv_pool_tokens) {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
-                "this {cert} certificate is for {}: it cannot claim a KV pool of {} bytes",
+                "this {cert} certificate is for {}: it cannot claim a KV pool of {} tokens",
                 scope.describe(),
-                req.kv_budget_bytes
+                req.kv_pool_tokens
             ),
         ));
     }
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
-    let before = nodes::list(&mut tx, None)
+    let existing = nodes::list(&mut tx, None)
         .await?
         .into_iter()
-        .find(|n| n.registration.name == req.name)
-        .map(|n| node_summary(&n.registration));
+        .find(|n| n.registration.name == req.name);
+    // Re-registering replaces the node of that name: only a certificate
+    // that may serve the model it serves now may do so (else one model's
+    // certificate could take another model's node out of routing).
+    if existing
+        .as_ref()
+        .is_some_and(|n| !scope.allows_model(n.registration.model.as_str()))
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "a node named {} serves another model: this certificate (for {}) cannot replace it",
+                req.name,
+                scope.describe()
+            ),
+        ));
+    }
+    let before = existing.map(|n| node_summary(&n.registration));
     let id = nodes::register(&mut tx, &req, &op, now).await?;
     let after = node_summary(&req);
     let entry = audit::NewEntry {
@@ -475,21 +492,20 @@ async fn heartbeat(
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let id = NodeId::from_db(id);
-    // A certificate keeps alive only nodes of the models it may serve.
+    nodes::heartbeat(&mut tx, id, &op, &beat, now).await?;
+    // A certificate keeps alive only nodes of the models it may serve (the
+    // heartbeat above is rolled back otherwise).
     let node = nodes::get(&mut tx, id).await?;
     if !scope.allows_model(node.registration.model.as_str()) {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
-                "this certificate is for {}: node {} serves {}",
-                scope.describe(),
-                node.registration.name,
-                node.registration.model
+                "this certificate (for {}) may not report for that node",
+                scope.describe()
             ),
         ));
     }
-    nodes::heartbeat(&mut tx, id, &op, &beat, now).await?;
     let status = node_status(&s, &mut tx, id, now).await?;
     tx.commit().await?;
     Ok(Json(status))

@@ -114,10 +114,54 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for AppJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match axum::Json::<T>::from_request(req, state).await {
+        if !json_content_type(req.headers()) {
+            // axum's own refusal, in our shape.
+            return match axum::Json::<T>::from_request(req, state).await {
+                Ok(axum::Json(v)) => Ok(AppJson(v)),
+                Err(r) => Err(ApiError::bad_request(r.body_text())),
+            };
+        }
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(|r| ApiError::bad_request(r.body_text()))?;
+        refuse_nul(&bytes)?;
+        match axum::Json::<T>::from_bytes(&bytes) {
             Ok(axum::Json(v)) => Ok(AppJson(v)),
             Err(r) => Err(ApiError::bad_request(r.body_text())),
         }
+    }
+}
+
+/// Whether the request says its body is JSON (as axum's `Json` requires).
+fn json_content_type(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .is_some_and(|m| {
+            m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+        })
+}
+
+/// Text may not hold NUL (`\u0000`): PostgreSQL cannot store it, and no
+/// name, reason or field of ours means one. Refused here, for every body,
+/// so it is a 400 rather than a database error.
+fn refuse_nul(bytes: &[u8]) -> Result<(), ApiError> {
+    fn has_nul(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::String(s) => s.contains('\0'),
+            serde_json::Value::Array(a) => a.iter().any(has_nul),
+            serde_json::Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
+            _ => false,
+        }
+    }
+    match serde_json::from_slice::<serde_json::Value>(bytes) {
+        Ok(v) if has_nul(&v) => Err(ApiError::bad_request(
+            "text in the body may not contain NUL characters (\\u0000)",
+        )),
+        // Invalid JSON gets its own answer from the typed parse.
+        _ => Ok(()),
     }
 }
 
@@ -164,6 +208,13 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for AppQuery<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        // As for bodies: no NUL in any text (`%00` decodes to one).
+        let query = parts.uri.query().unwrap_or("");
+        if query.contains("%00") {
+            return Err(ApiError::bad_request(
+                "the query may not contain NUL characters (%00)",
+            ));
+        }
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(AppQuery(v)),
             Err(r) => Err(ApiError::bad_request(r.body_text())),

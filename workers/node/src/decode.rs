@@ -39,6 +39,9 @@ pub struct DecodeOptions {
     /// This worker's decode identity: transfer connections are mutual TLS
     /// and accept only a prefill certificate.
     pub identity: bulkhead_trust::Identity,
+    /// The model it serves: a prefill worker whose certificate is scoped
+    /// to another model is refused in the handshake.
+    pub model: String,
 }
 
 /// Why a request could not be started.

@@ -214,7 +214,11 @@ impl Link {
     }
 
     async fn try_connect(&mut self) -> bool {
-        let tls = match self.options.identity.connector(&[CertRole::Prefill]) {
+        let tls = match self
+            .options
+            .identity
+            .connector_for_model(&[CertRole::Prefill], &self.options.model)
+        {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("bulkhead decode: TLS: {e}");
