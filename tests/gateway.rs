@@ -242,6 +242,57 @@ impl Fixture {
         )
     }
 
+    /// Registers a colocated node of this model at `address` (with an
+    /// unscoped worker certificate) that reports its whole vast pool free:
+    /// the picker's first choice. Returns once it is routable.
+    async fn register_favoured(&self, name: &str, address: String) {
+        let nodes = Client::with_identity(
+            &Credentials {
+                control_plane_url: self.cp.clone(),
+                operator_token: self.node_token.clone(),
+            },
+            &support::identity(CertRole::Colocated),
+        )
+        .expect("client");
+        let node = bulkhead_control_api::RegisterNode {
+            name: name.to_owned(),
+            role: bulkhead_control_api::NodeRole::Colocated,
+            model: SLUG.parse().expect("slug"),
+            address,
+            transfer_address: None,
+            kv_pool_tokens: 1 << 20,
+            weights_sha256: self.sha256.clone(),
+            quantization: "q4_1".to_owned(),
+            page_size: 16,
+            kv_budget_bytes: 64 << 20,
+            parallelism: Parallelism::default(),
+            prefill: Some(bulkhead_control_api::PrefillFigures {
+                ns_per_token: 1,
+                ns_per_pair: 1,
+                deadline_ms: 60_000,
+            }),
+        };
+        let status: bulkhead_control_api::NodeStatus = nodes
+            .post("/admin/v1/nodes", &node)
+            .await
+            .expect("register");
+        assert!(status.node.routable, "{:?}", status.node.unroutable_reason);
+        let beat = bulkhead_control_api::Heartbeat {
+            load: Some(bulkhead_control_api::NodeLoad {
+                free_pages: 1 << 16,
+                total_pages: 1 << 16,
+                queue_depth: 0,
+            }),
+        };
+        let _: bulkhead_control_api::NodeStatus = nodes
+            .post(
+                &format!("/admin/v1/nodes/{}/heartbeat", status.node.id),
+                &beat,
+            )
+            .await
+            .expect("heartbeat");
+    }
+
     fn worker_addr(&self) -> String {
         self.worker.addr("http")
     }
@@ -530,53 +581,9 @@ async fn a_worker_that_cannot_be_reached_is_skipped_before_the_first_byte() {
             drop(sock);
         }
     });
-    let nodes = Client::with_identity(
-        &Credentials {
-            control_plane_url: f.cp.clone(),
-            operator_token: f.node_token.clone(),
-        },
-        &support::identity(CertRole::Colocated),
-    )
-    .expect("client");
-    let ghost = bulkhead_control_api::RegisterNode {
-        name: "ghost".to_owned(),
-        role: bulkhead_control_api::NodeRole::Colocated,
-        model: SLUG.parse().expect("slug"),
-        address: dead,
-        transfer_address: None,
-        kv_pool_tokens: 1 << 20,
-        weights_sha256: f.sha256.clone(),
-        quantization: "q4_1".to_owned(),
-        page_size: 16,
-        kv_budget_bytes: 64 << 20,
-        parallelism: Parallelism::default(),
-        prefill: Some(bulkhead_control_api::PrefillFigures {
-            ns_per_token: 1,
-            ns_per_pair: 1,
-            deadline_ms: 60_000,
-        }),
-    };
-    let status: bulkhead_control_api::NodeStatus = nodes
-        .post("/admin/v1/nodes", &ghost)
-        .await
-        .expect("register");
-    assert!(status.node.routable, "{:?}", status.node.unroutable_reason);
-    let beat = bulkhead_control_api::Heartbeat {
-        load: Some(bulkhead_control_api::NodeLoad {
-            // The whole registered pool (2^20 tokens in 16-token pages),
-            // free: far more than the real worker has.
-            free_pages: 1 << 16,
-            total_pages: 1 << 16,
-            queue_depth: 0,
-        }),
-    };
-    let _: bulkhead_control_api::NodeStatus = nodes
-        .post(
-            &format!("/admin/v1/nodes/{}/heartbeat", status.node.id),
-            &beat,
-        )
-        .await
-        .expect("heartbeat");
+    // The whole registered pool (2^20 tokens in 16-token pages), free: far
+    // more than the real worker has.
+    f.register_favoured("ghost", dead).await;
     // Wait until this gateway's table routes to it.
     tokio::time::sleep(Duration::from_secs(1)).await;
     for stream in [false, true, false, true] {
@@ -630,51 +637,7 @@ async fn a_worker_whose_certificate_is_for_another_model_never_gets_a_request() 
     });
     // Registered with an unscoped worker certificate (which may register any
     // model): the control plane cannot tell; the gateway still can.
-    let nodes = Client::with_identity(
-        &Credentials {
-            control_plane_url: f.cp.clone(),
-            operator_token: f.node_token.clone(),
-        },
-        &support::identity(CertRole::Colocated),
-    )
-    .expect("client");
-    let node = bulkhead_control_api::RegisterNode {
-        name: "impostor".to_owned(),
-        role: bulkhead_control_api::NodeRole::Colocated,
-        model: SLUG.parse().expect("slug"),
-        address: impostor,
-        transfer_address: None,
-        kv_pool_tokens: 1 << 20,
-        weights_sha256: f.sha256.clone(),
-        quantization: "q4_1".to_owned(),
-        page_size: 16,
-        kv_budget_bytes: 64 << 20,
-        parallelism: Parallelism::default(),
-        prefill: Some(bulkhead_control_api::PrefillFigures {
-            ns_per_token: 1,
-            ns_per_pair: 1,
-            deadline_ms: 60_000,
-        }),
-    };
-    let status: bulkhead_control_api::NodeStatus = nodes
-        .post("/admin/v1/nodes", &node)
-        .await
-        .expect("register");
-    assert!(status.node.routable, "{:?}", status.node.unroutable_reason);
-    let beat = bulkhead_control_api::Heartbeat {
-        load: Some(bulkhead_control_api::NodeLoad {
-            free_pages: 1 << 16,
-            total_pages: 1 << 16,
-            queue_depth: 0,
-        }),
-    };
-    let _: bulkhead_control_api::NodeStatus = nodes
-        .post(
-            &format!("/admin/v1/nodes/{}/heartbeat", status.node.id),
-            &beat,
-        )
-        .await
-        .expect("heartbeat");
+    f.register_favoured("impostor", impostor).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     for stream in [false, true] {
         let (status, body) = f

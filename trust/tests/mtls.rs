@@ -144,6 +144,12 @@ fn mixed(
         Identity::load(&files, role).is_err(),
         "a foreign certificate loaded"
     );
+    presenting(&files)
+}
+
+/// An attacker's client config: presents the certificate and key in
+/// `files`, accepts any server.
+fn presenting(files: &TlsFiles) -> std::sync::Arc<rustls::ClientConfig> {
     use rustls::pki_types::pem::PemObject;
     let chain = rustls::pki_types::CertificateDer::pem_file_iter(&files.cert)
         .expect("cert")
@@ -326,31 +332,13 @@ async fn a_scoped_certificate_serves_only_its_model_and_meets_only_peers_of_it()
     assert_eq!(r.as_deref(), Ok("ok"));
 }
 
-/// A client trusting any server, presenting the decode certificate scoped
-/// to `model` (what the server-side check alone decides on).
+/// A client trusting any server, presenting the certificate of `role`
+/// scoped to `model` (what the server-side check alone decides on).
 fn any_server_presenting(
     d: &std::path::Path,
     role: Role,
     model: &str,
 ) -> tokio_rustls::TlsConnector {
-    let files = TlsFiles::scoped_in_dir(
-        d,
-        role,
-        &bulkhead_trust::Scope::model(model, Some(64 << 20)),
-    );
-    use rustls::pki_types::pem::PemObject;
-    let chain = rustls::pki_types::CertificateDer::pem_file_iter(&files.cert)
-        .expect("cert")
-        .collect::<Result<Vec<_>, _>>()
-        .expect("cert");
-    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&files.key).expect("key");
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(AnyServer(provider)))
-        .with_client_auth_cert(chain, key)
-        .expect("client auth");
-    tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+    let scope = bulkhead_trust::Scope::model(model, Some(64 << 20));
+    tokio_rustls::TlsConnector::from(presenting(&TlsFiles::scoped_in_dir(d, role, &scope)))
 }
