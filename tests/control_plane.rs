@@ -640,6 +640,31 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
     };
     let (s, v) = as_scoped(SLUG, 4096, &within);
     assert_eq!(s, 200, "{v}");
+    // Only a certificate that may serve its model keeps that node alive.
+    let id = serde_json::from_str::<Value>(&v).expect("JSON")["node"]["id"]
+        .as_i64()
+        .expect("node id");
+    let beat = |model: &str| {
+        support::tls_call(
+            &internal,
+            support::scoped_identity(CertRole::Decode, model, Some(4096))
+                .client_config(&[CertRole::ControlPlane])
+                .expect("config"),
+            CertRole::ControlPlane,
+            &support::request(
+                "POST",
+                &format!("/admin/v1/nodes/{id}/heartbeat"),
+                &node,
+                "",
+            ),
+        )
+        .expect("answered")
+    };
+    let (s, v) = beat("@cf/other/model");
+    assert_eq!(s, 403, "{v}");
+    assert!(!v.contains(SLUG), "the refusal names the node's model: {v}");
+    let (s, v) = beat(SLUG);
+    assert_eq!(s, 200, "{v}");
     // Nor can a certificate for another model take over a node of this
     // one by registering under its name.
     let takeover = within.replace(SLUG, "@cf/other/model");

@@ -135,7 +135,7 @@ impl Upstream {
             .await
             .map_err(|_| UpstreamError::Unreachable)?
             .map_err(|e| {
-                tracing::warn!(worker = %address, error = %chain(&e), "worker call failed");
+                tracing::warn!(worker = %address, error = %bulkhead_control_api::error_chain(&e), "worker call failed");
                 UpstreamError::Unreachable
             })?;
         let status = resp.status();
@@ -173,19 +173,6 @@ impl Upstream {
             None => Err(UpstreamError::Protocol),
         }
     }
-}
-
-/// An error and its sources, for a log line (a refused handshake says
-/// why only in a source).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut next = e.source();
-    while let Some(inner) = next {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        next = inner.source();
-    }
-    s
 }
 
 /// The HTTP status a worker error code stands for (for errors that arrive

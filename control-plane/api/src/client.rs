@@ -298,7 +298,9 @@ fn api_error(base: &str, status: StatusCode, bytes: &[u8]) -> ClientError {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// An error and its sources on one line, for a log (a refused TLS
+/// handshake or a connection error says why only in a source).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(inner) = source {
