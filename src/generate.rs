@@ -71,6 +71,8 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             top_k: args.top_k,
             repetition_penalty: args.repetition_penalty,
             seed: args.seed,
+            constraint: None,
+            logprobs: None,
         },
         stop: args.stop.clone(),
         ignore_eos: false,
@@ -80,7 +82,9 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let (mut text, mut ids) = (String::new(), Vec::new());
     while let Some(ev) = handle.blocking_next() {
         match ev {
-            SeqEvent::Token { id, text: piece } => {
+            SeqEvent::Token {
+                id, text: piece, ..
+            } => {
                 ids.push(id);
                 if !args.json {
                     out.write_all(piece.as_bytes())?;

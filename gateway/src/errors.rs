@@ -35,6 +35,9 @@ pub(crate) enum GatewayError {
     /// The request asks for something this platform does not do (the
     /// parameter's name): refused rather than silently ignored.
     Unsupported(String),
+    /// A parameter whose value asks for something this platform does not
+    /// do (a schema keyword it cannot enforce): the parameter and why.
+    UnsupportedValue { param: String, detail: String },
     /// Prompt plus output exceed the model's limit: the Workers AI message,
     /// and the lengths (when the worker sent them) that OpenAI's wording
     /// names.
@@ -122,7 +125,9 @@ impl GatewayError {
             GatewayError::WrongAccount => "wrong_account",
             GatewayError::ModelNotFound(_) => "model_not_found",
             GatewayError::BadInput(_) => "invalid_request",
-            GatewayError::Unsupported(_) => "unsupported_parameter",
+            GatewayError::Unsupported(_) | GatewayError::UnsupportedValue { .. } => {
+                "unsupported_parameter"
+            }
             GatewayError::ContextTooLong { .. } => "context_length_exceeded",
             GatewayError::RateLimited { .. } => "rate_limited",
             GatewayError::Unavailable(_) => "unavailable",
@@ -160,7 +165,9 @@ impl GatewayError {
                 Flavor::WorkersAi => StatusCode::BAD_REQUEST,
                 Flavor::OpenAi => StatusCode::NOT_FOUND,
             },
-            GatewayError::BadInput(_) | GatewayError::Unsupported(_) => StatusCode::BAD_REQUEST,
+            GatewayError::BadInput(_)
+            | GatewayError::Unsupported(_)
+            | GatewayError::UnsupportedValue { .. } => StatusCode::BAD_REQUEST,
             GatewayError::ContextTooLong { .. } => match flavor {
                 Flavor::WorkersAi => StatusCode::PAYLOAD_TOO_LARGE,
                 Flavor::OpenAi => StatusCode::BAD_REQUEST,
@@ -186,6 +193,11 @@ impl GatewayError {
             GatewayError::Unsupported(p) => format!(
                 "Unsupported parameter: '{p}' is not supported by Bulkhead; remove it (the README lists what is supported)"
             ),
+            GatewayError::UnsupportedValue { param, detail } => {
+                format!(
+                    "Unsupported value of '{param}': {detail} (the README lists what is supported)"
+                )
+            }
             GatewayError::ContextTooLong { message, .. } => message.clone(),
             GatewayError::RateLimited {
                 what,
@@ -216,7 +228,9 @@ impl GatewayError {
         match self {
             GatewayError::Unauthenticated | GatewayError::WrongAccount => 10000,
             GatewayError::ModelNotFound(_) => 5007,
-            GatewayError::BadInput(_) | GatewayError::Unsupported(_) => 5006,
+            GatewayError::BadInput(_)
+            | GatewayError::Unsupported(_)
+            | GatewayError::UnsupportedValue { .. } => 5006,
             GatewayError::ContextTooLong { .. } => 5021,
             GatewayError::RateLimited { .. } => 3036,
             GatewayError::Unavailable(_) => 3040,
@@ -237,7 +251,7 @@ impl GatewayError {
             GatewayError::WrongAccount => ("permission_error", None),
             GatewayError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
             GatewayError::BadInput(_) => ("invalid_request_error", None),
-            GatewayError::Unsupported(_) => {
+            GatewayError::Unsupported(_) | GatewayError::UnsupportedValue { .. } => {
                 ("invalid_request_error", Some("unsupported_parameter"))
             }
             GatewayError::ContextTooLong { .. } => {
@@ -319,7 +333,8 @@ impl ApiError {
                 let (kind, code) = e.openai_kind();
                 let param = match e {
                     GatewayError::ContextTooLong { .. } => Some("messages"),
-                    GatewayError::Unsupported(p) => Some(p.as_str()),
+                    GatewayError::Unsupported(p)
+                    | GatewayError::UnsupportedValue { param: p, .. } => Some(p.as_str()),
                     _ => None,
                 };
                 json!({"error": {"message": e.openai_message(), "type": kind, "param": param, "code": code}})

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bulkhead_control_api::RoutedModel;
 use bulkhead_worker_api::context::TenantContext;
-use bulkhead_worker_api::{GenerateBody, Line, Usage};
+use bulkhead_worker_api::{GenerateBody, Line, TokenLogprobs, Usage};
 use std::convert::Infallible;
 use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
@@ -357,6 +357,8 @@ fn estimate(body: &GenerateBody) -> u64 {
 #[derive(Debug)]
 pub(crate) struct Collected {
     pub(crate) text: String,
+    /// Each token's log-probabilities, when the request asked for them.
+    pub(crate) logprobs: Vec<TokenLogprobs>,
     pub(crate) finish_reason: String,
     pub(crate) usage: Usage,
 }
@@ -374,10 +376,14 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
     let mut timer = Some(timer);
     let mut line = Some(Ok(first));
     let mut answer = String::new();
+    let mut logprobs = Vec::new();
     let result = loop {
         match line {
-            Some(Ok(Line::Token { text, .. })) => {
+            Some(Ok(Line::Token {
+                text, logprobs: l, ..
+            })) => {
                 answer.push_str(&text);
+                logprobs.extend(l);
                 line = rest.next().await;
             }
             Some(Ok(Line::Finished {
@@ -391,6 +397,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
                 }
                 break Ok(Collected {
                     text: answer,
+                    logprobs,
                     finish_reason: finish_reason_of(&finish_reason),
                     usage,
                 });
@@ -425,8 +432,9 @@ pub(crate) fn finish_reason_of(worker: &str) -> String {
 /// What a streaming renderer is given.
 #[derive(Debug)]
 pub(crate) enum StreamEvent<'a> {
-    /// Generated text.
-    Text(&'a str),
+    /// Generated text, and the log-probabilities of the tokens it
+    /// completes (when asked for).
+    Text(&'a str, &'a [TokenLogprobs]),
     /// The end.
     Finished { finish_reason: String, usage: Usage },
     /// The end, failed.
@@ -468,14 +476,23 @@ where
             }
         };
         let mut line: Option<Result<Line, UpstreamError>> = Some(Ok(first));
+        // Log-probabilities of tokens whose text is held back, sent with
+        // the next text.
+        let mut held: Vec<TokenLogprobs> = Vec::new();
         loop {
             let (events, end, ok) = match &line {
-                Some(Ok(Line::Token { text, .. })) if text.is_empty() => (Vec::new(), false, true),
-                Some(Ok(Line::Token { text, .. })) => {
+                Some(Ok(Line::Token { text, logprobs, .. })) if text.is_empty() => {
+                    held.extend(logprobs.iter().cloned());
+                    (Vec::new(), false, true)
+                }
+                Some(Ok(Line::Token { text, logprobs, .. })) => {
                     if let Some(t) = &mut timer {
                         t.first_token();
                     }
-                    (render(StreamEvent::Text(text)), false, true)
+                    held.extend(logprobs.iter().cloned());
+                    let events = render(StreamEvent::Text(text, &held));
+                    held.clear();
+                    (events, false, true)
                 }
                 Some(Ok(Line::Finished {
                     finish_reason,
@@ -483,8 +500,9 @@ where
                     text,
                 })) => {
                     let mut events = Vec::new();
-                    if !text.is_empty() {
-                        events.extend(render(StreamEvent::Text(text)));
+                    if !text.is_empty() || !held.is_empty() {
+                        events.extend(render(StreamEvent::Text(text, &held)));
+                        held.clear();
                     }
                     events.extend(render(StreamEvent::Finished {
                         finish_reason: finish_reason_of(finish_reason),

@@ -14,11 +14,14 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use bulkhead_control_api::RoutedModel;
-use bulkhead_worker_api::{GenerateBody, Message, Usage};
+use bulkhead_worker_api::{GenerateBody, Message, TokenLogprobs, Usage};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 const O: Flavor = Flavor::OpenAi;
+
+/// The most choices one request may ask for.
+const MAX_N: usize = 8;
 
 fn bad(m: &str) -> GatewayError {
     GatewayError::BadInput(m.to_owned())
@@ -46,6 +49,9 @@ struct Common {
     stream: bool,
     stream_options: Option<StreamOptions>,
     n: Option<i64>,
+    response_format: Option<Value>,
+    logprobs: Option<Value>,
+    top_logprobs: Option<Value>,
     /// Everything else the body holds.
     #[serde(flatten)]
     other: serde_json::Map<String, Value>,
@@ -79,11 +85,62 @@ impl Common {
             .ok_or_else(|| bad("you must provide a model parameter"))
     }
 
-    fn apply(&self, b: &mut GenerateBody, default_max: usize) -> Result<(), GatewayError> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(GatewayError::Unsupported("n".to_owned()));
+    /// How many choices: 1 to [`MAX_N`], more than one without streaming.
+    fn n(&self) -> Result<usize, GatewayError> {
+        let n = match self.n {
+            None => 1,
+            Some(n) => usize::try_from(n)
+                .ok()
+                .filter(|n| (1..=MAX_N).contains(n))
+                .ok_or_else(|| bad("n must be between 1 and 8"))?,
+        };
+        if n > 1 && self.stream {
+            return Err(GatewayError::UnsupportedValue {
+                param: "n".to_owned(),
+                detail: "more than one choice is served without streaming only".to_owned(),
+            });
         }
+        Ok(n)
+    }
+
+    /// Chat's `logprobs` (a boolean) and `top_logprobs` (0 to 20, only
+    /// with `logprobs`): the alternatives to report per token, if any.
+    fn chat_logprobs(&self) -> Result<Option<u8>, GatewayError> {
+        let top = match &self.top_logprobs {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .and_then(|n| u8::try_from(n).ok())
+                    .filter(|n| *n <= 20)
+                    .ok_or_else(|| bad("top_logprobs must be an integer between 0 and 20"))?,
+            ),
+        };
+        match &self.logprobs {
+            Some(Value::Bool(true)) => Ok(Some(top.unwrap_or(0))),
+            None | Some(Value::Null | Value::Bool(false)) => match top {
+                Some(n) if n > 0 => Err(bad("top_logprobs requires logprobs to be true")),
+                _ => Ok(None),
+            },
+            Some(_) => Err(bad("logprobs must be a boolean")),
+        }
+    }
+
+    /// The legacy completions API's `logprobs` (an integer) is not served.
+    fn refuse_completion_logprobs(&self) -> Result<(), GatewayError> {
+        match &self.logprobs {
+            None | Some(Value::Null | Value::Bool(false)) => {}
+            Some(v) if v.as_u64() == Some(0) => {}
+            Some(_) => return Err(GatewayError::Unsupported("logprobs".to_owned())),
+        }
+        match &self.top_logprobs {
+            None | Some(Value::Null) => Ok(()),
+            Some(_) => Err(GatewayError::Unsupported("top_logprobs".to_owned())),
+        }
+    }
+
+    fn apply(&self, b: &mut GenerateBody, default_max: usize) -> Result<(), GatewayError> {
         crate::params::refuse_unsupported(&self.other)?;
+        b.response_format = crate::params::response_format(self.response_format.as_ref())?;
         b.max_tokens = match self.max_completion_tokens.or(self.max_tokens) {
             Some(n) => usize::try_from(n)
                 .ok()
@@ -171,6 +228,71 @@ fn request_id(prefix: &str) -> String {
     format!("{prefix}-{hex}")
 }
 
+/// OpenAI's `logprobs` object of a chat choice.
+fn logprobs_json(l: &[TokenLogprobs]) -> Value {
+    let entry = |bytes: &[u8], logprob: f32| {
+        json!({
+            "token": String::from_utf8_lossy(bytes),
+            "logprob": logprob,
+            "bytes": bytes,
+        })
+    };
+    let content: Vec<Value> = l
+        .iter()
+        .map(|t| {
+            let mut e = entry(&t.bytes, t.logprob);
+            e["top_logprobs"] = t.top.iter().map(|a| entry(&a.bytes, a.logprob)).collect();
+            e
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+/// Seeds of `n` choices: the client's seed and the ones after it, or fresh.
+fn seeds(first: u64, fixed: bool, n: usize) -> Vec<u64> {
+    (0..n as u64)
+        .map(|i| {
+            if fixed || i == 0 {
+                first.wrapping_add(i)
+            } else {
+                crate::http::random_seed()
+            }
+        })
+        .collect()
+}
+
+/// Runs `n` choices of one request at once (not streamed): their answers in
+/// order, or the first error (the others are dropped, so cancelled).
+async fn collect_n(
+    s: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
+    worker: &GenerateBody,
+    fixed_seed: bool,
+    n: usize,
+) -> Result<Vec<http::Collected>, GatewayError> {
+    let runs = seeds(worker.seed, fixed_seed, n).into_iter().map(|seed| {
+        let body = GenerateBody {
+            seed,
+            ..worker.clone()
+        };
+        async move { http::collect(http::start(s, ctx, model, body).await?).await }
+    });
+    futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// One request's usage over its choices: the prompt once, every choice's
+/// output.
+fn usage_of(choices: &[http::Collected]) -> Usage {
+    Usage {
+        prompt_tokens: choices.first().map_or(0, |c| c.usage.prompt_tokens),
+        completion_tokens: choices.iter().map(|c| c.usage.completion_tokens).sum(),
+    }
+}
+
 fn usage_json(u: Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
@@ -230,18 +352,21 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
     }
     worker.messages = Some(out);
     req.common.apply(&mut worker, default_max(model))?;
-    let g = http::start(s, ctx, model, worker).await?;
+    worker.logprobs = req.common.chat_logprobs()?;
+    let n = req.common.n()?;
     let id = request_id("chatcmpl");
     let created = now_secs();
     let name = model.slug.to_string();
     if req.common.stream {
+        let g = http::start(s, ctx, model, worker).await?;
+        let with_logprobs = req.common.chat_logprobs()?.is_some();
         let include_usage = req.common.include_usage();
         let mut first = true;
         return Ok(http::sse(g, move |ev| {
-            let chunk = |delta: Value, finish: Value| {
+            let chunk = |delta: Value, logprobs: Value, finish: Value| {
                 let mut c = json!({
                     "id": id, "object": "chat.completion.chunk", "created": created, "model": name,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]
+                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
                 });
                 if include_usage {
                     c["usage"] = Value::Null;
@@ -254,15 +379,23 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
                 out.push(chunk(
                     json!({"role": "assistant", "content": ""}),
                     Value::Null,
+                    Value::Null,
                 ));
             }
             match ev {
-                StreamEvent::Text(t) => out.push(chunk(json!({"content": t}), Value::Null)),
+                StreamEvent::Text(t, l) => {
+                    let logprobs = if with_logprobs {
+                        logprobs_json(l)
+                    } else {
+                        Value::Null
+                    };
+                    out.push(chunk(json!({"content": t}), logprobs, Value::Null));
+                }
                 StreamEvent::Finished {
                     finish_reason,
                     usage,
                 } => {
-                    out.push(chunk(json!({}), json!(finish_reason)));
+                    out.push(chunk(json!({}), Value::Null, json!(finish_reason)));
                     if include_usage {
                         out.push(
                             json!({"id": id, "object": "chat.completion.chunk", "created": created,
@@ -276,19 +409,27 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
             out
         }));
     }
-    let done = http::collect(g).await?;
+    let with_logprobs = worker.logprobs.is_some();
+    let done = collect_n(s, ctx, model, &worker, req.common.seed.is_some(), n).await?;
+    let choices: Vec<Value> = done
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            json!({
+                "index": i,
+                "message": {"role": "assistant", "content": c.text, "refusal": null},
+                "logprobs": if with_logprobs { logprobs_json(&c.logprobs) } else { Value::Null },
+                "finish_reason": c.finish_reason
+            })
+        })
+        .collect();
     Ok(Json(json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": name,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": done.text},
-            "logprobs": null,
-            "finish_reason": done.finish_reason
-        }],
-        "usage": usage_json(done.usage)
+        "choices": choices,
+        "usage": usage_json(usage_of(&done))
     }))
     .into_response())
 }
@@ -319,11 +460,13 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
         ..GenerateBody::default()
     };
     req.common.apply(&mut worker, 16)?;
-    let g = http::start(s, ctx, model, worker).await?;
+    req.common.refuse_completion_logprobs()?;
+    let n = req.common.n()?;
     let id = request_id("cmpl");
     let created = now_secs();
     let name = model.slug.to_string();
     if req.common.stream {
+        let g = http::start(s, ctx, model, worker).await?;
         let include_usage = req.common.include_usage();
         return Ok(http::sse(g, move |ev| {
             let chunk = |text: &str, finish: Value| {
@@ -332,7 +475,7 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
                 .to_string()
             };
             match ev {
-                StreamEvent::Text(t) => vec![chunk(t, Value::Null)],
+                StreamEvent::Text(t, _) => vec![chunk(t, Value::Null)],
                 StreamEvent::Finished {
                     finish_reason,
                     usage,
@@ -351,14 +494,19 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
             }
         }));
     }
-    let done = http::collect(g).await?;
+    let done = collect_n(s, ctx, model, &worker, req.common.seed.is_some(), n).await?;
+    let choices: Vec<Value> = done
+        .iter()
+        .enumerate()
+        .map(|(i, c)| json!({"text": c.text, "index": i, "logprobs": null, "finish_reason": c.finish_reason}))
+        .collect();
     Ok(Json(json!({
         "id": id,
         "object": "text_completion",
         "created": created,
         "model": name,
-        "choices": [{"text": done.text, "index": 0, "logprobs": null, "finish_reason": done.finish_reason}],
-        "usage": usage_json(done.usage)
+        "choices": choices,
+        "usage": usage_json(usage_of(&done))
     }))
     .into_response())
 }

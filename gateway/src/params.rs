@@ -21,15 +21,13 @@ pub(crate) fn refuse_unsupported(
             // `null` is the same as leaving the field out.
             _ if value.is_null() => true,
             "user" | "metadata" | "service_tier" => true,
-            "store" | "logprobs" | "parallel_tool_calls" | "echo" => *value == Value::Bool(false),
+            "store" | "parallel_tool_calls" | "echo" => *value == Value::Bool(false),
             "frequency_penalty" | "presence_penalty" => value.as_f64() == Some(0.0),
             "logit_bias" => value.as_object().is_some_and(serde_json::Map::is_empty),
             "tools" | "functions" => value.as_array().is_some_and(Vec::is_empty),
             "tool_choice" | "function_call" => value == "none",
-            "response_format" => value["type"] == "text",
             "modalities" => *value == json!(["text"]),
             "best_of" => value.as_i64() == Some(1),
-            "top_logprobs" => value.as_i64() == Some(0),
             "suffix" => value == "",
             _ => false,
         };
@@ -38,6 +36,30 @@ pub(crate) fn refuse_unsupported(
         }
     }
     Ok(())
+}
+
+/// The worker's `response_format` for a client's: `None` for plain text;
+/// a schema Bulkhead cannot enforce is refused naming what it cannot, and a
+/// malformed one is bad input. Both APIs take OpenAI's shapes
+/// (`json_object`; `json_schema` with `name`/`schema`/`strict`) and Workers
+/// AI's (`json_schema` holding the schema itself).
+pub(crate) fn response_format(v: Option<&Value>) -> Result<Option<Value>, GatewayError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match bulkhead_grammar::Grammar::from_response_format(v) {
+        Ok(None) => Ok(None),
+        Ok(Some(_)) => Ok(Some(v.clone())),
+        Err(bulkhead_grammar::SchemaError::Unsupported(detail)) => {
+            Err(GatewayError::UnsupportedValue {
+                param: "response_format".to_owned(),
+                detail,
+            })
+        }
+        Err(bulkhead_grammar::SchemaError::Invalid(m)) => {
+            Err(GatewayError::BadInput(format!("response_format: {m}")))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -59,9 +81,9 @@ mod tests {
     fn a_field_passes_only_when_it_asks_for_nothing() {
         for ok in [
             json!({}),
-            json!({"user": "u-1", "store": false, "logprobs": false, "tools": []}),
+            json!({"user": "u-1", "store": false, "tools": []}),
             json!({"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}}),
-            json!({"response_format": {"type": "text"}, "tool_choice": "none"}),
+            json!({"tool_choice": "none"}),
             json!({"lora": null, "anything": null, "modalities": ["text"]}),
         ] {
             assert_eq!(verdict(ok.clone()), None, "{ok}");
@@ -69,12 +91,6 @@ mod tests {
         for (bad, name) in [
             (json!({"tools": [{"type": "function"}]}), "tools"),
             (json!({"tool_choice": "auto"}), "tool_choice"),
-            (
-                json!({"response_format": {"type": "json_object"}}),
-                "response_format",
-            ),
-            (json!({"logprobs": true}), "logprobs"),
-            (json!({"top_logprobs": 3}), "top_logprobs"),
             (json!({"frequency_penalty": 0.5}), "frequency_penalty"),
             (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
             (json!({"lora": "my-adapter"}), "lora"),

@@ -21,8 +21,8 @@ use std::collections::HashMap;
 const W: Flavor = Flavor::WorkersAi;
 
 /// `POST run/{model}` body: a prompt or messages, and sampling settings.
-/// Any other field that asks for something (`response_format`, `tools`,
-/// `lora`, …) is refused, not ignored.
+/// `response_format` is enforced; any other field that asks for something
+/// (`tools`, `lora`, …) is refused, not ignored.
 #[derive(Debug, Deserialize)]
 struct RunBody {
     prompt: Option<String>,
@@ -37,6 +37,8 @@ struct RunBody {
     top_k: Option<i64>,
     seed: Option<i64>,
     repetition_penalty: Option<f64>,
+    /// JSON mode or a JSON schema, enforced by constrained sampling.
+    response_format: Option<Value>,
     /// Everything else the body holds.
     #[serde(flatten)]
     other: serde_json::Map<String, Value>,
@@ -53,6 +55,7 @@ impl RunBody {
         let mut b = GenerateBody {
             max_tokens: 256,
             temperature: 0.6,
+            response_format: crate::params::response_format(self.response_format.as_ref())?,
             ..GenerateBody::default()
         };
         match (&self.prompt, &self.messages) {
@@ -145,12 +148,13 @@ pub(crate) async fn run(
     let body = body.map_err(|e| crate::edge::body_refused(&e, W))?;
     let req: RunBody = http::parse_json(&body).map_err(|e| e.in_(W))?;
     let worker = req.to_worker().map_err(|e| e.in_(W))?;
+    let json_mode = worker.response_format.is_some();
     let g = http::start(&s, &ctx, model, worker)
         .await
         .map_err(|e| e.in_(W))?;
     if req.stream {
         return Ok(http::sse(g, |ev| match ev {
-            StreamEvent::Text(t) => vec![json!({"response": t}).to_string()],
+            StreamEvent::Text(t, _) => vec![json!({"response": t}).to_string()],
             StreamEvent::Finished { usage, .. } => {
                 vec![json!({"response": "", "usage": usage_json(usage)}).to_string()]
             }
@@ -158,8 +162,14 @@ pub(crate) async fn run(
         }));
     }
     let done = http::collect(g).await.map_err(|e| e.in_(W))?;
+    // In JSON mode Workers AI answers with the value itself; output cut
+    // short by max_tokens stays text.
+    let response = match serde_json::from_str::<Value>(&done.text) {
+        Ok(v) if json_mode => v,
+        _ => Value::String(done.text),
+    };
     Ok(Json(json!({
-        "result": {"response": done.text, "usage": usage_json(done.usage)},
+        "result": {"response": response, "usage": usage_json(done.usage)},
         "success": true,
         "errors": [],
         "messages": []

@@ -157,6 +157,12 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         json!({"model": OPEN, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).to_string(),
         json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "temperature": 3}).to_string(),
         json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000}).to_string(),
+        json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "n": 9}).to_string(),
+        json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}).to_string(),
+        json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}).to_string(),
+        json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}).to_string(),
+        json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}],
+               "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": ["a"]}}}}).to_string(),
         "not json".to_owned(),
     ];
     for body in &oa_bad {
@@ -167,17 +173,17 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
     // What Bulkhead does not do is refused by name, never ignored.
     let msgs = json!([{"role": "user", "content": "hi"}]);
     for (extra, param) in [
-        (json!({"n": 2}), "n"),
+        (json!({"n": 2, "stream": true}), "n"),
         (
             json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
             "tools",
         ),
         (json!({"tool_choice": "required"}), "tool_choice"),
         (
-            json!({"response_format": {"type": "json_object"}}),
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                   "schema": {"type": "string", "pattern": "^a+$"}}}}),
             "response_format",
         ),
-        (json!({"logprobs": true, "top_logprobs": 2}), "logprobs"),
         (json!({"presence_penalty": 1.5}), "presence_penalty"),
         (json!({"max_tokns": 8}), "max_tokns"),
     ] {
@@ -210,12 +216,21 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         "POST",
         &run_path(&p.a, OPEN),
         Some(&a),
-        Some(&json!({"prompt": "x", "response_format": {"type": "json_schema"}}).to_string()),
+        Some(
+            &json!({"prompt": "x", "response_format": {"type": "json_schema",
+                     "json_schema": {"type": "object", "properties": {"a": {"anyOf": []}}}}})
+            .to_string(),
+        ),
     )
     .await;
     assert_eq!(r.status, 400, "{}", r.body);
     assert_wa(&r.json(), 5006);
     assert!(r.body.contains("'response_format'"), "{}", r.body);
+    assert!(
+        r.body.contains("`anyOf`"),
+        "the keyword is named: {}",
+        r.body
+    );
     // Defaults a client library sends explicitly ask for nothing: admitted.
     let defaults = json!({"model": OPEN, "messages": msgs, "n": 1, "user": "u-1", "logprobs": false,
                           "frequency_penalty": 0, "presence_penalty": 0, "tools": null,

@@ -58,6 +58,15 @@ pub struct GenerateBody {
     /// worker's own limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_limit: Option<usize>,
+    /// The output's format: `{"type": "json_object"}` or `{"type":
+    /// "json_schema", "json_schema": ...}` (see `bulkhead-grammar`),
+    /// enforced by constrained sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<serde_json::Value>,
+    /// Report each token's log-probability and this many alternatives
+    /// (0 to 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u8>,
 }
 
 impl Default for GenerateBody {
@@ -76,6 +85,8 @@ impl Default for GenerateBody {
             stop: Vec::new(),
             ignore_eos: false,
             context_limit: None,
+            response_format: None,
+            logprobs: None,
         }
     }
 }
@@ -108,6 +119,9 @@ pub enum Line {
         token: u32,
         /// Its text (may be empty until a UTF-8 sequence completes).
         text: String,
+        /// Its log-probabilities, when asked for.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<TokenLogprobs>,
     },
     /// The end: why, the last text and the token counts.
     Finished {
@@ -125,6 +139,30 @@ pub enum Line {
         /// What failed.
         error: ErrorDetail,
     },
+}
+
+/// A generated token's log-probability under the model's distribution and
+/// the most likely alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    /// Natural log of the token's probability (at least -9999).
+    pub logprob: f32,
+    /// The token's bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely tokens, most likely first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<TopLogprob>,
+}
+
+/// One alternative in [`TokenLogprobs::top`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// Its id.
+    pub token: u32,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// Natural log of its probability (at least -9999).
+    pub logprob: f32,
 }
 
 /// Token counts of one request.
@@ -179,6 +217,7 @@ mod tests {
     fn lines_round_trip() {
         for text in [
             r#"{"token":42,"text":"hi"}"#,
+            r#"{"token":42,"text":"hi","logprobs":{"logprob":-0.5,"bytes":[104,105],"top":[{"token":42,"bytes":[104,105],"logprob":-0.5}]}}"#,
             r#"{"finish_reason":"stop","text":"hi","usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
             r#"{"error":{"code":"kv_transfer_failed","message":"m"}}"#,
             r#"{"error":{"code":"context_length_exceeded","message":"m","overflow":{"prompt_tokens":300,"max_tokens":8,"limit":256}}}"#,

@@ -41,6 +41,8 @@ pub enum SeqEvent {
         id: u32,
         /// New text.
         text: String,
+        /// Its log-probabilities, when the request asked for them.
+        logprobs: Option<Box<crate::sampling::Logprobs>>,
     },
     /// Generation ended normally; `text` is any text held back until now.
     Finished {
@@ -229,7 +231,7 @@ enum Role {
 struct Generator {
     max_tokens: usize,
     ignore_eos: bool,
-    sampler: Sampler,
+    sampler: Box<Sampler>,
     detok: Detokenizer,
     sink: Sink,
     landing: Option<Landing>,
@@ -1101,7 +1103,7 @@ impl EngineCore {
                     role: Role::Generate(Generator {
                         max_tokens,
                         ignore_eos: request.ignore_eos,
-                        sampler: Sampler::new(request.sampling),
+                        sampler: Box::new(Sampler::new(request.sampling)),
                         detok: Detokenizer::new(request.stop),
                         sink,
                         landing,
@@ -1406,7 +1408,8 @@ impl Sequence {
                 logits[best] = f32::NEG_INFINITY;
             }
         }
-        let id = g.sampler.sample(logits, &self.tokens);
+        let pick = g.sampler.pick(logits, &self.tokens, tokenizer);
+        let id = pick.id;
         if id == tokenizer.eos() && !g.ignore_eos {
             self.finish(FinishReason::Stop);
             return;
@@ -1416,13 +1419,14 @@ impl Sequence {
             Piece::Text(t) => (t, false),
             Piece::Stopped(t) => (t, true),
         };
-        if g.sink.send(SeqEvent::Token { id, text }).is_err() {
+        let logprobs = pick.logprobs.map(Box::new);
+        if g.sink.send(SeqEvent::Token { id, text, logprobs }).is_err() {
             // The consumer is gone: stop and free the pages.
             self.done = true;
             return;
         }
         let max_tokens = g.max_tokens;
-        if stopped {
+        if stopped || g.sampler.grammar_done() {
             self.finish(FinishReason::Stop);
         } else if self.tokens.len() - self.prompt_len >= max_tokens {
             self.finish(FinishReason::Length);

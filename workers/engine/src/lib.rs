@@ -38,7 +38,7 @@ pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle};
 pub use error::{ConfigError, EngineError, LoadError, TransferFault};
 pub use forward::Numerics;
 pub use gguf::{ModelConfig, ModelFile};
-pub use sampling::SamplingParams;
+pub use sampling::{Logprobs, MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob};
 pub use speed::PrefillSpeed;
 pub use tokenizer::Tokenizer;
 

@@ -1,5 +1,14 @@
 //! Choosing the next token: greedy, or temperature / top-k / top-p with a
-//! seeded generator, after an optional repetition penalty.
+//! seeded generator, after an optional repetition penalty; within an output
+//! grammar when the request has one (JSON mode, a JSON schema), and with the
+//! log-probabilities of the model's own distribution when asked.
+//!
+//! Constrained sampling masks before it samples: a token whose bytes the
+//! grammar's matcher refuses is never picked, end-of-sequence only where the
+//! output may end, and top-k / top-p apply to the tokens that remain.
+
+use bulkhead_grammar::{Grammar, Matcher};
+use std::sync::Arc;
 
 /// How to pick tokens, and how many.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,6 +25,35 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Seed of the sampler: the same seed gives the same output.
     pub seed: u64,
+    /// The grammar the output must follow, if any.
+    pub constraint: Option<Arc<Grammar>>,
+    /// Log-probabilities to report with each token: `Some(n)` gives the
+    /// chosen token's and the `n` most likely (at most [`MAX_TOP_LOGPROBS`]).
+    pub logprobs: Option<u8>,
+}
+
+/// The most alternatives `logprobs` reports per token (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: u8 = 20;
+
+/// One token's log-probability under the model's distribution (the logits
+/// before penalty, temperature or grammar).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub id: u32,
+    /// Its bytes (empty for a special token).
+    pub bytes: Vec<u8>,
+    /// Natural log of its probability.
+    pub logprob: f32,
+}
+
+/// The log-probabilities reported with a generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    /// The chosen token.
+    pub chosen: TokenLogprob,
+    /// The most likely tokens, most likely first.
+    pub top: Vec<TokenLogprob>,
 }
 
 impl SamplingParams {
@@ -28,8 +66,17 @@ impl SamplingParams {
             top_k: 0,
             repetition_penalty: 1.0,
             seed: 0,
+            constraint: None,
+            logprobs: None,
         }
     }
+}
+
+/// What the sampler picked.
+#[derive(Debug)]
+pub(crate) struct Pick {
+    pub(crate) id: u32,
+    pub(crate) logprobs: Option<Logprobs>,
 }
 
 /// Per-sequence sampler state.
@@ -38,20 +85,126 @@ pub(crate) struct Sampler {
     params: SamplingParams,
     rng: SplitMix64,
     scratch: Vec<(u32, f32)>,
+    matcher: Option<Matcher>,
 }
+
+/// Most tokens the greedy path tries, best first, before it checks the
+/// whole vocabulary against the grammar instead.
+const GREEDY_TRIES: usize = 32;
 
 impl Sampler {
     pub(crate) fn new(params: SamplingParams) -> Self {
         let rng = SplitMix64(params.seed);
+        let matcher = params.constraint.clone().map(Matcher::new);
         Sampler {
             params,
             rng,
             scratch: Vec::new(),
+            matcher,
         }
+    }
+
+    /// The output is a complete value of its grammar: nothing may follow.
+    pub(crate) fn grammar_done(&self) -> bool {
+        self.matcher.as_ref().is_some_and(Matcher::is_done)
+    }
+
+    /// Picks a token from `logits` (modified in place), given the tokens so
+    /// far, and moves the grammar past it.
+    pub(crate) fn pick(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        tokenizer: &crate::Tokenizer,
+    ) -> Pick {
+        // The model's own distribution, before anything changes the logits.
+        let raw = self.params.logprobs.map(|n| {
+            let (lse, top) = top_logprobs(logits, n.min(MAX_TOP_LOGPROBS), tokenizer);
+            (lse, top, logits.to_vec())
+        });
+        let id = match self.matcher.take() {
+            None => self.sample(logits, history),
+            Some(mut m) => {
+                let id = self.constrained(logits, history, &m, tokenizer);
+                if id != tokenizer.eos()
+                    && let Some(b) = tokenizer.token_bytes(id)
+                {
+                    m.feed(b);
+                }
+                self.matcher = Some(m);
+                id
+            }
+        };
+        let logprobs = raw.map(|(lse, top, raw)| Logprobs {
+            chosen: TokenLogprob {
+                id,
+                bytes: tokenizer
+                    .token_bytes(id)
+                    .map(<[u8]>::to_vec)
+                    .unwrap_or_default(),
+                logprob: raw.get(id as usize).map_or(f32::NEG_INFINITY, |l| l - lse),
+            },
+            top,
+        });
+        Pick { id, logprobs }
+    }
+
+    /// A token the grammar accepts (end-of-sequence where the output may
+    /// end). With nothing acceptable (only a vocabulary without one-byte
+    /// tokens could leave that), end-of-sequence.
+    fn constrained(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        m: &Matcher,
+        tokenizer: &crate::Tokenizer,
+    ) -> u32 {
+        let eos = tokenizer.eos();
+        let ok = |id: u32| {
+            if id == eos {
+                m.can_end()
+            } else {
+                tokenizer.token_bytes(id).is_some_and(|b| m.accepts(b))
+            }
+        };
+        self.penalize(logits, history);
+        if self.params.temperature <= 0.0 {
+            // Greedy: the best token is usually acceptable; try a few, best
+            // first, before checking the whole vocabulary.
+            let mut trial = logits.to_vec();
+            for _ in 0..GREEDY_TRIES {
+                let id = argmax(&trial);
+                if trial[id as usize] == f32::NEG_INFINITY {
+                    return eos;
+                }
+                if ok(id) {
+                    return id;
+                }
+                trial[id as usize] = f32::NEG_INFINITY;
+            }
+        }
+        let mut any = false;
+        for (i, l) in logits.iter_mut().enumerate() {
+            if *l == f32::NEG_INFINITY || !ok(u32::try_from(i).unwrap_or(u32::MAX)) {
+                *l = f32::NEG_INFINITY;
+            } else {
+                any = true;
+            }
+        }
+        if !any {
+            return eos;
+        }
+        self.choose(logits)
     }
 
     /// Picks a token from `logits` (modified in place), given the tokens so far.
     pub(crate) fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.penalize(logits, history);
+        self.choose(logits)
+    }
+
+    /// The repetition penalty, applied to `logits` in place.
+    fn penalize(&self, logits: &mut [f32], history: &[u32]) {
         let p = &self.params;
         if p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0 {
             let mut seen = history.to_vec();
@@ -67,6 +220,11 @@ impl Sampler {
                 }
             }
         }
+    }
+
+    /// Greedy, or a draw after temperature, top-k and top-p.
+    fn choose(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
         if p.temperature <= 0.0 {
             return argmax(logits);
         }
@@ -76,8 +234,12 @@ impl Sampler {
             logits
                 .iter()
                 .enumerate()
+                .filter(|(_, l)| **l > f32::NEG_INFINITY)
                 .map(|(i, l)| (u32::try_from(i).unwrap_or(u32::MAX), l / p.temperature)),
         );
+        if c.is_empty() {
+            return argmax(logits);
+        }
         c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 {
             c.truncate(p.top_k);
@@ -110,6 +272,37 @@ impl Sampler {
         }
         c.last().map_or(0, |e| e.0)
     }
+}
+
+/// The log-sum-exp of `logits` and the `n` most likely tokens with their
+/// log-probabilities, most likely first (ties by id).
+fn top_logprobs(logits: &[f32], n: u8, tokenizer: &crate::Tokenizer) -> (f32, Vec<TokenLogprob>) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|l| (l - max).exp()).sum();
+    let lse = max + sum.ln();
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(usize::from(n) + 1);
+    if n > 0 {
+        for (i, l) in logits.iter().enumerate() {
+            let worst = best.last().map_or(f32::NEG_INFINITY, |b| b.1);
+            if best.len() < usize::from(n) || *l > worst {
+                let at = best.partition_point(|b| b.1 >= *l);
+                best.insert(at, (u32::try_from(i).unwrap_or(u32::MAX), *l));
+                best.truncate(usize::from(n));
+            }
+        }
+    }
+    let top = best
+        .into_iter()
+        .map(|(id, l)| TokenLogprob {
+            id,
+            bytes: tokenizer
+                .token_bytes(id)
+                .map(<[u8]>::to_vec)
+                .unwrap_or_default(),
+            logprob: l - lse,
+        })
+        .collect();
+    (lse, top)
 }
 
 /// Index of the largest value; the first one on ties.
@@ -155,6 +348,8 @@ mod tests {
             top_k,
             repetition_penalty: 1.0,
             seed,
+            constraint: None,
+            logprobs: None,
         }
     }
 

@@ -26,6 +26,9 @@ pub struct Tokenizer {
     eos: u32,
     add_bos: bool,
     tokens: Vec<String>,
+    /// Each token's bytes; `None` for special tokens, which no constrained
+    /// output may contain.
+    bytes: Vec<Option<Box<[u8]>>>,
 }
 
 impl Tokenizer {
@@ -102,12 +105,21 @@ impl Tokenizer {
         inner
             .add_special_tokens(specials)
             .map_err(|e| LoadError::Tokenizer(e.to_string()))?;
+        let bytes = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let special = matches!(types.get(i), Some(2..=5));
+                if special { None } else { byte_level_bytes(t) }
+            })
+            .collect();
         Ok(Tokenizer {
             inner,
             bos,
             eos,
             add_bos,
             tokens,
+            bytes,
         })
     }
 
@@ -136,6 +148,12 @@ impl Tokenizer {
         self.eos
     }
 
+    /// The bytes token `id` stands for; `None` for a special token or an
+    /// id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.bytes.get(id as usize).and_then(|b| b.as_deref())
+    }
+
     pub(crate) fn bos_text(&self) -> String {
         self.bos
             .and_then(|b| self.tokens.get(b as usize).cloned())
@@ -148,6 +166,36 @@ impl Tokenizer {
             .cloned()
             .unwrap_or_default()
     }
+}
+
+/// The bytes of a byte-level BPE token: GPT-2 writes byte `b` as the
+/// character `b` when it is printable (`!`..=`~`, `¡`..=`¬`, `®`..=`ÿ`) and
+/// as `U+0100 + n` for the n-th other byte, in order.
+fn byte_level_bytes(token: &str) -> Option<Box<[u8]>> {
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut others = [0u8; 68];
+    let mut n = 0;
+    for b in 0..=255u8 {
+        if !printable(u32::from(b)) {
+            others[n] = b;
+            n += 1;
+        }
+    }
+    token
+        .chars()
+        .map(|c| {
+            let c = u32::from(c);
+            if printable(c) {
+                u8::try_from(c).ok()
+            } else {
+                c.checked_sub(256)
+                    .and_then(|i| others.get(i as usize).copied())
+                    .filter(|_| c - 256 < n as u32)
+            }
+        })
+        .collect::<Option<Vec<u8>>>()
+        .map(Vec::into_boxed_slice)
 }
 
 #[allow(clippy::needless_pass_by_value)] // Used as `map_err(err)`.

@@ -50,7 +50,7 @@ pub fn run(engine: &Engine, tenant: u64, req: GenerateRequest) -> (Vec<u32>, Str
     let (mut ids, mut text) = (Vec::new(), String::new());
     while let Some(ev) = h.blocking_next() {
         match ev {
-            SeqEvent::Token { id, text: t } => {
+            SeqEvent::Token { id, text: t, .. } => {
                 ids.push(id);
                 text.push_str(&t);
             }

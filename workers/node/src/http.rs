@@ -333,6 +333,26 @@ async fn generate(
         gen_ai.usage.output_tokens = tracing::field::Empty,
         gen_ai.response.finish_reasons = tracing::field::Empty,
     );
+    let constraint = match &body.response_format {
+        None => None,
+        Some(f) => bulkhead_grammar::Grammar::from_response_format(f).map_err(|e| match e {
+            bulkhead_grammar::SchemaError::Unsupported(m) => {
+                ApiError::bad("unsupported_parameter", format!("response_format: {m}"))
+            }
+            bulkhead_grammar::SchemaError::Invalid(m) => {
+                ApiError::bad("invalid_request", format!("response_format: {m}"))
+            }
+        })?,
+    };
+    let logprobs = match body.logprobs {
+        Some(n) if n > bulkhead_engine::MAX_TOP_LOGPROBS => {
+            return Err(ApiError::bad(
+                "invalid_request",
+                "top_logprobs must be between 0 and 20",
+            ));
+        }
+        n => n,
+    };
     let request = GenerateRequest {
         prompt,
         sampling: SamplingParams {
@@ -342,6 +362,8 @@ async fn generate(
             top_k: body.top_k,
             repetition_penalty: body.repetition_penalty,
             seed: body.seed,
+            constraint,
+            logprobs,
         },
         stop: body.stop,
         ignore_eos: body.ignore_eos,
@@ -444,12 +466,39 @@ fn forward(
     rx
 }
 
+/// OpenAI's floor for a log-probability: JSON has no minus infinity.
+const LOGPROB_FLOOR: f32 = -9999.0;
+
+fn wire_logprobs(l: &bulkhead_engine::Logprobs) -> bulkhead_worker_api::TokenLogprobs {
+    let floor = |x: f32| {
+        if x.is_nan() {
+            LOGPROB_FLOOR
+        } else {
+            x.max(LOGPROB_FLOOR)
+        }
+    };
+    bulkhead_worker_api::TokenLogprobs {
+        logprob: floor(l.chosen.logprob),
+        bytes: l.chosen.bytes.clone(),
+        top: l
+            .top
+            .iter()
+            .map(|t| bulkhead_worker_api::TopLogprob {
+                token: t.id,
+                bytes: t.bytes.clone(),
+                logprob: floor(t.logprob),
+            })
+            .collect(),
+    }
+}
+
 fn event_line(ev: &SeqEvent) -> (String, bool) {
     let (line, end) = match ev {
-        SeqEvent::Token { id, text } => (
+        SeqEvent::Token { id, text, logprobs } => (
             Line::Token {
                 token: *id,
                 text: text.clone(),
+                logprobs: logprobs.as_deref().map(wire_logprobs),
             },
             false,
         ),

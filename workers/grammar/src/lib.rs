@@ -1,0 +1,18 @@
+//! Output constraints for constrained sampling: JSON mode and a JSON-schema
+//! subset, compiled once ([`Grammar`]) and walked byte by byte
+//! ([`Matcher`]). The gateway compiles a client's schema to refuse what
+//! cannot be enforced before any worker is called; the engine's sampler
+//! keeps one matcher per sequence and only ever picks a token whose bytes
+//! the matcher accepts, so the output parses by construction.
+//!
+//! Invariant: there is no schema keyword that is accepted and not
+//! enforced; an unknown keyword is a [`SchemaError::Unsupported`].
+
+mod matcher;
+mod schema;
+
+pub use matcher::Matcher;
+pub use schema::{Grammar, SchemaError};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,531 @@
+//! The byte-level matcher: a pushdown automaton over a [`Grammar`] that
+//! says whether a token's bytes may come next. The sampler clones it to try
+//! a candidate token and keeps the clone of the one it picks.
+
+use crate::schema::{
+    ANY_ARRAY, ANY_NUMBER, ANY_OBJECT, ANY_STRING, BOOLEAN, Grammar, NULL, Node, NodeId,
+};
+use std::sync::Arc;
+
+/// Where an output stands against its grammar.
+#[derive(Debug, Clone)]
+pub struct Matcher {
+    grammar: Arc<Grammar>,
+    stack: Vec<Frame>,
+    /// Whitespace bytes in a row outside strings.
+    ws_run: u8,
+}
+
+/// Most whitespace bytes in a row between tokens of the structure, so a
+/// model cannot pad forever with newlines.
+const MAX_WS_RUN: u8 = 16;
+/// Deepest nesting of objects and arrays.
+const MAX_DEPTH: usize = 64;
+/// Longest number, in bytes.
+const MAX_NUMBER: u8 = 24;
+/// Longest object key not named by the schema, in bytes.
+const MAX_FREE_KEY: usize = 256;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Frame {
+    /// A value of this node is expected next.
+    Value(NodeId),
+    Object {
+        node: NodeId,
+        seen: u64,
+        phase: ObjPhase,
+    },
+    /// An object key being read.
+    Key {
+        object: NodeId,
+        buf: Vec<u8>,
+        esc: Esc,
+    },
+    Array {
+        node: NodeId,
+        count: u32,
+        phase: ArrPhase,
+    },
+    Str {
+        min: u32,
+        max: Option<u32>,
+        chars: u32,
+        esc: Esc,
+    },
+    Number {
+        integer: bool,
+        phase: NumPhase,
+        len: u8,
+    },
+    Literal {
+        node: NodeId,
+        pos: usize,
+        alive: Vec<u16>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ObjPhase {
+    /// After `{`.
+    First,
+    /// After `,`.
+    NextKey,
+    /// After a key: `:` then a value of this node.
+    Colon(NodeId),
+    /// After a member's value.
+    AfterValue,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ArrPhase {
+    First,
+    Next,
+    AfterValue,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Esc {
+    No,
+    Backslash,
+    /// Hex digits still to come after `\u`.
+    Hex(u8),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum NumPhase {
+    Start,
+    Minus,
+    Zero,
+    Int,
+    Dot,
+    Frac,
+    Exp,
+    ExpSign,
+    ExpDigits,
+}
+
+/// What a frame does with a byte.
+enum Action {
+    /// Taken; the frame may have changed in place.
+    Take,
+    /// Taken, and this frame opened on top.
+    Push(Frame),
+    /// Taken, and this frame replaces the top.
+    Replace(Frame),
+    /// Taken, and the frame's value is complete.
+    Complete,
+    /// Not taken: the frame's value ended before it; the byte goes to the
+    /// frame below.
+    EndBefore,
+    /// Not taken: this frame replaces the top and gets the byte.
+    Become(Frame),
+    /// Not taken: this frame opens on top and gets the byte.
+    Descend(Frame),
+    Reject,
+}
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\n' | b'\r' | b'\t')
+}
+
+impl Matcher {
+    /// A matcher at the start of the output.
+    pub fn new(grammar: Arc<Grammar>) -> Matcher {
+        let root = grammar.root;
+        Matcher {
+            grammar,
+            stack: vec![Frame::Value(root)],
+            ws_run: 0,
+        }
+    }
+
+    /// Whether `bytes` may come next (the matcher is unchanged).
+    pub fn accepts(&self, bytes: &[u8]) -> bool {
+        let mut m = self.clone();
+        m.feed(bytes)
+    }
+
+    /// Takes `bytes`; false (and the matcher is spent) when they may not
+    /// come next.
+    pub fn feed(&mut self, bytes: &[u8]) -> bool {
+        !bytes.is_empty() && bytes.iter().all(|b| self.step(*b))
+    }
+
+    /// The output is one complete value: nothing more may follow.
+    pub fn is_done(&self) -> bool {
+        self.stack.is_empty()
+    }
+
+    /// The output may end here: it is complete, or it is a number or
+    /// literal at the top level that could end now.
+    pub fn can_end(&self) -> bool {
+        match self.stack.as_slice() {
+            [] => true,
+            [Frame::Number { phase, .. }] => number_may_end(*phase),
+            [Frame::Literal { node, pos, alive }] => {
+                let lits = self.literals(*node);
+                alive.iter().any(|i| lits[usize::from(*i)].len() == *pos)
+            }
+            _ => false,
+        }
+    }
+
+    fn step(&mut self, b: u8) -> bool {
+        loop {
+            let top = match self.stack.last() {
+                // Nothing may follow a complete value.
+                None => return false,
+                Some(Frame::Value(_) | Frame::Object { .. } | Frame::Array { .. }) if is_ws(b) => {
+                    if self.ws_run >= MAX_WS_RUN {
+                        return false;
+                    }
+                    self.ws_run += 1;
+                    return true;
+                }
+                Some(top) => top.clone(),
+            };
+            match self.act(top, b) {
+                Action::Take => {}
+                Action::Push(f) => {
+                    if self.stack.len() >= MAX_DEPTH {
+                        return false;
+                    }
+                    self.stack.push(f);
+                }
+                Action::Replace(f) => self.set_top(f),
+                Action::Complete => {
+                    self.stack.pop();
+                }
+                Action::EndBefore => {
+                    self.stack.pop();
+                    continue;
+                }
+                Action::Become(f) => {
+                    self.set_top(f);
+                    continue;
+                }
+                Action::Descend(f) => {
+                    if self.stack.len() >= MAX_DEPTH {
+                        return false;
+                    }
+                    self.stack.push(f);
+                    continue;
+                }
+                Action::Reject => return false,
+            }
+            self.ws_run = 0;
+            return true;
+        }
+    }
+
+    fn node(&self, id: NodeId) -> &Node {
+        &self.grammar.nodes[id]
+    }
+
+    fn literals(&self, id: NodeId) -> &[Vec<u8>] {
+        match self.node(id) {
+            Node::Literals(l) => l,
+            _ => &[],
+        }
+    }
+
+    fn act(&mut self, top: Frame, b: u8) -> Action {
+        match top {
+            Frame::Value(node) => self.start(node, b),
+            Frame::Object { node, seen, phase } => self.object(node, seen, phase, b),
+            Frame::Key { object, buf, esc } => self.key(object, buf, esc, b),
+            Frame::Array { node, count, phase } => self.array(node, count, phase, b),
+            Frame::Str {
+                min,
+                max,
+                chars,
+                esc,
+            } => self.string(min, max, chars, esc, b),
+            Frame::Number {
+                integer,
+                phase,
+                len,
+            } => self.number(integer, phase, len, b),
+            Frame::Literal { node, pos, alive } => self.literal(node, pos, &alive, b),
+        }
+    }
+
+    fn set_top(&mut self, f: Frame) {
+        if let Some(t) = self.stack.last_mut() {
+            *t = f;
+        }
+    }
+
+    /// The first byte of a value of `node`.
+    fn start(&mut self, node: NodeId, b: u8) -> Action {
+        let node = match (self.node(node), b) {
+            (Node::Any, b'{') => ANY_OBJECT,
+            (Node::Any, b'[') => ANY_ARRAY,
+            (Node::Any, b'"') => ANY_STRING,
+            (Node::Any, b'-' | b'0'..=b'9') => ANY_NUMBER,
+            (Node::Any, b't' | b'f') => BOOLEAN,
+            (Node::Any, b'n') => NULL,
+            (Node::Any, _) => return Action::Reject,
+            _ => node,
+        };
+        match self.node(node).clone() {
+            Node::Object { .. } if b == b'{' => Action::Replace(Frame::Object {
+                node,
+                seen: 0,
+                phase: ObjPhase::First,
+            }),
+            Node::Array { .. } if b == b'[' => Action::Replace(Frame::Array {
+                node,
+                count: 0,
+                phase: ArrPhase::First,
+            }),
+            Node::String { min, max } if b == b'"' => Action::Replace(Frame::Str {
+                min,
+                max,
+                chars: 0,
+                esc: Esc::No,
+            }),
+            Node::Number { integer } if b == b'-' || b.is_ascii_digit() => {
+                Action::Become(Frame::Number {
+                    integer,
+                    phase: NumPhase::Start,
+                    len: 0,
+                })
+            }
+            Node::Literals(l) => Action::Become(Frame::Literal {
+                node,
+                pos: 0,
+                alive: (0..l.len())
+                    .map(|i| u16::try_from(i).unwrap_or(u16::MAX))
+                    .collect(),
+            }),
+            _ => Action::Reject,
+        }
+    }
+
+    fn object(&mut self, node: NodeId, seen: u64, phase: ObjPhase, b: u8) -> Action {
+        let Node::Object {
+            props,
+            required,
+            additional,
+        } = self.node(node)
+        else {
+            return Action::Reject;
+        };
+        let more = additional.is_some() || (0..props.len()).any(|i| seen & (1 << i) == 0);
+        let closable = seen & required == *required;
+        let next = |phase| Frame::Object { node, seen, phase };
+        match (phase, b) {
+            (ObjPhase::First, b'}') | (ObjPhase::AfterValue, b'}') if closable => Action::Complete,
+            (ObjPhase::First | ObjPhase::NextKey, b'"') if more => {
+                self.set_top(next(phase));
+                Action::Push(Frame::Key {
+                    object: node,
+                    buf: Vec::new(),
+                    esc: Esc::No,
+                })
+            }
+            (ObjPhase::AfterValue, b',') if more => {
+                self.set_top(next(ObjPhase::NextKey));
+                Action::Take
+            }
+            (ObjPhase::Colon(value), b':') => {
+                self.set_top(next(ObjPhase::AfterValue));
+                Action::Push(Frame::Value(value))
+            }
+            _ => Action::Reject,
+        }
+    }
+
+    fn key(&mut self, object: NodeId, mut buf: Vec<u8>, esc: Esc, b: u8) -> Action {
+        let Node::Object {
+            props, additional, ..
+        } = self.node(object)
+        else {
+            return Action::Reject;
+        };
+        let Some(Frame::Object { seen, .. }) = self.stack.iter().rev().nth(1).cloned() else {
+            return Action::Reject;
+        };
+        let unseen = |i: usize| seen & (1 << i) == 0;
+        if b == b'"' && esc == Esc::No {
+            let named = props.iter().position(|(p, _)| *p == buf);
+            let value = match (named, additional) {
+                (Some(i), _) if unseen(i) => Some((i, props[i].1)),
+                (Some(_), _) => return Action::Reject, // a duplicate key
+                (None, Some(a)) => Some((usize::MAX, *a)),
+                (None, None) => return Action::Reject,
+            };
+            let Some((i, value)) = value else {
+                return Action::Reject;
+            };
+            let seen = if i == usize::MAX { seen } else { seen | 1 << i };
+            let n = self.stack.len();
+            self.stack[n - 2] = Frame::Object {
+                node: object,
+                seen,
+                phase: ObjPhase::Colon(value),
+            };
+            return Action::Complete;
+        }
+        if additional.is_none() {
+            // Only the schema's names: the key must stay a prefix of one
+            // not yet used (names hold no escapes).
+            buf.push(b);
+            let ok = props
+                .iter()
+                .enumerate()
+                .any(|(i, (p, _))| unseen(i) && p.starts_with(&buf));
+            if !ok {
+                return Action::Reject;
+            }
+            self.set_top(Frame::Key { object, buf, esc });
+            return Action::Take;
+        }
+        let Some(esc) = string_byte(esc, b) else {
+            return Action::Reject;
+        };
+        buf.push(b);
+        if buf.len() > MAX_FREE_KEY {
+            return Action::Reject;
+        }
+        self.set_top(Frame::Key { object, buf, esc });
+        Action::Take
+    }
+
+    fn array(&mut self, node: NodeId, count: u32, phase: ArrPhase, b: u8) -> Action {
+        let Node::Array { items, min, max } = *self.node(node) else {
+            return Action::Reject;
+        };
+        let room = max.is_none_or(|m| count < m);
+        match (phase, b) {
+            (ArrPhase::First | ArrPhase::AfterValue, b']') if count >= min => Action::Complete,
+            (ArrPhase::AfterValue, b',') if room => {
+                self.set_top(Frame::Array {
+                    node,
+                    count,
+                    phase: ArrPhase::Next,
+                });
+                Action::Take
+            }
+            (ArrPhase::First | ArrPhase::Next, _) if room => {
+                self.set_top(Frame::Array {
+                    node,
+                    count: count + 1,
+                    phase: ArrPhase::AfterValue,
+                });
+                // The value's first byte goes to the value.
+                Action::Descend(Frame::Value(items))
+            }
+            _ => Action::Reject,
+        }
+    }
+
+    fn string(&mut self, min: u32, max: Option<u32>, chars: u32, esc: Esc, b: u8) -> Action {
+        if b == b'"' && esc == Esc::No {
+            return if chars >= min {
+                Action::Complete
+            } else {
+                Action::Reject
+            };
+        }
+        let Some(next) = string_byte(esc, b) else {
+            return Action::Reject;
+        };
+        // A character starts at a byte that is not a UTF-8 continuation and
+        // not inside an escape.
+        let starts = esc == Esc::No && (b & 0xC0) != 0x80;
+        let chars = chars + u32::from(starts);
+        if max.is_some_and(|m| chars > m) {
+            return Action::Reject;
+        }
+        self.set_top(Frame::Str {
+            min,
+            max,
+            chars,
+            esc: next,
+        });
+        Action::Take
+    }
+
+    fn number(&mut self, integer: bool, phase: NumPhase, len: u8, b: u8) -> Action {
+        use NumPhase as P;
+        let digit = b.is_ascii_digit();
+        let next = match (phase, b) {
+            (P::Start, b'-') => Some(P::Minus),
+            (P::Start | P::Minus, b'0') => Some(P::Zero),
+            (P::Start | P::Minus, b'1'..=b'9') | (P::Int, b'0'..=b'9') => Some(P::Int),
+            (P::Zero | P::Int, b'.') if !integer => Some(P::Dot),
+            (P::Dot | P::Frac, b'0'..=b'9') => Some(P::Frac),
+            (P::Zero | P::Int | P::Frac, b'e' | b'E') if !integer => Some(P::Exp),
+            (P::Exp, b'+' | b'-') => Some(P::ExpSign),
+            (P::Exp | P::ExpSign | P::ExpDigits, _) if digit => Some(P::ExpDigits),
+            _ => None,
+        };
+        match next {
+            Some(phase) if len < MAX_NUMBER => {
+                self.set_top(Frame::Number {
+                    integer,
+                    phase,
+                    len: len + 1,
+                });
+                Action::Take
+            }
+            _ if number_may_end(phase) && self.stack.len() > 1 => Action::EndBefore,
+            _ => Action::Reject,
+        }
+    }
+
+    fn literal(&mut self, node: NodeId, pos: usize, alive: &[u16], b: u8) -> Action {
+        let lits = self.literals(node);
+        let next: Vec<u16> = alive
+            .iter()
+            .copied()
+            .filter(|i| lits[usize::from(*i)].get(pos) == Some(&b))
+            .collect();
+        if next.is_empty() {
+            let ended = alive.iter().any(|i| lits[usize::from(*i)].len() == pos);
+            return if ended && self.stack.len() > 1 {
+                Action::EndBefore
+            } else {
+                Action::Reject
+            };
+        }
+        let pos = pos + 1;
+        if next.iter().all(|i| lits[usize::from(*i)].len() == pos) {
+            return Action::Complete;
+        }
+        self.set_top(Frame::Literal {
+            node,
+            pos,
+            alive: next,
+        });
+        Action::Take
+    }
+}
+
+fn number_may_end(p: NumPhase) -> bool {
+    matches!(
+        p,
+        NumPhase::Zero | NumPhase::Int | NumPhase::Frac | NumPhase::ExpDigits
+    )
+}
+
+/// The escape state after byte `b` inside a string, or `None` when `b`
+/// may not appear there.
+fn string_byte(esc: Esc, b: u8) -> Option<Esc> {
+    match esc {
+        Esc::No if b == b'\\' => Some(Esc::Backslash),
+        Esc::No if b < 0x20 => None,
+        Esc::No => Some(Esc::No),
+        Esc::Backslash => match b {
+            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Some(Esc::No),
+            b'u' => Some(Esc::Hex(4)),
+            _ => None,
+        },
+        Esc::Hex(n) if b.is_ascii_hexdigit() => {
+            Some(if n == 1 { Esc::No } else { Esc::Hex(n - 1) })
+        }
+        Esc::Hex(_) => None,
+    }
+}

@@ -1,0 +1,225 @@
+//! Data-driven checks: each case is a grammar, then texts it must accept
+//! whole and texts it must refuse (at some byte, or as incomplete).
+
+use super::*;
+use serde_json::{Value, json};
+
+fn grammar(schema: &Value) -> std::sync::Arc<Grammar> {
+    Grammar::from_schema(schema).unwrap()
+}
+
+/// `Some(true)`: accepted and may end; `Some(false)`: accepted so far but
+/// incomplete; `None`: refused at some byte.
+fn verdict(g: &std::sync::Arc<Grammar>, text: &str) -> Option<bool> {
+    let mut m = Matcher::new(g.clone());
+    m.feed(text.as_bytes()).then(|| m.can_end())
+}
+
+fn check(g: &std::sync::Arc<Grammar>, good: &[&str], partial: &[&str], bad: &[&str]) {
+    for t in good {
+        assert_eq!(verdict(g, t), Some(true), "should accept {t:?}");
+    }
+    for t in partial {
+        assert_eq!(verdict(g, t), Some(false), "should be incomplete: {t:?}");
+    }
+    for t in bad {
+        assert_eq!(verdict(g, t), None, "should refuse {t:?}");
+    }
+}
+
+#[test]
+fn json_mode_takes_any_object_and_nothing_else() {
+    let g = Grammar::json_object();
+    check(
+        &g,
+        &[
+            "{}",
+            r#"{"a": 1, "b": [true, null, -0.5e+3, "x\n\u00e9"], "c": {"d": {}}}"#,
+            "{ \"k\" : \"v\" }",
+            "{\"é\": \"ü\"}",
+        ],
+        &["{", r#"{"a": "#, r#"{"a": [1, "#, r#"{"a": 12"#],
+        &[
+            "[]",
+            "\"x\"",
+            "1",
+            "{}}",
+            "{} ",
+            r#"{"a" 1}"#,
+            r#"{"a": 01}"#,
+            r#"{"a": tru }"#,
+            r#"{"a": "\q"}"#,
+            "{\"a\": \"\u{1}\"}",
+            r#"{"a": 1,}"#,
+            r#"{,}"#,
+            r#"{"a": -}"#,
+            r#"{"a": 1.}"#,
+        ],
+    );
+    // Whitespace runs are bounded.
+    assert_eq!(verdict(&g, &format!("{{{}}}", " ".repeat(16))), Some(true));
+    assert_eq!(verdict(&g, &format!("{{{}}}", " ".repeat(17))), None);
+}
+
+#[test]
+fn object_schemas_name_their_keys_and_require_theirs() {
+    let g = grammar(&json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 5},
+            "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"enum": ["a", "bc"]}, "maxItems": 2}
+        },
+        "required": ["name", "age"],
+        "additionalProperties": false
+    }));
+    check(
+        &g,
+        &[
+            r#"{"name": "Ann", "age": 3}"#,
+            r#"{"age": -3, "name": "", "tags": []}"#,
+            r#"{"name":"abcde","age":0,"tags":["bc","a"]}"#,
+        ],
+        &[
+            r#"{"name": "Ann""#,
+            r#"{"na"#,
+            r#"{"name": "Ann", "age": 3"#,
+        ],
+        &[
+            r#"{"name": "Ann"}"#,
+            r#"{"nom": "Ann", "age": 3}"#,
+            r#"{"name": "abcdef", "age": 3}"#,
+            r#"{"name": "Ann", "age": 3.5}"#,
+            r#"{"name": "Ann", "age": 1e3}"#,
+            r#"{"name": "Ann", "name": "Bob", "age": 3}"#,
+            r#"{"name": 5, "age": 3}"#,
+            r#"{"name": "Ann", "age": 3, "tags": ["b"]}"#,
+            r#"{"name": "Ann", "age": 3, "tags": ["a", "a", "a"]}"#,
+            r#"{"name": "Ann", "age": 3, "x": 1}"#,
+        ],
+    );
+    // Every key is refused once all are used.
+    assert_eq!(verdict(&g, r#"{"name": "A", "age": 1, "tags": [], "#), None);
+}
+
+#[test]
+fn top_level_values_of_every_type() {
+    check(
+        &grammar(&json!({"type": "integer"})),
+        &["0", "-12"],
+        &["-"],
+        &["1.5", "01", "\"1\""],
+    );
+    check(
+        &grammar(&json!({"type": "number"})),
+        &["0.25", "-1e-7", "3E+2"],
+        &["1e", "1."],
+        &["+1", ".5"],
+    );
+    check(
+        &grammar(&json!({"type": "boolean"})),
+        &["true", "false"],
+        &["tr"],
+        &["null", "t1"],
+    );
+    check(
+        &grammar(&json!({"enum": [1, 12, "x", null]})),
+        &["1", "12", "\"x\"", "null"],
+        &["\"", "nu"],
+        &["2", "123", "\"y\""],
+    );
+    check(
+        &grammar(&json!({"const": {"a": [1]}})),
+        &[r#"{"a":[1]}"#],
+        &[r#"{"a":"#],
+        &[r#"{"a": [1]}"#],
+    );
+    check(
+        &grammar(&json!({"type": "array", "items": {"type": "integer"}, "minItems": 1})),
+        &["[1]", "[1, 2, 3]"],
+        &["[1,"],
+        &["[]", "[1 2]", "[1.0]"],
+    );
+    check(
+        &grammar(&json!({})),
+        &["{}", "[]", "\"s\"", "0", "null"],
+        &[],
+        &["}", "nul "],
+    );
+    // A nested number ends at the byte after it; a top-level one may end
+    // at the end of the output.
+    check(
+        &grammar(&json!({"type": "array", "items": {"enum": [1, 12]}})),
+        &["[1]", "[12]", "[1, 12]"],
+        &[],
+        &["[123]"],
+    );
+}
+
+#[test]
+fn schemas_outside_the_subset_are_refused_by_name() {
+    for (schema, named) in [
+        (json!({"type": "string", "pattern": "^a$"}), "`pattern`"),
+        (json!({"anyOf": [{"type": "string"}]}), "`anyOf`"),
+        (json!({"$ref": "#/defs/a"}), "`$ref`"),
+        (json!({"type": ["string", "null"]}), "a list of types"),
+        (
+            json!({"type": "object", "properties": {"a": {"format": "date"}}}),
+            "schema.properties.a: keyword `format`",
+        ),
+        (json!({"type": "integer", "minimum": 0}), "`minimum`"),
+        (
+            json!({"type": "integer", "maxLength": 3}),
+            "`maxLength` on a integer",
+        ),
+    ] {
+        match Grammar::from_schema(&schema) {
+            Err(SchemaError::Unsupported(m)) => assert!(m.contains(named), "{m} for {schema}"),
+            other => panic!("{schema}: {other:?}"),
+        }
+    }
+    for bad in [
+        json!({"type": "object", "required": ["x"]}),
+        json!({"type": "strung"}),
+        json!({"enum": []}),
+        json!(3),
+        json!({"type": "string", "minLength": 3, "maxLength": 2}),
+    ] {
+        assert!(
+            matches!(Grammar::from_schema(&bad), Err(SchemaError::Invalid(_))),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
+fn response_formats_of_both_apis() {
+    assert_eq!(
+        Grammar::from_response_format(&json!({"type": "text"})),
+        Ok(None)
+    );
+    let object = Grammar::from_response_format(&json!({"type": "json_object"}))
+        .unwrap()
+        .unwrap();
+    assert_eq!(verdict(&object, "{}"), Some(true));
+    // OpenAI wraps the schema; Workers AI gives it as is.
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false});
+    for format in [
+        json!({"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": schema}}),
+        json!({"type": "json_schema", "json_schema": schema}),
+    ] {
+        let g = Grammar::from_response_format(&format).unwrap().unwrap();
+        assert_eq!(verdict(&g, r#"{"n": 1}"#), Some(true), "{format}");
+        assert_eq!(verdict(&g, r#"{"m": 1}"#), None, "{format}");
+    }
+    assert!(Grammar::from_response_format(&json!({"type": "yaml"})).is_err());
+    assert!(Grammar::from_response_format(&json!({"type": "json_schema"})).is_err());
+}
+
+#[test]
+fn nesting_is_bounded() {
+    let g = Grammar::json_object();
+    let deep = format!("{}{}", "{\"a\":".repeat(63), "{");
+    assert_eq!(verdict(&g, &deep), Some(false));
+    assert_eq!(verdict(&g, &format!("{deep}\"a\":{{")), None);
+}
