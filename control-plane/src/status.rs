@@ -10,11 +10,12 @@
 pub(crate) mod feeds;
 pub(crate) mod html;
 pub(crate) mod statuspage;
+pub(crate) mod uptime;
 
-use crate::Error;
 use crate::store::models::ModelRow;
 use crate::store::{Conn, incidents, models};
-use bulkhead_control_api::{Impact, IncidentView, ModelSlug, Timestamp};
+use crate::{Error, ModelId};
+use bulkhead_control_api::{ComponentStatus, Impact, IncidentView, ModelSlug, Timestamp};
 use std::collections::BTreeMap;
 
 /// How many incidents the feeds and `incidents.json` carry.
@@ -31,6 +32,9 @@ pub(crate) struct Snapshot {
     pub(crate) components: Vec<ModelRow>,
     /// Recent incidents, newest first, limited to listed components.
     pub(crate) incidents: Vec<IncidentView>,
+    /// Component changes of the last [`uptime::DAYS`] days by model,
+    /// oldest first: (when, old status, new status).
+    pub(crate) history: BTreeMap<ModelId, Vec<(Timestamp, ComponentStatus, ComponentStatus)>>,
     /// When it was read.
     pub(crate) now: Timestamp,
 }
@@ -63,12 +67,23 @@ impl Snapshot {
                     .retain(|a| listed.contains_key(&a.model));
             }
         }
+        let now = Timestamp::now();
+        let since = Timestamp::start_of_day(now.day() - (uptime::DAYS - 1));
+        let mut history: BTreeMap<ModelId, Vec<_>> = BTreeMap::new();
+        for c in incidents::status_changes(conn, since).await? {
+            history
+                .entry(c.model)
+                .or_default()
+                .push((c.at, c.old, c.new));
+        }
+        history.retain(|id, _| components.iter().any(|m| m.id == *id));
         Ok(Snapshot {
             name: name.to_owned(),
             url: url.trim_end_matches('/').to_owned(),
             components,
             incidents: recent,
-            now: Timestamp::now(),
+            history,
+            now,
         })
     }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod platform;
+pub mod python;
 
 use bulkhead_transfer::Message;
 use bulkhead_trust::Role as CertRole;

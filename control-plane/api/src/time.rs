@@ -75,6 +75,22 @@ impl Timestamp {
         )
     }
 
+    /// The UTC day as a status page heads it: `Nov 30, 2026`.
+    pub fn date_label(self) -> String {
+        let p = self.parts();
+        format!("{} {}, {}", MONTHS[(p.month - 1) as usize], p.day, p.year)
+    }
+
+    /// Whole UTC days since the epoch.
+    pub fn day(self) -> i64 {
+        self.0.div_euclid(86_400_000)
+    }
+
+    /// The first instant of UTC day `day` (as [`Timestamp::day`] counts).
+    pub fn start_of_day(day: i64) -> Timestamp {
+        Timestamp(day.saturating_mul(86_400_000))
+    }
+
     /// Month abbreviation, day of month and `HH:MM`, for feed markup.
     pub fn feed_parts(self) -> (&'static str, u32, String) {
         let p = self.parts();
@@ -203,6 +219,11 @@ mod tests {
         assert_eq!(t.to_string(), "2026-11-30T05:26:12.345Z");
         assert_eq!(t.rfc822(), "Mon, 30 Nov 2026 05:26:12 +0000");
         assert_eq!(t.short(), "Nov 30, 05:26 UTC");
+        assert_eq!(t.date_label(), "Nov 30, 2026");
+        assert_eq!(
+            Timestamp::start_of_day(t.day()).to_string(),
+            "2026-11-30T00:00:00.000Z"
+        );
         assert_eq!(
             Timestamp::from_millis(0).rfc822(),
             "Thu, 01 Jan 1970 00:00:00 +0000"

@@ -321,3 +321,40 @@ pub async fn list(
     }
     Ok(out)
 }
+
+/// One change of a model's status-page component, as an incident update
+/// made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusChange {
+    /// The model.
+    pub model: ModelId,
+    /// When the update was posted.
+    pub at: Timestamp,
+    /// Its status before.
+    pub old: ComponentStatus,
+    /// Its status after.
+    pub new: ComponentStatus,
+}
+
+/// Every component change at or after `since`, oldest first: the history
+/// the status page's uptime bars are drawn from.
+pub async fn status_changes(conn: &mut Conn, since: Timestamp) -> Result<Vec<StatusChange>, Error> {
+    let rows = sqlx::query(
+        "SELECT c.model_id, u.created_at, c.old_status, c.new_status \
+         FROM incident_update_components c JOIN incident_updates u ON u.id = c.update_id \
+         WHERE u.created_at >= $1 ORDER BY u.created_at, u.id",
+    )
+    .bind(since.millis())
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(StatusChange {
+                model: ModelId::from_db(r.try_get("model_id")?),
+                at: get_time(r, "created_at")?,
+                old: get_enum(r, "old_status")?,
+                new: get_enum(r, "new_status")?,
+            })
+        })
+        .collect()
+}
