@@ -402,7 +402,7 @@ async fn answers_through_every_api_equal_the_workers_own() {
     assert_eq!(v["model"], SLUG);
     assert_eq!(
         v["choices"][0]["message"],
-        json!({"role": "assistant", "content": direct})
+        json!({"role": "assistant", "content": direct, "refusal": null})
     );
     assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap_or("")));
     assert_eq!(&v["usage"], usage);
