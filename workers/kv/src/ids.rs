@@ -158,3 +158,65 @@ impl fmt::Display for PageId {
         write!(f, "page-{}", self.0)
     }
 }
+
+/// A prefix-cache namespace: whose cached pages a sequence may share. The
+/// platform derives it from what it authenticated (the account, the model
+/// and its config version); nothing a client sends goes into it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Namespace([u8; 16]);
+
+impl Namespace {
+    /// Wraps a digest the platform computed.
+    pub const fn from_digest(digest: [u8; 16]) -> Self {
+        Namespace(digest)
+    }
+
+    /// The digest.
+    pub const fn digest(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Namespace(")?;
+        for b in &self.0[..4] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "..)")
+    }
+}
+
+/// The prefix-cache namespaces a sequence may read and the one it adds to:
+/// its own, and optionally the model's shared namespace, where an operator
+/// published a prefix every tenant may reuse. A sequence publishes only
+/// into its own namespace; reading a cached page of any other namespace is
+/// an ownership violation, not a miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheScope {
+    own: Namespace,
+    shared: Option<Namespace>,
+}
+
+impl CacheScope {
+    /// A scope reading `own` (and `shared`, tried first, when given) and
+    /// publishing into `own`.
+    pub const fn new(own: Namespace, shared: Option<Namespace>) -> Self {
+        CacheScope { own, shared }
+    }
+
+    /// The namespace it publishes into.
+    pub const fn own(&self) -> Namespace {
+        self.own
+    }
+
+    /// The shared namespace it may read.
+    pub const fn shared(&self) -> Option<Namespace> {
+        self.shared
+    }
+
+    /// Whether a cached page of `ns` is readable in this scope.
+    pub fn may_read(&self, ns: Namespace) -> bool {
+        ns == self.own || self.shared == Some(ns)
+    }
+}

@@ -28,10 +28,10 @@ mod ids;
 mod pool;
 
 pub use admission::{AdmissionError, Admitted, Capacity, Limits};
-pub use ids::{Generation, Owner, PageId, RequestId, TenantId, TransferId};
+pub use ids::{CacheScope, Generation, Namespace, Owner, PageId, RequestId, TenantId, TransferId};
 #[cfg(feature = "test-hooks")]
 pub use pool::OwnerChecks;
 pub use pool::{
     AllocError, Home, KvData, KvDtype, KvGeometry, KvPool, LentPage, OwnerViolation, PageReader,
-    PageTable, PageTag, PageView, PoolCounters, PoolExhausted,
+    PageTable, PageTag, PageView, PoolCounters, PoolExhausted, PrefixHit,
 };

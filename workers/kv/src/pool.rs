@@ -11,13 +11,15 @@
 //! is clean once its transfer has overwritten every byte of it.
 
 use crate::admission::{Admitted, Limits, PoolId};
-use crate::ids::{Generation, Owner, PageId, TransferId};
+use crate::ids::{CacheScope, Generation, Namespace, Owner, PageId, TransferId};
 use half::f16;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 mod lend;
+mod prefix;
 
 pub use lend::{Home, LentPage};
+pub use prefix::PrefixHit;
 
 /// Shape of the KV memory: what one page holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +148,14 @@ pub enum PageTag {
         /// The only transfer that may write it.
         transfer: TransferId,
     },
+    /// In the prefix cache: immutable, shared by the tables of its
+    /// namespace that reuse it (see the `prefix` module).
+    Cached {
+        /// Whose prefix it is.
+        namespace: Namespace,
+        /// The allocation's generation (kept from when it was computed).
+        generation: Generation,
+    },
     /// Taken out of service after an ownership violation.
     Quarantined,
 }
@@ -178,6 +188,9 @@ pub struct PageTable {
     pages: Vec<PageRef>,
     /// The most pages its admission allows it to hold.
     limit: usize,
+    /// Which cached pages it may read and where it publishes; `None`:
+    /// it takes no part in the prefix cache.
+    scope: Option<CacheScope>,
 }
 
 /// A page access that the page's tag does not allow.
@@ -226,7 +239,8 @@ pub enum AllocError {
 pub struct PoolCounters {
     /// Pages in the pool.
     pub total_pages: usize,
-    /// Pages in the free list.
+    /// Pages an allocation can take: the free list and the evictable
+    /// cached pages.
     pub free_pages: usize,
     /// Pages owned by a sequence.
     pub allocated_pages: usize,
@@ -244,6 +258,13 @@ pub struct PoolCounters {
     /// Pages whose memory is lent to a transfer (a subset of
     /// `allocated_pages`: a lent page is never free).
     pub lent_pages: usize,
+    /// Pages in the prefix cache, each counted once however many tables
+    /// share it: the referenced ones are allocated, the evictable free.
+    pub cached_pages: usize,
+    /// Cached pages no table names (evictable, so counted in `free_pages`).
+    pub evictable_pages: usize,
+    /// Prompt tokens read from the cache instead of computed.
+    pub prefix_hit_tokens: u64,
 }
 
 /// A worker's KV pool. Owned by one thread (the engine loop); shared
@@ -269,6 +290,7 @@ pub struct KvPool {
     allocations: u64,
     releases: u64,
     owner_violations: u64,
+    prefix: prefix::PrefixCache,
 }
 
 /// Shared, read-only access to page memory, one tag check per page.
@@ -329,6 +351,7 @@ impl KvPool {
             allocations: 0,
             releases: 0,
             owner_violations: 0,
+            prefix: prefix::PrefixCache::default(),
         }
     }
 
@@ -392,6 +415,25 @@ impl KvPool {
         admitted: &Admitted<T>,
         transfer: Option<TransferId>,
     ) -> Result<PageTable, AllocError> {
+        self.allocate_tail(admitted, Vec::new(), transfer)
+    }
+
+    /// Allocates the pages of `admitted` that `head` (cached pages the
+    /// table starts with, already referenced) does not cover.
+    fn allocate_after<T>(
+        &mut self,
+        admitted: &Admitted<T>,
+        head: Vec<PageRef>,
+    ) -> Result<PageTable, AllocError> {
+        self.allocate_tail(admitted, head, None)
+    }
+
+    fn allocate_tail<T>(
+        &mut self,
+        admitted: &Admitted<T>,
+        head: Vec<PageRef>,
+        transfer: Option<TransferId>,
+    ) -> Result<PageTable, AllocError> {
         if !admitted.made_for(self.id, self.geometry.page_size) {
             return Err(AllocError::OtherPool);
         }
@@ -402,18 +444,19 @@ impl KvPool {
                 capacity,
             });
         }
-        let needed = admitted.reserve();
-        if needed > self.free.len() {
+        let needed = admitted.reserve().saturating_sub(head.len());
+        if needed > self.free_pages() {
             return Err(PoolExhausted {
                 needed,
-                free: self.free.len(),
+                free: self.free_pages(),
             }
             .into());
         }
         let owner = admitted.owner();
-        let mut pages = Vec::with_capacity(needed);
+        let mut pages = head;
+        pages.reserve(needed);
         for i in 0..needed {
-            let page = self.free.pop().expect("length checked above");
+            let page = self.take_free().expect("length checked above");
             let generation = self.next_generation;
             self.next_generation = generation.next();
             self.tags[page.index()] = match transfer {
@@ -435,7 +478,17 @@ impl KvPool {
             owner,
             pages,
             limit: admitted.pages(),
+            scope: None,
         })
+    }
+
+    /// A free page, evicting an unreferenced cached one when the free
+    /// list is empty.
+    fn take_free(&mut self) -> Option<PageId> {
+        if self.free.is_empty() {
+            self.evict_one();
+        }
+        self.free.pop()
     }
 
     /// Adds pages to `table` until it holds `pages` pages, or none if too
@@ -452,15 +505,15 @@ impl KvPool {
             });
         }
         let needed = pages - table.pages.len();
-        if needed > self.free.len() {
+        if needed > self.free_pages() {
             return Err(PoolExhausted {
                 needed,
-                free: self.free.len(),
+                free: self.free_pages(),
             }
             .into());
         }
         for _ in 0..needed {
-            let page = self.free.pop().expect("length checked above");
+            let page = self.take_free().expect("length checked above");
             let generation = self.next_generation;
             self.next_generation = generation.next();
             self.tags[page.index()] = PageTag::Owned {
@@ -480,14 +533,16 @@ impl KvPool {
             owner: table.owner,
             pages: Vec::new(),
             limit: table.limit,
+            scope: table.scope,
         };
         let held = std::mem::replace(table, emptied);
         self.release(held);
     }
 
-    /// Free pages now.
+    /// Pages an allocation can take now: free ones and cached ones no
+    /// table names.
     pub fn free_pages(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.evictable()
     }
 
     /// Returns a table's pages to the free list. Entries whose tag no longer
@@ -509,12 +564,17 @@ impl KvPool {
     #[allow(clippy::needless_pass_by_value)] // Taking the table is the point: it cannot be used after.
     fn release_with(&mut self, table: PageTable, scrub: bool) {
         let mut returned = 0;
+        let mut cached = Vec::new();
         for r in &table.pages {
             if self.held_by(table.owner, *r) {
                 self.free_page(r.page, scrub);
                 returned += 1;
+            } else if self.names_cached(*r) {
+                cached.push(r.page);
+                returned += 1;
             }
         }
+        self.unref(cached.into_iter());
         if returned != table.pages.len() {
             for i in 0..self.tags.len() {
                 if matches!(self.tags[i], PageTag::Owned { owner, .. } | PageTag::Receiving { owner, .. } if owner == table.owner)
@@ -542,6 +602,12 @@ impl KvPool {
                 if !self.pending_quarantine.contains(&violation.page) {
                     self.pending_quarantine.push(violation.page);
                 }
+            }
+            Some(PageTag::Cached { .. }) => {
+                if !self.pending_quarantine.contains(&violation.page) {
+                    self.pending_quarantine.push(violation.page);
+                }
+                self.withdraw(violation.page);
             }
             Some(PageTag::Quarantined) | None => {}
         }
@@ -588,14 +654,17 @@ impl KvPool {
 
         PoolCounters {
             total_pages: self.tags.len(),
-            free_pages: self.free.len(),
-            allocated_pages: self.tags.len() - self.free.len() - quarantined,
+            free_pages: self.free_pages(),
+            allocated_pages: self.tags.len() - self.free_pages() - quarantined,
             quarantined_pages: quarantined,
             allocations: self.allocations,
             releases: self.releases,
             owner_violations: self.owner_violations,
             receiving_pages: receiving,
             lent_pages: lent,
+            cached_pages: self.cached_pages(),
+            evictable_pages: self.evictable(),
+            prefix_hit_tokens: self.prefix.hit_tokens,
         }
     }
 
@@ -756,7 +825,7 @@ impl KvPool {
     #[cfg(feature = "test-hooks")]
     pub fn page_bytes_for_test(&self, table: &PageTable, index: usize) -> Option<Vec<u8>> {
         let r = Self::entry(table, index).ok()?;
-        self.check_read(table.owner, r, None).ok()?;
+        self.check_table_read(table, r, None).ok()?;
         Some(match &self.planes {
             Planes::F16(p) => bytemuck::cast_slice(&p[r.page.index()]).to_vec(),
             Planes::F32(p) => bytemuck::cast_slice(&p[r.page.index()]).to_vec(),
@@ -817,6 +886,36 @@ impl KvPool {
     /// [`Self::check_access`], and no byte of a previous owner is left
     /// there. A page not written that far is refused without naming it
     /// (it is the owner's own: nothing to quarantine).
+    /// Whether `table` may read `layer` of `r`: a cached page only in the
+    /// table's scope and at the entry's generation; any other page as
+    /// [`Self::check_read`] says.
+    fn check_table_read(
+        &self,
+        table: &PageTable,
+        r: PageRef,
+        layer: Option<usize>,
+    ) -> Result<(), OwnerViolation> {
+        if let Some(PageTag::Cached {
+            namespace,
+            generation,
+        }) = self.tags.get(r.page.index())
+        {
+            let home = self.whereabouts[r.page.index()] == Whereabouts::Home;
+            return if home
+                && *generation == r.generation
+                && table.scope.is_some_and(|s| s.may_read(*namespace))
+            {
+                Ok(())
+            } else {
+                Err(OwnerViolation {
+                    page: r.page,
+                    owner: table.owner,
+                })
+            };
+        }
+        self.check_read(table.owner, r, layer)
+    }
+
     fn check_read(
         &self,
         owner: Owner,
@@ -899,7 +998,7 @@ impl<'a> PageReader<'a> {
         layer: usize,
     ) -> Result<PageView<'a>, OwnerViolation> {
         let r = KvPool::entry(table, index)?;
-        self.pool.check_read(table.owner, r, Some(layer))?;
+        self.pool.check_table_read(table, r, Some(layer))?;
         let g = self.pool.geometry;
         let n = g.floats_per_layer_page();
         Ok(PageView {

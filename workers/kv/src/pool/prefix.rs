@@ -1,0 +1,519 @@
+//! The prefix cache: full prompt pages kept after their sequence ends, so a
+//! later prompt of the same namespace that starts with the same tokens
+//! reads them instead of computing them again.
+//!
+//! A cached page is tagged [`PageTag::Cached`] with its namespace and
+//! generation. It is immutable (every write and every lend refuses it), it
+//! is reference-counted by the tables that name it, and it is readable
+//! only from a table whose [`CacheScope`] may read its namespace: a read
+//! from any other table is an [`OwnerViolation`], as for an owned page.
+//!
+//! Blocks are found by a chain: a block's key is a hash of its namespace,
+//! the key of the block before it and its own tokens, and the entry keeps
+//! all three to compare, so a hash collision is a miss, never a hit. The
+//! namespace roots the chain, so another namespace's blocks are never even
+//! looked at.
+//!
+//! Unreferenced cached pages count as free ([`KvPool::free_pages`]): they
+//! are evicted the moment an allocation needs their page, from the
+//! namespace holding the most unreferenced pages first (so one tenant's
+//! cache cannot crowd out another's), least recently used first within
+//! it. An evicted page is freed like any other: its bytes are stale to the
+//! next owner, who can read only what it writes.
+
+use super::{Fill, KvPool, PageRef, PageTable, PageTag, Whereabouts};
+use crate::admission::Admitted;
+use crate::ids::{CacheScope, Namespace, PageId};
+use crate::pool::{AllocError, PoolExhausted};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+/// The cache's bookkeeping, owned by the pool.
+#[derive(Debug, Default)]
+pub(crate) struct PrefixCache {
+    /// Block key to cached page.
+    index: HashMap<u64, PageId>,
+    /// Every cached page's entry.
+    entries: HashMap<PageId, Entry>,
+    /// Bumped on every lookup; entries remember when they were last hit.
+    clock: u64,
+    /// Prompt tokens read from the cache instead of computed, so far.
+    pub(crate) hit_tokens: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    namespace: Namespace,
+    parent: u64,
+    tokens: Box<[u32]>,
+    key: u64,
+    /// Tables that name this page now.
+    refs: u32,
+    last_used: u64,
+    /// Position of the block in its chain (deeper blocks go first on a tie).
+    depth: usize,
+}
+
+/// A table's cached prefix, found by [`KvPool::allocate_prefixed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixHit {
+    /// Prompt tokens whose keys and values are already in the table.
+    pub tokens: usize,
+}
+
+impl KvPool {
+    /// Allocates like [`KvPool::allocate`], first reusing the longest run
+    /// of cached blocks that `prompt` starts with in `scope` (the shared
+    /// namespace's blocks first, then the scope's own), read-only. At
+    /// least the prompt's last token is left to compute, since its logits
+    /// are needed. The table reads cached pages only in `scope`. It
+    /// allocates only when the whole reservation would fit, as
+    /// [`KvPool::allocate`], so a hit never starts a request sooner.
+    pub fn allocate_prefixed<T>(
+        &mut self,
+        admitted: &Admitted<T>,
+        scope: CacheScope,
+        prompt: &[u32],
+    ) -> Result<(PageTable, PrefixHit), AllocError> {
+        // A request starts when its whole reservation would fit, hit or
+        // miss: what the cache holds never changes when a request starts
+        // (and so never shows in another tenant's wait).
+        if admitted.reserve() > self.free_pages() {
+            return Err(PoolExhausted {
+                needed: admitted.reserve(),
+                free: self.free_pages(),
+            }
+            .into());
+        }
+        let ps = self.geometry.page_size;
+        let most = prompt.len().saturating_sub(1) / ps;
+        let hits = self.lookup(scope, prompt, most.min(admitted.reserve()));
+        for (page, _) in &hits {
+            if let Some(e) = self.prefix.entries.get_mut(page) {
+                e.refs += 1;
+            }
+        }
+        let fresh = admitted.reserve() - hits.len();
+        if fresh > self.free_pages() {
+            self.unref(hits.iter().map(|(p, _)| *p));
+            return Err(PoolExhausted {
+                needed: fresh,
+                free: self.free_pages(),
+            }
+            .into());
+        }
+        let refs: Vec<PageRef> = hits.iter().map(|(_, r)| *r).collect();
+        match self.allocate_after(admitted, refs) {
+            Ok(mut table) => {
+                table.scope = Some(scope);
+                let tokens = hits.len() * ps;
+                self.prefix.hit_tokens += tokens as u64;
+                Ok((table, PrefixHit { tokens }))
+            }
+            Err(e) => {
+                self.unref(hits.iter().map(|(p, _)| *p));
+                Err(e)
+            }
+        }
+    }
+
+    /// Adds the full, computed blocks of `table` (its first `computed`
+    /// tokens of `tokens`) to the cache under the table's own namespace,
+    /// so the pages stay when the table is released. Blocks already cached
+    /// (by this table's hits or by another sequence) are left as they are.
+    /// A table allocated without a scope publishes nothing.
+    pub fn publish_prefix(&mut self, table: &PageTable, tokens: &[u32], computed: usize) {
+        let Some(scope) = table.scope else { return };
+        let ps = self.geometry.page_size;
+        let mut parent = 0u64;
+        for (i, r) in table
+            .pages
+            .iter()
+            .enumerate()
+            .take(computed.min(tokens.len()) / ps)
+        {
+            let block = &tokens[i * ps..(i + 1) * ps];
+            if let Some(PageTag::Cached { .. }) = self.tags.get(r.page.index()) {
+                match self.prefix.entries.get(&r.page) {
+                    Some(e) if e.tokens[..] == *block => {
+                        parent = e.key;
+                        continue;
+                    }
+                    _ => return,
+                }
+            }
+            let ns = scope.own();
+            let key = block_key(ns, parent, block);
+            if let Some(e) = self
+                .prefix
+                .index
+                .get(&key)
+                .and_then(|p| self.prefix.entries.get(p))
+            {
+                // Another sequence cached the same block first: keep this
+                // page private (it is freed on release) and go on.
+                if e.namespace == ns && e.parent == parent && e.tokens[..] == *block {
+                    parent = key;
+                    continue;
+                }
+                return;
+            }
+            let publishable = self.tag_matches(table.owner, *r)
+                && self.fill[r.page.index()] == Fill::Clean
+                && self.whereabouts[r.page.index()] == Whereabouts::Home
+                && !self.pending_quarantine.contains(&r.page);
+            if !publishable {
+                return;
+            }
+            self.tags[r.page.index()] = PageTag::Cached {
+                namespace: ns,
+                generation: r.generation,
+            };
+            self.prefix.index.insert(key, r.page);
+            self.prefix.entries.insert(
+                r.page,
+                Entry {
+                    namespace: ns,
+                    parent,
+                    tokens: block.into(),
+                    key,
+                    refs: 1,
+                    last_used: self.prefix.clock,
+                    depth: i,
+                },
+            );
+            parent = key;
+        }
+    }
+
+    /// Cached pages now, referenced or not.
+    pub fn cached_pages(&self) -> usize {
+        self.prefix.entries.len()
+    }
+
+    /// Cached pages no table names: evictable, so counted as free.
+    pub(crate) fn evictable(&self) -> usize {
+        self.prefix.entries.values().filter(|e| e.refs == 0).count()
+    }
+
+    /// Drops every cached page no table names (their pages are freed).
+    pub fn clear_prefix_cache(&mut self) {
+        while self.evict_one() {}
+    }
+
+    /// The longest cached run `prompt` starts with, at most `most` blocks:
+    /// shared blocks while they last, then the scope's own.
+    fn lookup(&mut self, scope: CacheScope, prompt: &[u32], most: usize) -> Vec<(PageId, PageRef)> {
+        self.prefix.clock += 1;
+        let now = self.prefix.clock;
+        let ps = self.geometry.page_size;
+        let mut out = Vec::new();
+        let mut parent = 0u64;
+        let mut in_shared = scope.shared().is_some();
+        for block in prompt.chunks_exact(ps).take(most) {
+            let mut found = None;
+            if in_shared {
+                found = scope.shared().and_then(|ns| self.find(ns, parent, block));
+                in_shared = found.is_some();
+            }
+            let found = found.or_else(|| self.find(scope.own(), parent, block));
+            let Some((page, key)) = found else { break };
+            let Some(PageTag::Cached { generation, .. }) = self.tags.get(page.index()).copied()
+            else {
+                break;
+            };
+            if let Some(e) = self.prefix.entries.get_mut(&page) {
+                e.last_used = now;
+            }
+            out.push((page, PageRef { page, generation }));
+            parent = key;
+        }
+        out
+    }
+
+    fn find(&self, ns: Namespace, parent: u64, block: &[u32]) -> Option<(PageId, u64)> {
+        let key = block_key(ns, parent, block);
+        let page = *self.prefix.index.get(&key)?;
+        let e = self.prefix.entries.get(&page)?;
+        (e.namespace == ns && e.parent == parent && e.tokens[..] == *block).then_some((page, key))
+    }
+
+    /// A table naming cached `pages` lets go of them.
+    pub(crate) fn unref(&mut self, pages: impl Iterator<Item = PageId>) {
+        for p in pages {
+            let now_unused = match self.prefix.entries.get_mut(&p) {
+                Some(e) => {
+                    e.refs = e.refs.saturating_sub(1);
+                    e.refs == 0
+                }
+                None => false,
+            };
+            if now_unused && self.pending_quarantine.contains(&p) {
+                self.drop_entry(p);
+                self.free_page(p, true);
+            }
+        }
+    }
+
+    /// Whether `r` names a cached page at its generation (a table's hit).
+    pub(crate) fn names_cached(&self, r: PageRef) -> bool {
+        matches!(self.tags.get(r.page.index()), Some(PageTag::Cached { generation, .. }) if *generation == r.generation)
+    }
+
+    /// Takes a cached page out of the index at once (no new hit reaches
+    /// it); it leaves service when its last table lets go.
+    pub(crate) fn withdraw(&mut self, page: PageId) {
+        if let Some(e) = self.prefix.entries.get(&page) {
+            let (key, unused) = (e.key, e.refs == 0);
+            self.prefix.index.remove(&key);
+            if unused {
+                self.drop_entry(page);
+                self.free_page(page, true);
+            }
+        }
+    }
+
+    /// Evicts one unreferenced cached page: of the namespace holding the
+    /// most of them, the least recently used (deepest on a tie).
+    pub(crate) fn evict_one(&mut self) -> bool {
+        let mut per_ns: HashMap<Namespace, usize> = HashMap::new();
+        for e in self.prefix.entries.values().filter(|e| e.refs == 0) {
+            *per_ns.entry(e.namespace).or_default() += 1;
+        }
+        let Some(ns) = per_ns
+            .into_iter()
+            .max_by_key(|(ns, n)| (*n, std::cmp::Reverse(*ns)))
+            .map(|(ns, _)| ns)
+        else {
+            return false;
+        };
+        let victim = self
+            .prefix
+            .entries
+            .iter()
+            .filter(|(_, e)| e.refs == 0 && e.namespace == ns)
+            .min_by_key(|(p, e)| (e.last_used, std::cmp::Reverse(e.depth), **p))
+            .map(|(p, _)| *p);
+        let Some(page) = victim else { return false };
+        self.drop_entry(page);
+        let scrub = self.scrub_on_free;
+        self.free_page(page, scrub);
+        true
+    }
+
+    fn drop_entry(&mut self, page: PageId) {
+        if let Some(e) = self.prefix.entries.remove(&page)
+            && self.prefix.index.get(&e.key) == Some(&page)
+        {
+            self.prefix.index.remove(&e.key);
+        }
+    }
+}
+
+/// A block's chain key: its namespace, its parent's key and its tokens.
+pub(crate) fn block_key(ns: Namespace, parent: u64, block: &[u32]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    ns.hash(&mut h);
+    parent.hash(&mut h);
+    block.hash(&mut h);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::tests::{GEO, fill, limits, tenant};
+
+    fn ns(n: u8) -> Namespace {
+        Namespace::from_digest([n; 16])
+    }
+
+    fn scope(n: u8) -> CacheScope {
+        CacheScope::new(ns(n), None)
+    }
+
+    /// Runs `prompt` for `tenant` in `scope` to completion (every prompt
+    /// token written with value `x`, nothing generated) and publishes it.
+    fn run(pool: &mut KvPool, t: u64, sc: CacheScope, prompt: &[u32], x: f32) -> PrefixHit {
+        let a = limits(pool).admit(tenant(t), prompt.len(), 1, ()).unwrap();
+        let (table, hit) = pool.allocate_prefixed(&a, sc, prompt).unwrap();
+        fill(pool, &table, hit.tokens, prompt.len() - hit.tokens, x);
+        pool.publish_prefix(&table, prompt, prompt.len());
+        pool.release(table);
+        hit
+    }
+
+    fn first(pool: &KvPool, table: &PageTable, index: usize) -> f32 {
+        match pool.reader().page(table, index, 0).unwrap().keys(0) {
+            crate::KvData::F32(k) => k[0],
+            crate::KvData::F16(k) => k[0].to_f32(),
+        }
+    }
+
+    #[test]
+    fn a_namespace_reuses_its_own_blocks_and_no_other_namespace_sees_them() {
+        let mut pool = KvPool::new(GEO, 16, false);
+        let prompt = [1, 2, 3, 4, 5, 6, 7];
+        assert_eq!(run(&mut pool, 1, scope(1), &prompt, 1.0).tokens, 0);
+        // Three full blocks cached; the last token is always computed.
+        assert_eq!(pool.cached_pages(), 3);
+        assert_eq!(run(&mut pool, 1, scope(1), &prompt, 2.0).tokens, 6);
+        // Same tenant number, same tokens, another namespace: nothing.
+        assert_eq!(run(&mut pool, 1, scope(2), &prompt, 3.0).tokens, 0);
+        // A prompt that diverges in its second block reuses the first only.
+        assert_eq!(run(&mut pool, 1, scope(1), &[1, 2, 9, 9, 5], 4.0).tokens, 2);
+        let c = pool.counters();
+        assert_eq!(c.prefix_hit_tokens, 8);
+        // Shared pages are counted once; unreferenced ones are free to take.
+        assert_eq!(c.cached_pages, c.evictable_pages);
+        assert_eq!(c.free_pages, 16);
+    }
+
+    #[test]
+    fn a_hit_reads_the_cached_bytes_and_cannot_write_or_lend_them() {
+        let mut pool = KvPool::new(GEO, 8, false);
+        let prompt = [1, 2, 3, 4, 5];
+        run(&mut pool, 1, scope(1), &prompt, 7.0);
+        let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+        let (table, hit) = pool.allocate_prefixed(&a, scope(1), &prompt).unwrap();
+        assert_eq!(hit.tokens, 4);
+        assert_eq!(first(&pool, &table, 0), 7.0);
+        assert_eq!(first(&pool, &table, 1), 7.0);
+        // Immutable: a write to a cached page is refused.
+        assert!(
+            pool.write_token(&table, 0, 0, &[0.0; 4], &[0.0; 4])
+                .is_err()
+        );
+        assert!(pool.begin_write(&table, 0, 2).is_err());
+        pool.release(table);
+    }
+
+    #[test]
+    fn reading_a_cached_page_from_another_namespace_is_a_violation() {
+        let mut pool = KvPool::new(GEO, 8, false);
+        let prompt = [1, 2, 3, 4, 5];
+        run(&mut pool, 1, scope(1), &prompt, 7.0);
+        let victim = {
+            let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+            pool.allocate_prefixed(&a, scope(1), &prompt).unwrap().0
+        };
+        let a = limits(&pool).admit(tenant(2), 5, 1, ()).unwrap();
+        let (mut attacker, hit) = pool.allocate_prefixed(&a, scope(2), &prompt).unwrap();
+        assert_eq!(hit.tokens, 0);
+        // The incident's index bug: the attacker's entry names the victim's page.
+        attacker.pages[0] = victim.pages[0];
+        let v = pool.reader().page(&attacker, 0, 0).unwrap_err();
+        assert_ne!(v.page, PageId::NONE);
+        pool.quarantine(&v);
+        // Withdrawn at once: not even its own namespace hits it again...
+        pool.release(victim);
+        pool.release(attacker);
+        let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+        let (t, hit) = pool.allocate_prefixed(&a, scope(1), &prompt).unwrap();
+        assert_eq!(hit.tokens, 0);
+        pool.release(t);
+        // ...and out of service once its last table let go.
+        assert_eq!(pool.tag(v.page), Some(PageTag::Quarantined));
+    }
+
+    #[test]
+    fn eviction_is_fair_and_never_serves_freed_bytes() {
+        let mut pool = KvPool::new(GEO, 8, false);
+        // Tenant 1 caches 6 pages, tenant 2 caches 1.
+        run(&mut pool, 1, scope(1), &[1; 13], 5.0);
+        run(&mut pool, 2, scope(2), &[2; 3], 6.0);
+        assert_eq!(pool.cached_pages(), 7);
+        assert_eq!(pool.free_pages(), 8);
+        // A newcomer needs 4 pages: they come from the largest cache.
+        let a = limits(&pool).admit(tenant(3), 7, 1, ()).unwrap();
+        let table = pool.allocate(&a).unwrap();
+        assert_eq!(pool.cached_pages(), 4);
+        assert_eq!(run_hits(&mut pool, 2, &[2; 3]), 2, "the small cache stays");
+        // The newcomer reads nothing of the evicted pages' bytes: every
+        // page it holds is refused until it writes it.
+        for i in 0..table.len() {
+            assert!(pool.reader().page(&table, i, 0).is_err());
+        }
+        fill(&mut pool, &table, 0, 7, 9.0);
+        for i in 0..table.len() {
+            assert_eq!(first(&pool, &table, i), 9.0);
+            let floats = match &pool.planes {
+                crate::pool::Planes::F32(p) => p[table.pages[i].page.index()].to_vec(),
+                crate::pool::Planes::F16(_) => unreachable!("the test pool is f32"),
+            };
+            assert!(floats.iter().all(|x| *x == 9.0 || *x == 0.0), "{floats:?}");
+        }
+        pool.release(table);
+    }
+
+    fn run_hits(pool: &mut KvPool, t: u8, prompt: &[u32]) -> usize {
+        let a = limits(pool)
+            .admit(tenant(u64::from(t)), prompt.len(), 1, ())
+            .unwrap();
+        let (table, hit) = pool.allocate_prefixed(&a, scope(t), prompt).unwrap();
+        pool.release(table);
+        hit.tokens
+    }
+
+    #[test]
+    fn a_shared_prefix_is_read_by_every_scope_and_what_follows_is_not() {
+        let mut pool = KvPool::new(GEO, 16, false);
+        let public = ns(9);
+        // The operator publishes a 4-token prefix into the shared namespace.
+        run(
+            &mut pool,
+            0,
+            CacheScope::new(public, None),
+            &[7, 7, 8, 8, 0],
+            1.0,
+        );
+        let alice = CacheScope::new(ns(1), Some(public));
+        let bob = CacheScope::new(ns(2), Some(public));
+        let prompt = [7, 7, 8, 8, 3, 3, 4];
+        assert_eq!(run(&mut pool, 1, alice, &prompt, 2.0).tokens, 4);
+        // Alice's blocks after the prefix are hers: Bob reuses only the prefix.
+        assert_eq!(run(&mut pool, 2, bob, &prompt, 3.0).tokens, 4);
+        assert_eq!(run(&mut pool, 1, alice, &prompt, 4.0).tokens, 6);
+        // Without the shared namespace in its scope, nothing.
+        assert_eq!(run(&mut pool, 3, scope(3), &prompt, 5.0).tokens, 0);
+    }
+
+    #[test]
+    fn a_hit_never_starts_a_request_a_miss_could_not() {
+        let mut pool = KvPool::new(GEO, 6, false);
+        let prompt = [1, 2, 3, 4, 5];
+        run(&mut pool, 1, scope(1), &prompt, 1.0);
+        assert_eq!((pool.cached_pages(), pool.free_pages()), (2, 6));
+        let other = limits(&pool).admit(tenant(2), 7, 1, ()).unwrap();
+        let held = pool.allocate(&other).unwrap();
+        assert_eq!(pool.free_pages(), 2);
+        // Three pages reserved, two of them cached: it would fit, but a
+        // miss would not, so neither does the hit.
+        let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+        assert!(matches!(
+            pool.allocate_prefixed(&a, scope(1), &prompt),
+            Err(AllocError::Exhausted(_))
+        ));
+        assert_eq!(pool.cached_pages(), 2, "nothing was taken or evicted");
+        pool.release(held);
+        assert_eq!(
+            pool.allocate_prefixed(&a, scope(1), &prompt)
+                .unwrap()
+                .1
+                .tokens,
+            4
+        );
+    }
+
+    #[test]
+    fn a_table_without_a_scope_neither_reads_nor_publishes() {
+        let mut pool = KvPool::new(GEO, 8, false);
+        let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+        let table = pool.allocate(&a).unwrap();
+        fill(&mut pool, &table, 0, 5, 1.0);
+        pool.publish_prefix(&table, &[1, 2, 3, 4, 5], 5);
+        assert_eq!(pool.cached_pages(), 0);
+        pool.release(table);
+        assert_eq!(pool.free_pages(), 8);
+    }
+}
