@@ -179,6 +179,7 @@ fn run_core(
             sampling: SamplingParams::greedy(max_tokens),
             stop: Vec::new(),
             ignore_eos: true,
+            cache: None,
         };
         core.submit(EngineCore::admit(
             &core.limits(),
@@ -222,6 +223,7 @@ fn timed_batch(
                 sampling: SamplingParams::greedy(max_tokens),
                 stop: Vec::new(),
                 ignore_eos: true,
+                cache: None,
             };
             engine
                 .submit(TenantId::new(1), req)

@@ -206,6 +206,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         sampling: SamplingParams::greedy(max_tokens),
         stop: Vec::new(),
         ignore_eos: true,
+        cache: None,
     }
 }
 

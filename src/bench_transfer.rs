@@ -489,6 +489,7 @@ fn ttft(
             sampling: SamplingParams::greedy(1),
             stop: Vec::new(),
             ignore_eos: true,
+            cache: None,
         };
         // One warm-up each, then alternate.
         let (mut col, mut dis) = (Vec::new(), Vec::new());

@@ -100,6 +100,9 @@ enum BenchCommand {
     /// A soak under failure: canaries across accounts, frame faults,
     /// SIGKILL and SIGSTOP of workers; what must hold whatever broke.
     Chaos(crate::bench_chaos::ChaosBenchArgs),
+    /// Time to first token of a growing multi-turn chat with the prefix
+    /// cache against without it, and decode throughput with and without.
+    Prefix(crate::bench_prefix::PrefixBenchArgs),
 }
 
 /// Model and engine flags shared by the subcommands that run the model.
@@ -124,6 +127,9 @@ pub(crate) struct ModelArgs {
     /// Zero KV pages when they are freed.
     #[arg(long)]
     pub(crate) scrub_on_free: bool,
+    /// Keep no prompt pages for reuse by later prompts of the same tenant.
+    #[arg(long)]
+    pub(crate) no_prefix_cache: bool,
     /// Longest a prompt may take to prefill alone at the speed measured at
     /// start; longer prompts are refused at admission (4xx).
     #[arg(long, default_value_t = 60)]
@@ -172,6 +178,7 @@ impl ModelArgs {
         }
         c.page_size = self.page_size;
         c.scrub_on_free = self.scrub_on_free;
+        c.prefix_cache = !self.no_prefix_cache;
         c.prefill_deadline = std::time::Duration::from_secs(self.prefill_deadline_secs.max(1));
         c.step_time = std::time::Duration::from_millis(self.step_ms.max(1));
         c.tenant_share_percent = self.tenant_share_percent.clamp(1, 100);
@@ -257,6 +264,9 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench {
             command: BenchCommand::Chaos(args),
         } => crate::bench_chaos::run(&args),
+        Command::Bench {
+            command: BenchCommand::Prefix(args),
+        } => crate::bench_prefix::run(&args),
         Command::Bench {
             command: BenchCommand::Serving(args),
         } => crate::bench_serving::run(&args),

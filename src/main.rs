@@ -5,6 +5,7 @@ mod bench;
 mod bench_chaos;
 mod bench_gateway;
 mod bench_neighbours;
+mod bench_prefix;
 mod bench_serving;
 mod bench_telemetry;
 mod bench_transfer;

@@ -72,6 +72,12 @@ pub(crate) struct ServeArgs {
     /// HTTP address of the worker API.
     #[arg(long, default_value = "127.0.0.1:8081")]
     http: String,
+    /// A prefix every tenant's prompts may start with (raw text as the
+    /// model sees it, e.g. a system prompt rendered by the chat template),
+    /// computed once at start and cached for all tenants of the model;
+    /// what follows it stays each tenant's own.
+    #[arg(long)]
+    shared_prefix_file: Option<PathBuf>,
     #[command(flatten)]
     tls: TlsArgs,
     #[command(flatten)]
@@ -221,6 +227,16 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         .load_worker(CertRole::Colocated, args.register.model_slug().as_str())?;
     let contexts = ContextCheck::new(args.tls.key_ring()?, args.register.model_slug().as_str());
     let (engine, weights) = load(&args.model)?;
+    if let Some(path) = &args.shared_prefix_file {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let slug = args.register.model_slug();
+        let tokens = bulkhead_node::prefix::publish_shared(&engine, slug.as_str(), &text)?;
+        announce(&format!(
+            "bulkhead serve: shared prefix of {tokens} tokens cached for every tenant of {}",
+            slug.as_str()
+        ));
+    }
     runtime()?.block_on(async {
         let http = bind(&args.http).await?;
         args.register

@@ -35,6 +35,7 @@ fn greedy(prompt: Vec<u32>) -> GenerateRequest {
         sampling: SamplingParams::greedy(1),
         stop: Vec::new(),
         ignore_eos: true,
+        cache: None,
     }
 }
 

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 /// client library may send explicitly (`"logprobs": false`,
 /// `"frequency_penalty": 0`, `"response_format": {"type": "text"}`), or one
 /// that has no effect on an answer by nature (`user`, `store`,
-/// `metadata`).
+/// `metadata`, a cache salt or key: the platform picks cache namespaces).
 pub(crate) fn refuse_unsupported(
     other: &serde_json::Map<String, Value>,
 ) -> Result<(), GatewayError> {
@@ -21,6 +21,10 @@ pub(crate) fn refuse_unsupported(
             // `null` is the same as leaving the field out.
             _ if value.is_null() => true,
             "user" | "metadata" | "service_tier" => true,
+            // vLLM's per-request prefix-cache salt (and the like): the
+            // platform chooses the cache namespace from the account, so a
+            // client's salt can change nothing, not even the answer.
+            "cache_salt" | "prompt_cache_key" => value.is_string(),
             "store" | "parallel_tool_calls" | "echo" => *value == Value::Bool(false),
             "frequency_penalty" | "presence_penalty" => value.as_f64() == Some(0.0),
             "logit_bias" => value.as_object().is_some_and(serde_json::Map::is_empty),
@@ -82,6 +86,7 @@ mod tests {
         for ok in [
             json!({}),
             json!({"user": "u-1", "store": false, "tools": []}),
+            json!({"cache_salt": "the-victims-salt", "prompt_cache_key": "k"}),
             json!({"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}}),
             json!({"tool_choice": "none"}),
             json!({"lora": null, "anything": null, "modalities": ["text"]}),

@@ -189,7 +189,7 @@ enum Pending {
 #[derive(Debug)]
 enum Waiting {
     /// Admitted, never run.
-    New(Admitted<Pending>),
+    New(Box<Admitted<Pending>>),
     /// Preempted: its pages went back to the pool; it recomputes what it
     /// had (prompt and generated tokens) and goes on where it stopped.
     Resume(Box<Sequence>),
@@ -213,6 +213,8 @@ struct Sequence {
     /// Positions whose keys and values are in the pages.
     computed: usize,
     done: bool,
+    /// It ended in an error: none of its pages are published.
+    failed: bool,
     role: Role,
 }
 
@@ -262,6 +264,7 @@ pub struct EngineCore {
     prefill_deadline: Duration,
     first_slice: usize,
     tenant_share_percent: usize,
+    prefix_cache: bool,
     preemptions: u64,
     /// Compute each tenant got lately (step units, decayed every step).
     served: HashMap<TenantId, usize>,
@@ -332,6 +335,7 @@ impl EngineCore {
             prefill_deadline: config.prefill_deadline,
             first_slice: config.first_slice_tokens.max(1),
             tenant_share_percent: config.tenant_share_percent.clamp(1, 100),
+            prefix_cache: config.prefix_cache,
             preemptions: 0,
             served: HashMap::new(),
             prefill_turn: 0,
@@ -471,13 +475,13 @@ impl EngineCore {
     pub fn submit(&mut self, admitted: Admitted<PendingRequest>) {
         let admitted = admitted.first_slice(self.first_slice);
         self.waiting
-            .push_back(Waiting::New(admitted.map(Pending::Generate)));
+            .push_back(Waiting::New(Box::new(admitted.map(Pending::Generate))));
     }
 
     /// Queues an admitted prefill-only job.
     pub fn submit_prefill(&mut self, admitted: Admitted<PendingPrefill>) {
         self.waiting
-            .push_back(Waiting::New(admitted.map(Pending::Prefill)));
+            .push_back(Waiting::New(Box::new(admitted.map(Pending::Prefill))));
     }
 
     /// Where lent pages return when their holder drops them.
@@ -1005,8 +1009,8 @@ impl EngineCore {
                     }
                 }
                 Waiting::New(admitted) => {
-                    if let Some(back) = self.join_new(admitted) {
-                        self.waiting.insert(next, Waiting::New(back));
+                    if let Some(back) = self.join_new(*admitted) {
+                        self.waiting.insert(next, Waiting::New(Box::new(back)));
                         return;
                     }
                 }
@@ -1021,11 +1025,29 @@ impl EngineCore {
             Pending::Generate(PendingRequest {
                 landing: Some((transfer, _)),
                 ..
-            }) => self.pool.allocate_receiving(&admitted, *transfer),
-            _ => self.pool.allocate(&admitted),
+            }) => self
+                .pool
+                .allocate_receiving(&admitted, *transfer)
+                .map(|t| (t, 0)),
+            // Prefix reuse: only a sequence that computes its own prompt
+            // here (a landing or prefill table's pages are lent whole).
+            Pending::Generate(PendingRequest {
+                request:
+                    GenerateRequest {
+                        cache: Some(scope),
+                        prompt,
+                        ..
+                    },
+                landing: None,
+                ..
+            }) if self.prefix_cache => self
+                .pool
+                .allocate_prefixed(&admitted, *scope, prompt)
+                .map(|(t, hit)| (t, hit.tokens)),
+            _ => self.pool.allocate(&admitted).map(|t| (t, 0)),
         };
-        let table = match allocated {
-            Ok(table) => table,
+        let (table, cached) = match allocated {
+            Ok(found) => found,
             // The tenant's turn: it waits for pages.
             Err(AllocError::Exhausted(_)) => return Some(admitted),
             // Pages were quarantined since admission (or the request was
@@ -1061,6 +1083,7 @@ impl EngineCore {
                 tokens: p.prompt,
                 computed: 0,
                 done: false,
+                failed: false,
                 role: Role::Prefill {
                     transfer: p.transfer,
                     events: p.events,
@@ -1098,8 +1121,9 @@ impl EngineCore {
                     table,
                     tokens,
                     prompt_len,
-                    computed: 0,
+                    computed: cached,
                     done: false,
+                    failed: false,
                     role: Role::Generate(Generator {
                         max_tokens,
                         ignore_eos: request.ignore_eos,
@@ -1204,6 +1228,11 @@ impl EngineCore {
         while i < self.running.len() {
             if self.running[i].done {
                 let seq = self.running.swap_remove(i);
+                if !seq.failed {
+                    // Only a table allocated with a cache scope publishes.
+                    self.pool
+                        .publish_prefix(&seq.table, &seq.tokens, seq.computed);
+                }
                 self.pool.release(seq.table);
             } else {
                 i += 1;
@@ -1337,6 +1366,7 @@ impl Sequence {
     }
 
     fn fail(&mut self, error: EngineError) {
+        self.failed = true;
         match &self.role {
             Role::Generate(g) => {
                 let _ = g.sink.send(SeqEvent::Failed(error));

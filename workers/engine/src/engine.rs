@@ -51,6 +51,10 @@ pub struct EngineConfig {
     pub threads: usize,
     /// Rounding of the forward pass; `LlamaCpp` by default.
     pub numerics: Numerics,
+    /// Keep full prompt pages after a request for later prompts of the
+    /// same namespace that start with them (requests carry their scope,
+    /// [`crate::GenerateRequest::cache`]); on by default.
+    pub prefix_cache: bool,
     /// Tests only (the `test-hooks` feature; refused otherwise): every
     /// request after this many picks the runner-up of each greedy choice,
     /// a worker whose answers went wrong, for the leak prober to catch.
@@ -62,7 +66,8 @@ impl EngineConfig {
     /// pages, no scrubbing, steps of about 200 ms and at most 512 tokens, a
     /// 60 s prefill deadline, 64 output tokens reserved with the prompt, a
     /// tenant holding at most half the pool while others wait, one thread
-    /// per core, llama.cpp numerics. Owner checks are always on.
+    /// per core, llama.cpp numerics, the prefix cache on. Owner checks are
+    /// always on.
     pub fn with_budget(kv_budget_bytes: usize) -> Self {
         EngineConfig {
             kv_budget_bytes,
@@ -75,6 +80,7 @@ impl EngineConfig {
             tenant_share_percent: 50,
             threads: std::thread::available_parallelism().map_or(1, usize::from),
             numerics: Numerics::LlamaCpp,
+            prefix_cache: true,
             corrupt_answers_after: None,
         }
     }

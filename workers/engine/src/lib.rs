@@ -33,6 +33,7 @@ pub use crate::core::{
     EngineCore, EngineStats, FinishReason, Grant, LogitsError, PendingPrefill, PendingRequest,
     PrefillEvent, SeqEvent, Usage,
 };
+pub use bulkhead_kv::{CacheScope, Namespace};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle};
 pub use error::{ConfigError, EngineError, LoadError, TransferFault};
@@ -53,4 +54,8 @@ pub struct GenerateRequest {
     pub stop: Vec<String>,
     /// Keep generating past the end-of-sequence token (tests and benchmarks).
     pub ignore_eos: bool,
+    /// The prefix-cache scope the platform chose for this request (from
+    /// the authenticated tenant, never from the client); `None`: the
+    /// request neither reuses nor leaves cached pages.
+    pub cache: Option<CacheScope>,
 }

@@ -71,5 +71,6 @@ pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
         sampling: SamplingParams::greedy(max_tokens),
         stop: Vec::new(),
         ignore_eos: true,
+        cache: None,
     }
 }

@@ -28,6 +28,7 @@ fn request(prompt: Vec<u32>, sampling: SamplingParams) -> GenerateRequest {
         sampling,
         stop: Vec::new(),
         ignore_eos: false,
+        cache: None,
     }
 }
 

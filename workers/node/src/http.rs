@@ -367,6 +367,7 @@ async fn generate(
         },
         stop: body.stop,
         ignore_eos: body.ignore_eos,
+        cache: Some(crate::prefix::scope(&ctx)),
     };
     let submitted = {
         let _in = span.enter();
@@ -550,6 +551,7 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
             "allocated_pages": p.allocated_pages, "quarantined_pages": p.quarantined_pages,
             "receiving_pages": p.receiving_pages, "allocations": p.allocations,
             "releases": p.releases, "owner_violations": p.owner_violations,
+            "cached_pages": p.cached_pages, "prefix_hit_tokens": p.prefix_hit_tokens,
         },
         "engine": {
             "running": s.running, "waiting": s.waiting,

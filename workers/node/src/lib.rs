@@ -14,6 +14,7 @@ pub mod hello;
 pub mod http;
 pub mod metrics;
 pub mod prefill;
+pub mod prefix;
 #[cfg(feature = "rdma")]
 mod rdma;
 

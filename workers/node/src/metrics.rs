@@ -104,6 +104,18 @@ pub fn register(role: &Role, node: &str) {
             })
             .build();
     }
+    {
+        let (stats, attrs) = (Arc::clone(&stats), base.clone());
+        m.u64_observable_counter("bulkhead.kv.prefix.hit_tokens")
+            .with_description("Prompt tokens read from the prefix cache instead of computed")
+            .with_unit("{token}")
+            .with_callback(move |o| {
+                if let Some(s) = stats.get() {
+                    o.observe(s.pool.prefix_hit_tokens, &attrs);
+                }
+            })
+            .build();
+    }
     match role {
         Role::Decode(d) => decode_transfers(&m, d.clone(), &base),
         Role::Prefill(p) => prefill_transfers(&m, p.clone(), &base),
@@ -119,7 +131,7 @@ struct Gauge {
     read: Read<EngineStats>,
 }
 
-const GAUGES: [Gauge; 7] = [
+const GAUGES: [Gauge; 8] = [
     Gauge {
         name: "bulkhead.kv.pool.capacity",
         description: "KV pages in the pool",
@@ -149,6 +161,12 @@ const GAUGES: [Gauge; 7] = [
         description: "KV pages lent to a transfer that is landing",
         unit: "{page}",
         read: |s| s.pool.receiving_pages as u64,
+    },
+    Gauge {
+        name: "bulkhead.kv.pool.pages.cached",
+        description: "KV pages kept in the prefix cache (each once, however many requests share it)",
+        unit: "{page}",
+        read: |s| s.pool.cached_pages as u64,
     },
     Gauge {
         name: "bulkhead.engine.requests.running",
