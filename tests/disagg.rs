@@ -42,6 +42,43 @@ fn disaggregated_greedy_output_is_token_identical_to_colocated() {
     assert_eq!(ps["transfer"]["released"], cases.len());
 }
 
+/// The prefix cache on the disaggregated path: prefill copies a tenant's
+/// cached prompt pages instead of computing them (decode still lands every
+/// page), answers stay token-identical, and another tenant with the same
+/// prompt reuses nothing.
+#[test]
+fn prefill_reuses_a_tenants_cached_prompt_and_no_other_tenants() {
+    let p = prefill(&[]);
+    let d = decode(&p.addr("transfer"), &[]);
+    let case = json!({"tokens": tokens(300), "max_tokens": 8, "ignore_eos": true});
+    let hits = || stats(&p.addr("http"))["pool"]["prefix_hit_tokens"].as_u64();
+    let run = |tenant: u64| {
+        let r = generate(&d.addr("http"), tenant, &case);
+        assert_eq!(r.status, 200, "{}", r.body);
+        // Published once the transfer is released.
+        assert_baseline(&[&d.addr("http"), &p.addr("http")]);
+        r.tokens().0
+    };
+    let first = run(7);
+    assert_eq!(hits(), Some(0));
+    assert!(stats(&p.addr("http"))["pool"]["cached_pages"].as_u64() > Some(0));
+    let other = run(8);
+    assert_eq!(hits(), Some(0), "another tenant reused a cached prompt");
+    let again = run(7);
+    // Every full page but the one holding the last prompt token.
+    assert_eq!(hits(), Some(299 / 16 * 16));
+    assert_eq!(again, first);
+    assert_eq!(other, first);
+    let s = stats(&d.addr("http"));
+    assert_eq!(
+        (
+            s["transfer"]["committed"].as_u64(),
+            s["transfer"]["failed"].as_u64()
+        ),
+        (Some(3), Some(0))
+    );
+}
+
 #[test]
 fn greedy_tokens_do_not_depend_on_concurrent_requests_disaggregated_or_colocated() {
     // The engine-level test (workers/engine/tests/batch_invariance.rs)
@@ -147,6 +184,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
                 .collect(),
             traceparent: None,
             key: [1; bulkhead_transfer::mac::KEY_LEN],
+            cache: None,
         };
         s.write_all(&Message::Prefill(req).encode()).await.unwrap();
         s.flush().await.unwrap();
@@ -160,6 +198,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             slots: vec![bulkhead_kv::Generation::from_wire(1)],
             traceparent: None,
             key: [1; bulkhead_transfer::mac::KEY_LEN],
+            cache: None,
         };
         s.write_all(&Message::Prefill(wild).encode()).await.unwrap();
         s.flush().await.unwrap();
@@ -173,6 +212,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
             slots: vec![bulkhead_kv::Generation::from_wire(1)],
             traceparent: None,
             key: [1; bulkhead_transfer::mac::KEY_LEN],
+            cache: None,
         };
         s.write_all(&Message::Prefill(again).encode())
             .await

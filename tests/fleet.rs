@@ -135,3 +135,25 @@ fn a_decode_worker_spreads_over_its_prefill_workers_and_survives_losing_one() {
     }
     assert_baseline(&[&daddr, &fast.addr("http")]);
 }
+
+/// With several prefill workers, a tenant's prompts keep meeting the one
+/// that cached them (ties in load go by the tenant's own namespace), so
+/// its second and third identical prompts reuse the cached pages there.
+#[test]
+fn a_tenants_prompts_return_to_the_prefill_worker_that_cached_them() {
+    let a = prefill(&[]);
+    let b = prefill(&[]);
+    let d = decode_fleet(&[&a.addr("transfer"), &b.addr("transfer")], &[]);
+    let daddr = d.addr("http");
+    assert_eq!(linked(&wait_stats(&daddr, |s| linked(s) == 2)), 2);
+    let case = json!({"tokens": tokens(200), "max_tokens": 4, "ignore_eos": true});
+    let hits = |w: &support::Worker| stats(&w.addr("http"))["pool"]["prefix_hit_tokens"].as_u64();
+    for _ in 0..3 {
+        let r = generate(&daddr, 21, &case);
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_baseline(&[&daddr, &a.addr("http"), &b.addr("http")]);
+    }
+    let (ha, hb) = (hits(&a).unwrap_or(0), hits(&b).unwrap_or(0));
+    // Two reuses of every full page but the last prompt token's, on one worker.
+    assert_eq!((ha.max(hb), ha.min(hb)), (2 * (199 / 16 * 16), 0), "{ha} {hb}");
+}

@@ -22,8 +22,8 @@ use crate::sampling::Sampler;
 use crate::schedule::{PrefillWork, fair_chunks};
 use crate::speed::{PrefillSpeed, UNIT};
 use bulkhead_kv::{
-    AdmissionError, Admitted, AllocError, Generation, Home, KvDtype, KvGeometry, KvPool, LentPage,
-    Limits, Owner, PageTable, PoolCounters, RequestId, TenantId, TransferId,
+    AdmissionError, Admitted, AllocError, CacheScope, Generation, Home, KvDtype, KvGeometry,
+    KvPool, LentPage, Limits, Owner, PageTable, PoolCounters, RequestId, TenantId, TransferId,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -177,6 +177,7 @@ pub struct PendingPrefill {
     prompt: Vec<u32>,
     transfer: TransferId,
     events: PrefillSink,
+    cache: Option<CacheScope>,
 }
 
 #[derive(Debug)]
@@ -274,8 +275,9 @@ pub struct EngineCore {
     running: Vec<Sequence>,
     /// Landing pages of failed transfers, held until fenced.
     draining: HashMap<TransferId, PageTable>,
-    /// Source pages of prefilled transfers, held until acknowledged.
-    held: HashMap<TransferId, PageTable>,
+    /// Source pages of prefilled transfers and their prompts, held until
+    /// acknowledged.
+    held: HashMap<TransferId, (PageTable, Vec<u32>)>,
     /// Tests only: each committed transfer's tenant and page bytes, when
     /// recording is on.
     #[cfg(feature = "test-hooks")]
@@ -460,12 +462,14 @@ impl EngineCore {
         max_tokens: usize,
         transfer: TransferId,
         events: PrefillSink,
+        cache: Option<CacheScope>,
     ) -> Result<Admitted<PendingPrefill>, AdmissionError> {
         let n = prompt.len();
         let job = PendingPrefill {
             prompt,
             transfer,
             events,
+            cache,
         };
         Ok(limits.admit(tenant, n, max_tokens, job)?.prompt_only())
     }
@@ -584,7 +588,10 @@ impl EngineCore {
     /// Prefill side: the decode worker acknowledged (or aborted) `transfer`,
     /// so its source pages can go. A prefill still computing stops.
     pub fn release_source(&mut self, transfer: TransferId) {
-        if let Some(table) = self.held.remove(&transfer) {
+        if let Some((table, prompt)) = self.held.remove(&transfer) {
+            // The decode side has it all: the pages (home again) may serve
+            // the next prompt of the same namespace.
+            self.pool.publish_prefix(&table, &prompt, prompt.len());
             self.pool.release(table);
             return;
         }
@@ -837,7 +844,7 @@ impl EngineCore {
             if !s.done && matches!(s.role, Role::Prefill { .. }) && s.computed == s.prompt_len {
                 let seq = self.running.swap_remove(i);
                 if let Role::Prefill { transfer, .. } = seq.role
-                    && let Some(old) = self.held.insert(transfer, seq.table)
+                    && let Some((old, _)) = self.held.insert(transfer, (seq.table, seq.tokens))
                 {
                     self.pool.release(old);
                 }
@@ -899,7 +906,7 @@ impl EngineCore {
             .running
             .iter()
             .map(|s| &s.table)
-            .chain(self.held.values())
+            .chain(self.held.values().map(|(t, _)| t))
             .chain(self.draining.values());
         for t in tables {
             *held.entry(t.owner().tenant()).or_default() += t.len();
@@ -1044,6 +1051,16 @@ impl EngineCore {
                 .pool
                 .allocate_prefixed(&admitted, *scope, prompt)
                 .map(|(t, hit)| (t, hit.tokens)),
+            // A prefill worker lends its pages whole: the cached part of
+            // the prompt is copied into pages of its own, not computed.
+            Pending::Prefill(PendingPrefill {
+                cache: Some(scope),
+                prompt,
+                ..
+            }) if self.prefix_cache => self
+                .pool
+                .allocate_prefixed_copy(&admitted, *scope, prompt)
+                .map(|(t, hit)| (t, hit.tokens)),
             _ => self.pool.allocate(&admitted).map(|t| (t, 0)),
         };
         let (table, cached) = match allocated {
@@ -1081,7 +1098,7 @@ impl EngineCore {
                 table,
                 prompt_len: p.prompt.len(),
                 tokens: p.prompt,
-                computed: 0,
+                computed: cached,
                 done: false,
                 failed: false,
                 role: Role::Prefill {

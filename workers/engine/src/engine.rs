@@ -12,8 +12,8 @@ use crate::gguf::{ModelConfig, ModelFile};
 use crate::speed::PrefillSpeed;
 use crate::tokenizer::Tokenizer;
 use bulkhead_kv::{
-    AdmissionError, Admitted, Capacity, LentPage, Limits, PoolCounters, RequestId, TenantId,
-    TransferId,
+    AdmissionError, Admitted, CacheScope, Capacity, LentPage, Limits, PoolCounters, RequestId,
+    TenantId, TransferId,
 };
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -321,13 +321,17 @@ impl Engine {
 
     /// Prefill side: admits a prompt for `transfer` against this engine's
     /// limits (prompt plus `max_tokens`) and queues it. Events carry the
-    /// finished pages and the last logits.
+    /// finished pages and the last logits. With a cache scope (the decode
+    /// worker's, from the signed context) the cached part of the prompt
+    /// is copied instead of computed, and the pages are published once
+    /// the transfer is released.
     pub fn submit_prefill(
         &self,
         tenant: TenantId,
         prompt: Vec<u32>,
         max_tokens: usize,
         transfer: TransferId,
+        cache: Option<CacheScope>,
     ) -> Result<UnboundedReceiver<PrefillEvent>, AdmissionError> {
         self.check_tokens(&prompt)?;
         let (events, rx) = unbounded_channel();
@@ -338,6 +342,7 @@ impl Engine {
             max_tokens,
             transfer,
             events,
+            cache,
         )?;
         let _ = self.commands.send(Command::Prefill(admitted));
         Ok(rx)

@@ -13,10 +13,10 @@
 mod link;
 
 use bulkhead_engine::{Engine, GenerateRequest, RequestHandle};
-use bulkhead_kv::{AdmissionError, Limits, TenantId, TransferId};
+use bulkhead_kv::{AdmissionError, CacheScope, Limits, TenantId, TransferId};
 use bulkhead_transfer::{Hello, TransferCounters};
 use link::{LinkEvent, LinkHandle};
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -178,8 +178,12 @@ impl DecodeWorker {
     }
 
     /// The link for a new transfer: connected to a compatible peer, fewest
-    /// transfers in flight from here, ties taken in turn.
-    fn pick(&self) -> Option<Arc<LinkHandle>> {
+    /// transfers in flight from here. Ties go, for a request with a cache
+    /// scope, to the link its own namespace hashes highest with
+    /// (rendezvous hashing: a tenant's prompts keep meeting the prefill
+    /// worker that cached them; no other namespace is weighed), else in
+    /// turn.
+    fn pick(&self, cache: Option<&CacheScope>) -> Option<Arc<LinkHandle>> {
         let links = self.links.borrow();
         let ready: Vec<&Arc<LinkHandle>> =
             links.iter().filter(|l| l.peer.borrow().is_some()).collect();
@@ -188,6 +192,15 @@ impl DecodeWorker {
             .iter()
             .filter(|l| l.load.load(Ordering::Relaxed) == least)
             .collect();
+        if let Some(scope) = cache {
+            let score = |l: &LinkHandle| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                scope.own().digest().hash(&mut h);
+                l.address.hash(&mut h);
+                h.finish()
+            };
+            return tied.iter().max_by_key(|l| score(l)).map(|l| Arc::clone(l));
+        }
         let turn = self.turn.fetch_add(1, Ordering::Relaxed);
         Some(Arc::clone(tied[turn % tied.len()]))
     }
@@ -200,12 +213,15 @@ impl DecodeWorker {
         tenant: TenantId,
         request: GenerateRequest,
     ) -> Result<RequestHandle, SubmitError> {
-        let link = self.pick().ok_or(SubmitError::Unavailable)?;
+        let link = self
+            .pick(request.cache.as_ref())
+            .ok_or(SubmitError::Unavailable)?;
         let peer = (*link.peer.borrow()).ok_or(SubmitError::Unavailable)?;
         let load = LoadGuard::new(&link.load);
         let transfer = TransferId::new(random_u64());
         let prompt = request.prompt.clone();
         let max_tokens = request.sampling.max_tokens;
+        let cache = request.cache;
         let (handle, grant) = self
             .engine
             .submit_landing(tenant, request, &peer, transfer)?;
@@ -227,6 +243,7 @@ impl DecodeWorker {
                     tenant,
                     prompt,
                     max_tokens,
+                    cache,
                     grant,
                     span,
                     load,

@@ -358,6 +358,7 @@ impl PrefillWorker {
             req.prompt,
             max_tokens,
             transfer,
+            req.cache,
         ) {
             Err(e) => {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);

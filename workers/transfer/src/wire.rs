@@ -5,7 +5,7 @@
 //! unknown kind are protocol errors: the connection is dropped, never
 //! resynchronised.
 
-use bulkhead_kv::{AdmissionError, Generation, TransferId};
+use bulkhead_kv::{AdmissionError, CacheScope, Generation, Namespace, TransferId};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Protocol version; both ends must agree.
@@ -72,6 +72,10 @@ pub struct PrefillRequest {
     /// This transfer's key ([`crate::mac`]): prefill tags every page and
     /// the end with it.
     pub key: [u8; crate::mac::KEY_LEN],
+    /// The request's prefix-cache scope, which the decode worker derived
+    /// from the signed tenant context: prefill copies the prompt's cached
+    /// blocks of that scope instead of computing them. `None`: no reuse.
+    pub cache: Option<CacheScope>,
 }
 
 /// Longest `traceparent` a prefill request carries.
@@ -277,6 +281,16 @@ impl Message {
                 w.u8(tp.len() as u8);
                 w.0.extend_from_slice(tp.as_bytes());
                 w.0.extend_from_slice(&p.key);
+                match p.cache {
+                    None => w.u8(0),
+                    Some(scope) => {
+                        w.u8(if scope.shared().is_some() { 2 } else { 1 });
+                        w.0.extend_from_slice(scope.own().digest());
+                        if let Some(shared) = scope.shared() {
+                            w.0.extend_from_slice(shared.digest());
+                        }
+                    }
+                }
             }
             Message::Rejected { transfer, error } => {
                 w.u8(REJECTED);
@@ -421,6 +435,19 @@ impl Message {
                     return Err(WireError::Malformed("traceparent is not visible ASCII"));
                 }
                 let key = c.array()?;
+                let cache = match c.u8()? {
+                    0 => None,
+                    n @ (1 | 2) => {
+                        let own = Namespace::from_digest(c.array()?);
+                        let shared = if n == 2 {
+                            Some(Namespace::from_digest(c.array()?))
+                        } else {
+                            None
+                        };
+                        Some(CacheScope::new(own, shared))
+                    }
+                    _ => return Err(WireError::Malformed("unknown cache scope kind")),
+                };
                 Message::Prefill(PrefillRequest {
                     transfer,
                     tenant,
@@ -429,6 +456,7 @@ impl Message {
                     slots,
                     traceparent: String::from_utf8(tp).ok().filter(|t| !t.is_empty()),
                     key,
+                    cache,
                 })
             }
             REJECTED => {
@@ -621,6 +649,10 @@ mod tests {
                     "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
                 ),
                 key: [3; crate::mac::KEY_LEN],
+                cache: Some(CacheScope::new(
+                    Namespace::from_digest([5; 16]),
+                    Some(Namespace::from_digest([6; 16])),
+                )),
             }),
             Message::Rejected {
                 transfer: t,
@@ -681,6 +713,7 @@ mod tests {
             slots: vec![],
             traceparent: None,
             key: [0; crate::mac::KEY_LEN],
+            cache: None,
         })
         .encode();
         bad[29..33].copy_from_slice(&1000u32.to_le_bytes());
@@ -697,6 +730,7 @@ mod tests {
             slots: vec![],
             traceparent: Some("00-ab".to_owned()),
             key: [0; crate::mac::KEY_LEN],
+            cache: None,
         })
         .encode();
         let last = ctl.len() - 1 - crate::mac::KEY_LEN;

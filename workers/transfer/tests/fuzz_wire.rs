@@ -78,10 +78,11 @@ fn frame() -> impl Strategy<Value = Message> {
             proptest::collection::vec(any::<u64>(), 0..16),
             // The wire carries no traceparent as an empty one: `Some("")` is not canonical.
             proptest::option::of("[0-9a-f-]{1,60}"),
-            any::<[u8; 32]>()
+            any::<[u8; 32]>(),
+            proptest::option::of((any::<[u8; 16]>(), proptest::option::of(any::<[u8; 16]>())))
         )
             .prop_map(
-                |(transfer, (tenant, max_tokens), prompt, slots, traceparent, key)| {
+                |(transfer, (tenant, max_tokens), prompt, slots, traceparent, key, cache)| {
                     Message::Prefill(PrefillRequest {
                         transfer,
                         tenant,
@@ -90,6 +91,12 @@ fn frame() -> impl Strategy<Value = Message> {
                         slots: slots.into_iter().map(Generation::from_wire).collect(),
                         traceparent,
                         key,
+                        cache: cache.map(|(own, shared)| {
+                            bulkhead_kv::CacheScope::new(
+                                bulkhead_kv::Namespace::from_digest(own),
+                                shared.map(bulkhead_kv::Namespace::from_digest),
+                            )
+                        }),
                     })
                 }
             ),

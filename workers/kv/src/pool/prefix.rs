@@ -117,6 +117,78 @@ impl KvPool {
         }
     }
 
+    /// As [`KvPool::allocate_prefixed`], but the table owns every page:
+    /// the cached blocks' bytes are copied into its first pages. For a
+    /// prefill worker, whose pages are lent whole to a transfer (a shared
+    /// page is never lent): the prompt's cached part is copied instead of
+    /// computed. When the reuse would leave too few free pages for the
+    /// whole reservation, it allocates as a miss.
+    pub fn allocate_prefixed_copy<T>(
+        &mut self,
+        admitted: &Admitted<T>,
+        scope: CacheScope,
+        prompt: &[u32],
+    ) -> Result<(PageTable, PrefixHit), AllocError> {
+        if admitted.reserve() > self.free_pages() {
+            return Err(PoolExhausted {
+                needed: admitted.reserve(),
+                free: self.free_pages(),
+            }
+            .into());
+        }
+        let ps = self.geometry.page_size;
+        let most = prompt.len().saturating_sub(1) / ps;
+        let mut hits = self.lookup(scope, prompt, most.min(admitted.reserve()));
+        // Pinned while the new pages are taken, so none is evicted for them.
+        for (page, _) in &hits {
+            if let Some(e) = self.prefix.entries.get_mut(page) {
+                e.refs += 1;
+            }
+        }
+        if admitted.reserve() > self.free_pages() {
+            self.unref(hits.iter().map(|(p, _)| *p));
+            hits.clear();
+        }
+        let allocated = self.allocate_tail(admitted, Vec::new(), None);
+        let mut table = match allocated {
+            Ok(table) => table,
+            Err(e) => {
+                self.unref(hits.iter().map(|(p, _)| *p));
+                return Err(e);
+            }
+        };
+        for (i, (src, _)) in hits.iter().enumerate() {
+            let dst = table.pages[i].page;
+            self.copy_page(*src, dst);
+            self.fill[dst.index()] = Fill::Clean;
+        }
+        self.unref(hits.iter().map(|(p, _)| *p));
+        table.scope = Some(scope);
+        let tokens = hits.len() * ps;
+        self.prefix.hit_tokens += tokens as u64;
+        Ok((table, PrefixHit { tokens }))
+    }
+
+    /// Copies page `src`'s memory over page `dst`'s (both home).
+    fn copy_page(&mut self, src: PageId, dst: PageId) {
+        fn copy<T: Copy>(pages: &mut [Box<[T]>], src: usize, dst: usize) {
+            if src == dst {
+                return;
+            }
+            let (lo, hi) = pages.split_at_mut(src.max(dst));
+            let (a, b) = (&mut lo[src.min(dst)], &mut hi[0]);
+            if src < dst {
+                b.copy_from_slice(a);
+            } else {
+                a.copy_from_slice(b);
+            }
+        }
+        match &mut self.planes {
+            super::Planes::F16(p) => copy(p, src.index(), dst.index()),
+            super::Planes::F32(p) => copy(p, src.index(), dst.index()),
+        }
+    }
+
     /// Adds the full, computed blocks of `table` (its first `computed`
     /// tokens of `tokens`) to the cache under the table's own namespace,
     /// so the pages stay when the table is released. Blocks already cached
@@ -502,6 +574,39 @@ mod tests {
                 .1
                 .tokens,
             4
+        );
+    }
+
+    #[test]
+    fn a_copied_prefix_is_owned_whole_and_equal_to_the_cache() {
+        let mut pool = KvPool::new(GEO, 8, false);
+        let prompt = [1, 2, 3, 4, 5];
+        run(&mut pool, 1, scope(1), &prompt, 7.0);
+        let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+        let (table, hit) = pool.allocate_prefixed_copy(&a, scope(1), &prompt).unwrap();
+        assert_eq!(hit.tokens, 4);
+        for i in 0..2 {
+            assert!(matches!(
+                pool.tag(table.pages[i].page),
+                Some(PageTag::Owned { .. })
+            ));
+            assert_eq!(first(&pool, &table, i), 7.0);
+        }
+        // Owned, so writable (and lendable) like any page of its own.
+        assert!(pool.write_token(&table, 0, 0, &[1.0; 4], &[1.0; 4]).is_ok());
+        // The cache is untouched and unreferenced.
+        assert_eq!(
+            (pool.cached_pages(), pool.counters().evictable_pages),
+            (2, 2)
+        );
+        // Another namespace copies nothing.
+        let b = limits(&pool).admit(tenant(2), 5, 1, ()).unwrap();
+        assert_eq!(
+            pool.allocate_prefixed_copy(&b, scope(2), &prompt)
+                .unwrap()
+                .1
+                .tokens,
+            0
         );
     }
 

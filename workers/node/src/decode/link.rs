@@ -52,6 +52,8 @@ pub(super) enum LinkEvent {
         tenant: TenantId,
         prompt: Vec<u32>,
         max_tokens: usize,
+        /// The request's prefix-cache scope, for prefill to reuse from.
+        cache: Option<bulkhead_kv::CacheScope>,
         grant: bulkhead_engine::Grant,
         /// The transfer's span: its `traceparent` goes to prefill, and it
         /// ends with the transfer.
@@ -313,6 +315,7 @@ impl Link {
                 tenant,
                 prompt,
                 max_tokens,
+                cache,
                 grant,
                 span,
                 load,
@@ -359,6 +362,7 @@ impl Link {
                     slots,
                     traceparent,
                     key: key_bytes,
+                    cache,
                 }));
             }
             LinkEvent::Aborting(epoch, t) if epoch == self.epoch => {
