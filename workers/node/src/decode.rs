@@ -179,7 +179,8 @@ impl DecodeWorker {
 
     /// The link for a new transfer: connected to a compatible peer, fewest
     /// transfers in flight from here. Ties go, for a request with a cache
-    /// scope, to the link its own namespace hashes highest with
+    /// scope (and a prompt of at least [`AFFINITY_MIN_PAGES`] pages), to
+    /// the link its own namespace hashes highest with
     /// (rendezvous hashing: a tenant's prompts keep meeting the prefill
     /// worker that cached them; no other namespace is weighed), else in
     /// turn.
@@ -213,8 +214,12 @@ impl DecodeWorker {
         tenant: TenantId,
         request: GenerateRequest,
     ) -> Result<RequestHandle, SubmitError> {
+        // Affinity only where a cache hit would save real work: short
+        // prompts spread over the fleet in turn.
+        let worth =
+            request.prompt.len() >= AFFINITY_MIN_PAGES * self.engine.info().limits.page_size();
         let link = self
-            .pick(request.cache.as_ref())
+            .pick(request.cache.as_ref().filter(|_| worth))
             .ok_or(SubmitError::Unavailable)?;
         let peer = (*link.peer.borrow()).ok_or(SubmitError::Unavailable)?;
         let load = LoadGuard::new(&link.load);
@@ -253,6 +258,10 @@ impl DecodeWorker {
         Ok(handle)
     }
 }
+
+/// Prompts shorter than this many KV pages go to prefill workers in turn
+/// (a cache hit would save little); longer ones by their namespace.
+const AFFINITY_MIN_PAGES: usize = 4;
 
 /// A random 64-bit id from the standard library's per-process random keys.
 fn random_u64() -> u64 {

@@ -733,7 +733,8 @@ mod tests {
             cache: None,
         })
         .encode();
-        let last = ctl.len() - 1 - crate::mac::KEY_LEN;
+        // The traceparent's last byte: before the key and the cache byte.
+        let last = ctl.len() - 2 - crate::mac::KEY_LEN;
         ctl[last] = b'\n';
         assert!(matches!(
             Message::read(&mut ctl.as_slice()).await,
