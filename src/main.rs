@@ -20,6 +20,7 @@ mod serve;
 mod tls;
 mod up;
 mod up_child;
+mod usage_report;
 
 use clap::Parser;
 

@@ -86,6 +86,28 @@ impl RegisterArgs {
         self.control_plane.is_some()
     }
 
+    /// A control-plane client with the node's token and certificate, when
+    /// one is configured (usage reports use it).
+    pub(crate) fn client(
+        &self,
+        identity: &bulkhead_trust::Identity,
+    ) -> anyhow::Result<Option<Client>> {
+        let Some(url) = &self.control_plane else {
+            return Ok(None);
+        };
+        let token = self
+            .node_token
+            .clone()
+            .context("--control-plane needs --node-token (or BULKHEAD_NODE_TOKEN), a token with the node role")?;
+        Ok(Some(Client::with_identity(
+            &Credentials {
+                control_plane_url: url.clone(),
+                operator_token: token,
+            },
+            identity,
+        )?))
+    }
+
     /// Registers (when configured) and spawns the heartbeat task.
     pub(crate) async fn register(&self, a: Announcement<'_>) -> anyhow::Result<()> {
         let Some(url) = &self.control_plane else {

@@ -177,6 +177,40 @@ pub(crate) struct DecodeArgs {
     model: ModelArgs,
 }
 
+/// The worker's context check, metering every call it admits, and the
+/// reporter of that usage (to the control plane, when there is one).
+fn metered(
+    tls: &TlsArgs,
+    register: &RegisterArgs,
+    identity: &bulkhead_trust::Identity,
+) -> anyhow::Result<(Arc<ContextCheck>, UsageReporter)> {
+    let slug = register.model_slug().as_str();
+    let (sink, rx) = bulkhead_node::usage::UsageSink::new();
+    let contexts = ContextCheck::metered(tls.key_ring()?, slug, sink);
+    Ok((
+        contexts,
+        UsageReporter(register.client(identity)?.map(|c| (rx, c))),
+    ))
+}
+
+/// Usage records and the client they are reported through.
+struct UsageReporter(
+    Option<(
+        tokio::sync::mpsc::UnboundedReceiver<bulkhead_node::usage::UsageRecord>,
+        bulkhead_control_api::Client,
+    )>,
+);
+
+impl UsageReporter {
+    /// Starts reporting (on the current runtime). Without a control plane
+    /// the records are counted in metrics only.
+    fn start(self) {
+        if let Some((rx, client)) = self.0 {
+            tokio::spawn(crate::usage_report::run(rx, client));
+        }
+    }
+}
+
 /// A started engine and the weights file it loaded.
 fn load(model: &ModelArgs) -> anyhow::Result<(Arc<Engine>, PathBuf)> {
     let (file, path) = model.load()?;
@@ -225,7 +259,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let identity = args
         .tls
         .load_worker(CertRole::Colocated, args.register.model_slug().as_str())?;
-    let contexts = ContextCheck::new(args.tls.key_ring()?, args.register.model_slug().as_str());
+    let (contexts, usage) = metered(&args.tls, &args.register, &identity)?;
     let (engine, weights) = load(&args.model)?;
     if let Some(path) = &args.shared_prefix_file {
         let text =
@@ -238,6 +272,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
         ));
     }
     runtime()?.block_on(async {
+        usage.start();
         let http = bind(&args.http).await?;
         args.register
             .register(Announcement {
@@ -324,7 +359,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
     let identity = args
         .tls
         .load_worker(CertRole::Decode, args.register.model_slug().as_str())?;
-    let contexts = ContextCheck::new(args.tls.key_ring()?, args.register.model_slug().as_str());
+    let (contexts, usage) = metered(&args.tls, &args.register, &identity)?;
     let (engine, weights) = load(&args.model)?;
     let hello = hello(&engine, &transport);
     // Pinned, else discovered through the control plane, else the default.
@@ -345,6 +380,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
         model: args.register.model_slug().as_str().to_owned(),
     };
     runtime()?.block_on(async {
+        usage.start();
         let worker = DecodeWorker::start(Arc::clone(&engine), hello, options);
         let http = bind(&args.http).await?;
         if !discover && !worker.ready(Duration::from_secs(30)).await {

@@ -155,5 +155,9 @@ fn a_tenants_prompts_return_to_the_prefill_worker_that_cached_them() {
     }
     let (ha, hb) = (hits(&a).unwrap_or(0), hits(&b).unwrap_or(0));
     // Two reuses of every full page but the last prompt token's, on one worker.
-    assert_eq!((ha.max(hb), ha.min(hb)), (2 * (199 / 16 * 16), 0), "{ha} {hb}");
+    assert_eq!(
+        (ha.max(hb), ha.min(hb)),
+        (2 * (199 / 16 * 16), 0),
+        "{ha} {hb}"
+    );
 }

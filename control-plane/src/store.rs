@@ -12,6 +12,7 @@ pub mod models;
 pub mod nodes;
 pub mod operators;
 pub mod routing;
+pub mod usage;
 
 use crate::Error;
 use bulkhead_control_api::Timestamp;

@@ -639,3 +639,59 @@ pub struct RoutedToken {
     /// Its account.
     pub account_id: String,
 }
+
+/// One worker call's usage, as the worker counted it: the prompt once
+/// admitted, the output tokens it emitted (also when the client went away).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageEvent {
+    /// The call's single-use id from its signed tenant context: a report
+    /// repeated (after a lost answer) counts once.
+    pub call_id: String,
+    /// The account (32 hex digits).
+    pub account_id: String,
+    /// The model slug.
+    pub model: ModelSlug,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Output tokens emitted.
+    pub completion_tokens: u64,
+    /// How the call ended (`stop`, `length`, `cancelled`, `error`, ...).
+    pub finish: String,
+    /// When it ended.
+    pub at: Timestamp,
+}
+
+/// `POST /admin/v1/usage` (workers): a batch of events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageReport {
+    /// At most 1000 events.
+    pub events: Vec<UsageEvent>,
+}
+
+/// What a report changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRecorded {
+    /// Events new to the ledger.
+    pub recorded: u64,
+    /// Events it had already (counted once).
+    pub duplicates: u64,
+}
+
+/// One row of usage: an account's use of a model on a UTC day.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRow {
+    /// The account.
+    pub account_id: String,
+    /// The model slug.
+    pub model: String,
+    /// The UTC day, `YYYY-MM-DD`.
+    pub date: String,
+    /// Worker calls.
+    pub requests: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Output tokens.
+    pub completion_tokens: u64,
+}

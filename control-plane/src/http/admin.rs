@@ -5,6 +5,7 @@
 use super::AppState;
 use super::auth::{Admin, Caller, GatewayAgent, NodeAgent, Responder};
 use super::error::{ApiError, AppJson, AppPath, AppQuery, OptionalJson};
+use crate::store::usage;
 use crate::store::{
     accounts, api_tokens, audit, configs, incidents, models, nodes, operators, routing,
 };
@@ -18,8 +19,8 @@ use bulkhead_control_api::{
     AccountView, ApiTokenCreated, ApiTokenView, AuditEntry, ConfigSpec, ConfigView, CreateAccount,
     CreateApiToken, CreateModel, CreateOperator, Heartbeat, IncidentView, ModelChange, ModelSlug,
     ModelView, NodeRole, NodeStatus, NodeView, OpenIncident, OperatorCreated, OperatorView,
-    PrefillPeer, RegisterNode, RoutingTable, SetAllowlist, SetVisibility, Timestamp,
-    UpdateIncident, Whoami,
+    PrefillPeer, RegisterNode, Role, RoutingTable, SetAllowlist, SetVisibility, Timestamp,
+    UpdateIncident, UsageRecorded, UsageReport, UsageRow, Whoami,
 };
 use serde::Deserialize;
 
@@ -45,6 +46,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/incidents/{id}", get(get_incident))
         .route("/incidents/{id}/updates", post(update_incident))
         .route("/audit", get(list_audit))
+        .route("/usage", get(list_usage).post(report_usage))
         .route(
             "/accounts/{id}/tokens",
             get(list_api_tokens).post(create_api_token),
@@ -596,6 +598,86 @@ async fn list_audit(
     let mut conn = s.db.pool().acquire().await?;
     Ok(Json(
         audit::list(&mut conn, f.subject.as_deref(), limit).await?,
+    ))
+}
+
+// === usage ===
+
+/// `POST /admin/v1/usage`: a worker's batch of usage events, for its own
+/// model only, recorded whole or not at all.
+async fn report_usage(
+    State(s): State<AppState>,
+    NodeAgent(op, _, scope): NodeAgent,
+    AppJson(report): AppJson<UsageReport>,
+) -> ApiResult<UsageRecorded> {
+    if let Some(e) = report
+        .events
+        .iter()
+        .find(|e| !scope.allows_model(e.model.as_str()))
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "this certificate (for {}) may not report usage of {}",
+                scope.describe(),
+                e.model
+            ),
+        ));
+    }
+    let mut tx = s.db.begin().await?;
+    let recorded = usage::record(&mut tx, &op.name, &report.events).await?;
+    tx.commit().await?;
+    Ok(Json(recorded))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageFilter {
+    account: Option<String>,
+    /// First UTC day, `YYYY-MM-DD` (default: 30 days before `until`).
+    since: Option<String>,
+    /// Last UTC day, `YYYY-MM-DD` (default: today).
+    until: Option<String>,
+}
+
+/// `GET /admin/v1/usage`: usage by account, model and UTC day. Responders
+/// read every account's; the gateway reads one account's for that
+/// tenant's own usage route.
+async fn list_usage(
+    State(s): State<AppState>,
+    Caller(op): Caller,
+    AppQuery(f): AppQuery<UsageFilter>,
+) -> ApiResult<Vec<UsageRow>> {
+    if !(op.role.allows(Role::Responder) || op.role == Role::Gateway) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "reading usage needs a responder, admin or gateway token",
+        ));
+    }
+    if op.role == Role::Gateway && f.account.is_none() {
+        return Err(ApiError::bad_request(
+            "a gateway reads one account's usage: give account",
+        ));
+    }
+    let day = |s: &Option<String>, what: &str| -> Result<Option<Timestamp>, ApiError> {
+        s.as_deref()
+            .map(|d| {
+                Timestamp::parse_rfc3339(&format!("{d}T00:00:00Z"))
+                    .filter(|t| t.to_string().starts_with(d))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!("{what} is a UTC day, YYYY-MM-DD"))
+                    })
+            })
+            .transpose()
+    };
+    let until = day(&f.until, "until")?.unwrap_or_else(Timestamp::now);
+    let since =
+        day(&f.since, "since")?.unwrap_or_else(|| Timestamp::start_of_day(until.day() - 30));
+    let mut conn = s.db.pool().acquire().await?;
+    Ok(Json(
+        usage::daily(&mut conn, f.account.as_deref(), since, until).await?,
     ))
 }
 

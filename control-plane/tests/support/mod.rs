@@ -295,6 +295,9 @@ fn caller(path: &str, body: Option<&Value>) -> Option<bulkhead_trust::Role> {
     if path.starts_with("/admin/v1/routing") {
         return Some(Role::Gateway);
     }
+    if path.starts_with("/admin/v1/usage") && body.is_some() {
+        return Some(Role::Decode);
+    }
     if path.starts_with("/admin/v1/nodes") {
         return Some(match body.and_then(|b| b["role"].as_str()) {
             Some("prefill") => Role::Prefill,

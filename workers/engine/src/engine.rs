@@ -399,6 +399,15 @@ impl RequestHandle {
         ev
     }
 
+    /// Asks the engine to stop the request without giving up its events:
+    /// the last one (`Finished`, reason `Cancelled`, with the exact usage)
+    /// still arrives. Dropping the handle cancels too, unseen.
+    pub fn cancel(&self) {
+        if !self.ended {
+            let _ = self.commands.send(Command::Cancel(self.id));
+        }
+    }
+
     /// The next event, blocking the current (non-async) thread.
     pub fn blocking_next(&mut self) -> Option<SeqEvent> {
         if self.ended {

@@ -181,6 +181,7 @@ pub struct ContextCheck {
     keys: KeyRing,
     model: String,
     replay: std::sync::Mutex<ReplayGuard>,
+    usage: Option<crate::usage::UsageSink>,
 }
 
 impl ContextCheck {
@@ -190,6 +191,22 @@ impl ContextCheck {
             keys,
             model: model.to_owned(),
             replay: std::sync::Mutex::new(ReplayGuard::default()),
+            usage: None,
+        })
+    }
+
+    /// As [`ContextCheck::new`], and every call it admits is metered into
+    /// `usage` (see [`crate::usage`]).
+    pub fn metered(
+        keys: KeyRing,
+        model: &str,
+        usage: crate::usage::UsageSink,
+    ) -> Arc<ContextCheck> {
+        Arc::new(ContextCheck {
+            keys,
+            model: model.to_owned(),
+            replay: std::sync::Mutex::new(ReplayGuard::default()),
+            usage: Some(usage),
         })
     }
 
@@ -353,6 +370,7 @@ async fn generate(
         }
         n => n,
     };
+    let prompt_len = prompt.len();
     let request = GenerateRequest {
         prompt,
         sampling: SamplingParams {
@@ -396,12 +414,23 @@ async fn generate(
             });
         }
     };
+    let meter = check.usage.clone().map(|sink| Meter {
+        sink,
+        call_id: ctx.request_id.clone(),
+        account: ctx.account.clone(),
+        model: ctx.model.clone(),
+        prompt_tokens: prompt_len as u64,
+    });
     // The first event decides the status: a late rejection is still a 4xx.
     let first = handle.next().await;
     if let Some(SeqEvent::Failed(e)) = &first {
+        if let Some(m) = meter {
+            m.end(0, "error");
+        }
         return Err(engine_error(e));
     }
-    let lines = UnboundedReceiverStream::new(forward(first, handle, span)).map(Ok::<_, Infallible>);
+    let lines =
+        UnboundedReceiverStream::new(forward(first, handle, span, meter)).map(Ok::<_, Infallible>);
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(lines),
@@ -433,11 +462,92 @@ fn forward(
     first: Option<SeqEvent>,
     mut handle: RequestHandle,
     span: tracing::Span,
+    meter: Option<Meter>,
 ) -> mpsc::UnboundedReceiver<String> {
     let (tx, rx) = mpsc::unbounded_channel();
     let task = async move {
+        let mut emitted = 0u64;
+        let gone = relay(first, &mut handle, &tx, &mut emitted).await;
+        let Some(meter) = meter else { return };
+        match gone {
+            Relayed::Ended { completion, finish } => meter.end(completion, finish),
+            Relayed::ClientGone => {
+                // Cancel, and read the engine's own count of what it
+                // computed: what was computed is billed.
+                handle.cancel();
+                let mut completion = emitted;
+                while let Some(ev) = handle.next().await {
+                    match ev {
+                        SeqEvent::Token { .. } => completion += 1,
+                        SeqEvent::Finished { usage, .. } => {
+                            completion = usage.completion_tokens as u64;
+                        }
+                        SeqEvent::Failed(_) => {}
+                    }
+                }
+                meter.end(completion, "cancelled");
+            }
+        }
+    };
+    tokio::spawn(tracing::Instrument::instrument(task, span));
+    rx
+}
+
+/// How [`relay`] stopped.
+enum Relayed {
+    /// The request ended (finished or failed) and the client has it all.
+    Ended {
+        completion: u64,
+        finish: &'static str,
+    },
+    /// The client went away first.
+    ClientGone,
+}
+
+/// A call's usage, recorded once when it ends.
+struct Meter {
+    sink: crate::usage::UsageSink,
+    call_id: String,
+    account: String,
+    model: String,
+    prompt_tokens: u64,
+}
+
+impl Meter {
+    fn end(self, completion_tokens: u64, finish: &str) {
+        self.sink.record(crate::usage::UsageRecord {
+            call_id: self.call_id,
+            account: self.account,
+            model: self.model,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens,
+            finish: finish.to_owned(),
+            at_ms: crate::usage::now_ms(),
+        });
+    }
+}
+
+/// Sends the request's events to the client as NDJSON lines until it ends
+/// or the client goes away; counts the tokens sent.
+async fn relay(
+    first: Option<SeqEvent>,
+    handle: &mut RequestHandle,
+    tx: &mpsc::UnboundedSender<String>,
+    emitted: &mut u64,
+) -> Relayed {
+    {
         let mut next = first;
         while let Some(ev) = next {
+            let ended = match &ev {
+                SeqEvent::Token { .. } => {
+                    *emitted += 1;
+                    None
+                }
+                SeqEvent::Finished { reason, usage, .. } => {
+                    Some((usage.completion_tokens as u64, reason.as_str()))
+                }
+                SeqEvent::Failed(_) => Some((*emitted, "error")),
+            };
             if let SeqEvent::Finished { reason, usage, .. } = &ev {
                 let s = tracing::Span::current();
                 s.record(
@@ -454,17 +564,30 @@ fn forward(
                 );
             }
             let (line, end) = event_line(&ev);
-            if tx.send(line).is_err() || end {
-                return; // client gone (dropping `handle` cancels) or done
+            let sent = tx.send(line).is_ok();
+            if let Some((completion, finish)) = ended {
+                return Relayed::Ended { completion, finish };
+            }
+            if !sent {
+                return Relayed::ClientGone;
+            }
+            if end {
+                return Relayed::Ended {
+                    completion: *emitted,
+                    finish: "error",
+                };
             }
             next = tokio::select! {
                 ev = handle.next() => ev,
-                () = tx.closed() => return,
+                () = tx.closed() => return Relayed::ClientGone,
             };
         }
-    };
-    tokio::spawn(tracing::Instrument::instrument(task, span));
-    rx
+    }
+    // The engine went away without a last event.
+    Relayed::Ended {
+        completion: *emitted,
+        finish: "error",
+    }
 }
 
 /// OpenAI's floor for a log-probability: JSON has no minus infinity.

@@ -17,6 +17,7 @@ pub mod prefill;
 pub mod prefix;
 #[cfg(feature = "rdma")]
 mod rdma;
+pub mod usage;
 
 pub use decode::{DecodeOptions, DecodeWorker, SubmitError};
 pub use hello::{TransportKind, hello};

@@ -20,6 +20,29 @@ pub(crate) fn admission_rejected(reason: &'static str) {
     rejections().add(1, &rejection_attrs(reason));
 }
 
+/// Counts the tokens a served call used, per model and kind (`input`,
+/// `output`): the metering's own totals, by model only (accounts are in
+/// the ledger, not in label sets).
+pub(crate) fn usage_recorded(r: &crate::usage::UsageRecord) {
+    static C: OnceLock<Counter<u64>> = OnceLock::new();
+    let c = C.get_or_init(|| {
+        bulkhead_telemetry::meter()
+            .u64_counter("bulkhead.usage.tokens")
+            .with_description("Tokens metered for billing, by model and kind (input, output)")
+            .with_unit("{token}")
+            .build()
+    });
+    for (kind, n) in [("input", r.prompt_tokens), ("output", r.completion_tokens)] {
+        c.add(
+            n,
+            &[
+                KeyValue::new("gen_ai.request.model", r.model.clone()),
+                KeyValue::new("gen_ai.token.type", kind),
+            ],
+        );
+    }
+}
+
 /// Counts a generate call refused for its tenant context (`reason`: the
 /// error code, e.g. `replayed_context`).
 pub(crate) fn context_refused(reason: &'static str) {
