@@ -46,6 +46,8 @@ enum Command {
     },
     /// The append-only audit log of visibility flips and config changes.
     Audit(crate::ops::AuditArgs),
+    /// Metered usage by UTC day, account and model (the ledger).
+    Usage(crate::ops::UsageArgs),
     /// Create the platform CA and a certificate for every role (what
     /// `up` does in its data directory).
     Tls {
@@ -226,6 +228,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             crate::gateway::run(&args)
         }
         Command::Audit(args) => crate::ops::audit(&args),
+        Command::Usage(args) => crate::ops::usage(&args),
         Command::Prober(args) => {
             let _t = telemetry("bulkhead-prober")?;
             crate::prober::run(&args)

@@ -139,6 +139,22 @@ pub(crate) struct AuditArgs {
     conn: Connection,
 }
 
+/// `bulkhead usage`.
+#[derive(Debug, Args)]
+pub(crate) struct UsageArgs {
+    /// Only this account (32 hex digits).
+    #[arg(long)]
+    account: Option<String>,
+    /// First UTC day, YYYY-MM-DD (default: 30 days ago).
+    #[arg(long)]
+    since: Option<String>,
+    /// Last UTC day, YYYY-MM-DD (default: today).
+    #[arg(long)]
+    until: Option<String>,
+    #[command(flatten)]
+    conn: Connection,
+}
+
 fn parse_component(s: &str) -> Result<ComponentChange, String> {
     let (slug, status) = s
         .rsplit_once('=')
@@ -444,6 +460,41 @@ fn show_incident(v: &IncidentView, json: bool, verb: &str) -> anyhow::Result<()>
             println!("  {}: {} -> {}", c.model, c.old_status, c.new_status);
         }
     }
+    Ok(())
+}
+
+/// `bulkhead usage`: the ledger by UTC day, account and model.
+pub(crate) fn usage(args: &UsageArgs) -> anyhow::Result<()> {
+    let client = args.conn.client()?;
+    let mut query = Vec::new();
+    for (key, v) in [
+        ("account", &args.account),
+        ("since", &args.since),
+        ("until", &args.until),
+    ] {
+        if let Some(v) = v {
+            query.push(format!("{key}={}", query_escape(v)));
+        }
+    }
+    let path = format!("/admin/v1/usage?{}", query.join("&"));
+    let rows: Vec<bulkhead_control_api::UsageRow> = args.conn.call(client.get(&path))?;
+    if args.conn.json {
+        return print_json(&rows);
+    }
+    if rows.is_empty() {
+        println!("no usage recorded in that period");
+        return Ok(());
+    }
+    println!("date        account                           model  requests  prompt  output");
+    let (mut r, mut p, mut c) = (0, 0, 0);
+    for u in &rows {
+        println!(
+            "{}  {}  {}  {}  {}  {}",
+            u.date, u.account_id, u.model, u.requests, u.prompt_tokens, u.completion_tokens
+        );
+        (r, p, c) = (r + u.requests, p + u.prompt_tokens, c + u.completion_tokens);
+    }
+    println!("total: {r} requests, {p} prompt tokens, {c} output tokens");
     Ok(())
 }
 

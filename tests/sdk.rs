@@ -2,7 +2,8 @@
 //! it: `tests/sdk/openai_client.py` runs the `openai` package against a
 //! real `bulkhead up` (JSON schema and JSON mode, logprobs, `n`, streaming
 //! with usage, rate-limit headers, the context-length error's wording,
-//! refusals by name, the models list).
+//! refusals by name, the models list), and `tests/sdk/litellm_client.py`
+//! runs LiteLLM (its context-window error class, refusals, an answer).
 //!
 //! The SDK is installed into a virtual environment under `target/`; where
 //! PyPI cannot be reached the test says so and passes, except in CI
@@ -45,5 +46,42 @@ fn the_openai_python_sdk_gets_what_it_asks_for() {
     eprintln!("openai SDK saw: {seen}");
     assert_eq!(seen["n"], 3);
     assert!(seen["json_schema"]["age"].is_i64(), "{seen}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// LiteLLM, pinned to the major version users run.
+const LITELLM: &str = "litellm>=1.50,<2";
+
+#[test]
+fn litellm_recognises_the_context_window_error_and_refusals() {
+    let Some(python) = python::venv("litellm-venv", &[LITELLM]) else {
+        return;
+    };
+    let dir = support::platform::data_dir("litellm");
+    let _up = support::platform::up(&dir, &["--prober-interval-secs", "3600"]);
+    let creds = support::platform::credentials(&dir);
+    let gw = creds["gateway_url"].as_str().expect("gateway_url");
+    let token = creds["accounts"][0]["token"].as_str().expect("a token");
+    let model = creds["model"].as_str().expect("model");
+    let out = Command::new(&python)
+        .arg(python::script("sdk", "litellm_client.py"))
+        .env("BULKHEAD_BASE_URL", format!("{gw}/v1"))
+        .env("BULKHEAD_TOKEN", token)
+        .env("BULKHEAD_MODEL", model)
+        // LiteLLM must not reach for its model price list online.
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the LiteLLM script failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("one JSON line");
+    eprintln!("LiteLLM saw: {seen}");
+    assert_eq!(seen["context_window_error"], "ContextWindowExceededError");
+    assert_eq!(seen["tools_refused"], true);
     let _ = std::fs::remove_dir_all(&dir);
 }

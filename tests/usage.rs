@@ -3,7 +3,8 @@
 //! dropped after its first tokens, a prompt refused at admission) the
 //! control plane's ledger holds exactly what the workers counted: the
 //! answered requests' usage as the API reported it, the dropped stream's
-//! computed tokens, and nothing for the refusal.
+//! computed tokens, and nothing for the refusal; the tenant reads the same
+//! through the gateway's usage route, and operators with `bulkhead usage`.
 
 mod support;
 
@@ -103,5 +104,54 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     );
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(ledger(), now, "nothing is counted twice");
+
+    // The tenant reads the same through the gateway, Workers AI style...
+    let mine = get(gw, &format!("/client/v4/accounts/{id}/ai/usage"), token);
+    assert_eq!(mine["success"], true, "{mine}");
+    let total = |key: &str| -> u64 {
+        mine["result"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .filter_map(|r| r[key].as_u64())
+            .sum()
+    };
+    assert_eq!(
+        (
+            total("requests"),
+            total("prompt_tokens"),
+            total("completion_tokens")
+        ),
+        now
+    );
+    // ...but not another account's.
+    let other = creds["accounts"][1]["id"].as_str().expect("second account");
+    let (code, _) = support::platform::try_call(
+        gw,
+        "GET",
+        &format!("/client/v4/accounts/{other}/ai/usage"),
+        token,
+        "",
+    )
+    .expect("answer");
+    assert_eq!(code, 403);
+    // Operators read it with `bulkhead usage`.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args(["usage", "--json", "--account", id, "--data-dir"])
+        .arg(&dir)
+        .env_remove("BULKHEAD_CONTROL_PLANE_URL")
+        .env_remove("BULKHEAD_TOKEN")
+        .output()
+        .expect("bulkhead usage");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        rows,
+        get(cp, &format!("/admin/v1/usage?account={id}"), admin)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

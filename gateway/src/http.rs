@@ -54,12 +54,20 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// The control plane, for reads a handler makes there.
+    pub(crate) fn control_plane(&self) -> &bulkhead_control_api::Client {
+        self.watch.control_plane()
+    }
+}
+
 /// The gateway router.
 pub fn app(state: AppState) -> Router {
     let v4 = "/client/v4/accounts/{account_id}/ai";
     let router = Router::new()
         .route(&format!("{v4}/run/{{*model}}"), post(workers_ai::run))
         .route(&format!("{v4}/models/search"), get(workers_ai::search))
+        .route(&format!("{v4}/usage"), get(workers_ai::usage))
         .route(
             &format!("{v4}/v1/chat/completions"),
             post(openai::account_chat),

@@ -54,6 +54,8 @@ type Live = BTreeMap<u64, (ModelSlug, String)>;
 #[derive(Debug, Clone)]
 pub struct RoutingWatch {
     rx: watch::Receiver<Option<Arc<Snapshot>>>,
+    /// The control plane, for reads a handler makes there (usage).
+    client: Client,
     heard_ms: Arc<AtomicU64>,
     epoch: Instant,
     streams: Arc<watch::Sender<Live>>,
@@ -83,7 +85,7 @@ impl RoutingWatch {
         let epoch = Instant::now();
         let streams = Arc::new(watch::Sender::new(Live::new()));
         tokio::spawn(poll(
-            client,
+            client.clone(),
             instance,
             tx,
             Arc::clone(&heard_ms),
@@ -92,11 +94,17 @@ impl RoutingWatch {
         ));
         RoutingWatch {
             rx,
+            client,
             heard_ms,
             epoch,
             streams,
             next_stream: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// The control plane client the table is polled with.
+    pub(crate) fn control_plane(&self) -> &Client {
+        &self.client
     }
 
     /// Tracks a stream of `slug` for `account` until the guard drops.

@@ -177,6 +177,60 @@ pub(crate) async fn run(
     .into_response())
 }
 
+/// `GET /client/v4/accounts/{account_id}/ai/usage`: the account's own
+/// usage by UTC day and model, from the control plane's ledger (`since`
+/// and `until` as `YYYY-MM-DD`; the last 30 days by default), in Workers
+/// AI's envelope. Another account's URL is refused like every route's.
+pub(crate) async fn usage(
+    State(s): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+    Extension(ctx): Extension<Ctx>,
+) -> Result<Response, ApiError> {
+    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
+    ctx.for_account(&account).map_err(|e| e.in_(W))?;
+    let Query(q) = query.map_err(|_| bad("invalid query string").in_(W))?;
+    let mut url = format!("/admin/v1/usage?account={}", ctx.principal.account_id);
+    for key in ["since", "until"] {
+        if let Some(v) = q.get(key) {
+            let day_like = v.len() == 10 && v.bytes().all(|b| b.is_ascii_digit() || b == b'-');
+            if !day_like {
+                return Err(bad(&format!("{key} is a UTC day, YYYY-MM-DD")).in_(W));
+            }
+            url.push_str(&format!("&{key}={v}"));
+        }
+    }
+    if let Some(k) = q.keys().find(|k| !matches!(k.as_str(), "since" | "until")) {
+        return Err(bad(&format!("unknown query parameter {k}")).in_(W));
+    }
+    let rows: Vec<bulkhead_control_api::UsageRow> = match s.control_plane().get(&url).await {
+        Ok(rows) => rows,
+        Err(bulkhead_control_api::ClientError::Api {
+            status: 400,
+            message,
+            ..
+        }) => {
+            return Err(bad(&message).in_(W));
+        }
+        Err(e) => {
+            tracing::warn!(error = %bulkhead_control_api::error_chain(&e), "reading usage from the control plane");
+            return Err(GatewayError::Unavailable("usage cannot be read now").in_(W));
+        }
+    };
+    let result: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({"date": r.date, "model": r.model, "requests": r.requests,
+                   "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+                   "total_tokens": r.prompt_tokens + r.completion_tokens})
+        })
+        .collect();
+    Ok(
+        Json(json!({"result": result, "success": true, "errors": [], "messages": []}))
+            .into_response(),
+    )
+}
+
 /// `GET /client/v4/accounts/{account_id}/ai/models/search`: the models this
 /// account may call, filtered by `search` (in the name or description) and
 /// `task`, paged by `page` and `per_page`; a page past the end has an empty

@@ -69,6 +69,23 @@ async fn slow_and_surplus_connections_are_cut_off_and_others_are_served() {
                 "a client that never finished its headers stayed connected"
             );
         }
+        // The gateway counts a connection's end when its task reports it,
+        // a moment after the client sees the close: wait until this
+        // address is served again before the next step.
+        let until = Instant::now() + Duration::from_secs(3);
+        loop {
+            let mut probe = TcpStream::connect(addr).expect("connect");
+            write!(
+                probe,
+                "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            .expect("write");
+            let (answer, _) = read_to_close(&mut probe, Duration::from_secs(2));
+            if answer.starts_with("HTTP/1.1 200") || Instant::now() > until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         // A body that stalls is refused in the API's shape.
         let mut stall = TcpStream::connect(addr).expect("connect");
         write!(
