@@ -17,36 +17,36 @@ use support::python;
 /// The pinned SDK: a major version users run today.
 const OPENAI: &str = "openai>=1.50,<3";
 
+/// Runs `script` (in `tests/sdk/`) with `python` against a fresh `bulkhead
+/// up`; returns what it printed.
+fn against_up(python: &std::path::Path, script: &str, env: &[(&str, &str)]) -> serde_json::Value {
+    let dir = support::platform::data_dir("sdk");
+    let up = support::platform::up(&dir, &["--prober-interval-secs", "3600"]);
+    let creds = support::platform::credentials(&dir);
+    let gw = creds["gateway_url"].as_str().expect("gateway_url");
+    let mut cmd = Command::new(python);
+    cmd.arg(python::script("sdk", script))
+        .env("BULKHEAD_BASE_URL", format!("{gw}/v1"))
+        .env(
+            "BULKHEAD_TOKEN",
+            creds["accounts"][0]["token"].as_str().expect("a token"),
+        )
+        .env("BULKHEAD_MODEL", creds["model"].as_str().expect("model"))
+        .envs(env.iter().copied());
+    let seen = python::run_json(cmd, script);
+    drop(up);
+    let _ = std::fs::remove_dir_all(&dir);
+    seen
+}
+
 #[test]
 fn the_openai_python_sdk_gets_what_it_asks_for() {
     let Some(python) = python::venv("sdk-venv", &[OPENAI]) else {
         return;
     };
-    let dir = support::platform::data_dir("sdk");
-    let _up = support::platform::up(&dir, &["--prober-interval-secs", "3600"]);
-    let creds = support::platform::credentials(&dir);
-    let gw = creds["gateway_url"].as_str().expect("gateway_url");
-    let token = creds["accounts"][0]["token"].as_str().expect("a token");
-    let model = creds["model"].as_str().expect("model");
-    let out = Command::new(&python)
-        .arg(python::script("sdk", "openai_client.py"))
-        .env("BULKHEAD_BASE_URL", format!("{gw}/v1"))
-        .env("BULKHEAD_TOKEN", token)
-        .env("BULKHEAD_MODEL", model)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the SDK script failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("one JSON line");
-    eprintln!("openai SDK saw: {seen}");
+    let seen = against_up(&python, "openai_client.py", &[]);
     assert_eq!(seen["n"], 3);
     assert!(seen["json_schema"]["age"].is_i64(), "{seen}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// LiteLLM, pinned to the major version users run.
@@ -57,31 +57,12 @@ fn litellm_recognises_the_context_window_error_and_refusals() {
     let Some(python) = python::venv("litellm-venv", &[LITELLM]) else {
         return;
     };
-    let dir = support::platform::data_dir("litellm");
-    let _up = support::platform::up(&dir, &["--prober-interval-secs", "3600"]);
-    let creds = support::platform::credentials(&dir);
-    let gw = creds["gateway_url"].as_str().expect("gateway_url");
-    let token = creds["accounts"][0]["token"].as_str().expect("a token");
-    let model = creds["model"].as_str().expect("model");
-    let out = Command::new(&python)
-        .arg(python::script("sdk", "litellm_client.py"))
-        .env("BULKHEAD_BASE_URL", format!("{gw}/v1"))
-        .env("BULKHEAD_TOKEN", token)
-        .env("BULKHEAD_MODEL", model)
-        // LiteLLM must not reach for its model price list online.
-        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the LiteLLM script failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    // LiteLLM must not reach for its model price list online.
+    let seen = against_up(
+        &python,
+        "litellm_client.py",
+        &[("LITELLM_LOCAL_MODEL_COST_MAP", "True")],
     );
-    let seen: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("one JSON line");
-    eprintln!("LiteLLM saw: {seen}");
     assert_eq!(seen["context_window_error"], "ContextWindowExceededError");
     assert_eq!(seen["tools_refused"], true);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -83,8 +83,8 @@ fn the_status_page_validates_and_renders_at_desktop_and_phone_widths() {
 
     let out_dir = dir.join("browser");
     std::fs::create_dir_all(&out_dir).expect("out dir");
-    let out = Command::new(&python)
-        .arg(python::script("browser", "status_page.py"))
+    let mut cmd = Command::new(&python);
+    cmd.arg(python::script("browser", "status_page.py"))
         .env("PATH", path_with(&python))
         .env("STATUS_URL", status)
         .env("ACTIVE_ID", active.to_string())
@@ -92,18 +92,8 @@ fn the_status_page_validates_and_renders_at_desktop_and_phone_widths() {
         .env("ACTIVE_NAME", active_name)
         .env("RESOLVED_NAME", resolved_name)
         .env("MODEL_NAME", &description)
-        .env("OUT", &out_dir)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the status page checks failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("one JSON line");
-    eprintln!("the browser and validators saw: {seen}");
+        .env("OUT", &out_dir);
+    let seen = python::run_json(cmd, "the status page checks");
     assert_eq!(seen["vnu_pages_valid"], 5);
     assert_eq!(seen["desktop"]["components"][0]["bars"], 90);
     assert_eq!(seen["phone"]["components"][0]["bars"], 30);

@@ -53,3 +53,19 @@ pub fn script(dir: &str, name: &str) -> PathBuf {
         .join(dir)
         .join(name)
 }
+
+/// Runs `cmd` (a script of the tests' Python) and returns the JSON of the
+/// last line it printed; fails the test, with its output, when it fails.
+pub fn run_json(mut cmd: Command, what: &str) -> serde_json::Value {
+    let out = cmd.output().expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).expect("one JSON line");
+    eprintln!("{what} saw: {seen}");
+    seen
+}

@@ -535,53 +535,51 @@ async fn relay(
     tx: &mpsc::UnboundedSender<String>,
     emitted: &mut u64,
 ) -> Relayed {
-    {
-        let mut next = first;
-        while let Some(ev) = next {
-            let ended = match &ev {
-                SeqEvent::Token { .. } => {
-                    *emitted += 1;
-                    None
-                }
-                SeqEvent::Finished { reason, usage, .. } => {
-                    Some((usage.completion_tokens as u64, reason.as_str()))
-                }
-                SeqEvent::Failed(_) => Some((*emitted, "error")),
-            };
-            if let SeqEvent::Finished { reason, usage, .. } = &ev {
-                let s = tracing::Span::current();
-                s.record(
-                    "gen_ai.usage.output_tokens",
-                    bulkhead_telemetry::int(usage.completion_tokens),
-                );
-                s.record("gen_ai.response.finish_reasons", reason.as_str());
-                tracing::info!(
-                    target: "bulkhead::worker",
-                    prompt_tokens = usage.prompt_tokens,
-                    completion_tokens = usage.completion_tokens,
-                    finish_reason = reason.as_str(),
-                    "generated"
-                );
+    let mut next = first;
+    while let Some(ev) = next {
+        let ended = match &ev {
+            SeqEvent::Token { .. } => {
+                *emitted += 1;
+                None
             }
-            let (line, end) = event_line(&ev);
-            let sent = tx.send(line).is_ok();
-            if let Some((completion, finish)) = ended {
-                return Relayed::Ended { completion, finish };
+            SeqEvent::Finished { reason, usage, .. } => {
+                Some((usage.completion_tokens as u64, reason.as_str()))
             }
-            if !sent {
-                return Relayed::ClientGone;
-            }
-            if end {
-                return Relayed::Ended {
-                    completion: *emitted,
-                    finish: "error",
-                };
-            }
-            next = tokio::select! {
-                ev = handle.next() => ev,
-                () = tx.closed() => return Relayed::ClientGone,
+            SeqEvent::Failed(_) => Some((*emitted, "error")),
+        };
+        if let SeqEvent::Finished { reason, usage, .. } = &ev {
+            let s = tracing::Span::current();
+            s.record(
+                "gen_ai.usage.output_tokens",
+                bulkhead_telemetry::int(usage.completion_tokens),
+            );
+            s.record("gen_ai.response.finish_reasons", reason.as_str());
+            tracing::info!(
+                target: "bulkhead::worker",
+                prompt_tokens = usage.prompt_tokens,
+                completion_tokens = usage.completion_tokens,
+                finish_reason = reason.as_str(),
+                "generated"
+            );
+        }
+        let (line, end) = event_line(&ev);
+        let sent = tx.send(line).is_ok();
+        if let Some((completion, finish)) = ended {
+            return Relayed::Ended { completion, finish };
+        }
+        if !sent {
+            return Relayed::ClientGone;
+        }
+        if end {
+            return Relayed::Ended {
+                completion: *emitted,
+                finish: "error",
             };
         }
+        next = tokio::select! {
+            ev = handle.next() => ev,
+            () = tx.closed() => return Relayed::ClientGone,
+        };
     }
     // The engine went away without a last event.
     Relayed::Ended {

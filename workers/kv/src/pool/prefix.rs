@@ -39,6 +39,9 @@ pub(crate) struct PrefixCache {
     clock: u64,
     /// Prompt tokens read from the cache instead of computed, so far.
     pub(crate) hit_tokens: u64,
+    /// Entries with no reference (kept as a count: `free_pages` reads it
+    /// on every scheduling decision).
+    unreferenced: usize,
 }
 
 #[derive(Debug)]
@@ -75,40 +78,12 @@ impl KvPool {
         scope: CacheScope,
         prompt: &[u32],
     ) -> Result<(PageTable, PrefixHit), AllocError> {
-        // A request starts when its whole reservation would fit, hit or
-        // miss: what the cache holds never changes when a request starts
-        // (and so never shows in another tenant's wait).
-        if admitted.reserve() > self.free_pages() {
-            return Err(PoolExhausted {
-                needed: admitted.reserve(),
-                free: self.free_pages(),
-            }
-            .into());
-        }
-        let ps = self.geometry.page_size;
-        let most = prompt.len().saturating_sub(1) / ps;
-        let hits = self.lookup(scope, prompt, most.min(admitted.reserve()));
-        for (page, _) in &hits {
-            if let Some(e) = self.prefix.entries.get_mut(page) {
-                e.refs += 1;
-            }
-        }
-        let fresh = admitted.reserve() - hits.len();
-        if fresh > self.free_pages() {
-            self.unref(hits.iter().map(|(p, _)| *p));
-            return Err(PoolExhausted {
-                needed: fresh,
-                free: self.free_pages(),
-            }
-            .into());
-        }
+        let hits = self.pinned_hits(admitted, scope, prompt)?;
         let refs: Vec<PageRef> = hits.iter().map(|(_, r)| *r).collect();
         match self.allocate_after(admitted, refs) {
             Ok(mut table) => {
                 table.scope = Some(scope);
-                let tokens = hits.len() * ps;
-                self.prefix.hit_tokens += tokens as u64;
-                Ok((table, PrefixHit { tokens }))
+                Ok((table, self.count_hit(hits.len())))
             }
             Err(e) => {
                 self.unref(hits.iter().map(|(p, _)| *p));
@@ -129,22 +104,7 @@ impl KvPool {
         scope: CacheScope,
         prompt: &[u32],
     ) -> Result<(PageTable, PrefixHit), AllocError> {
-        if admitted.reserve() > self.free_pages() {
-            return Err(PoolExhausted {
-                needed: admitted.reserve(),
-                free: self.free_pages(),
-            }
-            .into());
-        }
-        let ps = self.geometry.page_size;
-        let most = prompt.len().saturating_sub(1) / ps;
-        let mut hits = self.lookup(scope, prompt, most.min(admitted.reserve()));
-        // Pinned while the new pages are taken, so none is evicted for them.
-        for (page, _) in &hits {
-            if let Some(e) = self.prefix.entries.get_mut(page) {
-                e.refs += 1;
-            }
-        }
+        let mut hits = self.pinned_hits(admitted, scope, prompt)?;
         if admitted.reserve() > self.free_pages() {
             self.unref(hits.iter().map(|(p, _)| *p));
             hits.clear();
@@ -164,9 +124,45 @@ impl KvPool {
         }
         self.unref(hits.iter().map(|(p, _)| *p));
         table.scope = Some(scope);
-        let tokens = hits.len() * ps;
+        Ok((table, self.count_hit(hits.len())))
+    }
+
+    /// The cached blocks `prompt` starts with in `scope`, each referenced
+    /// (pinned, so no allocation evicts it), once the whole reservation
+    /// would fit: a request starts when it would on a miss, so what the
+    /// cache holds never changes when a request starts (and so never shows
+    /// in another tenant's wait). At least the prompt's last token is left
+    /// to compute, since its logits are needed.
+    fn pinned_hits<T>(
+        &mut self,
+        admitted: &Admitted<T>,
+        scope: CacheScope,
+        prompt: &[u32],
+    ) -> Result<Vec<(PageId, PageRef)>, AllocError> {
+        if admitted.reserve() > self.free_pages() {
+            return Err(PoolExhausted {
+                needed: admitted.reserve(),
+                free: self.free_pages(),
+            }
+            .into());
+        }
+        let most = prompt.len().saturating_sub(1) / self.geometry.page_size;
+        let hits = self.lookup(scope, prompt, most.min(admitted.reserve()));
+        for (page, _) in &hits {
+            if let Some(e) = self.prefix.entries.get_mut(page) {
+                if e.refs == 0 {
+                    self.prefix.unreferenced -= 1;
+                }
+                e.refs += 1;
+            }
+        }
+        Ok(hits)
+    }
+
+    fn count_hit(&mut self, blocks: usize) -> PrefixHit {
+        let tokens = blocks * self.geometry.page_size;
         self.prefix.hit_tokens += tokens as u64;
-        Ok((table, PrefixHit { tokens }))
+        PrefixHit { tokens }
     }
 
     /// Copies page `src`'s memory over page `dst`'s (both home).
@@ -265,7 +261,7 @@ impl KvPool {
 
     /// Cached pages no table names: evictable, so counted as free.
     pub(crate) fn evictable(&self) -> usize {
-        self.prefix.entries.values().filter(|e| e.refs == 0).count()
+        self.prefix.unreferenced
     }
 
     /// Drops every cached page no table names (their pages are freed).
@@ -314,10 +310,14 @@ impl KvPool {
     pub(crate) fn unref(&mut self, pages: impl Iterator<Item = PageId>) {
         for p in pages {
             let now_unused = match self.prefix.entries.get_mut(&p) {
-                Some(e) => {
-                    e.refs = e.refs.saturating_sub(1);
+                Some(e) if e.refs > 0 => {
+                    e.refs -= 1;
+                    if e.refs == 0 {
+                        self.prefix.unreferenced += 1;
+                    }
                     e.refs == 0
                 }
+                Some(_) => false,
                 None => false,
             };
             if now_unused && self.pending_quarantine.contains(&p) {
@@ -374,9 +374,13 @@ impl KvPool {
     }
 
     fn drop_entry(&mut self, page: PageId) {
-        if let Some(e) = self.prefix.entries.remove(&page)
-            && self.prefix.index.get(&e.key) == Some(&page)
-        {
+        let Some(e) = self.prefix.entries.remove(&page) else {
+            return;
+        };
+        if e.refs == 0 {
+            self.prefix.unreferenced -= 1;
+        }
+        if self.prefix.index.get(&e.key) == Some(&page) {
             self.prefix.index.remove(&e.key);
         }
     }
