@@ -406,8 +406,16 @@ async fn answers_through_every_api_equal_the_workers_own() {
     );
     assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap_or("")));
     assert_eq!(&v["usage"], usage);
+    // Not asked for, usage still rides on the last event.
     let mut s = chat.clone();
     s["stream"] = json!(true);
+    let (status, sse) = f.call("POST", "/v1/chat/completions", s.clone()).await;
+    assert_eq!(status, 200);
+    let ev = events(&sse);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let end: Value = serde_json::from_str(&ev[ev.len() - 2]).expect("chunk");
+    assert!(end["choices"][0]["finish_reason"].is_string(), "{end}");
+    assert_eq!(&end["usage"], usage);
     s["stream_options"] = json!({"include_usage": true});
     let (status, sse) = f
         .call(

@@ -293,6 +293,18 @@ fn usage_of(choices: &[http::Collected]) -> Usage {
     }
 }
 
+/// `chunk` (one rendered event) with `usage` added: the last event of a
+/// stream whose client did not ask for OpenAI's separate usage chunk.
+fn with_usage(chunk: &str, u: Usage) -> String {
+    match serde_json::from_str::<Value>(chunk) {
+        Ok(mut v) => {
+            v["usage"] = usage_json(u);
+            v.to_string()
+        }
+        Err(_) => chunk.to_owned(),
+    }
+}
+
 fn usage_json(u: Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
@@ -395,7 +407,13 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
                     finish_reason,
                     usage,
                 } => {
-                    out.push(chunk(json!({}), Value::Null, json!(finish_reason)));
+                    let mut end = chunk(json!({}), Value::Null, json!(finish_reason));
+                    if !include_usage {
+                        // Usage is in the last event whatever the client
+                        // asked; one that asked gets OpenAI's own chunk.
+                        end = with_usage(&end, usage);
+                    }
+                    out.push(end);
                     if include_usage {
                         out.push(
                             json!({"id": id, "object": "chat.completion.chunk", "created": created,
@@ -480,7 +498,11 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
                     finish_reason,
                     usage,
                 } => {
-                    let mut out = vec![chunk("", json!(finish_reason))];
+                    let mut end = chunk("", json!(finish_reason));
+                    if !include_usage {
+                        end = with_usage(&end, usage);
+                    }
+                    let mut out = vec![end];
                     if include_usage {
                         out.push(
                             json!({"id": id, "object": "text_completion", "created": created, "model": name,
