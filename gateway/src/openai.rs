@@ -293,18 +293,6 @@ fn usage_of(choices: &[http::Collected]) -> Usage {
     }
 }
 
-/// `chunk` (one rendered event) with `usage` added: the last event of a
-/// stream whose client did not ask for OpenAI's separate usage chunk.
-fn with_usage(chunk: &str, u: Usage) -> String {
-    match serde_json::from_str::<Value>(chunk) {
-        Ok(mut v) => {
-            v["usage"] = usage_json(u);
-            v.to_string()
-        }
-        Err(_) => chunk.to_owned(),
-    }
-}
-
 fn usage_json(u: Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
@@ -383,16 +371,19 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
                 if include_usage {
                     c["usage"] = Value::Null;
                 }
-                c.to_string()
+                c
             };
             let mut out = Vec::new();
             if first && !matches!(ev, StreamEvent::Failed(_)) {
                 first = false;
-                out.push(chunk(
-                    json!({"role": "assistant", "content": ""}),
-                    Value::Null,
-                    Value::Null,
-                ));
+                out.push(
+                    chunk(
+                        json!({"role": "assistant", "content": ""}),
+                        Value::Null,
+                        Value::Null,
+                    )
+                    .to_string(),
+                );
             }
             match ev {
                 StreamEvent::Text(t, l) => {
@@ -401,7 +392,7 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
                     } else {
                         Value::Null
                     };
-                    out.push(chunk(json!({"content": t}), logprobs, Value::Null));
+                    out.push(chunk(json!({"content": t}), logprobs, Value::Null).to_string());
                 }
                 StreamEvent::Finished {
                     finish_reason,
@@ -411,9 +402,9 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
                     if !include_usage {
                         // Usage is in the last event whatever the client
                         // asked; one that asked gets OpenAI's own chunk.
-                        end = with_usage(&end, usage);
+                        end["usage"] = usage_json(usage);
                     }
-                    out.push(end);
+                    out.push(end.to_string());
                     if include_usage {
                         out.push(
                             json!({"id": id, "object": "chat.completion.chunk", "created": created,
@@ -490,19 +481,18 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
             let chunk = |text: &str, finish: Value| {
                 json!({"id": id, "object": "text_completion", "created": created, "model": name,
                        "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}]})
-                .to_string()
             };
             match ev {
-                StreamEvent::Text(t, _) => vec![chunk(t, Value::Null)],
+                StreamEvent::Text(t, _) => vec![chunk(t, Value::Null).to_string()],
                 StreamEvent::Finished {
                     finish_reason,
                     usage,
                 } => {
                     let mut end = chunk("", json!(finish_reason));
                     if !include_usage {
-                        end = with_usage(&end, usage);
+                        end["usage"] = usage_json(usage);
                     }
-                    let mut out = vec![end];
+                    let mut out = vec![end.to_string()];
                     if include_usage {
                         out.push(
                             json!({"id": id, "object": "text_completion", "created": created, "model": name,
