@@ -11,6 +11,13 @@
 //!   worker, alternated; the difference of the percentiles.
 //! - `flip_apply_p99_ms`: a visibility flip from request to acknowledgement,
 //!   which waits until both gateways applied it.
+//! - `metering_added_p50_ms`: a one-token completion of an account with a
+//!   budget (its maximum cost reserved at admission and settled at the end)
+//!   against the same request of an account without one, alternated on the
+//!   same gateway; the workers meter both alike. With `--redis-url`, the
+//!   second gateway keeps limits and budgets in that Redis (a budget is
+//!   reserved beside the limiter's own round trip) and is measured the same
+//!   way (`redis_metering_added_p50_ms`).
 
 use anyhow::Context;
 use bulkhead_control_api::{
@@ -42,6 +49,10 @@ pub(crate) struct GatewayBenchArgs {
     /// Visibility flips.
     #[arg(long, default_value_t = 40)]
     flips: usize,
+    /// Also measure budgets kept in this Redis (the second gateway keeps
+    /// its limits and budgets there).
+    #[arg(long)]
+    redis_url: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -157,6 +168,19 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     let token = store::api_tokens::create(&mut c, &id, "bench", now)
         .await?
         .token;
+    let budgeted = store::accounts::create(&mut c, "bench-budgeted", now)
+        .await?
+        .id;
+    let budgeted = AccountId::parse(&budgeted).context("account id")?;
+    let budget = bulkhead_control_api::Budget {
+        daily_neurons: Some(1_000_000_000),
+        monthly_neurons: Some(1_000_000_000),
+        free_neurons_per_day: 0,
+    };
+    store::accounts::set_budget(&mut c, &budgeted, &budget).await?;
+    let budgeted_token = store::api_tokens::create(&mut c, &budgeted, "bench", now)
+        .await?
+        .token;
     let sha = bulkhead_engine::fetch::sha256_file(weights)?;
     for (slug, vis) in [(SLUG, Visibility::Public), (HIDDEN, Visibility::Private)] {
         let m = store::models::create(
@@ -185,6 +209,10 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
                 decode_bytes: 64 << 20,
             },
             parallelism: Parallelism::default(),
+            price: bulkhead_control_api::Price {
+                input_neurons_per_mtok: 330,
+                output_neurons_per_mtok: 2_460,
+            },
         };
         let v = store::configs::add(&mut c, &m, &spec, "bench", now).await?;
         store::configs::activate(&mut c, &m, v, "bench", "", now, Duration::from_secs(60)).await?;
@@ -239,15 +267,26 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
             watch.ready(Duration::from_secs(10)).await,
             "no routing table"
         );
-        let limiter = Limiter::memory(Limits {
+        let limits = Limits {
             requests_per_minute: u64::MAX / 4,
             tokens_per_minute: u64::MAX / 4,
             concurrency: 1024,
-        });
+        };
+        // The second gateway keeps limits and budgets in Redis when given
+        // one, as a fleet does.
+        let prefix = format!("bulkhead-bench-{}", std::process::id());
+        let limiter = match (i, &args.redis_url) {
+            (1, Some(url)) => Limiter::redis(limits, url, &prefix).await?,
+            _ => Limiter::memory(limits),
+        };
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         gateways.push(format!("http://{}", l.local_addr()?));
         let upstream = bulkhead_gateway::Upstream::new(&gateway_id, keys.clone())?;
-        let router = app(AppState::new(watch, None, limiter, upstream));
+        let mut state = AppState::new(watch, None, limiter, upstream);
+        if let (1, Some(url)) = (i, &args.redis_url) {
+            state = state.with_budgets(bulkhead_gateway::Budgets::redis(url, &prefix).await?);
+        }
+        let router = app(state);
         tokio::spawn(async move { axum::serve(crate::nodelay(l), router).await });
     }
     let gw = gateways[0].clone();
@@ -363,6 +402,29 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     }
     let (via_gw, direct) = (sorted(via_gw), sorted(direct));
     let added_p50 = percentile(&via_gw, 0.5) - percentile(&direct, 0.5);
+    let (unmetered, metered) = metering_cost(
+        &http,
+        &gw,
+        [&auth, &format!("Bearer {budgeted_token}")],
+        &completion,
+        args.full_requests,
+    )
+    .await?;
+    let metering_p50 = percentile(&metered, 0.5) - percentile(&unmetered, 0.5);
+    let redis_metering_p50 = match &args.redis_url {
+        Some(_) => {
+            let (unmetered, metered) = metering_cost(
+                &http,
+                &gateways[1],
+                [&auth, &format!("Bearer {budgeted_token}")],
+                &completion,
+                args.full_requests,
+            )
+            .await?;
+            Some(percentile(&metered, 0.5) - percentile(&unmetered, 0.5))
+        }
+        None => None,
+    };
     let added_p99 = percentile(&via_gw, 0.99) - percentile(&direct, 0.99);
 
     // 3. Flips, each acknowledged after both gateways applied it. A routing
@@ -424,6 +486,10 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         "call_plain_p50_ms": percentile(&plain, 0.5),
         "call_protected_p50_ms": percentile(&protected, 0.5),
         "protections_added_p50_ms": protections_p50,
+        "metered_request_p50_ms": percentile(&metered, 0.5),
+        "unmetered_request_p50_ms": percentile(&unmetered, 0.5),
+        "metering_added_p50_ms": metering_p50,
+        "redis_metering_added_p50_ms": redis_metering_p50,
     });
     if args.json {
         println!("{out}");
@@ -453,8 +519,48 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
             percentile(&plain, 0.5),
             protections_p50
         );
+        println!(
+            "budget metering (reserve at admission, settle at the end): p50 {:.3} ms with a budget vs {:.3} ms without; added {:.3} ms (target < 0.2 ms at p50)",
+            percentile(&metered, 0.5),
+            percentile(&unmetered, 0.5),
+            metering_p50
+        );
+        if let Some(r) = redis_metering_p50 {
+            println!(
+                "budget metering in Redis (one script at admission, one detached at the end): added p50 {r:.3} ms"
+            );
+        }
     }
     Ok(())
+}
+
+/// Latencies (ms) of `n` one-token completions through `gw` for an account
+/// without a budget and one with, alternated.
+async fn metering_cost(
+    http: &Http,
+    gw: &str,
+    auth: [&str; 2],
+    completion: &str,
+    n: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
+    let mut out = [Vec::with_capacity(n), Vec::with_capacity(n)];
+    for _ in 0..n {
+        for (who, lat) in auth.iter().zip(out.iter_mut()) {
+            let start = Instant::now();
+            let (s, _) = send(
+                http,
+                "POST",
+                &format!("{gw}/v1/completions"),
+                Some(who),
+                Some(completion.to_owned()),
+            )
+            .await?;
+            anyhow::ensure!(s == 200, "gateway status {s}");
+            lat.push(start.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    let [a, b] = out;
+    Ok((sorted(a), sorted(b)))
 }
 
 /// Latencies (ms) of `n` calls to a one-line `/v1/generate`, plain and

@@ -48,6 +48,9 @@ enum Command {
     Audit(crate::ops::AuditArgs),
     /// Metered usage by UTC day, account and model (the ledger).
     Usage(crate::ops::UsageArgs),
+    /// Set an account's daily and monthly budgets and free allowance, in
+    /// neurons (admins).
+    Budget(crate::ops::BudgetArgs),
     /// Create the platform CA and a certificate for every role (what
     /// `up` does in its data directory).
     Tls {
@@ -229,6 +232,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Audit(args) => crate::ops::audit(&args),
         Command::Usage(args) => crate::ops::usage(&args),
+        Command::Budget(args) => crate::ops::budget(&args),
         Command::Prober(args) => {
             let _t = telemetry("bulkhead-prober")?;
             crate::prober::run(&args)

@@ -158,6 +158,14 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
             .with_context(|| "connecting to Redis for rate limits")?,
         None => Limiter::memory(limits),
     };
+    // Budgets live beside the rate limits: shared in Redis, or this
+    // process's own.
+    let budgets = match &args.redis_url {
+        Some(url) => bulkhead_gateway::Budgets::redis(url, &args.rate_limit_prefix)
+            .await
+            .with_context(|| "connecting to Redis for budgets")?,
+        None => bulkhead_gateway::Budgets::memory(),
+    };
     let client = Client::with_identity(
         &Credentials {
             control_plane_url: args.control_plane.clone(),
@@ -208,7 +216,7 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     };
     bulkhead_gateway::serve(
         listener,
-        app(AppState::new(watch, jwt, limiter, upstream)),
+        app(AppState::new(watch, jwt, limiter, upstream).with_budgets(budgets)),
         conn,
         crate::control_plane::shutdown(),
     )

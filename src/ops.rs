@@ -155,6 +155,26 @@ pub(crate) struct UsageArgs {
     conn: Connection,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct BudgetArgs {
+    /// The account (32 hex digits).
+    account: String,
+    /// Neurons per UTC day (default: unlimited).
+    #[arg(long)]
+    daily: Option<u64>,
+    /// Neurons per UTC calendar month (default: unlimited).
+    #[arg(long)]
+    monthly: Option<u64>,
+    /// Neurons a day not billed.
+    #[arg(long, default_value_t = bulkhead_control_api::DEFAULT_FREE_NEURONS_PER_DAY)]
+    free: u64,
+    /// Why, for the audit log.
+    #[arg(long)]
+    reason: String,
+    #[command(flatten)]
+    conn: Connection,
+}
+
 fn parse_component(s: &str) -> Result<ComponentChange, String> {
     let (slug, status) = s
         .rsplit_once('=')
@@ -485,16 +505,59 @@ pub(crate) fn usage(args: &UsageArgs) -> anyhow::Result<()> {
         println!("no usage recorded in that period");
         return Ok(());
     }
-    println!("date        account                           model  requests  prompt  output");
-    let (mut r, mut p, mut c) = (0, 0, 0);
+    println!(
+        "date        account                           model  requests  prompt  output  neurons"
+    );
+    let (mut r, mut p, mut c, mut n) = (0, 0, 0, 0);
+    let neurons = |micro: u64| micro as f64 / bulkhead_control_api::MICRO as f64;
     for u in &rows {
         println!(
-            "{}  {}  {}  {}  {}  {}",
-            u.date, u.account_id, u.model, u.requests, u.prompt_tokens, u.completion_tokens
+            "{}  {}  {}  {}  {}  {}  {:.6}",
+            u.date,
+            u.account_id,
+            u.model,
+            u.requests,
+            u.prompt_tokens,
+            u.completion_tokens,
+            neurons(u.micro_neurons)
         );
-        (r, p, c) = (r + u.requests, p + u.prompt_tokens, c + u.completion_tokens);
+        (r, p, c, n) = (
+            r + u.requests,
+            p + u.prompt_tokens,
+            c + u.completion_tokens,
+            n + u.micro_neurons,
+        );
     }
-    println!("total: {r} requests, {p} prompt tokens, {c} output tokens");
+    println!(
+        "total: {r} requests, {p} prompt tokens, {c} output tokens, {:.6} neurons",
+        neurons(n)
+    );
+    Ok(())
+}
+
+/// `bulkhead budget`: replaces an account's budgets and free allowance.
+pub(crate) fn budget(args: &BudgetArgs) -> anyhow::Result<()> {
+    let client = args.conn.client()?;
+    let req = bulkhead_control_api::SetBudget {
+        daily_neurons: args.daily,
+        monthly_neurons: args.monthly,
+        free_neurons_per_day: args.free,
+        reason: args.reason.clone(),
+    };
+    let path = format!("/admin/v1/accounts/{}/budget", query_escape(&args.account));
+    let a: bulkhead_control_api::AccountView = args.conn.call(client.put(&path, &req))?;
+    if args.conn.json {
+        return print_json(&a);
+    }
+    let n = |v: Option<u64>| v.map_or_else(|| "unlimited".to_owned(), |v| format!("{v} neurons"));
+    println!(
+        "{} ({}): daily {}, monthly {}, {} neurons a day free",
+        a.name,
+        a.id,
+        n(a.budget.daily_neurons),
+        n(a.budget.monthly_neurons),
+        a.budget.free_neurons_per_day
+    );
     Ok(())
 }
 

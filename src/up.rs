@@ -101,6 +101,14 @@ struct Served {
     prefix: &'static str,
 }
 
+/// What the models `up` serves cost: Workers AI's rates for
+/// `@cf/meta/llama-3.2-1b-instruct` (2,457 and 18,252 neurons per million
+/// prompt and output tokens) scaled down to a 135M-parameter model.
+const PRICE: bulkhead_control_api::Price = bulkhead_control_api::Price {
+    input_neurons_per_mtok: 330,
+    output_neurons_per_mtok: 2_460,
+};
+
 const SERVED: [Served; 2] = [
     Served {
         variant: "q4_1",
@@ -552,6 +560,7 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
                 decode_bytes: budget,
             },
             parallelism: Parallelism::default(),
+            price: PRICE,
         };
         let model = match store::models::find_optional(&mut c, &slug).await? {
             Some(m) => m,

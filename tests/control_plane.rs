@@ -671,6 +671,30 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
     let (s, v) = as_scoped("@cf/other/model", 4096, &takeover);
     assert_eq!(s, 403, "{v}");
     assert!(v.contains("cannot replace it"), "{v}");
+    // A certificate scoped to another model cannot report usage of this
+    // one (it could bill a tenant for calls it never served); scoped to
+    // this model, it can.
+    let usage = json!({"events": [{"call_id": "scope-1", "account_id": "a".repeat(32),
+        "model": SLUG, "prompt_tokens": 3, "completion_tokens": 2, "finish": "stop",
+        "at": "2026-12-01T10:00:00Z"}]})
+    .to_string();
+    let report = |model: &str| {
+        support::tls_call(
+            &internal,
+            support::scoped_identity(CertRole::Decode, model, Some(4096))
+                .client_config(&[CertRole::ControlPlane])
+                .expect("config"),
+            CertRole::ControlPlane,
+            &support::request("POST", "/admin/v1/usage", &node, &usage),
+        )
+        .expect("answered")
+    };
+    let (s, v) = report("@cf/other/model");
+    assert_eq!(s, 403, "{v}");
+    assert!(v.contains("may not report usage of"), "{v}");
+    let (s, v) = report(SLUG);
+    assert_eq!(s, 200, "{v}");
+    assert!(v.contains("\"recorded\":1"), "{v}");
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -128,6 +128,7 @@ async fn fixture() -> Fixture {
             decode_bytes: 64 << 20,
         },
         parallelism: Parallelism::default(),
+        price: Default::default(),
     };
     let v = store::configs::add(&mut c, &m, &spec, "test", now)
         .await
@@ -470,6 +471,21 @@ async fn answers_through_every_api_equal_the_workers_own() {
         .expect("raw")
     };
     assert_eq!(v["choices"][0]["text"], raw.as_str());
+    // Streamed without asking for usage: it rides on the finish chunk.
+    let (status, sse) = f
+        .call(
+            "POST",
+            "/v1/completions",
+            json!({"model": SLUG, "prompt": "The capital of France is", "max_tokens": 8,
+                   "temperature": 0, "stream": true}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let ev = events(&sse);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{sse}");
+    let end: Value = serde_json::from_str(&ev[ev.len() - 2]).expect("chunk");
+    assert!(end["choices"][0]["finish_reason"].is_string(), "{end}");
+    assert_eq!(end["usage"], v["usage"], "{end}");
 
     // A prompt longer than the worker's pool: the right 4xx in each shape, nothing allocated.
     let long = "word ".repeat(4000);

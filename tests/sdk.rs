@@ -24,6 +24,25 @@ fn against_up(python: &std::path::Path, script: &str, env: &[(&str, &str)]) -> s
     let up = support::platform::up(&dir, &["--prober-interval-secs", "3600"]);
     let creds = support::platform::credentials(&dir);
     let gw = creds["gateway_url"].as_str().expect("gateway_url");
+    // The second account's budget is spent: nothing at all a day.
+    let admin =
+        support::platform::operator_token(dir.to_str().expect("UTF-8 path"), "sdk-admin", "admin");
+    let spent = &creds["accounts"][1];
+    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args(["budget", spent["id"].as_str().expect("id")])
+        .args(["--daily", "0", "--reason", "sdk test"])
+        .env(
+            "BULKHEAD_CONTROL_PLANE_URL",
+            creds["control_plane_url"].as_str().expect("control plane"),
+        )
+        .env("BULKHEAD_TOKEN", &admin)
+        .output()
+        .expect("bulkhead budget");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut cmd = Command::new(python);
     cmd.arg(python::script("sdk", script))
         .env("BULKHEAD_BASE_URL", format!("{gw}/v1"))
@@ -32,6 +51,10 @@ fn against_up(python: &std::path::Path, script: &str, env: &[(&str, &str)]) -> s
             creds["accounts"][0]["token"].as_str().expect("a token"),
         )
         .env("BULKHEAD_MODEL", creds["model"].as_str().expect("model"))
+        .env(
+            "BULKHEAD_SPENT_TOKEN",
+            spent["token"].as_str().expect("a token"),
+        )
         .envs(env.iter().copied());
     let seen = python::run_json(cmd, script);
     drop(up);
@@ -46,6 +69,7 @@ fn the_openai_python_sdk_gets_what_it_asks_for() {
     };
     let seen = against_up(&python, "openai_client.py", &[]);
     assert_eq!(seen["n"], 3);
+    assert_eq!(seen["over_budget_attempts"], 1, "not retried: {seen}");
     assert!(seen["json_schema"]["age"].is_i64(), "{seen}");
 }
 

@@ -4,19 +4,21 @@
 //! control plane's ledger holds exactly what the workers counted: the
 //! answered requests' usage as the API reported it, the dropped stream's
 //! computed tokens, and nothing for the refusal; the tenant reads the same
-//! through the gateway's usage route, and operators with `bulkhead usage`.
+//! through the gateway's usage route, and operators with `bulkhead usage`,
+//! each row priced at the model's price; a gateway killed mid-stream loses
+//! no usage; a budget refuses once spent.
 
 mod support;
 
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-use support::platform::{credentials, data_dir, get, post, up};
+use support::platform::{child_pid, credentials, data_dir, find_child_pid, get, post, up};
 
 #[test]
 fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     let dir = data_dir("usage");
-    let _up = up(&dir, &["--no-prober"]);
+    let up = up(&dir, &["--no-prober"]);
     let creds = credentials(&dir);
     let gw = creds["gateway_url"].as_str().expect("gateway");
     let cp = creds["control_plane_url"].as_str().expect("control plane");
@@ -63,22 +65,7 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     let body = json!({"model": model, "max_tokens": 200, "stream": true, "temperature": 0,
         "messages": [{"role": "user", "content": "Tell me a long story about the sea."}]})
     .to_string();
-    let addr = gw.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
-    while seen.matches("\"content\":").count() < 4 {
-        let n = s.read(&mut buf).expect("read");
-        assert!(n > 0, "the stream ended early: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
-    drop(s);
+    drop(stream_until(gw, token, &body, 4));
 
     // The workers report within a second or so; wait for all four calls.
     let until = Instant::now() + Duration::from_secs(30);
@@ -153,5 +140,236 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
         rows,
         get(cp, &format!("/admin/v1/usage?account={id}"), admin)
     );
+    // Every row is priced exactly at the model's price per token.
+    for r in rows.as_array().expect("rows") {
+        let (p, c) = (
+            r["prompt_tokens"].as_u64().expect("prompt"),
+            r["completion_tokens"].as_u64().expect("output"),
+        );
+        assert_eq!(r["micro_neurons"].as_u64(), Some(cost(p, c)), "{r}");
+    }
+    let billed: f64 = mine["result_info"]["days"]
+        .as_array()
+        .expect("days")
+        .iter()
+        .map(|d| d["neurons"].as_f64().unwrap_or(0.0))
+        .sum();
+    assert!(
+        (billed * 1e6 - cost(now.1, now.2) as f64).abs() < 1.0,
+        "the tenant's days add up to the ledger: {mine}"
+    );
+
+    // A gateway killed mid-stream loses nothing: the worker bills what it
+    // computed, and `up` brings the gateway back on its address.
+    let before_kill = ledger();
+    let s = stream_until(gw, token, &body, 4);
+    let pid = child_pid(up.child.id(), "gateway", "");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success(), "the gateway was killed");
+    drop(s);
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut after = ledger();
+    while after.0 < before_kill.0 + 1 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+        after = ledger();
+    }
+    assert_eq!(
+        after.0,
+        before_kill.0 + 1,
+        "the killed gateway's stream is in the ledger"
+    );
+    assert!(
+        after.2 - before_kill.2 >= 3,
+        "billed what was computed: {after:?} after {before_kill:?}"
+    );
+    let until = Instant::now() + Duration::from_secs(90);
+    while !(find_child_pid(up.child.id(), "gateway", "").is_some_and(|p| p != pid)
+        && matches!(
+            support::platform::try_call(gw, "GET", "/health", "", ""),
+            Ok((200, _))
+        ))
+    {
+        assert!(Instant::now() < until, "the gateway came back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    budgets(&dir, gw, cp, admin, model, &creds["accounts"][1]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Opens a stream of `body` on the OpenAI chat route and reads until `n`
+/// content deltas arrived; the connection, still open.
+fn stream_until(gw: &str, token: &str, body: &str, n: usize) -> std::net::TcpStream {
+    let addr = gw.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while seen.matches("\"content\":").count() < n {
+        let got = s.read(&mut buf).expect("read");
+        assert!(got > 0, "the stream ended early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..got]));
+    }
+    s
+}
+
+/// `up`'s price: 330 and 2,460 neurons per million prompt and output
+/// tokens, in micro-neurons.
+fn cost(prompt: u64, output: u64) -> u64 {
+    prompt * 330 + output * 2460
+}
+
+/// A budget set with `bulkhead budget` (audited) is spent by answered
+/// requests at their actual cost and then refuses, in each API's shape,
+/// with `retry-after` at the next UTC midnight; the refusal costs nothing,
+/// and a larger budget lets requests through again.
+fn budgets(dir: &std::path::Path, gw: &str, cp: &str, admin: &str, model: &str, account: &Value) {
+    // `admin` is `up`'s operator token (a responder's): it reads.
+    let (id, token) = (
+        account["id"].as_str().expect("id"),
+        account["token"].as_str().expect("token"),
+    );
+    // Budgets are set by admins (`up`'s operator is a responder).
+    let admin_token = support::platform::operator_token(
+        dir.to_str().expect("UTF-8 path"),
+        "budget-admin",
+        "admin",
+    );
+    let set = |daily: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+            .args(["budget", id, "--daily", daily, "--reason", "usage test"])
+            .env("BULKHEAD_CONTROL_PLANE_URL", cp)
+            .env("BULKHEAD_TOKEN", &admin_token)
+            .output()
+            .expect("bulkhead budget");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains(&format!("daily {daily} neurons")), "{text}");
+    };
+    set("1");
+    let audit = get(cp, "/admin/v1/audit?limit=5", admin);
+    assert!(
+        audit
+            .as_array()
+            .expect("audit")
+            .iter()
+            .any(|e| e["action"] == "account.budget"
+                && e["subject"] == id
+                && e["after"].as_str().is_some_and(|a| a.contains("daily=1 "))),
+        "{audit}"
+    );
+    // The gateway applies the change with the next routing table.
+    std::thread::sleep(Duration::from_secs(2));
+    let body = json!({"model": model, "max_tokens": 4, "temperature": 0,
+        "messages": [{"role": "user", "content": "Hi"}]})
+    .to_string();
+    let (mut spent, mut answered) = (0, 0);
+    let refusal = loop {
+        let (code, head, text) =
+            support::platform::exchange(gw, "POST", "/v1/chat/completions", token, &body)
+                .expect("answer");
+        if code == 429 {
+            break (head, text);
+        }
+        assert_eq!(code, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("JSON");
+        spent += cost(
+            v["usage"]["prompt_tokens"].as_u64().expect("usage"),
+            v["usage"]["completion_tokens"].as_u64().expect("usage"),
+        );
+        answered += 1;
+        assert!(answered < 200, "a budget of 1 neuron never refused");
+    };
+    // What was answered fits the budget, and the refused request's
+    // reservation (its prompt bound: 2 bytes, 2 messages' worth of
+    // template, the system prompt; 4 output tokens) did not.
+    let reservation = (2 + 4 + 16 * 2 + 64) * 330 + 4 * 2460;
+    assert!(
+        spent <= 1_000_000,
+        "spent {spent} micro-neurons of 1,000,000"
+    );
+    assert!(
+        spent + reservation > 1_000_000,
+        "refused with {spent} spent, room for another reservation of {reservation}"
+    );
+    let (head, text) = refusal;
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["error"]["type"], "insufficient_quota", "{v}");
+    assert_eq!(v["error"]["code"], "insufficient_quota", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("daily budget of 1 neurons"), "{message}");
+    let header = |name: &str| {
+        head.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+            })
+            .unwrap_or_default()
+    };
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let to_midnight = 86_400 - secs % 86_400;
+    let retry: u64 = header("retry-after").parse().expect("retry-after");
+    assert!(retry.abs_diff(to_midnight) <= 5, "{retry} vs {to_midnight}");
+    assert_eq!(header("x-should-retry"), "false");
+    // Workers AI's shape: code 3036, the budget named.
+    let run = json!({"prompt": "Hi", "max_tokens": 4}).to_string();
+    let (code, text) = post(
+        gw,
+        &format!("/client/v4/accounts/{id}/ai/run/{model}"),
+        token,
+        &run,
+    );
+    assert_eq!(code, 429, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["errors"][0]["code"], 3036, "{v}");
+    assert!(
+        v["errors"][0]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("daily budget")
+    );
+    // The refusals cost nothing: the ledger holds the answered requests.
+    let until = Instant::now() + Duration::from_secs(30);
+    let ledger = || -> (u64, u64) {
+        get(cp, &format!("/admin/v1/usage?account={id}"), admin)
+            .as_array()
+            .expect("rows")
+            .iter()
+            .fold((0, 0), |(r, n), row| {
+                (
+                    r + row["requests"].as_u64().unwrap_or(0),
+                    n + row["micro_neurons"].as_u64().unwrap_or(0),
+                )
+            })
+    };
+    let mut seen = ledger();
+    while seen.0 < answered && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+        seen = ledger();
+    }
+    assert_eq!(
+        seen,
+        (answered, spent),
+        "the ledger holds the answered requests, exactly"
+    );
+    // A larger budget admits again.
+    set("1000");
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, text) = post(gw, "/v1/chat/completions", token, &body);
+    assert_eq!(code, 200, "{text}");
 }

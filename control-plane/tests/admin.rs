@@ -576,6 +576,13 @@ const REFUSALS: &[(&str, &str, &str, u16)] = &[
         403,
     ),
     ("POST", "/admin/v1/accounts", "responder", 403),
+    (
+        "PUT",
+        "/admin/v1/accounts/{account}/budget",
+        "responder",
+        403,
+    ),
+    ("PUT", "/admin/v1/accounts/{account}/budget", "none", 401),
     ("POST", "/admin/v1/operators", "responder", 403),
     ("GET", "/admin/v1/operators", "responder", 403),
     ("DELETE", "/admin/v1/operators/1", "responder", 403),
@@ -635,7 +642,9 @@ async fn unauthenticated_or_under_privileged_admin_calls_are_refused() {
         drop(conn);
 
         for &(method, path, who, expected) in REFUSALS {
-            let path = path.replace("{slug}", SLUG_PATH);
+            let path = path
+                .replace("{slug}", SLUG_PATH)
+                .replace("{account}", &"a".repeat(32));
             let method: Method = method.parse()?;
             let header = match who {
                 "none" => None,

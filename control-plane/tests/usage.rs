@@ -57,9 +57,9 @@ async fn reports_count_once_per_call_and_roll_up_by_account_model_and_day() {
         assert_eq!(
             rows,
             json!([
-                {"account_id": ALICE, "model": SLUG, "date": "2026-11-30", "requests": 2, "prompt_tokens": 17, "completion_tokens": 8},
-                {"account_id": BOB, "model": SLUG, "date": "2026-11-30", "requests": 1, "prompt_tokens": 100, "completion_tokens": 0},
-                {"account_id": ALICE, "model": SLUG, "date": "2026-12-01", "requests": 1, "prompt_tokens": 1, "completion_tokens": 1},
+                {"account_id": ALICE, "model": SLUG, "date": "2026-11-30", "requests": 2, "prompt_tokens": 17, "completion_tokens": 8, "micro_neurons": 0},
+                {"account_id": BOB, "model": SLUG, "date": "2026-11-30", "requests": 1, "prompt_tokens": 100, "completion_tokens": 0, "micro_neurons": 0},
+                {"account_id": ALICE, "model": SLUG, "date": "2026-12-01", "requests": 1, "prompt_tokens": 1, "completion_tokens": 1, "micro_neurons": 0},
             ])
         );
         // The gateway reads one account's, and must say which.

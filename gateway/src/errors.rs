@@ -50,6 +50,13 @@ pub(crate) enum GatewayError {
         what: &'static str,
         retry_after_secs: u64,
     },
+    /// A request that could cost more than what is left of the account's
+    /// budget for the period.
+    OverBudget {
+        period: &'static str,
+        limit_neurons: u64,
+        retry_after_secs: u64,
+    },
     /// No routable worker, or the gateway lost its routing table.
     Unavailable(&'static str),
     /// The worker failed the request.
@@ -116,6 +123,26 @@ impl From<LimiterError> for GatewayError {
     }
 }
 
+impl From<crate::budget::BudgetError> for GatewayError {
+    fn from(e: crate::budget::BudgetError) -> Self {
+        match e {
+            crate::budget::BudgetError::Over {
+                period,
+                limit_neurons,
+                retry_after_secs,
+            } => GatewayError::OverBudget {
+                period: period.as_str(),
+                limit_neurons,
+                retry_after_secs,
+            },
+            crate::budget::BudgetError::Unavailable(why) => {
+                tracing::error!(target: "bulkhead::gateway", %why, "budgets are unavailable");
+                GatewayError::Unavailable("budgets are unavailable")
+            }
+        }
+    }
+}
+
 impl GatewayError {
     /// A short, stable name of the error (`error.type` on metrics and
     /// spans): never the message.
@@ -130,6 +157,7 @@ impl GatewayError {
             }
             GatewayError::ContextTooLong { .. } => "context_length_exceeded",
             GatewayError::RateLimited { .. } => "rate_limited",
+            GatewayError::OverBudget { .. } => "over_budget",
             GatewayError::Unavailable(_) => "unavailable",
             GatewayError::Upstream => "upstream",
             GatewayError::Withdrawn => "model_withdrawn",
@@ -172,7 +200,9 @@ impl GatewayError {
                 Flavor::WorkersAi => StatusCode::PAYLOAD_TOO_LARGE,
                 Flavor::OpenAi => StatusCode::BAD_REQUEST,
             },
-            GatewayError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::RateLimited { .. } | GatewayError::OverBudget { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream => StatusCode::BAD_GATEWAY,
             GatewayError::Withdrawn => StatusCode::SERVICE_UNAVAILABLE,
@@ -203,6 +233,20 @@ impl GatewayError {
                 what,
                 retry_after_secs,
             } => format!("Rate limit exceeded ({what}); retry in {retry_after_secs} s"),
+            GatewayError::OverBudget {
+                period,
+                limit_neurons,
+                retry_after_secs,
+            } => {
+                let reset = if *period == "daily" {
+                    "00:00 UTC"
+                } else {
+                    "the first of the month, 00:00 UTC"
+                };
+                format!(
+                    "Budget exceeded: the account's {period} budget of {limit_neurons} neurons does not cover this request; it resets in {retry_after_secs} s ({reset})"
+                )
+            }
             GatewayError::Unavailable(m) => format!("Capacity temporarily unavailable: {m}"),
             GatewayError::Upstream => "the inference worker failed the request; retry".to_owned(),
             GatewayError::Withdrawn => {
@@ -232,7 +276,7 @@ impl GatewayError {
             | GatewayError::Unsupported(_)
             | GatewayError::UnsupportedValue { .. } => 5006,
             GatewayError::ContextTooLong { .. } => 5021,
-            GatewayError::RateLimited { .. } => 3036,
+            GatewayError::RateLimited { .. } | GatewayError::OverBudget { .. } => 3036,
             GatewayError::Unavailable(_) => 3040,
             GatewayError::Upstream => 3043,
             GatewayError::Withdrawn => 3040,
@@ -258,6 +302,9 @@ impl GatewayError {
                 ("invalid_request_error", Some("context_length_exceeded"))
             }
             GatewayError::RateLimited { .. } => ("rate_limit_error", Some("rate_limit_exceeded")),
+            // OpenAI's answer to a spent quota, which SDKs and LiteLLM
+            // recognise (and do not retry).
+            GatewayError::OverBudget { .. } => ("insufficient_quota", Some("insufficient_quota")),
             GatewayError::Unavailable(_) => ("service_unavailable", None),
             GatewayError::Upstream => ("api_error", None),
             GatewayError::Withdrawn => ("service_unavailable", Some("model_withdrawn")),
@@ -303,6 +350,9 @@ impl GatewayError {
                 "This model's maximum context length is {} tokens. However, your messages resulted in {} tokens. Please reduce the length of the messages.",
                 o.limit, o.prompt_tokens
             ),
+            GatewayError::OverBudget { .. } => {
+                format!("You exceeded your current quota. {}", self.message())
+            }
             _ => self.message(),
         }
     }
@@ -351,10 +401,18 @@ impl IntoResponse for ApiError {
         let mut resp = (status, Json(body)).into_response();
         if let GatewayError::RateLimited {
             retry_after_secs, ..
+        }
+        | GatewayError::OverBudget {
+            retry_after_secs, ..
         } = e
             && let Ok(v) = HeaderValue::from_str(&retry_after_secs.to_string())
         {
             resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        if let GatewayError::OverBudget { .. } = e {
+            // Hours away, often: the official SDKs would otherwise retry.
+            resp.headers_mut()
+                .insert("x-should-retry", HeaderValue::from_static("false"));
         }
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()

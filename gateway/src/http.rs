@@ -4,6 +4,7 @@
 //! worker's first line decides the status, the rest streams.
 
 use crate::auth::{self, JwtConfig, Principal};
+use crate::budget::{Budgets, Reservation};
 use crate::errors::GatewayError;
 use crate::limits::{Limiter, LimiterError, Permit, Quota};
 use crate::metrics::{self, GenAiTimer};
@@ -16,7 +17,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bulkhead_control_api::RoutedModel;
+use bulkhead_control_api::{Price, RoutedModel, Timestamp};
 use bulkhead_worker_api::context::TenantContext;
 use bulkhead_worker_api::{GenerateBody, Line, TokenLogprobs, Usage};
 use std::convert::Infallible;
@@ -33,6 +34,7 @@ pub struct AppState {
     limiter: Limiter,
     upstream: Upstream,
     picker: Arc<Picker>,
+    budgets: Budgets,
 }
 
 impl AppState {
@@ -50,7 +52,14 @@ impl AppState {
             limiter,
             upstream,
             picker: Arc::new(Picker::default()),
+            budgets: Budgets::memory(),
         }
+    }
+
+    /// The same state with budgets counted in `budgets` (in this process
+    /// otherwise).
+    pub fn with_budgets(self, budgets: Budgets) -> AppState {
+        AppState { budgets, ..self }
     }
 }
 
@@ -166,6 +175,34 @@ pub(crate) struct Generation {
     /// Counted until the answer ends: a flip that withdraws the model is
     /// acknowledged only after.
     pub(crate) tracked: crate::watch::Tracked,
+    /// The request's reserved cost, settled when it ends.
+    pub(crate) bill: Bill,
+}
+
+/// A request's reservation against its account's budgets and the price it
+/// settles at.
+#[derive(Debug)]
+pub(crate) struct Bill {
+    reservation: Reservation,
+    price: Price,
+    model: String,
+}
+
+impl Bill {
+    /// The request ended with this usage: that is its cost.
+    pub(crate) fn settle(self, usage: Usage) {
+        let cost = self
+            .price
+            .micro_neurons(usage.prompt_tokens as u64, usage.completion_tokens as u64);
+        metrics::neurons(&self.model, cost);
+        self.reservation.settle(cost);
+    }
+
+    /// The worker refused the request before computing anything: it costs
+    /// nothing.
+    pub(crate) fn refused(self) {
+        self.reservation.settle(0);
+    }
 }
 
 /// The visible model `slug`, or not found.
@@ -209,16 +246,65 @@ pub(crate) async fn start(
     } else {
         "chat"
     };
-    let mut timer = GenAiTimer::start(model.slug.as_str(), operation);
-    let tracked = state.watch.track(&model.slug, &ctx.principal.account_id);
-    let permit = match state
+    let timer = GenAiTimer::start(model.slug.as_str(), operation);
+    // Budget and limits are independent stores: asked at once, so a
+    // deployment with both in Redis pays one round trip, not two.
+    let (reservation, permit) =
+        tokio::join!(reserve(state, ctx, model, body), admit(state, ctx, body));
+    let (reservation, permit) = match (reservation, permit) {
+        (Ok(r), Ok(p)) => (r, p),
+        (Err(e), _) => {
+            // Over budget (a permit taken meanwhile is released here).
+            if let GatewayError::OverBudget { period, .. } = &e {
+                metrics::rate_limited(if *period == "daily" {
+                    "daily budget"
+                } else {
+                    "monthly budget"
+                });
+            }
+            timer.failed(e.kind());
+            return Err(e);
+        }
+        (Ok(r), Err(e)) => {
+            r.settle(0);
+            timer.failed(e.kind());
+            return Err(e);
+        }
+    };
+    let bill = Bill {
+        reservation,
+        price: model.price,
+        model: model.slug.to_string(),
+    };
+    match call(state, ctx, model, body, timer, operation, permit).await {
+        Ok((first, rest, permit, lease, timer, tracked)) => Ok(Generation {
+            first,
+            rest,
+            permit,
+            lease,
+            timer,
+            tracked,
+            bill,
+        }),
+        Err(e) => {
+            // Refused or failed before the worker computed anything.
+            bill.refused();
+            Err(e)
+        }
+    }
+}
+
+/// Admits the request against the account's limits; the door shows the
+/// account's standing either way.
+async fn admit(state: &AppState, ctx: &Ctx, body: &GenerateBody) -> Result<Permit, GatewayError> {
+    match state
         .limiter
         .admit(&ctx.principal.account_id, estimate(body))
         .await
     {
         Ok(p) => {
             let _ = ctx.quota.set(p.quota());
-            p
+            Ok(p)
         }
         Err(e) => {
             if let LimiterError::Limited { quota, .. } = &e {
@@ -228,10 +314,74 @@ pub(crate) async fn start(
             if let GatewayError::RateLimited { what, .. } = &e {
                 metrics::rate_limited(what);
             }
-            timer.failed(e.kind());
-            return Err(e);
+            Err(e)
         }
+    }
+}
+
+/// Reserves the request's maximum cost against the account's budgets.
+async fn reserve(
+    state: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
+    body: &GenerateBody,
+) -> Result<Reservation, GatewayError> {
+    let Some(budget) = ctx
+        .snap
+        .table
+        .account(&ctx.principal.account_id)
+        .map(|a| a.budget)
+    else {
+        return Ok(Reservation::none());
     };
+    let prompt =
+        max_prompt_tokens(body).min(model.properties.map_or(u64::MAX, |p| p.context_window));
+    let cost = model.price.micro_neurons(prompt, body.max_tokens as u64);
+    Ok(state
+        .budgets
+        .reserve(&ctx.principal.account_id, &budget, cost, Timestamp::now())
+        .await?)
+}
+
+/// The most prompt tokens a request can have: its token ids, or one token
+/// per byte of text (a byte-level BPE never does worse) plus the chat
+/// template's tokens around each message and the default system prompt.
+fn max_prompt_tokens(body: &GenerateBody) -> u64 {
+    if let Some(t) = &body.tokens {
+        return t.len() as u64;
+    }
+    let messages = body.messages.as_deref().unwrap_or_default();
+    let bytes = body.prompt.as_ref().map_or(0, String::len)
+        + body.raw.as_ref().map_or(0, String::len)
+        + messages
+            .iter()
+            .map(|m| m.content.len() + m.role.len())
+            .sum::<usize>();
+    (bytes + 16 * (messages.len() + 1) + 64) as u64
+}
+
+/// What [`call`] hands back: the first line, the rest, and what is held
+/// until the answer ends.
+type Called = (
+    Line,
+    LineStream,
+    Permit,
+    NodeLease,
+    GenAiTimer,
+    crate::watch::Tracked,
+);
+
+/// Worker choice and the call, up to the worker's first line.
+async fn call(
+    state: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
+    body: &GenerateBody,
+    mut timer: GenAiTimer,
+    operation: &'static str,
+    permit: Permit,
+) -> Result<Called, GatewayError> {
+    let tracked = state.watch.track(&model.slug, &ctx.principal.account_id);
     // Nothing has reached the client before the first line: a worker that
     // cannot be reached, or fails the request before its first token for a
     // reason another worker may not share, is skipped and the next tried.
@@ -325,14 +475,7 @@ pub(crate) async fn start(
     if matches!(first, Line::Token { .. }) {
         timer.first_token();
     }
-    Ok(Generation {
-        first,
-        rest,
-        permit,
-        lease,
-        timer,
-        tracked,
-    })
+    Ok((first, rest, permit, lease, timer, tracked))
 }
 
 /// A worker call's id: the request's id (when it has one) and 64 random
@@ -380,8 +523,10 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
         lease,
         timer,
         tracked,
+        bill,
     } = g;
     let mut timer = Some(timer);
+    let mut bill = Some(bill);
     let mut line = Some(Ok(first));
     let mut answer = String::new();
     let mut logprobs = Vec::new();
@@ -403,6 +548,9 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
                 if let Some(t) = timer.take() {
                     t.finished(usage.prompt_tokens, usage.completion_tokens);
                 }
+                if let Some(b) = bill.take() {
+                    b.settle(usage);
+                }
                 break Ok(Collected {
                     text: answer,
                     logprobs,
@@ -411,6 +559,12 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
                 });
             }
             Some(Ok(Line::Error { error })) => {
+                if answer.is_empty()
+                    && logprobs.is_empty()
+                    && let Some(b) = bill.take()
+                {
+                    b.refused();
+                }
                 break Err(GatewayError::from(crate::upstream::UpstreamError::Worker {
                     status: crate::upstream::status_of(&error.code),
                     code: error.code,
@@ -425,7 +579,8 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
     if let (Some(t), Err(e)) = (timer.take(), &result) {
         t.failed(e.kind());
     }
-    drop((permit, lease, tracked));
+    // A reservation not settled (the worker failed mid-answer) stays whole.
+    drop((permit, lease, tracked, bill));
     result
 }
 
@@ -466,8 +621,11 @@ where
             lease,
             timer,
             tracked,
+            bill,
         } = g;
         let mut timer = Some(timer);
+        let mut bill = Some(bill);
+        let mut started = false;
         let send = |events: Vec<String>| {
             let tx = tx.clone();
             async move {
@@ -490,10 +648,12 @@ where
         loop {
             let (events, end, ok) = match &line {
                 Some(Ok(Line::Token { text, logprobs, .. })) if text.is_empty() => {
+                    started = true;
                     held.extend(logprobs.iter().cloned());
                     (Vec::new(), false, true)
                 }
                 Some(Ok(Line::Token { text, logprobs, .. })) => {
+                    started = true;
                     if let Some(t) = &mut timer {
                         t.first_token();
                     }
@@ -519,6 +679,9 @@ where
                     if let Some(t) = timer.take() {
                         t.finished(usage.prompt_tokens, usage.completion_tokens);
                     }
+                    if let Some(b) = bill.take() {
+                        b.settle(*usage);
+                    }
                     (events, true, true)
                 }
                 Some(Ok(Line::Error { error })) => {
@@ -530,6 +693,9 @@ where
                     });
                     if let Some(t) = timer.take() {
                         t.failed(e.kind());
+                    }
+                    if !started && let Some(b) = bill.take() {
+                        b.refused();
                     }
                     (render(StreamEvent::Failed(e)), true, false)
                 }
@@ -573,7 +739,9 @@ where
                 }
             };
         }
-        drop((timer, permit, lease, tracked));
+        // A reservation not settled (the client went away, or the worker
+        // failed mid-answer) stays whole.
+        drop((timer, permit, lease, tracked, bill));
     });
     (
         [

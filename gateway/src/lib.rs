@@ -11,6 +11,9 @@
 //!   says no more than a client needs.
 //! - [`Limiter`] holds per-account request, token and concurrency limits, in
 //!   Redis when configured (shared by every gateway) or in memory.
+//! - [`Budgets`] holds per-account spending budgets the same way: a
+//!   request's maximum cost is reserved at admission and settled to its
+//!   actual cost when it ends.
 //! - [`app`] is the router: `/client/v4/accounts/{account_id}/ai/...` and
 //!   `/v1/...`.
 //!
@@ -19,6 +22,7 @@
 //! control plane through `bulkhead-control-api`.
 
 pub mod auth;
+mod budget;
 mod edge;
 mod errors;
 mod http;
@@ -34,6 +38,7 @@ mod watch;
 mod workers_ai;
 
 pub use auth::{JwtConfig, JwtKeys, Principal};
+pub use budget::{BudgetError, Budgets, Period, Reservation};
 pub use http::{AppState, app};
 pub use limits::{Limiter, LimiterError, Limits, Quota};
 pub use serve::{ConnLimits, serve};

@@ -1,6 +1,6 @@
 //! The gateway's instruments: the GenAI semantic conventions measured where
 //! tenants see them (request duration, time to first token, time per output
-//! token, token usage), rate-limit refusals, and the routing-table version
+//! token, token usage), rate-limit and budget refusals, neurons by model, and the routing-table version
 //! this gateway serves. Labels are model slugs, operation names and error
 //! codes: never prompt text, never a tenant's token.
 
@@ -22,6 +22,7 @@ struct Instruments {
     connections_refused: Counter<u64>,
     heads_refused: Counter<u64>,
     retries: Counter<u64>,
+    neurons: Counter<f64>,
 }
 
 fn instruments() -> &'static Instruments {
@@ -92,8 +93,24 @@ fn instruments() -> &'static Instruments {
                     "Requests sent to another worker after one failed before the first byte",
                 )
                 .build(),
+            neurons: m
+                .f64_counter("bulkhead.gateway.neurons")
+                .with_unit("{neuron}")
+                .with_description(
+                    "Neurons of answered requests, at the model's price, as the gateway settled them against budgets (the ledger also bills abandoned streams)",
+                )
+                .build(),
         }
     })
+}
+
+/// Counts what an answered request cost, by model (never by account: the
+/// ledger has the per-account figures).
+pub(crate) fn neurons(model: &str, micro: u64) {
+    instruments().neurons.add(
+        micro as f64 / bulkhead_control_api::MICRO as f64,
+        &[KeyValue::new("gen_ai.request.model", model.to_owned())],
+    );
 }
 
 /// Counts a connection closed at accept by the cap named `cap`.
@@ -128,6 +145,8 @@ fn limit_label(what: &str) -> &'static str {
         "requests per minute" => "requests_per_minute",
         "tokens per minute" => "tokens_per_minute",
         "concurrent requests" => "concurrency",
+        "daily budget" => "daily_budget",
+        "monthly budget" => "monthly_budget",
         _ => "other",
     }
 }

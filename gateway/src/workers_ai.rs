@@ -222,13 +222,42 @@ pub(crate) async fn usage(
         .map(|r| {
             json!({"date": r.date, "model": r.model, "requests": r.requests,
                    "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
-                   "total_tokens": r.prompt_tokens + r.completion_tokens})
+                   "total_tokens": r.prompt_tokens + r.completion_tokens,
+                   "neurons": neurons(r.micro_neurons)})
         })
         .collect();
-    Ok(
-        Json(json!({"result": result, "success": true, "errors": [], "messages": []}))
-            .into_response(),
+    let free = ctx
+        .snap
+        .table
+        .account(&ctx.principal.account_id)
+        .map_or(0, |a| a.budget.free_neurons_per_day);
+    Ok(Json(
+        json!({"result": result, "result_info": {"days": billing(&rows, free)},
+                   "success": true, "errors": [], "messages": []}),
     )
+    .into_response())
+}
+
+/// Micro-neurons as neurons.
+fn neurons(micro: u64) -> f64 {
+    micro as f64 / bulkhead_control_api::MICRO as f64
+}
+
+/// Each day's neurons over all models, the part the free allowance covers
+/// and the part billed.
+fn billing(rows: &[bulkhead_control_api::UsageRow], free_per_day: u64) -> Vec<Value> {
+    let mut days: std::collections::BTreeMap<&str, u64> = std::collections::BTreeMap::new();
+    for r in rows {
+        *days.entry(r.date.as_str()).or_default() += r.micro_neurons;
+    }
+    let free = free_per_day.saturating_mul(bulkhead_control_api::MICRO);
+    days.into_iter()
+        .map(|(date, micro)| {
+            json!({"date": date, "neurons": neurons(micro),
+                   "free_neurons": neurons(micro.min(free)),
+                   "billable_neurons": neurons(micro.saturating_sub(free))})
+        })
+        .collect()
 }
 
 /// `GET /client/v4/accounts/{account_id}/ai/models/search`: the models this

@@ -3,13 +3,14 @@
 Run by tests/sdk.rs against a real `bulkhead up`; every check raises on a
 mismatch and the script prints one JSON line of what it saw.
 Environment: BULKHEAD_BASE_URL (the gateway's /v1), BULKHEAD_TOKEN,
-BULKHEAD_MODEL.
+BULKHEAD_MODEL, and BULKHEAD_SPENT_TOKEN (an account whose budget is spent).
 """
 
 import json
 import os
 import re
 
+import httpx
 import openai
 
 client = openai.OpenAI(
@@ -129,6 +130,26 @@ for kwargs, param in [
         raise AssertionError(f"{param} was accepted")
     except openai.BadRequestError as e:
         assert e.code == "unsupported_parameter" and e.param == param, e.body
+
+# A spent budget: OpenAI's RateLimitError with `insufficient_quota`, which
+# the SDK does not retry (the reset is hours away), even when allowed to.
+attempts = []
+spent = openai.OpenAI(
+    base_url=os.environ["BULKHEAD_BASE_URL"],
+    api_key=os.environ["BULKHEAD_SPENT_TOKEN"],
+    max_retries=3,
+    timeout=60,
+    http_client=httpx.Client(event_hooks={"request": [attempts.append]}),
+)
+try:
+    spent.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
+    raise AssertionError("a request over budget was answered")
+except openai.RateLimitError as e:
+    assert e.code == "insufficient_quota", e.body
+    assert e.type == "insufficient_quota", e.body
+    assert "daily budget of 0 neurons" in e.message, e.message
+    assert int(e.response.headers["retry-after"]) > 0, dict(e.response.headers)
+seen["over_budget_attempts"] = len(attempts)
 
 # The models list, as the SDK pages it.
 ids = [m.id for m in client.models.list()]

@@ -99,6 +99,17 @@ pub fn try_call(
     token: &str,
     body: &str,
 ) -> std::io::Result<(u16, String)> {
+    exchange(url, method, path, token, body).map(|(status, _, body)| (status, body))
+}
+
+/// As [`try_call`], with the response's head (status line and headers).
+pub fn exchange(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: &str,
+) -> std::io::Result<(u16, String, String)> {
     let req = |addr: &str| {
         format!(
             "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -134,7 +145,7 @@ pub fn try_call(
         .nth(1)
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| std::io::Error::other("no status"))?;
-    Ok((status, body.to_owned()))
+    Ok((status, head.to_owned(), body.to_owned()))
 }
 
 pub fn post(url: &str, path: &str, token: &str, body: &str) -> (u16, String) {

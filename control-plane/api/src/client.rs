@@ -212,6 +212,16 @@ impl Client {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    /// `PUT path` with a JSON body.
+    pub async fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let body = serde_json::to_vec(body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
     /// `DELETE path`.
     pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.call(Method::DELETE, path, None).await

@@ -91,6 +91,20 @@ impl Timestamp {
         Timestamp(day.saturating_mul(86_400_000))
     }
 
+    /// The UTC calendar month, counted in months since January of year 0
+    /// (so consecutive months are consecutive numbers).
+    pub fn month(self) -> i64 {
+        let (y, m, _) = civil_from_days(self.day());
+        y * 12 + i64::from(m) - 1
+    }
+
+    /// The first instant of the month after this one.
+    pub fn start_of_next_month(self) -> Timestamp {
+        let next = self.month() + 1;
+        let (y, m) = (next.div_euclid(12), next.rem_euclid(12) as u32 + 1);
+        Timestamp::start_of_day(days_from_civil(y, m, 1))
+    }
+
     /// Month abbreviation, day of month and `HH:MM`, for feed markup.
     pub fn feed_parts(self) -> (&'static str, u32, String) {
         let p = self.parts();
@@ -232,6 +246,21 @@ mod tests {
             Timestamp::from_millis(951_782_400_000).to_string(),
             "2000-02-29T00:00:00.000Z"
         );
+    }
+
+    #[test]
+    fn months_follow_the_calendar() {
+        let t = Timestamp::parse_rfc3339("2026-12-31T23:59:59Z").unwrap();
+        assert_eq!(
+            t.start_of_next_month().to_string(),
+            "2027-01-01T00:00:00.000Z"
+        );
+        let feb = Timestamp::parse_rfc3339("2028-02-10T00:00:00Z").unwrap();
+        assert_eq!(
+            feb.start_of_next_month().to_string(),
+            "2028-03-01T00:00:00.000Z"
+        );
+        assert_eq!(feb.month() - t.month(), 14);
     }
 
     #[test]

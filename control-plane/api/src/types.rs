@@ -96,6 +96,102 @@ pub struct ConfigSpec {
     /// Device split.
     #[serde(default)]
     pub parallelism: Parallelism,
+    /// What a token costs (free when not given).
+    #[serde(default)]
+    pub price: Price,
+}
+
+/// A model's price in neurons (Workers AI's unit) per million tokens.
+/// Costs are counted in micro-neurons, so integer arithmetic is exact:
+/// `tokens × neurons per million tokens` micro-neurons.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    /// Neurons per million prompt tokens.
+    pub input_neurons_per_mtok: u64,
+    /// Neurons per million output tokens.
+    pub output_neurons_per_mtok: u64,
+}
+
+impl Price {
+    /// What `prompt` prompt tokens and `completion` output tokens cost, in
+    /// micro-neurons (saturating).
+    pub fn micro_neurons(&self, prompt: u64, completion: u64) -> u64 {
+        prompt
+            .saturating_mul(self.input_neurons_per_mtok)
+            .saturating_add(completion.saturating_mul(self.output_neurons_per_mtok))
+    }
+}
+
+/// Micro-neurons in one neuron.
+pub const MICRO: u64 = 1_000_000;
+
+/// An account's spending limits in neurons per UTC day and calendar month
+/// (none: unlimited), and the neurons a day it uses free of charge.
+/// Budgets count every neuron, free or not; the allowance decides only
+/// what is billed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// Neurons per UTC day.
+    pub daily_neurons: Option<u64>,
+    /// Neurons per UTC calendar month.
+    pub monthly_neurons: Option<u64>,
+    /// Neurons a day that are not billed.
+    pub free_neurons_per_day: u64,
+}
+
+/// Workers AI's free allowance: 10,000 neurons a day.
+pub const DEFAULT_FREE_NEURONS_PER_DAY: u64 = 10_000;
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            daily_neurons: None,
+            monthly_neurons: None,
+            free_neurons_per_day: DEFAULT_FREE_NEURONS_PER_DAY,
+        }
+    }
+}
+
+impl Budget {
+    /// Whether either budget is set (otherwise nothing is reserved).
+    pub fn limited(&self) -> bool {
+        self.daily_neurons.is_some() || self.monthly_neurons.is_some()
+    }
+}
+
+/// `PUT /admin/v1/accounts/{id}/budget` (admin): the account's budgets and
+/// free allowance, replaced whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetBudget {
+    /// Neurons per UTC day (absent: unlimited).
+    #[serde(default)]
+    pub daily_neurons: Option<u64>,
+    /// Neurons per UTC calendar month (absent: unlimited).
+    #[serde(default)]
+    pub monthly_neurons: Option<u64>,
+    /// Neurons a day that are not billed (absent: Workers AI's 10,000).
+    #[serde(default = "default_free")]
+    pub free_neurons_per_day: u64,
+    /// Why, for the audit log.
+    pub reason: String,
+}
+
+fn default_free() -> u64 {
+    DEFAULT_FREE_NEURONS_PER_DAY
+}
+
+impl SetBudget {
+    /// The budget it sets.
+    pub fn budget(&self) -> Budget {
+        Budget {
+            daily_neurons: self.daily_neurons,
+            monthly_neurons: self.monthly_neurons,
+            free_neurons_per_day: self.free_neurons_per_day,
+        }
+    }
 }
 
 /// A stored config version.
@@ -242,6 +338,9 @@ pub struct AccountView {
     /// The platform's own (the leak prober's), not a tenant's.
     #[serde(default)]
     pub sentinel: bool,
+    /// Budgets and free allowance.
+    #[serde(default)]
+    pub budget: Budget,
 }
 
 /// `POST /admin/v1/operators`.
@@ -616,6 +715,9 @@ pub struct RoutedModel {
     /// context it signs).
     #[serde(default)]
     pub config_version: Option<u64>,
+    /// The active config's price.
+    #[serde(default)]
+    pub price: Price,
     /// Created.
     pub created_at: Timestamp,
 }
@@ -629,6 +731,9 @@ pub struct RoutedAccount {
     pub name: String,
     /// The tenant number workers tag its KV pages with.
     pub tenant: u64,
+    /// Its budgets, which the gateway reserves against.
+    #[serde(default)]
+    pub budget: Budget,
 }
 
 /// A live API token.
@@ -694,4 +799,8 @@ pub struct UsageRow {
     pub prompt_tokens: u64,
     /// Output tokens.
     pub completion_tokens: u64,
+    /// What they cost, in micro-neurons, at the model's price when they
+    /// were recorded.
+    #[serde(default)]
+    pub micro_neurons: u64,
 }

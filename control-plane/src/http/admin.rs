@@ -19,8 +19,8 @@ use bulkhead_control_api::{
     AccountView, ApiTokenCreated, ApiTokenView, AuditEntry, ConfigSpec, ConfigView, CreateAccount,
     CreateApiToken, CreateModel, CreateOperator, Heartbeat, IncidentView, ModelChange, ModelSlug,
     ModelView, NodeRole, NodeStatus, NodeView, OpenIncident, OperatorCreated, OperatorView,
-    PrefillPeer, RegisterNode, Role, RoutingTable, SetAllowlist, SetVisibility, Timestamp,
-    UpdateIncident, UsageRecorded, UsageReport, UsageRow, Whoami,
+    PrefillPeer, RegisterNode, Role, RoutingTable, SetAllowlist, SetBudget, SetVisibility,
+    Timestamp, UpdateIncident, UsageRecorded, UsageReport, UsageRow, Whoami,
 };
 use serde::Deserialize;
 
@@ -37,6 +37,7 @@ pub(crate) fn routes() -> Router<AppState> {
             post(activate_config),
         )
         .route("/accounts", get(list_accounts).post(create_account))
+        .route("/accounts/{id}/budget", axum::routing::put(set_budget))
         .route("/operators", get(list_operators).post(create_operator))
         .route("/operators/{id}", axum::routing::delete(revoke_operator))
         .route("/nodes", get(list_nodes).post(register_node))
@@ -272,6 +273,56 @@ async fn create_account(
     let mut conn = s.db.pool().acquire().await?;
     let a = accounts::create(&mut conn, &req.name, Timestamp::now()).await?;
     Ok((StatusCode::CREATED, Json(a)))
+}
+
+/// The largest budget or allowance, in neurons: costs in micro-neurons
+/// stay far inside `i64`.
+const MAX_NEURONS: u64 = 1_000_000_000_000;
+
+/// `PUT /admin/v1/accounts/{id}/budget` (admin): replaces the account's
+/// budgets and free allowance, audited as `account.budget`.
+async fn set_budget(
+    State(s): State<AppState>,
+    Admin(op): Admin,
+    AppPath(id): AppPath<String>,
+    AppJson(req): AppJson<SetBudget>,
+) -> ApiResult<AccountView> {
+    crate::store::require_text("reason", &req.reason, 1000)?;
+    let budget = req.budget();
+    let over = [budget.daily_neurons, budget.monthly_neurons]
+        .into_iter()
+        .flatten()
+        .chain([budget.free_neurons_per_day])
+        .any(|v| v > MAX_NEURONS);
+    if over {
+        return Err(ApiError::bad_request(format!(
+            "budgets and allowances are at most {MAX_NEURONS} neurons"
+        )));
+    }
+    let now = Timestamp::now();
+    let mut tx = s.db.begin().await?;
+    let account = accounts::find(&mut tx, &id).await?;
+    let before = accounts::set_budget(&mut tx, &account, &budget).await?;
+    let show = |b: &bulkhead_control_api::Budget| {
+        let n = |v: Option<u64>| v.map_or_else(|| "unlimited".to_owned(), |v| v.to_string());
+        format!(
+            "daily={} monthly={} free_per_day={}",
+            n(b.daily_neurons),
+            n(b.monthly_neurons),
+            b.free_neurons_per_day
+        )
+    };
+    let entry = audit::NewEntry {
+        actor: &op.name,
+        action: "account.budget",
+        subject: account.as_str(),
+        reason: &req.reason,
+        before: &show(&before.budget),
+        after: &show(&budget),
+    };
+    audit::append(&mut tx, entry, now).await?;
+    tx.commit().await?;
+    Ok(Json(AccountView { budget, ..before }))
 }
 
 async fn list_operators(State(s): State<AppState>, _: Admin) -> ApiResult<Vec<OperatorView>> {

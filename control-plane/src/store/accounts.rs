@@ -1,8 +1,8 @@
 //! Tenant accounts (their API tokens arrive with the gateway).
 
-use super::{Conn, get_time};
+use super::{Conn, get_time, get_u64, to_i64};
 use crate::{AccountId, Error};
-use bulkhead_control_api::{AccountView, Timestamp};
+use bulkhead_control_api::{AccountView, Budget, Timestamp};
 use sqlx::Row;
 
 /// Creates a tenant account with a fresh random id.
@@ -39,25 +39,63 @@ async fn insert(
         name: name.to_owned(),
         created_at: now,
         sentinel,
+        budget: Budget::default(),
     })
 }
 
 /// Every account, oldest first.
 pub async fn list(conn: &mut Conn) -> Result<Vec<AccountView>, Error> {
-    let rows =
-        sqlx::query("SELECT id, name, created_at, sentinel FROM accounts ORDER BY created_at, id")
-            .fetch_all(&mut *conn)
-            .await?;
+    let rows = sqlx::query(
+        "SELECT id, name, created_at, sentinel, daily_budget_neurons, monthly_budget_neurons, \
+         free_neurons_per_day FROM accounts ORDER BY created_at, id",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
     rows.iter()
         .map(|r| {
+            let opt = |col: &str| -> Result<Option<u64>, Error> {
+                Ok(r.try_get::<Option<i64>, _>(col)?
+                    .map(|v| u64::try_from(v).unwrap_or(0)))
+            };
             Ok(AccountView {
                 id: r.try_get("id")?,
                 name: r.try_get("name")?,
                 created_at: get_time(r, "created_at")?,
                 sentinel: r.try_get::<i64, _>("sentinel")? != 0,
+                budget: Budget {
+                    daily_neurons: opt("daily_budget_neurons")?,
+                    monthly_neurons: opt("monthly_budget_neurons")?,
+                    free_neurons_per_day: get_u64(r, "free_neurons_per_day")?,
+                },
             })
         })
         .collect()
+}
+
+/// Replaces the budgets and free allowance of `id`; the account as it
+/// was before.
+pub async fn set_budget(
+    conn: &mut Conn,
+    id: &AccountId,
+    budget: &Budget,
+) -> Result<AccountView, Error> {
+    let before = list(conn)
+        .await?
+        .into_iter()
+        .find(|a| a.id == id.as_str())
+        .ok_or_else(|| Error::NotFound(format!("account `{id}`")))?;
+    let opt = |v: Option<u64>, what: &str| v.map(|v| to_i64(v, what)).transpose();
+    sqlx::query(
+        "UPDATE accounts SET daily_budget_neurons = $1, monthly_budget_neurons = $2, \
+         free_neurons_per_day = $3 WHERE id = $4",
+    )
+    .bind(opt(budget.daily_neurons, "daily_neurons")?)
+    .bind(opt(budget.monthly_neurons, "monthly_neurons")?)
+    .bind(to_i64(budget.free_neurons_per_day, "free_neurons_per_day")?)
+    .bind(id.as_str())
+    .execute(&mut *conn)
+    .await?;
+    Ok(before)
 }
 
 /// The account with this id, checked to exist.

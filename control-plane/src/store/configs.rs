@@ -8,7 +8,7 @@ use super::{Conn, get_opt_time, get_time, get_u64, nodes, to_i64};
 use crate::routability::{check_fits, is_live, prefill_shortfall};
 use crate::{ConfigVersion, Error};
 use bulkhead_control_api::{
-    AuditEntry, ConfigSpec, ConfigView, KvBudget, Parallelism, Properties, Timestamp,
+    AuditEntry, ConfigSpec, ConfigView, KvBudget, Parallelism, Price, Properties, Timestamp,
 };
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -46,7 +46,8 @@ impl ConfigRow {
 macro_rules! config_columns {
     () => {
         "version, context_window, max_output, weights_file, weights_sha256, quantization, \
-     page_size, prefill_kv_bytes, decode_kv_bytes, tensor_parallel, pipeline_parallel, created_by, created_at, activated_at"
+     page_size, prefill_kv_bytes, decode_kv_bytes, tensor_parallel, pipeline_parallel, input_neurons_per_mtok, output_neurons_per_mtok, \
+     created_by, created_at, activated_at"
     };
 }
 
@@ -71,7 +72,8 @@ pub async fn add(
     sqlx::query(
         "INSERT INTO model_configs (model_id, version, context_window, max_output, weights_file, weights_sha256, \
          quantization, page_size, prefill_kv_bytes, decode_kv_bytes, tensor_parallel, pipeline_parallel, \
-         created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+         input_neurons_per_mtok, output_neurons_per_mtok, created_by, created_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )
     .bind(model.id.get())
     .bind(i64::from(next))
@@ -85,6 +87,8 @@ pub async fn add(
     .bind(to_i64(spec.kv_budget.decode_bytes, "kv_budget.decode_bytes")?)
     .bind(i64::from(spec.parallelism.tensor))
     .bind(i64::from(spec.parallelism.pipeline))
+    .bind(to_i64(spec.price.input_neurons_per_mtok, "price")?)
+    .bind(to_i64(spec.price.output_neurons_per_mtok, "price")?)
     .bind(actor)
     .bind(now.millis())
     .execute(&mut *conn)
@@ -198,6 +202,10 @@ pub async fn activate(
     audit::append(conn, entry, now).await
 }
 
+/// The highest price per million tokens: costs stay far inside `i64`
+/// micro-neurons.
+const MAX_PRICE: u64 = 1_000_000_000;
+
 fn validate(spec: &ConfigSpec) -> Result<(), Error> {
     let p = &spec.properties;
     let bad = |m: &str| Err(Error::Invalid(m.to_owned()));
@@ -216,6 +224,11 @@ fn validate(spec: &ConfigSpec) -> Result<(), Error> {
     }
     if spec.kv_budget.prefill_bytes == 0 || spec.kv_budget.decode_bytes == 0 {
         return bad("kv_budget bytes must be at least 1");
+    }
+    if spec.price.input_neurons_per_mtok > MAX_PRICE
+        || spec.price.output_neurons_per_mtok > MAX_PRICE
+    {
+        return bad("a price is at most 1000000000 neurons per million tokens");
     }
     Ok(())
 }
@@ -242,6 +255,10 @@ fn config_row(r: &AnyRow) -> Result<ConfigRow, Error> {
             parallelism: Parallelism {
                 tensor: small("tensor_parallel")?,
                 pipeline: small("pipeline_parallel")?,
+            },
+            price: Price {
+                input_neurons_per_mtok: get_u64(r, "input_neurons_per_mtok")?,
+                output_neurons_per_mtok: get_u64(r, "output_neurons_per_mtok")?,
             },
         },
         created_by: r.try_get("created_by")?,

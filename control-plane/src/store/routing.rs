@@ -28,6 +28,7 @@ pub async fn table(
     for m in models::list(conn).await? {
         let active = configs::active(conn, &m).await?;
         let config_version = active.as_ref().map(|c| u64::from(c.version.get()));
+        let price = active.as_ref().map(|c| c.spec.price).unwrap_or_default();
         let properties = active.map(|c| c.spec.properties);
         out_models.push(RoutedModel {
             config_version,
@@ -37,6 +38,7 @@ pub async fn table(
             description: m.description,
             visibility: m.visibility,
             properties,
+            price,
             created_at: m.created_at,
         });
     }
@@ -51,6 +53,7 @@ pub async fn table(
                 tenant: tenant_of(&id),
                 id: a.id,
                 name: a.name,
+                budget: a.budget,
             })
         })
         .collect();

@@ -3,11 +3,13 @@
 //! answer counts once) and its roll-up per account, model and UTC day
 //! (`usage_daily`), moved in the same statement sequence as the event it
 //! counts. The caller owns the transaction: a report commits whole or not
-//! at all.
+//! at all. Each event is priced when recorded, at its model's active
+//! price, in micro-neurons.
 
-use super::{Conn, get_u64, to_i64};
+use super::{Conn, configs, get_u64, models, to_i64};
 use crate::Error;
-use bulkhead_control_api::{Timestamp, UsageEvent, UsageRecorded, UsageRow};
+use bulkhead_control_api::{ModelSlug, Price, Timestamp, UsageEvent, UsageRecorded, UsageRow};
+use std::collections::HashMap;
 
 /// The most events one report may carry.
 pub const MAX_EVENTS: usize = 1000;
@@ -29,6 +31,7 @@ pub async fn record(
         recorded: 0,
         duplicates: 0,
     };
+    let mut prices: HashMap<&ModelSlug, Price> = HashMap::new();
     for e in events {
         check(e)?;
         let day = e.at.day();
@@ -36,9 +39,21 @@ pub async fn record(
             to_i64(e.prompt_tokens, "prompt_tokens")?,
             to_i64(e.completion_tokens, "completion_tokens")?,
         );
+        let price = match prices.get(&e.model) {
+            Some(p) => *p,
+            None => {
+                let p = price_of(conn, &e.model).await?;
+                prices.insert(&e.model, p);
+                p
+            }
+        };
+        let cost = to_i64(
+            price.micro_neurons(e.prompt_tokens, e.completion_tokens),
+            "cost",
+        )?;
         let inserted = sqlx::query(
-            "INSERT INTO usage_events (call_id, account_id, model, day, prompt_tokens, completion_tokens, finish, node, at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (call_id) DO NOTHING",
+            "INSERT INTO usage_events (call_id, account_id, model, day, prompt_tokens, completion_tokens, finish, node, at, micro_neurons) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (call_id) DO NOTHING",
         )
         .bind(e.call_id.as_str())
         .bind(e.account_id.as_str())
@@ -49,6 +64,7 @@ pub async fn record(
         .bind(e.finish.as_str())
         .bind(node)
         .bind(e.at.millis())
+        .bind(cost)
         .execute(&mut *conn)
         .await?
         .rows_affected();
@@ -57,17 +73,19 @@ pub async fn record(
             continue;
         }
         sqlx::query(
-            "INSERT INTO usage_daily (account_id, model, day, requests, prompt_tokens, completion_tokens) \
-             VALUES ($1, $2, $3, 1, $4, $5) ON CONFLICT (account_id, model, day) DO UPDATE SET \
+            "INSERT INTO usage_daily (account_id, model, day, requests, prompt_tokens, completion_tokens, micro_neurons) \
+             VALUES ($1, $2, $3, 1, $4, $5, $6) ON CONFLICT (account_id, model, day) DO UPDATE SET \
              requests = usage_daily.requests + 1, \
              prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
-             completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens",
+             completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \
+             micro_neurons = usage_daily.micro_neurons + excluded.micro_neurons",
         )
         .bind(e.account_id.as_str())
         .bind(e.model.as_str())
         .bind(day)
         .bind(prompt)
         .bind(completion)
+        .bind(cost)
         .execute(&mut *conn)
         .await?;
         out.recorded += 1;
@@ -84,7 +102,7 @@ pub async fn daily(
     to: Timestamp,
 ) -> Result<Vec<UsageRow>, Error> {
     let rows = sqlx::query(
-        "SELECT account_id, model, day, requests, prompt_tokens, completion_tokens FROM usage_daily \
+        "SELECT account_id, model, day, requests, prompt_tokens, completion_tokens, micro_neurons FROM usage_daily \
          WHERE ($1 = '' OR account_id = $1) AND day >= $2 AND day <= $3 \
          ORDER BY day, account_id, model",
     )
@@ -104,9 +122,24 @@ pub async fn daily(
                 requests: get_u64(r, "requests")?,
                 prompt_tokens: get_u64(r, "prompt_tokens")?,
                 completion_tokens: get_u64(r, "completion_tokens")?,
+                micro_neurons: get_u64(r, "micro_neurons")?,
             })
         })
         .collect()
+}
+
+/// The price of the model's active config now (free for a model unknown
+/// or without one: its calls are still counted).
+async fn price_of(conn: &mut Conn, slug: &ModelSlug) -> Result<Price, Error> {
+    let model = match models::find(conn, slug).await {
+        Ok(m) => m,
+        Err(Error::NotFound(_)) => return Ok(Price::default()),
+        Err(e) => return Err(e),
+    };
+    Ok(configs::active(conn, &model)
+        .await?
+        .map(|c| c.spec.price)
+        .unwrap_or_default())
 }
 
 fn check(e: &UsageEvent) -> Result<(), Error> {

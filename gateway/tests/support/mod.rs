@@ -63,6 +63,7 @@ fn spec(context_window: u64, max_output: u64) -> ConfigSpec {
             decode_bytes: 1 << 30,
         },
         parallelism: Parallelism::default(),
+        price: Default::default(),
     }
 }
 

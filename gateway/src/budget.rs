@@ -1,0 +1,497 @@
+//! Per-account spending budgets in neurons, per UTC day and calendar
+//! month. Admission reserves a request's maximum cost atomically (one Lua
+//! script in Redis when configured, so every gateway shares the counters;
+//! one task owning them otherwise) and the answer settles the reservation
+//! to the actual cost. The counters never exceed a budget: a reservation
+//! that would is refused and counts nothing, and a settlement only gives
+//! back. So concurrent requests cannot overshoot at all while the maximum
+//! cost bounds the actual one; the stated bound is one request's
+//! reservation, the most an estimate could be off.
+//!
+//! A reservation that is dropped unsettled (the client went away mid-stream,
+//! or the worker failed after it started) keeps its whole amount: the
+//! gateway cannot see what the worker computed after that, and a budget
+//! errs towards refusing. The ledger in the control plane bills what was
+//! computed. Accounts without a budget reserve nothing.
+
+use bulkhead_control_api::{Budget, MICRO, Timestamp};
+use redis::aio::ConnectionManager;
+use std::collections::HashMap;
+use tokio::sync::{mpsc, oneshot};
+
+/// Which budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Period {
+    /// The UTC day's.
+    Daily,
+    /// The UTC calendar month's.
+    Monthly,
+}
+
+impl Period {
+    /// `daily` or `monthly`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Period::Daily => "daily",
+            Period::Monthly => "monthly",
+        }
+    }
+
+    /// Seconds from `now` until this period starts again.
+    pub fn reset_secs(self, now: Timestamp) -> u64 {
+        let next = match self {
+            Period::Daily => Timestamp::start_of_day(now.day() + 1),
+            Period::Monthly => now.start_of_next_month(),
+        };
+        u64::try_from((next.millis() - now.millis()).max(0))
+            .unwrap_or(0)
+            .div_ceil(1000)
+            .max(1)
+    }
+}
+
+/// Why a reservation was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    /// The request could cost more than what is left of a budget.
+    #[error("the account's {} budget of {limit_neurons} neurons is spent", period.as_str())]
+    Over {
+        /// Which budget.
+        period: Period,
+        /// Its size.
+        limit_neurons: u64,
+        /// Seconds until it resets.
+        retry_after_secs: u64,
+    },
+    /// The shared store failed (the request is refused, not let through).
+    #[error("budget store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Budget counters; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Budgets {
+    store: Store,
+}
+
+#[derive(Debug, Clone)]
+enum Store {
+    Memory(mpsc::UnboundedSender<Event>),
+    Redis {
+        con: ConnectionManager,
+        prefix: String,
+    },
+}
+
+/// Where a reservation is counted: the account and the periods it fell in.
+#[derive(Debug, Clone)]
+struct Slot {
+    account: String,
+    day: i64,
+    month: i64,
+}
+
+#[derive(Debug)]
+enum Event {
+    Reserve {
+        slot: Slot,
+        micro: u64,
+        limits: [Option<u64>; 2],
+        reply: oneshot::Sender<Result<(), Period>>,
+    },
+    Refund {
+        slot: Slot,
+        micro: u64,
+    },
+}
+
+/// A request's reserved cost, in micro-neurons, until it is settled.
+#[derive(Debug)]
+#[must_use = "a reservation is settled to the request's actual cost"]
+pub struct Reservation {
+    held: Option<(Store, Slot, u64)>,
+}
+
+impl Reservation {
+    /// No reservation (the account has no budget).
+    pub fn none() -> Reservation {
+        Reservation { held: None }
+    }
+
+    /// What is reserved, in micro-neurons.
+    pub fn micro_neurons(&self) -> u64 {
+        self.held.as_ref().map_or(0, |h| h.2)
+    }
+
+    /// Settles to what the request cost (`actual` micro-neurons; at most
+    /// what was reserved is kept): the rest goes back to the budget.
+    pub fn settle(mut self, actual: u64) {
+        let Some((store, slot, micro)) = self.held.take() else {
+            return;
+        };
+        let refund = micro.saturating_sub(actual);
+        if refund == 0 {
+            return;
+        }
+        match store {
+            Store::Memory(tx) => {
+                let _ = tx.send(Event::Refund {
+                    slot,
+                    micro: refund,
+                });
+            }
+            Store::Redis { mut con, prefix } => {
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    let [d, m] = keys(&prefix, &slot);
+                    rt.spawn(async move {
+                        let r: Result<i64, _> = redis::Script::new(REFUND_SCRIPT)
+                            .key(d)
+                            .key(m)
+                            .arg(refund)
+                            .invoke_async(&mut con)
+                            .await;
+                        if let Err(e) = r {
+                            tracing::warn!(target: "bulkhead::gateway", error = %e, "returning a budget reservation");
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// KEYS: the day's and the month's spend. ARGV: micro-neurons, the daily
+/// and monthly budgets in micro-neurons (-1: none), the keys' lifetimes
+/// (s). Returns 0 (reserved), 1 (over the daily) or 2 (over the monthly).
+const RESERVE_SCRIPT: &str = r"
+local cost = tonumber(ARGV[1])
+local d = tonumber(redis.call('GET', KEYS[1]) or '0')
+local m = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[2]) >= 0 and d + cost > tonumber(ARGV[2]) then return 1 end
+if tonumber(ARGV[3]) >= 0 and m + cost > tonumber(ARGV[3]) then return 2 end
+redis.call('INCRBY', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('INCRBY', KEYS[2], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+return 0
+";
+
+/// KEYS: the day's and the month's spend. ARGV: micro-neurons to give
+/// back. A period that has ended (its key expired) is left alone.
+const REFUND_SCRIPT: &str = r"
+for _, k in ipairs(KEYS) do
+  if redis.call('EXISTS', k) == 1 then
+    if redis.call('DECRBY', k, ARGV[1]) < 0 then redis.call('SET', k, 0, 'KEEPTTL') end
+  end
+end
+return 0
+";
+
+/// How long a day's and a month's counters outlive their period (s).
+const KEEP_SECS: [u64; 2] = [2 * 86_400, 32 * 86_400];
+
+fn keys(prefix: &str, slot: &Slot) -> [String; 2] {
+    // One hash tag per account keeps its keys in one Redis Cluster slot.
+    let base = format!("{prefix}:{{{}}}:budget", slot.account);
+    [
+        format!("{base}:d:{}", slot.day),
+        format!("{base}:m:{}", slot.month),
+    ]
+}
+
+impl Budgets {
+    /// Counters in this process (one task owns them).
+    pub fn memory() -> Budgets {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(own(rx));
+        Budgets {
+            store: Store::Memory(tx),
+        }
+    }
+
+    /// Counters in Redis at `url`, under keys starting with `prefix`.
+    pub async fn redis(url: &str, prefix: &str) -> Result<Budgets, BudgetError> {
+        let client =
+            redis::Client::open(url).map_err(|e| BudgetError::Unavailable(e.to_string()))?;
+        let con = ConnectionManager::new(client)
+            .await
+            .map_err(|e| BudgetError::Unavailable(e.to_string()))?;
+        Ok(Budgets {
+            store: Store::Redis {
+                con,
+                prefix: prefix.to_owned(),
+            },
+        })
+    }
+
+    /// Reserves `micro` micro-neurons of `account`'s budgets at `now`, or
+    /// says which budget it would exceed. An account without a budget
+    /// reserves nothing and touches no counter.
+    pub async fn reserve(
+        &self,
+        account: &str,
+        budget: &Budget,
+        micro: u64,
+        now: Timestamp,
+    ) -> Result<Reservation, BudgetError> {
+        if !budget.limited() {
+            return Ok(Reservation::none());
+        }
+        let limits = [budget.daily_neurons, budget.monthly_neurons]
+            .map(|b| b.map(|n| n.saturating_mul(MICRO)));
+        let slot = Slot {
+            account: account.to_owned(),
+            day: now.day(),
+            month: now.month(),
+        };
+        let over = |period: Period| {
+            let limit_neurons = match period {
+                Period::Daily => budget.daily_neurons,
+                Period::Monthly => budget.monthly_neurons,
+            };
+            BudgetError::Over {
+                period,
+                limit_neurons: limit_neurons.unwrap_or(0),
+                retry_after_secs: period.reset_secs(now),
+            }
+        };
+        let verdict = match &self.store {
+            Store::Memory(tx) => {
+                let (reply, rx) = oneshot::channel();
+                let stopped = || BudgetError::Unavailable("budget counters stopped".to_owned());
+                tx.send(Event::Reserve {
+                    slot: slot.clone(),
+                    micro,
+                    limits,
+                    reply,
+                })
+                .map_err(|_| stopped())?;
+                rx.await.map_err(|_| stopped())?
+            }
+            Store::Redis { con, prefix } => {
+                // Detached: if this caller is dropped mid-way, the script
+                // still runs to the end and its reservation stays counted,
+                // which errs towards refusing.
+                let (mut con, [d, m]) = (con.clone(), keys(prefix, &slot));
+                let arg = |l: Option<u64>| l.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
+                let (ld, lm) = (arg(limits[0]), arg(limits[1]));
+                let code: i64 = tokio::spawn(async move {
+                    redis::Script::new(RESERVE_SCRIPT)
+                        .key(d)
+                        .key(m)
+                        .arg(micro)
+                        .arg(ld)
+                        .arg(lm)
+                        .arg(KEEP_SECS[0])
+                        .arg(KEEP_SECS[1])
+                        .invoke_async(&mut con)
+                        .await
+                })
+                .await
+                .map_err(|e| BudgetError::Unavailable(e.to_string()))?
+                .map_err(|e| BudgetError::Unavailable(e.to_string()))?;
+                match code {
+                    0 => Ok(()),
+                    1 => Err(Period::Daily),
+                    _ => Err(Period::Monthly),
+                }
+            }
+        };
+        verdict.map_err(over)?;
+        Ok(Reservation {
+            held: Some((self.store.clone(), slot, micro)),
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Spend {
+    day: i64,
+    day_micro: u64,
+    month: i64,
+    month_micro: u64,
+}
+
+async fn own(mut rx: mpsc::UnboundedReceiver<Event>) {
+    let mut accounts: HashMap<String, Spend> = HashMap::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Reserve {
+                slot,
+                micro,
+                limits,
+                reply,
+            } => {
+                let s = accounts.entry(slot.account).or_default();
+                if s.day != slot.day {
+                    (s.day, s.day_micro) = (slot.day, 0);
+                }
+                if s.month != slot.month {
+                    (s.month, s.month_micro) = (slot.month, 0);
+                }
+                let fits = |spent: u64, limit: Option<u64>| {
+                    limit.is_none_or(|l| spent.saturating_add(micro) <= l)
+                };
+                // Check both before counting either.
+                let verdict = if !fits(s.day_micro, limits[0]) {
+                    Err(Period::Daily)
+                } else if !fits(s.month_micro, limits[1]) {
+                    Err(Period::Monthly)
+                } else {
+                    s.day_micro += micro;
+                    s.month_micro += micro;
+                    Ok(())
+                };
+                if reply.send(verdict).is_err() && verdict.is_ok() {
+                    // The caller went away while we decided: give it back.
+                    s.day_micro -= micro;
+                    s.month_micro -= micro;
+                }
+            }
+            Event::Refund { slot, micro } => {
+                if let Some(s) = accounts.get_mut(&slot.account) {
+                    if s.day == slot.day {
+                        s.day_micro = s.day_micro.saturating_sub(micro);
+                    }
+                    if s.month == slot.month {
+                        s.month_micro = s.month_micro.saturating_sub(micro);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 1 neuron a day, and requests that may cost 20,000 micro-neurons:
+    /// a budget worth exactly 50 of them.
+    const COST: u64 = 20_000;
+    fn worth_50() -> Budget {
+        Budget {
+            daily_neurons: Some(1),
+            monthly_neurons: None,
+            free_neurons_per_day: 0,
+        }
+    }
+
+    /// Reserves `n` requests at once across `stores` (round robin); the
+    /// reservations granted.
+    async fn race(stores: &[Budgets], account: &str, n: usize) -> Vec<Reservation> {
+        let now = Timestamp::now();
+        let tries = (0..n).map(|i| {
+            let b = stores[i % stores.len()].clone();
+            let account = account.to_owned();
+            tokio::spawn(async move { b.reserve(&account, &worth_50(), COST, now).await })
+        });
+        let mut granted = Vec::new();
+        for t in tries {
+            match t.await.expect("task") {
+                Ok(r) => granted.push(r),
+                Err(BudgetError::Over {
+                    period: Period::Daily,
+                    limit_neurons: 1,
+                    retry_after_secs,
+                }) => assert!((1..=86_400).contains(&retry_after_secs)),
+                Err(e) => panic!("unexpected refusal: {e}"),
+            }
+        }
+        granted
+    }
+
+    /// The stated bound: the counted spend never passes the budget, and a
+    /// settled request gives back what it did not use.
+    async fn holds_the_bound(stores: &[Budgets], account: &str) {
+        let granted = race(stores, account, 200).await;
+        assert_eq!(
+            granted.len(),
+            50,
+            "200 concurrent requests against a budget worth 50"
+        );
+        assert!(granted.iter().all(|r| r.micro_neurons() == COST));
+        // Half of them cost a quarter of their reservation: room for 25
+        // more at full reservation, and not one more.
+        for r in granted.into_iter().take(25) {
+            r.settle(COST / 4);
+        }
+        // Settlements are messages (memory) or detached scripts (Redis).
+        let mut again = Vec::new();
+        for _ in 0..100 {
+            again.extend(race(stores, account, 200).await);
+            if again.len() >= 18 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // 25 × 3/4 of a reservation came back: 18 more fit (18.75).
+        assert_eq!(again.len(), 18, "what settlement gave back, no more");
+        let none = stores[0]
+            .reserve(account, &Budget::default(), COST, Timestamp::now())
+            .await
+            .expect("no budget");
+        assert_eq!(
+            none.micro_neurons(),
+            0,
+            "an account without a budget reserves nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn in_memory_concurrent_requests_cannot_overshoot() {
+        holds_the_bound(&[Budgets::memory()], "a").await;
+    }
+
+    #[tokio::test]
+    async fn two_gateways_share_one_redis_budget() {
+        let url =
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let prefix = format!(
+            "bulkhead-test-budget-{}-{}",
+            std::process::id(),
+            Timestamp::now().millis()
+        );
+        let (one, two) = match (
+            Budgets::redis(&url, &prefix).await,
+            Budgets::redis(&url, &prefix).await,
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                assert!(
+                    std::env::var("CI").as_deref() != Ok("true"),
+                    "CI=true but Redis at {url} is unreachable: {e}"
+                );
+                eprintln!("note: Redis unreachable; skipped outside CI");
+                return;
+            }
+        };
+        holds_the_bound(&[one, two], "a").await;
+        // The counter both shared is in Redis: 25 settled at a quarter, 25
+        // and 18 still reserved whole.
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut con = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connection");
+        let day: u64 = redis::cmd("GET")
+            .arg(format!(
+                "{prefix}:{{a}}:budget:d:{}",
+                Timestamp::now().day()
+            ))
+            .query_async(&mut con)
+            .await
+            .expect("GET");
+        assert_eq!(day, 25 * COST / 4 + (25 + 18) * COST);
+    }
+
+    #[test]
+    fn periods_reset_at_midnight_and_the_first_of_the_month() {
+        let t = Timestamp::parse_rfc3339("2026-12-31T23:00:00Z").expect("time");
+        assert_eq!(Period::Daily.reset_secs(t), 3600);
+        assert_eq!(Period::Monthly.reset_secs(t), 3600);
+        let t = Timestamp::parse_rfc3339("2026-12-02T12:00:00Z").expect("time");
+        assert_eq!(Period::Daily.reset_secs(t), 12 * 3600);
+        assert_eq!(Period::Monthly.reset_secs(t), 29 * 86_400 + 12 * 3600);
+    }
+}
