@@ -91,6 +91,43 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     );
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(ledger(), now, "nothing is counted twice");
+    // The ledger matches the workers' own counts exactly: their metering
+    // metric, summed over every component of the platform.
+    let all = get(cp, "/admin/v1/usage", admin);
+    let ledger_all = |key: &str| -> u64 {
+        all.as_array()
+            .expect("rows")
+            .iter()
+            .filter(|r| r["model"] == model)
+            .filter_map(|r| r[key].as_u64())
+            .sum()
+    };
+    let counted = |kind: &str| -> u64 {
+        creds["metrics"]
+            .as_object()
+            .expect("metrics URLs")
+            .values()
+            .filter_map(|url| {
+                let base = url.as_str()?.trim_end_matches("/metrics");
+                support::platform::try_call(base, "GET", "/metrics", "", "").ok()
+            })
+            .flat_map(|(_, text)| {
+                text.lines()
+                    .filter(|l| {
+                        l.starts_with("bulkhead_usage_tokens_total{")
+                            && l.contains(&format!("gen_ai_request_model=\"{model}\""))
+                            && l.contains(&format!("gen_ai_token_type=\"{kind}\""))
+                    })
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum::<f64>() as u64
+    };
+    assert_eq!(
+        (ledger_all("prompt_tokens"), ledger_all("completion_tokens")),
+        (counted("input"), counted("output")),
+        "the ledger against the workers' bulkhead.usage.tokens"
+    );
 
     // The tenant reads the same through the gateway, Workers AI style...
     let mine = get(gw, &format!("/client/v4/accounts/{id}/ai/usage"), token);
