@@ -73,8 +73,7 @@ impl Drop for KillOnDrop {
 }
 
 pub(crate) fn run(args: &GatewayBenchArgs) -> anyhow::Result<()> {
-    let weights =
-        bulkhead_engine::fetch::ensure_default_model(bulkhead_engine::fetch::Progress::Show)?;
+    let weights = bulkhead_engine::fetch::ensure_default_model(&crate::cli::model_source(true))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

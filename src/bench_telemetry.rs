@@ -34,8 +34,13 @@ pub(crate) struct TelemetryBenchArgs {
 }
 
 pub(crate) fn run(args: &TelemetryBenchArgs) -> anyhow::Result<()> {
-    let telemetry = bulkhead_telemetry::init_with_logs("bulkhead-bench", "bench", "warn")
-        .context("setting up telemetry")?;
+    let telemetry = bulkhead_telemetry::init_with_logs(
+        "bulkhead-bench",
+        "bench",
+        "warn",
+        &crate::cli::telemetry_settings(),
+    )
+    .context("setting up telemetry")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

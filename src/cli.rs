@@ -1,7 +1,7 @@
 //! Command-line interface: the subcommands and their flags.
 
 use anyhow::Context;
-use bulkhead_engine::fetch::{self, Progress};
+use bulkhead_engine::fetch;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 
@@ -157,9 +157,8 @@ impl ModelArgs {
     pub(crate) fn path(&self) -> anyhow::Result<PathBuf> {
         match &self.model {
             Some(p) => Ok(p.clone()),
-            None => {
-                fetch::ensure_default_model(Progress::Show).context("fetching the default model")
-            }
+            None => fetch::ensure_default_model(&model_source(true))
+                .context("fetching the default model"),
         }
     }
 
@@ -196,7 +195,27 @@ impl ModelArgs {
 /// its runtime starts; dropped (flushing the exporters) after it stops.
 fn telemetry(service: &'static str) -> anyhow::Result<bulkhead_telemetry::Telemetry> {
     let instance = format!("{service}-{}", std::process::id());
-    bulkhead_telemetry::init(service, &instance).context("setting up telemetry")
+    bulkhead_telemetry::init(service, &instance, &telemetry_settings())
+        .context("setting up telemetry")
+}
+
+/// Where the default model comes from, as this process's environment says
+/// (`BULKHEAD_MODEL_DIR`, `XDG_CACHE_HOME`, `HOME`, `BULKHEAD_PYTHON`);
+/// with `show`, each step on stderr.
+pub(crate) fn model_source(show: bool) -> fetch::Source {
+    let progress = if show {
+        fetch::Progress::Show(|step| eprintln!("{step}"))
+    } else {
+        fetch::Progress::Quiet
+    };
+    fetch::Source::from_vars(|k| std::env::var_os(k), progress)
+}
+
+/// The telemetry settings of this process's environment (OpenTelemetry's
+/// variables, `RUST_LOG`, `BULKHEAD_LOG_FORMAT`, `BULKHEAD_TRACE_POLLS`):
+/// the one place the binary reads them.
+pub(crate) fn telemetry_settings() -> bulkhead_telemetry::Settings {
+    bulkhead_telemetry::Settings::from_vars(|k| std::env::var(k).ok())
 }
 
 pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
@@ -204,7 +223,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model {
             command: ModelCommand::Fetch,
         } => {
-            let path = fetch::ensure_default_model(Progress::Show)?;
+            let path = fetch::ensure_default_model(&model_source(true))?;
             println!("{}", path.display());
             Ok(())
         }

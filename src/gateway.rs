@@ -177,7 +177,7 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     // acknowledge flips for the other.
     let mut b = [0u8; 6];
     getrandom::fill(&mut b)?;
-    let suffix: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let suffix = hex::encode(b);
     let instance = format!("{}-{suffix}", args.instance.as_deref().unwrap_or("gw"));
     let watch = RoutingWatch::start(client, instance.clone());
     if !watch.ready(Duration::from_secs(30)).await {

@@ -605,13 +605,13 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `s` as one query value or path segment: everything but RFC 3986's
+/// unreserved characters percent-encoded.
 fn query_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    const RESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(s, RESERVED).to_string()
 }

@@ -14,7 +14,7 @@ use bulkhead_control_api::{
     Role, Timestamp, Visibility,
 };
 use bulkhead_control_plane::{AccountId, Db, store};
-use bulkhead_engine::fetch::{self, Progress};
+use bulkhead_engine::fetch;
 use bulkhead_trust::Role as CertRole;
 use clap::Args;
 use serde::{Deserialize, Serialize};
@@ -218,8 +218,8 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
         std::net::TcpListener::bind(("127.0.0.1", args.port))
             .with_context(|| format!("port {} is taken (choose another with --port)", args.port))?;
     }
-    let weights =
-        fetch::ensure_default_model(Progress::Show).context("fetching the default model")?;
+    let weights = fetch::ensure_default_model(&crate::cli::model_source(true))
+        .context("fetching the default model")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

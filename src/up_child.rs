@@ -20,12 +20,12 @@ impl UpChild {
     /// `bulkhead up ARGS --data-dir DIR` in a fresh directory named after
     /// `tag`, its stderr passed through when `logs`; returns once ready.
     pub(crate) fn start(tag: &str, args: &[&str], logs: bool) -> anyhow::Result<UpChild> {
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce)?;
         let dir = std::env::temp_dir().join(format!(
             "bulkhead-{tag}-{}-{}",
             std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos())
+            hex::encode(nonce)
         ));
         let mut child = Command::new(std::env::current_exe()?)
             .arg("up")

@@ -146,7 +146,7 @@ fn text(v: &AnyValue) -> String {
 }
 
 fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    hex::encode(b)
 }
 
 /// A minimal OTLP/HTTP receiver: one request per connection, answered 200

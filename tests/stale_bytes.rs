@@ -7,7 +7,7 @@
 
 mod support;
 
-use bulkhead_engine::fetch::{Progress, ensure_default_model};
+use bulkhead_engine::fetch::{Progress, Source, ensure_default_model};
 use bulkhead_engine::{Engine, EngineConfig, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
 use bulkhead_kv::{TenantId, TransferId};
 use bulkhead_node::{DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, hello};
@@ -54,7 +54,8 @@ fn runs(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 #[test]
 fn no_byte_of_a_previous_tenants_kv_reaches_another_tenants_frames_or_pages() {
-    let path = ensure_default_model(Progress::Quiet).expect("default model");
+    let path = ensure_default_model(&Source::from_vars(|k| std::env::var_os(k), Progress::Quiet))
+        .expect("default model");
     let model = Arc::new(ModelFile::load(&path).expect("model loads"));
     let c = model.config().clone();
     let mut config = EngineConfig::with_budget(16 << 20);

@@ -61,9 +61,13 @@ fn text_of_tokens(n: usize) -> String {
     use std::sync::OnceLock;
     static MODEL: OnceLock<bulkhead_engine::ModelFile> = OnceLock::new();
     let model = MODEL.get_or_init(|| {
-        let path =
-            bulkhead_engine::fetch::ensure_default_model(bulkhead_engine::fetch::Progress::Quiet)
-                .expect("model");
+        let path = bulkhead_engine::fetch::ensure_default_model(
+            &bulkhead_engine::fetch::Source::from_vars(
+                |k| std::env::var_os(k),
+                bulkhead_engine::fetch::Progress::Quiet,
+            ),
+        )
+        .expect("model");
         bulkhead_engine::ModelFile::load(&path).expect("model loads")
     });
     let count = |t: &str| model.tokenizer().encode(t).expect("tokenizes").len();

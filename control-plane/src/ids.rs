@@ -105,5 +105,5 @@ impl fmt::Display for AccountId {
 
 /// Lowercase hex of bytes.
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }

@@ -634,10 +634,7 @@ async fn unauthenticated_or_under_privileged_admin_calls_are_refused() {
                 .await?,
             "token_sha256",
         )?;
-        let expected: String = sha2::Sha256::digest(revoked.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let expected = hex::encode(sha2::Sha256::digest(revoked.as_bytes()));
         assert_eq!(stored, expected);
         drop(conn);
 

@@ -73,10 +73,7 @@ async fn api_tokens_reach_gateways_only_as_hashes_and_revocation_removes_them() 
                 StatusCode::OK,
             )
             .await?;
-        let hash: String = sha2::Sha256::digest(token.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hash = hex::encode(sha2::Sha256::digest(token.as_bytes()));
         assert_eq!(
             table["tokens"],
             json!([{"sha256": hash, "account_id": account}])

@@ -197,10 +197,7 @@ pub fn authenticate(
     jwt: Option<&JwtConfig>,
 ) -> Result<Principal, AuthError> {
     let account = if token.starts_with(API_TOKEN_PREFIX) {
-        let hash: String = Sha256::digest(token.as_bytes())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hash = hex::encode(Sha256::digest(token.as_bytes()));
         table.token_account(&hash).ok_or(AuthError::Invalid)?
     } else {
         let jwt = jwt.filter(|j| j.enabled()).ok_or(AuthError::Invalid)?;

@@ -447,11 +447,9 @@ mod tests {
     async fn two_gateways_share_one_redis_budget() {
         let url =
             std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-        let prefix = format!(
-            "bulkhead-test-budget-{}-{}",
-            std::process::id(),
-            Timestamp::now().millis()
-        );
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce).expect("randomness");
+        let prefix = format!("bulkhead-test-budget-{}", hex::encode(nonce));
         let (one, two) = match (
             Budgets::redis(&url, &prefix).await,
             Budgets::redis(&url, &prefix).await,

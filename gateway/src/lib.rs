@@ -21,6 +21,9 @@
 //! the database; it knows workers through `bulkhead-worker-api` and the
 //! control plane through `bulkhead-control-api`.
 
+// Unit tests find Redis through the environment.
+#![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_macros))]
+
 pub mod auth;
 mod budget;
 mod edge;

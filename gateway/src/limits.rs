@@ -304,7 +304,7 @@ async fn redis_admit(
     let inflight = format!("{base}:inflight");
     let mut id = [0u8; 8];
     getrandom::fill(&mut id).map_err(|e| LimiterError::Unavailable(e.to_string()))?;
-    let id: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let id = hex::encode(id);
     let now = now_ms();
     let verdict: Vec<i64> = redis::Script::new(SCRIPT)
         .key(format!("{base}:{window}:req"))
@@ -515,10 +515,9 @@ mod tests {
     async fn in_redis_a_concurrency_refusal_says_when_a_slot_is_expected() {
         let url =
             std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let prefix = format!("bulkhead-test-slot-{}-{nanos}", std::process::id());
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce).expect("randomness");
+        let prefix = format!("bulkhead-test-slot-{}", hex::encode(nonce));
         let limits = Limits {
             requests_per_minute: 100,
             tokens_per_minute: 1_000,

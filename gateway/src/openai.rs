@@ -224,8 +224,7 @@ fn now_secs() -> u64 {
 fn request_id(prefix: &str) -> String {
     let mut b = [0u8; 12];
     let _ = getrandom::fill(&mut b);
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{prefix}-{hex}")
+    format!("{prefix}-{}", hex::encode(b))
 }
 
 /// OpenAI's `logprobs` object of a chat choice.

@@ -15,7 +15,6 @@ use axum::response::{IntoResponse, Response};
 use bulkhead_worker_api::{GenerateBody, Message};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 
 const W: Flavor = Flavor::WorkersAi;
@@ -332,19 +331,8 @@ pub(crate) async fn search(
     .into_response())
 }
 
-/// A stable UUID-shaped id for a name.
+/// A stable id for a name: the RFC 9562 name-based UUID (version 5) of
+/// the name in the URL namespace.
 fn uuid_of(name: &str) -> String {
-    let h: String = Sha256::digest(name.as_bytes())
-        .iter()
-        .take(16)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, name.as_bytes()).to_string()
 }

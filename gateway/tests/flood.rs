@@ -6,6 +6,10 @@
 //! are answered in the API's JSON shape. In its own test binary, so the
 //! memory it measures is its own.
 
+// Tests read their services from the environment (clippy.toml keeps
+// library code from it).
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
+
 mod support;
 
 use bulkhead_gateway::ConnLimits;

