@@ -315,6 +315,10 @@ mod attn_avx512 {
     }
 
     /// Sixteen elements from `p` as f32; masked-off elements are not read.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and every element of `p` that `mask`
+    /// selects is readable.
     #[inline(always)]
     unsafe fn load<E: KvElement>(p: *const E, mask: __mmask16) -> __m512 {
         unsafe {
@@ -357,6 +361,12 @@ mod attn_avx512 {
     }
 
     /// Scores of tokens `t0..t0 + len` for `group` heads sharing the keys.
+    ///
+    /// # Safety
+    /// The CPU has the features of [`available`]; `q` holds `group × hd`
+    /// values; `k` points to `hd` rows of `width` elements each, of which
+    /// slots `t0..t0 + min(len, 16)` are readable; `out` is writable at
+    /// `g × stride + t0 ..` for the same slots of every head `g < group`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
     pub(super) unsafe fn scores16_group<E: KvElement>(
@@ -409,6 +419,12 @@ mod attn_avx512 {
     }
 
     /// Sixteen output dimensions from `d0` for `group` heads sharing the values.
+    ///
+    /// # Safety
+    /// The CPU has the features of [`available`]; `p` holds `group` rows of
+    /// `rows.len()` weights `p_stride` apart; every pointer in `rows` has
+    /// elements `d0..d0 + 16` readable; `out` is writable at `g × hd + d0`
+    /// for sixteen elements of every head `g < group`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
     pub(super) unsafe fn values16_group<E: KvElement>(
@@ -462,6 +478,11 @@ mod attn_avx512 {
     }
 
     /// Scores of tokens `t0..t0 + len` (len <= 16) of the page at `k`.
+    ///
+    /// # Safety
+    /// The CPU has the features of [`available`]; `k` points to `q.len()`
+    /// rows of `width` elements, of which slots `t0..t0 + min(len, 16)` are
+    /// readable; `out` is writable for `min(len, 16)` elements.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
     pub(super) unsafe fn scores16<E: KvElement>(
         q: &[f32],
@@ -502,6 +523,11 @@ mod attn_avx512 {
     }
 
     /// Sixteen output dimensions `d0..d0 + 16` of the weighted sum of values.
+    ///
+    /// # Safety
+    /// The CPU has the features of [`available`]; `rows` holds `p.len()`
+    /// pointers, each with elements `d0..d0 + 16` readable; `out` is
+    /// writable for sixteen elements.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
     pub(super) unsafe fn values16<E: KvElement>(
         p: &[f32],
@@ -546,6 +572,9 @@ mod attn_avx2 {
     use std::mem::MaybeUninit;
 
     /// Eight elements from `p` as f32.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and F16C, and eight elements from `p` are readable.
     #[inline(always)]
     unsafe fn load<E: KvElement>(p: *const E) -> __m256 {
         unsafe {
@@ -589,6 +618,11 @@ mod attn_avx2 {
     }
 
     /// Eight scores, tokens `t0..t0 + 8` of the page at `k`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `k` points to `q.len()` rows of
+    /// `width` elements, of which slots `t0..t0 + 8` are readable; `out` is
+    /// writable for eight elements.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn scores8<E: KvElement>(
         q: &[f32],
@@ -627,6 +661,11 @@ mod attn_avx2 {
     }
 
     /// Eight output dimensions `d0..d0 + 8` of the weighted sum of values.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `rows` holds `p.len()` pointers,
+    /// each with elements `d0..d0 + 8` readable; `out` is writable for eight
+    /// elements.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn values8<E: KvElement>(
         p: &[f32],

@@ -177,11 +177,20 @@ pub(crate) mod avx2 {
         const HAS_MIN: bool;
         const QBYTES: usize;
         /// Loads the weight block at `p` as 32 bytes.
+        ///
+        /// # Safety
+        /// The CPU has AVX2, and `QBYTES` bytes from `p` are readable.
         unsafe fn load(p: *const u8) -> __m256i;
         /// Turns (weights, activations) into (unsigned, signed) byte vectors
         /// whose byte-wise products are the wanted products.
+        ///
+        /// # Safety
+        /// The CPU has AVX2 (callers are kernels compiled for it, which checked).
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i);
         /// [`Kind::prep`] for two blocks side by side in 512 bits.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512 F/BW.
         unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i);
     }
 
@@ -189,6 +198,10 @@ pub(crate) mod avx2 {
     struct Q40;
     struct Q80;
 
+    /// The 32 four-bit values of the 16 bytes at `p`, low nibbles first.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, and 16 bytes from `p` are readable.
     #[inline(always)]
     unsafe fn nibbles(p: *const u8) -> __m256i {
         unsafe {
@@ -202,14 +215,20 @@ pub(crate) mod avx2 {
     impl Kind for Q41 {
         const HAS_MIN: bool = true;
         const QBYTES: usize = 16;
+        /// # Safety
+        /// As [`Kind::load`].
         #[inline(always)]
         unsafe fn load(p: *const u8) -> __m256i {
             unsafe { nibbles(p) }
         }
+        /// # Safety
+        /// As [`Kind::prep`].
         #[inline(always)]
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
             (x, y)
         }
+        /// # Safety
+        /// As [`Kind::prep512`].
         #[inline(always)]
         unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
             (x, y)
@@ -219,14 +238,20 @@ pub(crate) mod avx2 {
     impl Kind for Q40 {
         const HAS_MIN: bool = false;
         const QBYTES: usize = 16;
+        /// # Safety
+        /// As [`Kind::load`].
         #[inline(always)]
         unsafe fn load(p: *const u8) -> __m256i {
             unsafe { _mm256_sub_epi8(nibbles(p), _mm256_set1_epi8(8)) }
         }
+        /// # Safety
+        /// As [`Kind::prep`].
         #[inline(always)]
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
             unsafe { (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
         }
+        /// # Safety
+        /// As [`Kind::prep512`].
         #[inline(always)]
         unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
             unsafe { sign512(x, y) }
@@ -236,14 +261,20 @@ pub(crate) mod avx2 {
     impl Kind for Q80 {
         const HAS_MIN: bool = false;
         const QBYTES: usize = 32;
+        /// # Safety
+        /// As [`Kind::load`].
         #[inline(always)]
         unsafe fn load(p: *const u8) -> __m256i {
             unsafe { _mm256_loadu_si256(p.cast()) }
         }
+        /// # Safety
+        /// As [`Kind::prep`].
         #[inline(always)]
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
             unsafe { (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
         }
+        /// # Safety
+        /// As [`Kind::prep512`].
         #[inline(always)]
         unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
             unsafe { sign512(x, y) }
@@ -251,6 +282,9 @@ pub(crate) mod avx2 {
     }
 
     /// `(|x|, y · sign(x))` bytewise: AVX-512 has no `vpsignb`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW.
     #[inline(always)]
     unsafe fn sign512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
         unsafe {
@@ -262,11 +296,19 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// Eight sums of four byte products (unsigned `x` by signed `y`).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 (callers are kernels compiled for it, which checked).
     #[inline(always)]
     unsafe fn dot_madd(x: __m256i, y: __m256i) -> __m256i {
         unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(x, y), _mm256_set1_epi16(1)) }
     }
 
+    /// [`dot_madd`] in one VNNI instruction.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 VNNI and VL.
     #[inline(always)]
     unsafe fn dot_vnni(x: __m256i, y: __m256i) -> __m256i {
         // The same eight sums of four byte products as maddubs + madd (no
@@ -274,6 +316,10 @@ pub(crate) mod avx2 {
         unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y) }
     }
 
+    /// The sum of the eight lanes of `v`.
+    ///
+    /// # Safety
+    /// The CPU has AVX (callers are kernels compiled for AVX2).
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
         unsafe {
@@ -296,6 +342,12 @@ pub(crate) mod avx2 {
             tile_kernel!(@tile $tile, $features, $dot);
         };
         (@driver $name:ident, $tile:ident, $features:literal) => {
+            /// Every output of weight rows `rows` by every activation row.
+            ///
+            /// # Safety
+            /// The CPU has the features this kernel is compiled for; `rows` lies
+            /// within the weights' rows; `out` is writable at `r × stride + j` for
+            /// every activation row `r` and weight row `j` in `rows`.
             #[target_feature(enable = $features)]
             unsafe fn $name<K: Kind>(
                 w: &WeightsQ,
@@ -337,6 +389,10 @@ pub(crate) mod avx2 {
         };
         (@tile $tile:ident, $features:literal, $dot:ident) => {
             /// `WR` weight rows from `j` by `AR` activation rows from `r`.
+            ///
+            /// # Safety
+            /// As the driver's: rows `j..j + WR` of the weights and `r..r + AR` of
+            /// the activations exist, and their outputs are writable.
             #[target_feature(enable = $features)]
             unsafe fn $tile<K: Kind, const WR: usize, const AR: usize>(
                 w: &WeightsQ,
@@ -411,6 +467,11 @@ pub(crate) mod avx2 {
 
     /// The AVX-512 driver: activation rows in eights (two per 512-bit
     /// register), the remainder through the 256-bit VNNI tiles.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/DQ/VL/VNNI besides AVX2, FMA and F16C; `rows`
+    /// lies within the weights' rows; `out` is writable at `r × stride + j`
+    /// for every activation row `r` and weight row `j` in `rows`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
     unsafe fn tiles_512<K: Kind>(
         w: &WeightsQ,
@@ -461,6 +522,10 @@ pub(crate) mod avx2 {
     /// `WR` weight rows from `j` by eight activation rows from `r`; each
     /// 512-bit accumulator holds the 8-lane accumulators of two outputs
     /// (rows `r + 2p` and `r + 2p + 1`), each summed exactly as in 256 bits.
+    ///
+    /// # Safety
+    /// As [`tiles_512`]'s: rows `j..j + WR` of the weights and `r..r + 8` of
+    /// the activations exist, and their outputs are writable.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
     unsafe fn tile512<K: Kind, const WR: usize>(
         w: &WeightsQ,

@@ -207,6 +207,9 @@ mod exp_avx2 {
 
     /// Eight [`exp_ggml`]s. Lanes whose exponent leaves [-126, 127] (rare)
     /// are recomputed by the scalar function.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
     #[inline(always)]
     unsafe fn exp8(x: __m256) -> __m256 {
         unsafe {
@@ -248,6 +251,9 @@ mod exp_avx2 {
     }
 
     /// SiLU times `up` over whole chunks of eight; returns how many were done.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA, and `up` is at least as long as `gate`.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) -> usize {
         let n = gate.len() / 8 * 8;
@@ -269,6 +275,9 @@ mod exp_avx2 {
     }
 
     /// `x[i] = e^(x[i] - max)` over whole chunks of eight; returns how many were done.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn exp_minus(x: &mut [f32], max: f32) -> usize {
         let n = x.len() / 8 * 8;

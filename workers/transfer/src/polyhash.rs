@@ -78,6 +78,9 @@ mod x86 {
     use super::{BLOCK, CHUNK, CHUNK_BLOCKS};
     use std::arch::x86_64::*;
 
+    /// # Safety
+    /// The CPU has AVX-512 F, VPCLMULQDQ, PCLMULQDQ, SSE2 and AVX2 (the
+    /// caller checked).
     #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse2,avx2")]
     pub(super) unsafe fn hash(
         h: &[u8; 16],

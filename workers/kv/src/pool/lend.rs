@@ -155,6 +155,9 @@ unsafe impl bytes::BufMut for LentPage {
         self.unwritten()
     }
 
+    /// # Safety
+    /// The caller wrote the next `cnt` bytes of [`chunk_mut`](Self::chunk_mut)
+    /// (`BufMut`'s contract); more than the page has left panics.
     #[allow(unsafe_code)]
     unsafe fn advance_mut(&mut self, cnt: usize) {
         assert!(
