@@ -399,58 +399,9 @@ async fn call(
             return Err(e);
         };
         tried.push(node.id);
-        let span = tracing::info_span!(
-            target: "bulkhead::gateway",
-            "upstream.generate",
-            otel.kind = "client",
-            gen_ai.operation.name = operation,
-            gen_ai.request.model = model.slug.as_str(),
-            bulkhead.node = node.registration.name.as_str(),
-            bulkhead.routing.version = bulkhead_telemetry::int(ctx.snap.table.version()),
-            bulkhead.attempt = bulkhead_telemetry::int(tried.len()),
-        );
-        // A worker that leaves the routing table (its heartbeat lapsed: a
-        // partition that TCP alone would notice only after minutes) fails
-        // the request, before its first line or after; so does a flip that
-        // withdraws the model from this account.
-        let cut = || {
-            let left = state.watch.node_left(model.slug.clone(), node.id);
-            let withdrawn = state
-                .watch
-                .withdrawn(model.slug.clone(), ctx.principal.account_id.clone());
-            async move {
-                // A withdrawal may also take the model's workers out of
-                // the table: it is the reason to report.
-                tokio::select! {
-                    biased;
-                    () = withdrawn => UpstreamError::Withdrawn,
-                    () = left => UpstreamError::Unreachable,
-                }
-            }
-        };
-        // What this gateway vouches for, for this call alone.
-        let statement = TenantContext::new(
-            &ctx.principal.account_id,
-            ctx.principal.tenant,
-            call_id(),
-            model.slug.as_str(),
-            model.config_version,
-            body.max_tokens as u64,
-            body.context_limit.map(|c| c as u64),
-            std::time::SystemTime::now(),
-        );
-        let called = tokio::select! {
-            r = state
-                .upstream
-                .generate(&node.registration.address, &statement, body)
-                .instrument(span) => r,
-            e = cut() => Err(e),
-        };
+        let called = attempt(state, ctx, model, body, operation, node, tried.len()).await;
         match called {
-            Ok((first, mut rest)) => {
-                rest.cut_when(cut());
-                break (first, rest, lease);
-            }
+            Ok((first, rest)) => break (first, rest, lease),
             Err(e) => {
                 if e == UpstreamError::Unreachable {
                     state.picker.unreachable(node.id);
@@ -476,6 +427,67 @@ async fn call(
         timer.first_token();
     }
     Ok((first, rest, permit, lease, timer, tracked))
+}
+
+/// One call to `node`, numbered `n` among this request's attempts, up to
+/// its first line. A worker that leaves the routing table (its heartbeat
+/// lapsed: a partition that TCP alone would notice only after minutes)
+/// fails the request, before its first line or after; so does a flip that
+/// withdraws the model from this account.
+async fn attempt(
+    state: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
+    body: &GenerateBody,
+    operation: &'static str,
+    node: &bulkhead_control_api::NodeView,
+    n: usize,
+) -> Result<(Line, LineStream), UpstreamError> {
+    let span = tracing::info_span!(
+        target: "bulkhead::gateway",
+        "upstream.generate",
+        otel.kind = "client",
+        gen_ai.operation.name = operation,
+        gen_ai.request.model = model.slug.as_str(),
+        bulkhead.node = node.registration.name.as_str(),
+        bulkhead.routing.version = bulkhead_telemetry::int(ctx.snap.table.version()),
+        bulkhead.attempt = bulkhead_telemetry::int(n),
+    );
+    let cut = || {
+        let left = state.watch.node_left(model.slug.clone(), node.id);
+        let withdrawn = state
+            .watch
+            .withdrawn(model.slug.clone(), ctx.principal.account_id.clone());
+        async move {
+            // A withdrawal may also take the model's workers out of the
+            // table: it is the reason to report.
+            tokio::select! {
+                biased;
+                () = withdrawn => UpstreamError::Withdrawn,
+                () = left => UpstreamError::Unreachable,
+            }
+        }
+    };
+    // What this gateway vouches for, for this call alone.
+    let statement = TenantContext::new(
+        &ctx.principal.account_id,
+        ctx.principal.tenant,
+        call_id(),
+        model.slug.as_str(),
+        model.config_version,
+        body.max_tokens as u64,
+        body.context_limit.map(|c| c as u64),
+        std::time::SystemTime::now(),
+    );
+    let (first, mut rest) = tokio::select! {
+        r = state
+            .upstream
+            .generate(&node.registration.address, &statement, body)
+            .instrument(span) => r,
+        e = cut() => Err(e),
+    }?;
+    rest.cut_when(cut());
+    Ok((first, rest))
 }
 
 /// A worker call's id: the request's id (when it has one) and 64 random
@@ -525,8 +537,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
         tracked,
         bill,
     } = g;
-    let mut timer = Some(timer);
-    let mut bill = Some(bill);
+    let mut ends = Ends::new(timer, bill);
     let mut line = Some(Ok(first));
     let mut answer = String::new();
     let mut logprobs = Vec::new();
@@ -535,6 +546,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
             Some(Ok(Line::Token {
                 text, logprobs: l, ..
             })) => {
+                ends.started = true;
                 answer.push_str(&text);
                 logprobs.extend(l);
                 line = rest.next().await;
@@ -545,12 +557,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
                 usage,
             })) => {
                 answer.push_str(&text);
-                if let Some(t) = timer.take() {
-                    t.finished(usage.prompt_tokens, usage.completion_tokens);
-                }
-                if let Some(b) = bill.take() {
-                    b.settle(usage);
-                }
+                ends.finished(usage);
                 break Ok(Collected {
                     text: answer,
                     logprobs,
@@ -558,30 +565,74 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
                     usage,
                 });
             }
-            Some(Ok(Line::Error { error })) => {
-                if answer.is_empty()
-                    && logprobs.is_empty()
-                    && let Some(b) = bill.take()
-                {
-                    b.refused();
-                }
-                break Err(GatewayError::from(crate::upstream::UpstreamError::Worker {
-                    status: crate::upstream::status_of(&error.code),
-                    code: error.code,
-                    message: error.message,
-                    overflow: error.overflow,
-                }));
-            }
-            Some(Err(e)) => break Err(e.into()),
-            None => break Err(GatewayError::Upstream),
+            Some(Ok(Line::Error { error })) => break Err(ends.worker_failed(&error)),
+            Some(Err(e)) => break Err(ends.broke(e.into())),
+            None => break Err(ends.broke(GatewayError::Upstream)),
         }
     };
-    if let (Some(t), Err(e)) = (timer.take(), &result) {
-        t.failed(e.kind());
-    }
-    // A reservation not settled (the worker failed mid-answer) stays whole.
-    drop((permit, lease, tracked, bill));
+    drop((permit, lease, tracked, ends));
     result
+}
+
+/// What a generation settles when it ends: its metrics and its budget
+/// reservation. A reservation it never settles (the worker failed
+/// mid-answer, the client went away) stays whole when this is dropped.
+#[derive(Debug)]
+struct Ends {
+    timer: Option<GenAiTimer>,
+    bill: Option<Bill>,
+    /// A token has arrived: the worker computed something.
+    started: bool,
+}
+
+impl Ends {
+    fn new(timer: GenAiTimer, bill: Bill) -> Ends {
+        Ends {
+            timer: Some(timer),
+            bill: Some(bill),
+            started: false,
+        }
+    }
+
+    /// A good end with the worker's count.
+    fn finished(&mut self, usage: Usage) {
+        if let Some(t) = self.timer.take() {
+            t.finished(usage.prompt_tokens, usage.completion_tokens);
+        }
+        if let Some(b) = self.bill.take() {
+            b.settle(usage);
+        }
+    }
+
+    /// The worker's own error line; before any token it refused the
+    /// request, which then costs nothing.
+    fn worker_failed(&mut self, error: &bulkhead_worker_api::ErrorDetail) -> GatewayError {
+        let e = GatewayError::from(crate::upstream::UpstreamError::Worker {
+            status: crate::upstream::status_of(&error.code),
+            code: error.code.clone(),
+            message: error.message.clone(),
+            overflow: error.overflow,
+        });
+        if !self.started
+            && let Some(b) = self.bill.take()
+        {
+            b.refused();
+        }
+        self.broke(e)
+    }
+
+    /// Any other failed end (`kind` on the metrics).
+    fn broke(&mut self, e: GatewayError) -> GatewayError {
+        self.gone(e.kind());
+        e
+    }
+
+    /// The end, for the metrics, as `kind`.
+    fn gone(&mut self, kind: &'static str) {
+        if let Some(t) = self.timer.take() {
+            t.failed(kind);
+        }
+    }
 }
 
 /// OpenAI's finish reasons: `stop` or `length`.
@@ -623,107 +674,18 @@ where
             tracked,
             bill,
         } = g;
-        let mut timer = Some(timer);
-        let mut bill = Some(bill);
-        let mut started = false;
-        let send = |events: Vec<String>| {
-            let tx = tx.clone();
-            async move {
-                for e in events {
-                    if tx
-                        .send(Ok(Bytes::from(format!("data: {e}\n\n"))))
-                        .await
-                        .is_err()
-                    {
-                        return false;
-                    }
-                }
-                true
-            }
+        let mut stream = SseState {
+            ends: Ends::new(timer, bill),
+            held: Vec::new(),
         };
         let mut line: Option<Result<Line, UpstreamError>> = Some(Ok(first));
-        // Log-probabilities of tokens whose text is held back, sent with
-        // the next text.
-        let mut held: Vec<TokenLogprobs> = Vec::new();
         loop {
-            let (events, end, ok) = match &line {
-                Some(Ok(Line::Token { text, logprobs, .. })) if text.is_empty() => {
-                    started = true;
-                    held.extend(logprobs.iter().cloned());
-                    (Vec::new(), false, true)
-                }
-                Some(Ok(Line::Token { text, logprobs, .. })) => {
-                    started = true;
-                    if let Some(t) = &mut timer {
-                        t.first_token();
-                    }
-                    held.extend(logprobs.iter().cloned());
-                    let events = render(StreamEvent::Text(text, &held));
-                    held.clear();
-                    (events, false, true)
-                }
-                Some(Ok(Line::Finished {
-                    finish_reason,
-                    usage,
-                    text,
-                })) => {
-                    let mut events = Vec::new();
-                    if !text.is_empty() || !held.is_empty() {
-                        events.extend(render(StreamEvent::Text(text, &held)));
-                        held.clear();
-                    }
-                    events.extend(render(StreamEvent::Finished {
-                        finish_reason: finish_reason_of(finish_reason),
-                        usage: *usage,
-                    }));
-                    if let Some(t) = timer.take() {
-                        t.finished(usage.prompt_tokens, usage.completion_tokens);
-                    }
-                    if let Some(b) = bill.take() {
-                        b.settle(*usage);
-                    }
-                    (events, true, true)
-                }
-                Some(Ok(Line::Error { error })) => {
-                    let e = GatewayError::from(crate::upstream::UpstreamError::Worker {
-                        status: crate::upstream::status_of(&error.code),
-                        code: error.code.clone(),
-                        message: error.message.clone(),
-                        overflow: error.overflow,
-                    });
-                    if let Some(t) = timer.take() {
-                        t.failed(e.kind());
-                    }
-                    if !started && let Some(b) = bill.take() {
-                        b.refused();
-                    }
-                    (render(StreamEvent::Failed(e)), true, false)
-                }
-                Some(Err(e)) => {
-                    let e = GatewayError::from(e.clone());
-                    if let Some(t) = timer.take() {
-                        t.failed(e.kind());
-                    }
-                    (render(StreamEvent::Failed(e)), true, false)
-                }
-                None => {
-                    if let Some(t) = timer.take() {
-                        t.failed(GatewayError::Upstream.kind());
-                    }
-                    (
-                        render(StreamEvent::Failed(GatewayError::Upstream)),
-                        true,
-                        false,
-                    )
-                }
-            };
-            if !send(events).await {
-                if let Some(t) = timer.take() {
-                    t.failed("client_gone");
-                }
-                break; // the client is gone
+            let (events, end) = stream.events(line, &mut render);
+            if !send_events(&tx, events).await {
+                stream.ends.gone("client_gone");
+                break;
             }
-            if end {
+            if let Some(ok) = end {
                 if ok {
                     let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
                 }
@@ -732,16 +694,12 @@ where
             line = tokio::select! {
                 l = rest.next() => l,
                 () = tx.closed() => {
-                    if let Some(t) = timer.take() {
-                        t.failed("client_gone");
-                    }
+                    stream.ends.gone("client_gone");
                     break;
                 }
             };
         }
-        // A reservation not settled (the client went away, or the worker
-        // failed mid-answer) stays whole.
-        drop((timer, permit, lease, tracked, bill));
+        drop((stream, permit, lease, tracked));
     });
     (
         [
@@ -751,6 +709,87 @@ where
         Body::from_stream(ReceiverStream::new(rx)),
     )
         .into_response()
+}
+
+/// Sends each event as one `data:` line; false once the client is gone.
+async fn send_events(tx: &mpsc::Sender<Result<Bytes, Infallible>>, events: Vec<String>) -> bool {
+    for e in events {
+        if tx
+            .send(Ok(Bytes::from(format!("data: {e}\n\n"))))
+            .await
+            .is_err()
+        {
+            return false;
+        }
+    }
+    true
+}
+
+/// A stream between worker lines.
+#[derive(Debug)]
+struct SseState {
+    ends: Ends,
+    /// Log-probabilities of tokens whose text is held back, sent with the
+    /// next text.
+    held: Vec<TokenLogprobs>,
+}
+
+impl SseState {
+    /// The events of one worker line, and whether the stream ends there
+    /// (`Some(true)`: well).
+    fn events<F>(
+        &mut self,
+        line: Option<Result<Line, UpstreamError>>,
+        render: &mut F,
+    ) -> (Vec<String>, Option<bool>)
+    where
+        F: FnMut(StreamEvent<'_>) -> Vec<String>,
+    {
+        match line {
+            Some(Ok(Line::Token { text, logprobs, .. })) => {
+                self.ends.started = true;
+                self.held.extend(logprobs);
+                if text.is_empty() {
+                    return (Vec::new(), None);
+                }
+                if let Some(t) = &mut self.ends.timer {
+                    t.first_token();
+                }
+                let events = render(StreamEvent::Text(&text, &self.held));
+                self.held.clear();
+                (events, None)
+            }
+            Some(Ok(Line::Finished {
+                finish_reason,
+                usage,
+                text,
+            })) => {
+                let mut events = Vec::new();
+                if !text.is_empty() || !self.held.is_empty() {
+                    events.extend(render(StreamEvent::Text(&text, &self.held)));
+                    self.held.clear();
+                }
+                events.extend(render(StreamEvent::Finished {
+                    finish_reason: finish_reason_of(&finish_reason),
+                    usage,
+                }));
+                self.ends.finished(usage);
+                (events, Some(true))
+            }
+            Some(Ok(Line::Error { error })) => {
+                let e = self.ends.worker_failed(&error);
+                (render(StreamEvent::Failed(e)), Some(false))
+            }
+            Some(Err(e)) => {
+                let e = self.ends.broke(e.into());
+                (render(StreamEvent::Failed(e)), Some(false))
+            }
+            None => {
+                let e = self.ends.broke(GatewayError::Upstream);
+                (render(StreamEvent::Failed(e)), Some(false))
+            }
+        }
+    }
 }
 
 /// A fresh sampling seed for a request that did not fix one.

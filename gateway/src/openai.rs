@@ -332,24 +332,10 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
         .as_ref()
         .filter(|m| !m.is_empty())
         .ok_or_else(|| bad("messages must not be empty"))?;
-    let mut worker = GenerateBody::default();
-    let mut out = Vec::with_capacity(messages.len());
-    for m in messages {
-        let role = match m.role.as_str() {
-            "developer" => "system",
-            r @ ("system" | "user" | "assistant" | "tool") => r,
-            _ => {
-                return Err(bad(
-                    "message role must be system, developer, user, assistant or tool",
-                ));
-            }
-        };
-        out.push(Message {
-            role: role.to_owned(),
-            content: text_of(&m.content)?,
-        });
-    }
-    worker.messages = Some(out);
+    let mut worker = GenerateBody {
+        messages: Some(chat_messages(messages)?),
+        ..GenerateBody::default()
+    };
     req.common.apply(&mut worker, default_max(model))?;
     worker.logprobs = req.common.chat_logprobs()?;
     let n = req.common.n()?;
@@ -358,64 +344,15 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
     let name = model.slug.to_string();
     if req.common.stream {
         let g = http::start(s, ctx, model, worker).await?;
-        let with_logprobs = req.common.chat_logprobs()?.is_some();
-        let include_usage = req.common.include_usage();
-        let mut first = true;
-        return Ok(http::sse(g, move |ev| {
-            let chunk = |delta: Value, logprobs: Value, finish: Value| {
-                let mut c = json!({
-                    "id": id, "object": "chat.completion.chunk", "created": created, "model": name,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]
-                });
-                if include_usage {
-                    c["usage"] = Value::Null;
-                }
-                c
-            };
-            let mut out = Vec::new();
-            if first && !matches!(ev, StreamEvent::Failed(_)) {
-                first = false;
-                out.push(
-                    chunk(
-                        json!({"role": "assistant", "content": ""}),
-                        Value::Null,
-                        Value::Null,
-                    )
-                    .to_string(),
-                );
-            }
-            match ev {
-                StreamEvent::Text(t, l) => {
-                    let logprobs = if with_logprobs {
-                        logprobs_json(l)
-                    } else {
-                        Value::Null
-                    };
-                    out.push(chunk(json!({"content": t}), logprobs, Value::Null).to_string());
-                }
-                StreamEvent::Finished {
-                    finish_reason,
-                    usage,
-                } => {
-                    let mut end = chunk(json!({}), Value::Null, json!(finish_reason));
-                    if !include_usage {
-                        // Usage is in the last event whatever the client
-                        // asked; one that asked gets OpenAI's own chunk.
-                        end["usage"] = usage_json(usage);
-                    }
-                    out.push(end.to_string());
-                    if include_usage {
-                        out.push(
-                            json!({"id": id, "object": "chat.completion.chunk", "created": created,
-                                   "model": name, "choices": [], "usage": usage_json(usage)})
-                            .to_string(),
-                        );
-                    }
-                }
-                StreamEvent::Failed(e) => out.push(e.stream_event(O).to_string()),
-            }
-            out
-        }));
+        let mut chunks = ChatChunks {
+            id,
+            created,
+            name,
+            with_logprobs: req.common.chat_logprobs()?.is_some(),
+            include_usage: req.common.include_usage(),
+            first: true,
+        };
+        return Ok(http::sse(g, move |ev| chunks.render(ev)));
     }
     let with_logprobs = worker.logprobs.is_some();
     let done = collect_n(s, ctx, model, &worker, req.common.seed.is_some(), n).await?;
@@ -440,6 +377,103 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
         "usage": usage_json(usage_of(&done))
     }))
     .into_response())
+}
+
+/// The worker's messages of a chat request (`developer` is `system`).
+fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, GatewayError> {
+    messages
+        .iter()
+        .map(|m| {
+            let role = match m.role.as_str() {
+                "developer" => "system",
+                r @ ("system" | "user" | "assistant" | "tool") => r,
+                _ => {
+                    return Err(bad(
+                        "message role must be system, developer, user, assistant or tool",
+                    ));
+                }
+            };
+            Ok(Message {
+                role: role.to_owned(),
+                content: text_of(&m.content)?,
+            })
+        })
+        .collect()
+}
+
+/// Renders a chat stream as OpenAI's `chat.completion.chunk`s: the role
+/// first, content deltas, the finish chunk, and usage on the last event
+/// whatever the client asked (on the finish chunk, or OpenAI's own usage
+/// chunk when `stream_options.include_usage` asked for it).
+#[derive(Debug)]
+struct ChatChunks {
+    id: String,
+    created: u64,
+    name: String,
+    with_logprobs: bool,
+    include_usage: bool,
+    first: bool,
+}
+
+impl ChatChunks {
+    fn chunk(&self, delta: Value, logprobs: Value, finish: Value) -> Value {
+        let choice = serde_json::Map::from_iter([
+            ("index".to_owned(), json!(0)),
+            ("delta".to_owned(), delta),
+            ("logprobs".to_owned(), logprobs),
+            ("finish_reason".to_owned(), finish),
+        ]);
+        let mut c = json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.name, "choices": [choice]
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    fn render(&mut self, ev: StreamEvent<'_>) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.first && !matches!(ev, StreamEvent::Failed(_)) {
+            self.first = false;
+            let role = json!({"role": "assistant", "content": ""});
+            out.push(self.chunk(role, Value::Null, Value::Null).to_string());
+        }
+        match ev {
+            StreamEvent::Text(t, l) => {
+                let logprobs = if self.with_logprobs {
+                    logprobs_json(l)
+                } else {
+                    Value::Null
+                };
+                out.push(
+                    self.chunk(json!({"content": t}), logprobs, Value::Null)
+                        .to_string(),
+                );
+            }
+            StreamEvent::Finished {
+                finish_reason,
+                usage,
+            } => {
+                let mut end = self.chunk(json!({}), Value::Null, json!(finish_reason));
+                if !self.include_usage {
+                    end["usage"] = usage_json(usage);
+                }
+                out.push(end.to_string());
+                if self.include_usage {
+                    out.push(
+                        json!({"id": self.id, "object": "chat.completion.chunk",
+                               "created": self.created, "model": self.name, "choices": [],
+                               "usage": usage_json(usage)})
+                        .to_string(),
+                    );
+                }
+            }
+            StreamEvent::Failed(e) => out.push(e.stream_event(O).to_string()),
+        }
+        out
+    }
 }
 
 /// `POST /v1/completions`: raw text in, no chat template.
