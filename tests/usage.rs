@@ -200,12 +200,7 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     // computed, and `up` brings the gateway back on its address.
     let before_kill = ledger();
     let s = stream_until(gw, token, &body, 4);
-    let pid = child_pid(up.child.id(), "gateway", "");
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success(), "the gateway was killed");
+    let pid = kill_gateway(up.child.id());
     drop(s);
     let until = Instant::now() + Duration::from_secs(30);
     let mut after = ledger();
@@ -222,8 +217,35 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
         after.2 - before_kill.2 >= 3,
         "billed what was computed: {after:?} after {before_kill:?}"
     );
+    gateway_back(up.child.id(), pid, gw);
+
+    budgets(
+        &dir,
+        up.child.id(),
+        gw,
+        cp,
+        admin,
+        model,
+        &creds["accounts"][1],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SIGKILLs `up`'s gateway; its pid.
+fn kill_gateway(up: u32) -> u32 {
+    let pid = child_pid(up, "gateway", "");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success(), "the gateway was killed");
+    pid
+}
+
+/// Waits until `up` has brought a new gateway (not `pid`) back on `gw`.
+fn gateway_back(up: u32, pid: u32, gw: &str) {
     let until = Instant::now() + Duration::from_secs(90);
-    while !(find_child_pid(up.child.id(), "gateway", "").is_some_and(|p| p != pid)
+    while !(find_child_pid(up, "gateway", "").is_some_and(|p| p != pid)
         && matches!(
             support::platform::try_call(gw, "GET", "/health", "", ""),
             Ok((200, _))
@@ -232,9 +254,6 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
         assert!(Instant::now() < until, "the gateway came back");
         std::thread::sleep(Duration::from_millis(200));
     }
-
-    budgets(&dir, gw, cp, admin, model, &creds["accounts"][1]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Opens a stream of `body` on the OpenAI chat route and reads until `n`
@@ -267,8 +286,17 @@ fn cost(prompt: u64, output: u64) -> u64 {
 /// A budget set with `bulkhead budget` (audited) is spent by answered
 /// requests at their actual cost and then refuses, in each API's shape,
 /// with `retry-after` at the next UTC midnight; the refusal costs nothing,
-/// and a larger budget lets requests through again.
-fn budgets(dir: &std::path::Path, gw: &str, cp: &str, admin: &str, model: &str, account: &Value) {
+/// a restarted gateway remembers the spend, and a larger budget lets
+/// requests through again.
+fn budgets(
+    dir: &std::path::Path,
+    up: u32,
+    gw: &str,
+    cp: &str,
+    admin: &str,
+    model: &str,
+    account: &Value,
+) {
     // `admin` is `up`'s operator token (a responder's): it reads.
     let (id, token) = (
         account["id"].as_str().expect("id"),
@@ -404,6 +432,12 @@ fn budgets(dir: &std::path::Path, gw: &str, cp: &str, admin: &str, model: &str, 
         (answered, spent),
         "the ledger holds the answered requests, exactly"
     );
+    // A restarted gateway (budgets in its memory) starts from the ledger:
+    // the budget is still spent.
+    let pid = kill_gateway(up);
+    gateway_back(up, pid, gw);
+    let (code, text) = post(gw, "/v1/chat/completions", token, &body);
+    assert_eq!(code, 429, "a restart forgot the spend: {text}");
     // A larger budget admits again.
     set("1000");
     std::thread::sleep(Duration::from_secs(2));

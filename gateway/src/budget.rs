@@ -8,6 +8,12 @@
 //! cost bounds the actual one; the stated bound is one request's
 //! reservation, the most an estimate could be off.
 //!
+//! Counters in memory start, for each account, period and process, from
+//! the control plane's ledger (what the fleet has already spent this day
+//! and month), so a restarted gateway does not forget what was spent; a
+//! ledger that cannot be read refuses that account's requests until it
+//! can, as a Redis that cannot be reached does.
+//!
 //! A reservation that is dropped unsettled (the client went away mid-stream,
 //! or the worker failed after it started) keeps its whole amount: the
 //! gateway cannot see what the worker computed after that, and a budget
@@ -76,7 +82,12 @@ pub struct Budgets {
 
 #[derive(Debug, Clone)]
 enum Store {
-    Memory(mpsc::UnboundedSender<Event>),
+    Memory {
+        tx: mpsc::UnboundedSender<Event>,
+        /// Where spend so far is read from when an account's period starts
+        /// in this process.
+        ledger: Option<Ledger>,
+    },
     Redis {
         con: ConnectionManager,
         prefix: String,
@@ -91,8 +102,51 @@ struct Slot {
     month: i64,
 }
 
+/// The control plane's usage ledger, read through the gateway's client.
+#[derive(Clone)]
+struct Ledger(bulkhead_control_api::Client);
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ledger")
+    }
+}
+
+impl Ledger {
+    /// What `account` has spent today and this month, in micro-neurons.
+    async fn spent(&self, account: &str, now: Timestamp) -> Result<(u64, u64), BudgetError> {
+        let day = |t: Timestamp| t.to_string()[..10].to_owned();
+        let today = day(now);
+        let path = format!(
+            "/admin/v1/usage?account={account}&since={}&until={today}",
+            day(now.start_of_month())
+        );
+        let rows: Vec<bulkhead_control_api::UsageRow> = self.0.get(&path).await.map_err(|e| {
+            BudgetError::Unavailable(format!(
+                "reading the ledger: {}",
+                bulkhead_control_api::error_chain(&e)
+            ))
+        })?;
+        Ok(rows.iter().fold((0, 0), |(d, m), r| {
+            let today_too = if r.date == today { r.micro_neurons } else { 0 };
+            (d + today_too, m + r.micro_neurons)
+        }))
+    }
+}
+
 #[derive(Debug)]
 enum Event {
+    /// Whether the account's counters for the slot's periods started from
+    /// the ledger.
+    Seeded {
+        slot: Slot,
+        reply: oneshot::Sender<bool>,
+    },
+    /// Spend so far from the ledger (applied once per period).
+    Seed {
+        slot: Slot,
+        micro: (u64, u64),
+    },
     Reserve {
         slot: Slot,
         micro: u64,
@@ -134,7 +188,7 @@ impl Reservation {
             return;
         }
         match store {
-            Store::Memory(tx) => {
+            Store::Memory { tx, .. } => {
                 let _ = tx.send(Event::Refund {
                     slot,
                     micro: refund,
@@ -200,12 +254,23 @@ fn keys(prefix: &str, slot: &Slot) -> [String; 2] {
 }
 
 impl Budgets {
-    /// Counters in this process (one task owns them).
+    /// Counters in this process (one task owns them), starting from
+    /// nothing.
     pub fn memory() -> Budgets {
+        Budgets::in_memory(None)
+    }
+
+    /// Counters in this process that start, for each account and period,
+    /// from what the control plane's ledger says was spent.
+    pub fn memory_from_ledger(control_plane: bulkhead_control_api::Client) -> Budgets {
+        Budgets::in_memory(Some(Ledger(control_plane)))
+    }
+
+    fn in_memory(ledger: Option<Ledger>) -> Budgets {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(own(rx));
         Budgets {
-            store: Store::Memory(tx),
+            store: Store::Memory { tx, ledger },
         }
     }
 
@@ -256,9 +321,25 @@ impl Budgets {
             }
         };
         let verdict = match &self.store {
-            Store::Memory(tx) => {
-                let (reply, rx) = oneshot::channel();
+            Store::Memory { tx, ledger } => {
                 let stopped = || BudgetError::Unavailable("budget counters stopped".to_owned());
+                if let Some(ledger) = ledger {
+                    let (reply, rx) = oneshot::channel();
+                    tx.send(Event::Seeded {
+                        slot: slot.clone(),
+                        reply,
+                    })
+                    .map_err(|_| stopped())?;
+                    if !rx.await.map_err(|_| stopped())? {
+                        let micro = ledger.spent(account, now).await?;
+                        tx.send(Event::Seed {
+                            slot: slot.clone(),
+                            micro,
+                        })
+                        .map_err(|_| stopped())?;
+                    }
+                }
+                let (reply, rx) = oneshot::channel();
                 tx.send(Event::Reserve {
                     slot: slot.clone(),
                     micro,
@@ -310,25 +391,56 @@ struct Spend {
     day_micro: u64,
     month: i64,
     month_micro: u64,
+    /// The day whose counter started from the ledger.
+    seeded_day: Option<i64>,
+    /// The month whose counter started from the ledger.
+    seeded_month: Option<i64>,
+}
+
+impl Spend {
+    /// Moves to the slot's periods, each starting from nothing when new.
+    fn roll(&mut self, slot: &Slot) {
+        if self.day != slot.day {
+            (self.day, self.day_micro) = (slot.day, 0);
+        }
+        if self.month != slot.month {
+            (self.month, self.month_micro) = (slot.month, 0);
+        }
+    }
 }
 
 async fn own(mut rx: mpsc::UnboundedReceiver<Event>) {
     let mut accounts: HashMap<String, Spend> = HashMap::new();
     while let Some(ev) = rx.recv().await {
         match ev {
+            Event::Seeded { slot, reply } => {
+                let s = accounts.entry(slot.account.clone()).or_default();
+                let _ = reply
+                    .send(s.seeded_day == Some(slot.day) && s.seeded_month == Some(slot.month));
+            }
+            Event::Seed { slot, micro } => {
+                let s = accounts.entry(slot.account.clone()).or_default();
+                s.roll(&slot);
+                // The first reading of each period wins (no reservation is
+                // made before it); a month already read keeps its count,
+                // which holds this process's spend of the earlier days.
+                if s.seeded_day != Some(slot.day) {
+                    s.seeded_day = Some(slot.day);
+                    s.day_micro = s.day_micro.saturating_add(micro.0);
+                }
+                if s.seeded_month != Some(slot.month) {
+                    s.seeded_month = Some(slot.month);
+                    s.month_micro = s.month_micro.saturating_add(micro.1);
+                }
+            }
             Event::Reserve {
                 slot,
                 micro,
                 limits,
                 reply,
             } => {
-                let s = accounts.entry(slot.account).or_default();
-                if s.day != slot.day {
-                    (s.day, s.day_micro) = (slot.day, 0);
-                }
-                if s.month != slot.month {
-                    (s.month, s.month_micro) = (slot.month, 0);
-                }
+                let s = accounts.entry(slot.account.clone()).or_default();
+                s.roll(&slot);
                 let fits = |spent: u64, limit: Option<u64>| {
                     limit.is_none_or(|l| spent.saturating_add(micro) <= l)
                 };

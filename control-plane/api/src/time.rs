@@ -91,6 +91,14 @@ impl Timestamp {
         i64::from(t.year()) * 12 + i64::from(u8::from(t.month())) - 1
     }
 
+    /// The first instant of this UTC month.
+    pub fn start_of_month(self) -> Timestamp {
+        let t = self.utc();
+        Date::from_calendar_date(t.year(), t.month(), 1)
+            .map(|d| Timestamp::from_utc(d.midnight().assume_utc()))
+            .unwrap_or(self)
+    }
+
     /// The first instant of the month after this one.
     pub fn start_of_next_month(self) -> Timestamp {
         let t = self.utc();
