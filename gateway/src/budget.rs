@@ -86,7 +86,7 @@ enum Store {
         tx: mpsc::UnboundedSender<Event>,
         /// Where spend so far is read from when an account's period starts
         /// in this process.
-        ledger: Option<Ledger>,
+        ledger: Option<std::sync::Arc<Ledger>>,
     },
     Redis {
         con: ConnectionManager,
@@ -267,6 +267,7 @@ impl Budgets {
     }
 
     fn in_memory(ledger: Option<Ledger>) -> Budgets {
+        let ledger = ledger.map(std::sync::Arc::new);
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(own(rx));
         Budgets {
