@@ -117,40 +117,234 @@ async fn send(
 
 async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Result<()> {
     let dir = std::env::temp_dir().join(format!("bulkhead-bench-gw-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let db = Db::connect(&Db::sqlite_url(&dir.join("bench.db"))).await?;
-    let settings = Settings {
-        page_name: "Bulkhead".to_owned(),
-        public_url: "http://127.0.0.1".to_owned(),
-        node_ttl: Duration::from_secs(60),
-        heartbeat_interval: Duration::from_secs(5),
-        status_cache: Duration::from_secs(1),
-        gateway_lease: Duration::from_secs(2),
-    };
-    // Every internal hop is mutual TLS, as in production: identities from
-    // a CA made for this run.
-    let tls = dir.join("tls");
-    bulkhead_trust::authority::init_dir(&tls, &CertRole::ALL)?;
-    bulkhead_worker_api::context::KeyRing::create(&tls.join(crate::tls::CONTEXT_KEYS))?;
-    let keys = bulkhead_worker_api::context::KeyRing::load(&tls.join(crate::tls::CONTEXT_KEYS))?;
-    let identity = |role: CertRole| {
-        bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(&tls, role), role)
-    };
-    let cp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let cp_url = format!("http://{}", cp.local_addr()?);
-    let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let acceptor =
-        identity(CertRole::ControlPlane)?.acceptor(&[CertRole::Gateway, CertRole::Colocated])?;
-    let internal = bulkhead_trust::TlsListener::new(internal, acceptor)?;
-    let internal_url = format!("https://{}", internal.local_addr());
-    let router = cp_app(CpState::new(db.clone(), settings));
-    let cp_started = Instant::now();
-    let inside = router
-        .clone()
-        .into_make_service_with_connect_info::<bulkhead_trust::Peer>();
-    tokio::spawn(async move { axum::serve(crate::nodelay(cp), router).await });
-    tokio::spawn(async move { axum::serve(internal, inside).await });
+    let cp = ControlPlane::start(&dir).await?;
+    let ids = seed(&cp.db, weights).await?;
+    let (worker, worker_addr) = start_worker(&cp, &ids.node_token)?;
+    let gateway_id = cp.identity(CertRole::Gateway)?;
+    let gateways = start_gateways(args, &cp, &ids.gw_token, &gateway_id).await?;
+    let gw = gateways[0].clone();
+    let auth = format!("Bearer {}", ids.token);
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let http: Http = HttpClient::builder(TokioExecutor::new()).build(connector);
+    let completion =
+        json!({"model": SLUG, "prompt": "Hi", "max_tokens": 1, "temperature": 0}).to_string();
+    wait_routable(&http, &gw, &auth, &completion).await?;
 
+    // 1. Requests the gateway answers itself.
+    let hidden = format!("{gw}/client/v4/accounts/{}/ai/run/{HIDDEN}", ids.account);
+    let (rps, own) = own_answers(&http, &gw, &hidden, &auth, args.seconds).await?;
+
+    // 2. Added latency on a full request, and what budget metering adds.
+    let direct_call = DirectCall {
+        worker: HttpClient::builder(TokioExecutor::new()).build(
+            bulkhead_trust::connect::Connector::new(&gateway_id, &[CertRole::Colocated])?,
+        ),
+        addr: worker_addr,
+        account: ids.account.clone(),
+        keys: cp.keys.clone(),
+    };
+    let (via_gw, direct) = gateway_vs_direct(
+        &http,
+        &gw,
+        &auth,
+        &completion,
+        &direct_call,
+        args.full_requests,
+    )
+    .await?;
+    let budgeted = format!("Bearer {}", ids.budgeted_token);
+    let (unmetered, metered) = metering_cost(
+        &http,
+        &gw,
+        [&auth, &budgeted],
+        &completion,
+        args.full_requests,
+    )
+    .await?;
+    let redis_metering_p50 = match &args.redis_url {
+        Some(_) => {
+            let (unmetered, metered) = metering_cost(
+                &http,
+                &gateways[1],
+                [&auth, &budgeted],
+                &completion,
+                args.full_requests,
+            )
+            .await?;
+            Some(percentile(&metered, 0.5) - percentile(&unmetered, 0.5))
+        }
+        None => None,
+    };
+
+    // 3. Flips, each acknowledged after both gateways applied it. A routing
+    // hub younger than its lease waits the lease out (it cannot know every
+    // gateway yet), so let it come of age first.
+    let age = cp.started.elapsed();
+    if age < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_secs(2) - age).await;
+    }
+    let flips = flip_times(&cp.url, &ids.admin, args.flips).await?;
+    drop(worker);
+
+    // 4. What the protections add to one worker call: the same one-line
+    // answer from the same router, called over plain HTTP with no context
+    // and over mutual TLS with a signed context checked (pooled
+    // connections both ways, as the gateway keeps them).
+    let (plain, protected) = protection_cost(
+        &gateway_id,
+        &cp.identity(CertRole::Colocated)?,
+        &cp.keys,
+        args.full_requests.max(50),
+    )
+    .await?;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let out = json!({
+        "rps": rps,
+        "p50_ms": percentile(&own, 0.5),
+        "p99_ms": percentile(&own, 0.99),
+        "added_latency_p50_ms": percentile(&via_gw, 0.5) - percentile(&direct, 0.5),
+        "added_latency_p99_ms": percentile(&via_gw, 0.99) - percentile(&direct, 0.99),
+        "flip_apply_p99_ms": percentile(&flips, 0.99),
+        "full_request_p50_ms": percentile(&via_gw, 0.5),
+        "direct_request_p50_ms": percentile(&direct, 0.5),
+        "flip_apply_p50_ms": percentile(&flips, 0.5),
+        "requests": own.len(),
+        "call_plain_p50_ms": percentile(&plain, 0.5),
+        "call_protected_p50_ms": percentile(&protected, 0.5),
+        "protections_added_p50_ms": percentile(&protected, 0.5) - percentile(&plain, 0.5),
+        "metered_request_p50_ms": percentile(&metered, 0.5),
+        "unmetered_request_p50_ms": percentile(&unmetered, 0.5),
+        "metering_added_p50_ms": percentile(&metered, 0.5) - percentile(&unmetered, 0.5),
+        "redis_metering_added_p50_ms": redis_metering_p50,
+    });
+    if args.json {
+        println!("{out}");
+    } else {
+        print_report(&out);
+    }
+    Ok(())
+}
+
+/// The figures of one run as sentences.
+fn print_report(out: &serde_json::Value) {
+    let f = |k: &str| out[k].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "gateway-answered requests: {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms ({} requests, 8 clients)",
+        f("rps"),
+        f("p50_ms"),
+        f("p99_ms"),
+        out["requests"]
+    );
+    println!(
+        "full request (1 token): via gateway p50 {:.3} ms, direct p50 {:.3} ms; added p50 {:.3} ms, p99 {:.3} ms (target < 2 ms at p50)",
+        f("full_request_p50_ms"),
+        f("direct_request_p50_ms"),
+        f("added_latency_p50_ms"),
+        f("added_latency_p99_ms")
+    );
+    println!(
+        "visibility flip applied by both gateways: p50 {:.2} ms, p99 {:.2} ms (target < 100 ms at p99)",
+        f("flip_apply_p50_ms"),
+        f("flip_apply_p99_ms")
+    );
+    println!(
+        "worker call protections (mutual TLS + signed tenant context): p50 {:.3} ms protected vs {:.3} ms plain; added {:.3} ms (target <= 0.5 ms)",
+        f("call_protected_p50_ms"),
+        f("call_plain_p50_ms"),
+        f("protections_added_p50_ms")
+    );
+    println!(
+        "budget metering (reserve at admission, settle at the end): p50 {:.3} ms with a budget vs {:.3} ms without; added {:.3} ms (target < 0.2 ms at p50)",
+        f("metered_request_p50_ms"),
+        f("unmetered_request_p50_ms"),
+        f("metering_added_p50_ms")
+    );
+    if let Some(r) = out["redis_metering_added_p50_ms"].as_f64() {
+        println!(
+            "budget metering in Redis (one script at admission, one detached at the end): added p50 {r:.3} ms"
+        );
+    }
+}
+
+/// The control plane of a run: SQLite in `dir`, its public listener and its
+/// internal mutual-TLS one, and the CA and context keys made for the run.
+struct ControlPlane {
+    db: Db,
+    url: String,
+    internal_url: String,
+    tls: std::path::PathBuf,
+    keys: bulkhead_worker_api::context::KeyRing,
+    started: Instant,
+}
+
+impl ControlPlane {
+    async fn start(dir: &std::path::Path) -> anyhow::Result<ControlPlane> {
+        std::fs::create_dir_all(dir)?;
+        let db = Db::connect(&Db::sqlite_url(&dir.join("bench.db"))).await?;
+        let settings = Settings {
+            page_name: "Bulkhead".to_owned(),
+            public_url: "http://127.0.0.1".to_owned(),
+            node_ttl: Duration::from_secs(60),
+            heartbeat_interval: Duration::from_secs(5),
+            status_cache: Duration::from_secs(1),
+            gateway_lease: Duration::from_secs(2),
+        };
+        // Every internal hop is mutual TLS, as in production: identities
+        // from a CA made for this run.
+        let tls = dir.join("tls");
+        bulkhead_trust::authority::init_dir(&tls, &CertRole::ALL)?;
+        bulkhead_worker_api::context::KeyRing::create(&tls.join(crate::tls::CONTEXT_KEYS))?;
+        let keys =
+            bulkhead_worker_api::context::KeyRing::load(&tls.join(crate::tls::CONTEXT_KEYS))?;
+        let cp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", cp.local_addr()?);
+        let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let acceptor = bulkhead_trust::Identity::load(
+            &bulkhead_trust::TlsFiles::in_dir(&tls, CertRole::ControlPlane),
+            CertRole::ControlPlane,
+        )?
+        .acceptor(&[CertRole::Gateway, CertRole::Colocated])?;
+        let internal = bulkhead_trust::TlsListener::new(internal, acceptor)?;
+        let internal_url = format!("https://{}", internal.local_addr());
+        let router = cp_app(CpState::new(db.clone(), settings));
+        let inside = router
+            .clone()
+            .into_make_service_with_connect_info::<bulkhead_trust::Peer>();
+        tokio::spawn(async move { axum::serve(crate::nodelay(cp), router).await });
+        tokio::spawn(async move { axum::serve(internal, inside).await });
+        Ok(ControlPlane {
+            db,
+            url,
+            internal_url,
+            tls,
+            keys,
+            started: Instant::now(),
+        })
+    }
+
+    fn identity(&self, role: CertRole) -> anyhow::Result<bulkhead_trust::Identity> {
+        Ok(bulkhead_trust::Identity::load(
+            &bulkhead_trust::TlsFiles::in_dir(&self.tls, role),
+            role,
+        )?)
+    }
+}
+
+/// The run's operators, accounts and tokens.
+struct Ids {
+    admin: String,
+    gw_token: String,
+    node_token: String,
+    account: String,
+    token: String,
+    budgeted_token: String,
+}
+
+/// Operators, an account without a budget and one with, and the two models
+/// (public and private) with the weights' config.
+async fn seed(db: &Db, weights: &std::path::Path) -> anyhow::Result<Ids> {
     let now = Timestamp::now();
     let mut c = db.pool().acquire().await?;
     let admin = store::operators::create(&mut c, "bench-admin", Role::Admin, now)
@@ -218,7 +412,18 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     }
     drop(c);
 
-    // The worker, registered with the control plane.
+    Ok(Ids {
+        admin,
+        gw_token,
+        node_token,
+        account,
+        token,
+        budgeted_token,
+    })
+}
+
+/// The colocated worker, registered with the control plane; its address.
+fn start_worker(cp: &ControlPlane, node_token: &str) -> anyhow::Result<(KillOnDrop, String)> {
     let mut child = Command::new(std::env::current_exe()?)
         .args([
             "serve",
@@ -227,13 +432,13 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
             "--kv-budget-mib",
             "64",
             "--control-plane",
-            &internal_url,
+            &cp.internal_url,
             "--node-token",
-            &node_token,
+            node_token,
             "--node-name",
             "bench-worker",
         ])
-        .env("BULKHEAD_TLS_DIR", &tls)
+        .env("BULKHEAD_TLS_DIR", &cp.tls)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
@@ -250,16 +455,24 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         .context("worker address")?
         .to_owned();
 
-    // Two gateways.
+    Ok((worker, worker_addr))
+}
+
+/// Two gateways on sockets; their URLs.
+async fn start_gateways(
+    args: &GatewayBenchArgs,
+    cp: &ControlPlane,
+    gw_token: &str,
+    gateway_id: &bulkhead_trust::Identity,
+) -> anyhow::Result<Vec<String>> {
     let mut gateways = Vec::new();
-    let gateway_id = identity(CertRole::Gateway)?;
     for i in 0..2 {
         let client = bulkhead_control_api::Client::with_identity(
             &bulkhead_control_api::Credentials {
-                control_plane_url: internal_url.clone(),
-                operator_token: gw_token.clone(),
+                control_plane_url: cp.internal_url.clone(),
+                operator_token: gw_token.to_owned(),
             },
-            &gateway_id,
+            gateway_id,
         )?;
         let watch = RoutingWatch::start(client, format!("bench-{i}"));
         anyhow::ensure!(
@@ -280,7 +493,7 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         };
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         gateways.push(format!("http://{}", l.local_addr()?));
-        let upstream = bulkhead_gateway::Upstream::new(&gateway_id, keys.clone())?;
+        let upstream = bulkhead_gateway::Upstream::new(gateway_id, cp.keys.clone())?;
         let mut state = AppState::new(watch, None, limiter, upstream);
         if let (1, Some(url)) = (i, &args.redis_url) {
             state = state.with_budgets(bulkhead_gateway::Budgets::redis(url, &prefix).await?);
@@ -288,31 +501,23 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         let router = app(state);
         tokio::spawn(async move { axum::serve(crate::nodelay(l), router).await });
     }
-    let gw = gateways[0].clone();
-    let auth = format!("Bearer {token}");
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let http: Http = HttpClient::builder(TokioExecutor::new()).build(connector);
-    // The worker, called directly as the gateway calls it.
-    let to_worker = HttpClient::builder(TokioExecutor::new()).build(
-        bulkhead_trust::connect::Connector::new(&gateway_id, &[CertRole::Colocated])?,
-    );
+    Ok(gateways)
+}
 
-    // Wait until the worker is routable.
-    let completion =
-        json!({"model": SLUG, "prompt": "Hi", "max_tokens": 1, "temperature": 0}).to_string();
+/// Waits until the worker is routable through `gw`.
+async fn wait_routable(http: &Http, gw: &str, auth: &str, completion: &str) -> anyhow::Result<()> {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         let (s, _) = send(
-            &http,
+            http,
             "POST",
             &format!("{gw}/v1/completions"),
-            Some(&auth),
-            Some(completion.clone()),
+            Some(auth),
+            Some(completion.to_owned()),
         )
         .await?;
         if s == 200 {
-            break;
+            return Ok(());
         }
         anyhow::ensure!(
             Instant::now() < until,
@@ -320,13 +525,26 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
 
-    // 1. Requests the gateway answers itself.
-    let deadline = Instant::now() + Duration::from_secs(args.seconds.max(1));
-    let hidden = format!("{gw}/client/v4/accounts/{account}/ai/run/{HIDDEN}");
+/// Requests per second and sorted latencies (ms) of requests the gateway
+/// answers itself, from 8 keep-alive clients for `seconds`.
+async fn own_answers(
+    http: &Http,
+    gw: &str,
+    hidden: &str,
+    auth: &str,
+    seconds: u64,
+) -> anyhow::Result<(f64, Vec<f64>)> {
+    let deadline = Instant::now() + Duration::from_secs(seconds.max(1));
     let mut tasks = Vec::new();
     for t in 0..8 {
-        let (http, auth, gw, hidden) = (http.clone(), auth.clone(), gw.clone(), hidden.clone());
+        let (http, auth, gw, hidden) = (
+            http.clone(),
+            auth.to_owned(),
+            gw.to_owned(),
+            hidden.to_owned(),
+        );
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut i = t;
@@ -359,24 +577,44 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     let rps = own.len() as f64 / started.elapsed().as_secs_f64();
     let own = sorted(own);
 
-    // 2. Added latency on a full request.
+    Ok((rps, own))
+}
+
+/// The worker called directly, as the gateway calls it.
+struct DirectCall {
+    worker: HttpClient<bulkhead_trust::connect::Connector, Full<Bytes>>,
+    addr: String,
+    account: String,
+    keys: bulkhead_worker_api::context::KeyRing,
+}
+
+/// Sorted latencies (ms) of `n` one-token completions through the gateway
+/// and as many straight to the worker, alternated.
+async fn gateway_vs_direct(
+    http: &Http,
+    gw: &str,
+    auth: &str,
+    completion: &str,
+    direct_call: &DirectCall,
+    n: usize,
+) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let direct_body = json!({"raw": "Hi", "max_tokens": 1}).to_string();
     let (mut via_gw, mut direct) = (Vec::new(), Vec::new());
-    for _ in 0..args.full_requests {
+    for _ in 0..n {
         let start = Instant::now();
         let (s, _) = send(
-            &http,
+            http,
             "POST",
             &format!("{gw}/v1/completions"),
-            Some(&auth),
-            Some(completion.clone()),
+            Some(auth),
+            Some(completion.to_owned()),
         )
         .await?;
         anyhow::ensure!(s == 200, "gateway status {s}");
         via_gw.push(start.elapsed().as_secs_f64() * 1000.0);
         let start = Instant::now();
         let statement = bulkhead_worker_api::context::TenantContext::new(
-            &account,
+            &direct_call.account,
             1,
             format!("bench-{}", direct.len()),
             SLUG,
@@ -385,64 +623,37 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
             None,
             std::time::SystemTime::now(),
         );
-        let mut req = hyper::Request::post(format!("https://{worker_addr}/v1/generate"))
+        let mut req = hyper::Request::post(format!("https://{}/v1/generate", direct_call.addr))
             .header(
                 bulkhead_worker_api::context::CONTEXT_HEADER,
-                keys.sign(&statement),
+                direct_call.keys.sign(&statement),
             )
             .header("content-type", "application/json");
         req = req.header("connection", "keep-alive");
-        let resp = to_worker
+        let resp = direct_call
+            .worker
             .request(req.body(Full::new(Bytes::from(direct_body.clone())))?)
             .await?;
         anyhow::ensure!(resp.status() == 200, "worker status {}", resp.status());
         resp.into_body().collect().await?;
         direct.push(start.elapsed().as_secs_f64() * 1000.0);
     }
-    let (via_gw, direct) = (sorted(via_gw), sorted(direct));
-    let added_p50 = percentile(&via_gw, 0.5) - percentile(&direct, 0.5);
-    let (unmetered, metered) = metering_cost(
-        &http,
-        &gw,
-        [&auth, &format!("Bearer {budgeted_token}")],
-        &completion,
-        args.full_requests,
-    )
-    .await?;
-    let metering_p50 = percentile(&metered, 0.5) - percentile(&unmetered, 0.5);
-    let redis_metering_p50 = match &args.redis_url {
-        Some(_) => {
-            let (unmetered, metered) = metering_cost(
-                &http,
-                &gateways[1],
-                [&auth, &format!("Bearer {budgeted_token}")],
-                &completion,
-                args.full_requests,
-            )
-            .await?;
-            Some(percentile(&metered, 0.5) - percentile(&unmetered, 0.5))
-        }
-        None => None,
-    };
-    let added_p99 = percentile(&via_gw, 0.99) - percentile(&direct, 0.99);
+    Ok((sorted(via_gw), sorted(direct)))
+}
 
-    // 3. Flips, each acknowledged after both gateways applied it. A routing
-    // hub younger than its lease waits the lease out (it cannot know every
-    // gateway yet), so let it come of age first.
-    let age = cp_started.elapsed();
-    if age < Duration::from_secs(2) {
-        tokio::time::sleep(Duration::from_secs(2) - age).await;
-    }
+/// Sorted times (ms) of `n` visibility flips from request to the
+/// acknowledgement that both gateways applied it.
+async fn flip_times(cp_url: &str, admin: &str, n: usize) -> anyhow::Result<Vec<f64>> {
     let cp_http = bulkhead_control_api::Client::new(&bulkhead_control_api::Credentials {
-        control_plane_url: cp_url.clone(),
-        operator_token: admin,
+        control_plane_url: cp_url.to_owned(),
+        operator_token: admin.to_owned(),
     })?;
     let path = format!(
         "/admin/v1/models/{}/visibility",
         HIDDEN.replace('@', "%40").replace('/', "%2F")
     );
     let mut flips = Vec::new();
-    for i in 0..args.flips {
+    for i in 0..n {
         let to = if i % 2 == 0 { "public" } else { "private" };
         let start = Instant::now();
         let v: serde_json::Value = cp_http
@@ -454,83 +665,7 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
             "a flip was not applied by both gateways: {v}"
         );
     }
-    let flips = sorted(flips);
-    drop(worker);
-
-    // 4. What the protections add to one worker call: the same one-line
-    // answer from the same router, called over plain HTTP with no context
-    // and over mutual TLS with a signed context checked (pooled
-    // connections both ways, as the gateway keeps them).
-    let (plain, protected) = protection_cost(
-        &gateway_id,
-        &identity(CertRole::Colocated)?,
-        &keys,
-        args.full_requests.max(50),
-    )
-    .await?;
-    let protections_p50 = percentile(&protected, 0.5) - percentile(&plain, 0.5);
-    let _ = std::fs::remove_dir_all(&dir);
-
-    let out = json!({
-        "rps": rps,
-        "p50_ms": percentile(&own, 0.5),
-        "p99_ms": percentile(&own, 0.99),
-        "added_latency_p50_ms": added_p50,
-        "added_latency_p99_ms": added_p99,
-        "flip_apply_p99_ms": percentile(&flips, 0.99),
-        "full_request_p50_ms": percentile(&via_gw, 0.5),
-        "direct_request_p50_ms": percentile(&direct, 0.5),
-        "flip_apply_p50_ms": percentile(&flips, 0.5),
-        "requests": own.len(),
-        "call_plain_p50_ms": percentile(&plain, 0.5),
-        "call_protected_p50_ms": percentile(&protected, 0.5),
-        "protections_added_p50_ms": protections_p50,
-        "metered_request_p50_ms": percentile(&metered, 0.5),
-        "unmetered_request_p50_ms": percentile(&unmetered, 0.5),
-        "metering_added_p50_ms": metering_p50,
-        "redis_metering_added_p50_ms": redis_metering_p50,
-    });
-    if args.json {
-        println!("{out}");
-    } else {
-        println!(
-            "gateway-answered requests: {:.0} req/s, p50 {:.3} ms, p99 {:.3} ms ({} requests, 8 clients)",
-            rps,
-            percentile(&own, 0.5),
-            percentile(&own, 0.99),
-            own.len()
-        );
-        println!(
-            "full request (1 token): via gateway p50 {:.3} ms, direct p50 {:.3} ms; added p50 {:.3} ms, p99 {:.3} ms (target < 2 ms at p50)",
-            percentile(&via_gw, 0.5),
-            percentile(&direct, 0.5),
-            added_p50,
-            added_p99
-        );
-        println!(
-            "visibility flip applied by both gateways: p50 {:.2} ms, p99 {:.2} ms (target < 100 ms at p99)",
-            percentile(&flips, 0.5),
-            percentile(&flips, 0.99)
-        );
-        println!(
-            "worker call protections (mutual TLS + signed tenant context): p50 {:.3} ms protected vs {:.3} ms plain; added {:.3} ms (target <= 0.5 ms)",
-            percentile(&protected, 0.5),
-            percentile(&plain, 0.5),
-            protections_p50
-        );
-        println!(
-            "budget metering (reserve at admission, settle at the end): p50 {:.3} ms with a budget vs {:.3} ms without; added {:.3} ms (target < 0.2 ms at p50)",
-            percentile(&metered, 0.5),
-            percentile(&unmetered, 0.5),
-            metering_p50
-        );
-        if let Some(r) = redis_metering_p50 {
-            println!(
-                "budget metering in Redis (one script at admission, one detached at the end): added p50 {r:.3} ms"
-            );
-        }
-    }
-    Ok(())
+    Ok(sorted(flips))
 }
 
 /// Latencies (ms) of `n` one-token completions through `gw` for an account
