@@ -136,14 +136,7 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     let (rps, own) = own_answers(&http, &gw, &hidden, &auth, args.seconds).await?;
 
     // 2. Added latency on a full request, and what budget metering adds.
-    let direct_call = DirectCall {
-        worker: HttpClient::builder(TokioExecutor::new()).build(
-            bulkhead_trust::connect::Connector::new(&gateway_id, &[CertRole::Colocated])?,
-        ),
-        addr: worker_addr,
-        account: ids.account.clone(),
-        keys: cp.keys.clone(),
-    };
+    let direct_call = DirectCall::new(&gateway_id, worker_addr, &ids.account, &cp.keys)?;
     let (via_gw, direct) = gateway_vs_direct(
         &http,
         &gw,
@@ -162,18 +155,18 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
         args.full_requests,
     )
     .await?;
+    // With Redis, the second gateway keeps its limits and budgets there.
     let redis_metering_p50 = match &args.redis_url {
-        Some(_) => {
-            let (unmetered, metered) = metering_cost(
+        Some(_) => Some(
+            metering_added(
                 &http,
                 &gateways[1],
                 [&auth, &budgeted],
                 &completion,
                 args.full_requests,
             )
-            .await?;
-            Some(percentile(&metered, 0.5) - percentile(&unmetered, 0.5))
-        }
+            .await?,
+        ),
         None => None,
     };
 
@@ -187,10 +180,7 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     let flips = flip_times(&cp.url, &ids.admin, args.flips).await?;
     drop(worker);
 
-    // 4. What the protections add to one worker call: the same one-line
-    // answer from the same router, called over plain HTTP with no context
-    // and over mutual TLS with a signed context checked (pooled
-    // connections both ways, as the gateway keeps them).
+    // 4. What the protections add to one worker call (see protection_cost).
     let (plain, protected) = protection_cost(
         &gateway_id,
         &cp.identity(CertRole::Colocated)?,
@@ -200,31 +190,65 @@ async fn bench(args: &GatewayBenchArgs, weights: &std::path::Path) -> anyhow::Re
     .await?;
     let _ = std::fs::remove_dir_all(&dir);
 
-    let out = json!({
-        "rps": rps,
-        "p50_ms": percentile(&own, 0.5),
-        "p99_ms": percentile(&own, 0.99),
-        "added_latency_p50_ms": percentile(&via_gw, 0.5) - percentile(&direct, 0.5),
-        "added_latency_p99_ms": percentile(&via_gw, 0.99) - percentile(&direct, 0.99),
-        "flip_apply_p99_ms": percentile(&flips, 0.99),
-        "full_request_p50_ms": percentile(&via_gw, 0.5),
-        "direct_request_p50_ms": percentile(&direct, 0.5),
-        "flip_apply_p50_ms": percentile(&flips, 0.5),
-        "requests": own.len(),
-        "call_plain_p50_ms": percentile(&plain, 0.5),
-        "call_protected_p50_ms": percentile(&protected, 0.5),
-        "protections_added_p50_ms": percentile(&protected, 0.5) - percentile(&plain, 0.5),
-        "metered_request_p50_ms": percentile(&metered, 0.5),
-        "unmetered_request_p50_ms": percentile(&unmetered, 0.5),
-        "metering_added_p50_ms": percentile(&metered, 0.5) - percentile(&unmetered, 0.5),
-        "redis_metering_added_p50_ms": redis_metering_p50,
-    });
+    let out = Figures {
+        rps,
+        own,
+        via_gw,
+        direct,
+        flips,
+        plain,
+        protected,
+        metered,
+        unmetered,
+        redis_metering_p50,
+    }
+    .json();
     if args.json {
         println!("{out}");
     } else {
         print_report(&out);
     }
     Ok(())
+}
+
+/// What one run measured: sorted latencies (ms) and rates.
+struct Figures {
+    rps: f64,
+    own: Vec<f64>,
+    via_gw: Vec<f64>,
+    direct: Vec<f64>,
+    flips: Vec<f64>,
+    plain: Vec<f64>,
+    protected: Vec<f64>,
+    metered: Vec<f64>,
+    unmetered: Vec<f64>,
+    redis_metering_p50: Option<f64>,
+}
+
+impl Figures {
+    /// The figures `--json` prints.
+    fn json(&self) -> serde_json::Value {
+        let p = percentile;
+        json!({
+            "rps": self.rps,
+            "p50_ms": p(&self.own, 0.5),
+            "p99_ms": p(&self.own, 0.99),
+            "added_latency_p50_ms": p(&self.via_gw, 0.5) - p(&self.direct, 0.5),
+            "added_latency_p99_ms": p(&self.via_gw, 0.99) - p(&self.direct, 0.99),
+            "flip_apply_p99_ms": p(&self.flips, 0.99),
+            "full_request_p50_ms": p(&self.via_gw, 0.5),
+            "direct_request_p50_ms": p(&self.direct, 0.5),
+            "flip_apply_p50_ms": p(&self.flips, 0.5),
+            "requests": self.own.len(),
+            "call_plain_p50_ms": p(&self.plain, 0.5),
+            "call_protected_p50_ms": p(&self.protected, 0.5),
+            "protections_added_p50_ms": p(&self.protected, 0.5) - p(&self.plain, 0.5),
+            "metered_request_p50_ms": p(&self.metered, 0.5),
+            "unmetered_request_p50_ms": p(&self.unmetered, 0.5),
+            "metering_added_p50_ms": p(&self.metered, 0.5) - p(&self.unmetered, 0.5),
+            "redis_metering_added_p50_ms": self.redis_metering_p50,
+        })
+    }
 }
 
 /// The figures of one run as sentences.
@@ -588,6 +612,24 @@ struct DirectCall {
     keys: bulkhead_worker_api::context::KeyRing,
 }
 
+impl DirectCall {
+    fn new(
+        gateway: &bulkhead_trust::Identity,
+        addr: String,
+        account: &str,
+        keys: &bulkhead_worker_api::context::KeyRing,
+    ) -> anyhow::Result<DirectCall> {
+        Ok(DirectCall {
+            worker: HttpClient::builder(TokioExecutor::new()).build(
+                bulkhead_trust::connect::Connector::new(gateway, &[CertRole::Colocated])?,
+            ),
+            addr,
+            account: account.to_owned(),
+            keys: keys.clone(),
+        })
+    }
+}
+
 /// Sorted latencies (ms) of `n` one-token completions through the gateway
 /// and as many straight to the worker, alternated.
 async fn gateway_vs_direct(
@@ -666,6 +708,18 @@ async fn flip_times(cp_url: &str, admin: &str, n: usize) -> anyhow::Result<Vec<f
         );
     }
     Ok(sorted(flips))
+}
+
+/// What a budget adds at p50 (ms) on `gw`: [`metering_cost`]'s difference.
+async fn metering_added(
+    http: &Http,
+    gw: &str,
+    auth: [&str; 2],
+    completion: &str,
+    n: usize,
+) -> anyhow::Result<f64> {
+    let (unmetered, metered) = metering_cost(http, gw, auth, completion, n).await?;
+    Ok(percentile(&metered, 0.5) - percentile(&unmetered, 0.5))
 }
 
 /// Latencies (ms) of `n` one-token completions through `gw` for an account
