@@ -227,24 +227,7 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
     } else {
         server_span!(tracing::Level::INFO)
     };
-    let mut incoming = None;
-    if l.hop.internal(req.uri().path()) {
-        let _ = span.set_parent(parent_from_headers(req.headers()));
-        incoming = req
-            .headers()
-            .get(REQUEST_ID_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .filter(|s| RequestId::valid(s))
-            .map(str::to_owned);
-    }
-    let id = incoming.unwrap_or_else(|| {
-        let trace = span.context().span().span_context().trace_id();
-        if trace == opentelemetry::trace::TraceId::INVALID {
-            random_id()
-        } else {
-            trace.to_string()
-        }
-    });
+    let id = request_id_of(&l, &req, &span);
     span.record("request_id", id.as_str());
     req.extensions_mut().insert(RequestId(id.clone()));
 
@@ -268,17 +251,7 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
     if status.is_server_error() {
         span.record("otel.status_code", "ERROR");
     }
-    let mut attrs = base.to_vec();
-    attrs.push(KeyValue::new(
-        "http.response.status_code",
-        i64::from(status.as_u16()),
-    ));
-    if let Some(r) = &route {
-        attrs.push(KeyValue::new("http.route", r.clone()));
-    }
-    if status.is_server_error() {
-        attrs.push(KeyValue::new("error.type", status.as_u16().to_string()));
-    }
+    let attrs = response_attrs(&base, status, route.as_deref());
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(REQUEST_ID_HEADER, v);
     }
@@ -297,6 +270,49 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
             finish: Some(finish),
         })
     })
+}
+
+/// The request's id: the caller's on an internal hop (where it is a
+/// trusted caller's), else the trace id, else random.
+fn request_id_of(l: &HttpLayer, req: &Request, span: &tracing::Span) -> String {
+    let mut incoming = None;
+    if l.hop.internal(req.uri().path()) {
+        let _ = span.set_parent(parent_from_headers(req.headers()));
+        incoming = req
+            .headers()
+            .get(REQUEST_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|s| RequestId::valid(s))
+            .map(str::to_owned);
+    }
+    incoming.unwrap_or_else(|| {
+        let trace = span.context().span().span_context().trace_id();
+        if trace == opentelemetry::trace::TraceId::INVALID {
+            random_id()
+        } else {
+            trace.to_string()
+        }
+    })
+}
+
+/// The duration metric's attributes for a response.
+fn response_attrs(
+    base: &[KeyValue],
+    status: axum::http::StatusCode,
+    route: Option<&str>,
+) -> Vec<KeyValue> {
+    let mut attrs = base.to_vec();
+    attrs.push(KeyValue::new(
+        "http.response.status_code",
+        i64::from(status.as_u16()),
+    ));
+    if let Some(r) = route {
+        attrs.push(KeyValue::new("http.route", r.to_owned()));
+    }
+    if status.is_server_error() {
+        attrs.push(KeyValue::new("error.type", status.as_u16().to_string()));
+    }
+    attrs
 }
 
 static TRACE_POLLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);

@@ -171,55 +171,9 @@ pub fn init_with_logs(
             opentelemetry::KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
         ])
         .build();
-    let disabled = settings.sdk_disabled;
-    let traces = exporter_wanted(
-        "OTEL_TRACES_EXPORTER",
-        &settings.traces_exporter,
-        settings.traces_endpoint,
-        &[],
-    )? && !disabled;
-    let metrics = exporter_wanted(
-        "OTEL_METRICS_EXPORTER",
-        &settings.metrics_exporter,
-        settings.metrics_endpoint,
-        &["prometheus"],
-    )? && !disabled;
-
-    let mut tracer = SdkTracerProvider::builder().with_resource(resource.clone());
-    if disabled {
-        tracer = tracer.with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOff);
-    }
-    if traces {
-        let exporter = SpanExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .build()
-            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-        tracer = tracer.with_batch_exporter(exporter);
-    }
-    let tracer = tracer.build();
-
-    let registry = prometheus::Registry::new();
-    let prometheus = opentelemetry_prometheus::exporter()
-        .with_registry(registry.clone())
-        .build()
-        .map_err(|e| TelemetryError::Prometheus(e.to_string()))?;
-    let mut meter = SdkMeterProvider::builder()
-        .with_resource(resource)
-        .with_reader(prometheus);
-    if metrics {
-        let exporter = MetricExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .build()
-            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-        meter = meter.with_periodic_exporter(exporter);
-    }
-    let meter = meter.build();
-    REGISTRY
-        .set(registry)
-        .map_err(|_| TelemetryError::AlreadySet)?;
-
+    let (traces, metrics) = exports(settings)?;
+    let tracer = tracer_provider(resource.clone(), settings.sdk_disabled, traces)?;
+    let meter = meter_provider(resource, metrics)?;
     let filter = EnvFilter::try_new(settings.log_filter.as_deref().unwrap_or(default_logs))
         .map_err(|e| TelemetryError::Filter(e.to_string()))?;
     let json = settings.json_logs;
@@ -255,6 +209,72 @@ pub fn init_with_logs(
         meter,
         exporting: traces || metrics,
     })
+}
+
+/// Whether traces and metrics go out over OTLP.
+fn exports(settings: &Settings) -> Result<(bool, bool), TelemetryError> {
+    let disabled = settings.sdk_disabled;
+    let traces = exporter_wanted(
+        "OTEL_TRACES_EXPORTER",
+        &settings.traces_exporter,
+        settings.traces_endpoint,
+        &[],
+    )? && !disabled;
+    let metrics = exporter_wanted(
+        "OTEL_METRICS_EXPORTER",
+        &settings.metrics_exporter,
+        settings.metrics_endpoint,
+        &["prometheus"],
+    )? && !disabled;
+    Ok((traces, metrics))
+}
+
+/// The tracer provider: sampling nothing when the SDK is disabled, with an
+/// OTLP exporter when traces go out.
+fn tracer_provider(
+    resource: Resource,
+    disabled: bool,
+    traces: bool,
+) -> Result<SdkTracerProvider, TelemetryError> {
+    let mut tracer = SdkTracerProvider::builder().with_resource(resource);
+    if disabled {
+        tracer = tracer.with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOff);
+    }
+    if traces {
+        let exporter = SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        tracer = tracer.with_batch_exporter(exporter);
+    }
+
+    Ok(tracer.build())
+}
+
+/// The meter provider: Prometheus for `/metrics` always, OTLP when metrics
+/// go out.
+fn meter_provider(resource: Resource, metrics: bool) -> Result<SdkMeterProvider, TelemetryError> {
+    let registry = prometheus::Registry::new();
+    let prometheus = opentelemetry_prometheus::exporter()
+        .with_registry(registry.clone())
+        .build()
+        .map_err(|e| TelemetryError::Prometheus(e.to_string()))?;
+    let mut meter = SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_reader(prometheus);
+    if metrics {
+        let exporter = MetricExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        meter = meter.with_periodic_exporter(exporter);
+    }
+    REGISTRY
+        .set(registry)
+        .map_err(|_| TelemetryError::AlreadySet)?;
+    Ok(meter.build())
 }
 
 /// Whether a signal goes out over OTLP: as `var`'s `value` says (`otlp`,

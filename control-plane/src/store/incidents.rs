@@ -156,29 +156,7 @@ async fn write_update(
     let update_id: i64 = row.try_get("id")?;
     let subject = format!("incident/{id}");
     for (slug, model, to) in targets {
-        let old = models::set_component_status(conn, model, to, now).await?;
-        audit::append(
-            conn,
-            NewEntry {
-                actor,
-                action: "model.component_status",
-                subject: slug.as_str(),
-                reason: &subject,
-                before: old.as_str(),
-                after: to.as_str(),
-            },
-            now,
-        )
-        .await?;
-        sqlx::query(
-            "INSERT INTO incident_update_components (update_id, model_id, old_status, new_status) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(update_id)
-        .bind(model.get())
-        .bind(old.as_str())
-        .bind(to.as_str())
-        .execute(&mut *conn)
-        .await?;
+        set_component(conn, update_id, slug, model, to, (actor, &subject), now).await?;
     }
     let status = match req.postmortem {
         Some(_) => IncidentStatus::Postmortem,
@@ -221,6 +199,43 @@ async fn write_update(
     .bind(req.postmortem.as_deref())
     .bind(req.postmortem.as_ref().map(|_| now.millis()))
     .bind(id.get())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Sets one model's component status for an update, audited, and records
+/// the change on the update (`who` is the actor and the incident subject).
+async fn set_component(
+    conn: &mut Conn,
+    update_id: i64,
+    slug: &ModelSlug,
+    model: ModelId,
+    to: ComponentStatus,
+    who: (&str, &str),
+    now: Timestamp,
+) -> Result<(), Error> {
+    let old = models::set_component_status(conn, model, to, now).await?;
+    audit::append(
+        conn,
+        NewEntry {
+            actor: who.0,
+            action: "model.component_status",
+            subject: slug.as_str(),
+            reason: who.1,
+            before: old.as_str(),
+            after: to.as_str(),
+        },
+        now,
+    )
+    .await?;
+    sqlx::query(
+        "INSERT INTO incident_update_components (update_id, model_id, old_status, new_status) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(update_id)
+    .bind(model.get())
+    .bind(old.as_str())
+    .bind(to.as_str())
     .execute(&mut *conn)
     .await?;
     Ok(())
