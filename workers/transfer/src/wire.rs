@@ -246,79 +246,12 @@ impl Message {
         let mut w = Writer(Vec::with_capacity(64));
         w.0.extend_from_slice(&[0; 4]);
         match self {
-            Message::Hello(h) => {
-                w.u8(HELLO);
-                w.u16(h.version);
-                w.u64(h.model);
-                w.u32(h.layers);
-                w.u32(h.kv_heads);
-                w.u32(h.head_dim);
-                w.u32(h.page_size);
-                w.u8(h.dtype_bytes);
-                w.u64(h.context_window);
-                w.u64(h.pool_tokens);
-                w.u64(h.prefill_tokens);
-                w.u8(h.transport);
-            }
-            Message::Prefill(p) => {
-                w.u8(PREFILL);
-                w.u64(p.transfer.get());
-                w.u64(p.tenant);
-                w.u64(p.max_tokens);
-                w.u32(len32(p.prompt.len()));
-                for t in &p.prompt {
-                    w.u32(*t);
-                }
-                w.u32(len32(p.slots.len()));
-                for g in &p.slots {
-                    w.u64(g.get());
-                }
-                let tp = p
-                    .traceparent
-                    .as_deref()
-                    .filter(|t| trace_ok(t.as_bytes()))
-                    .unwrap_or("");
-                w.u8(tp.len() as u8);
-                w.0.extend_from_slice(tp.as_bytes());
-                w.0.extend_from_slice(&p.key);
-                match p.cache {
-                    None => w.u8(0),
-                    Some(scope) => {
-                        w.u8(if scope.shared().is_some() { 2 } else { 1 });
-                        w.0.extend_from_slice(scope.own().digest());
-                        if let Some(shared) = scope.shared() {
-                            w.0.extend_from_slice(shared.digest());
-                        }
-                    }
-                }
-            }
+            Message::Hello(h) => w.hello(h),
+            Message::Prefill(p) => w.prefill(p),
             Message::Rejected { transfer, error } => {
                 w.u8(REJECTED);
                 w.u64(transfer.get());
-                let (code, a, b, c) = match *error {
-                    AdmissionError::EmptyPrompt => (1, 0, 0, 0),
-                    AdmissionError::NoOutputTokens => (2, 0, 0, 0),
-                    AdmissionError::ContextWindowExceeded {
-                        prompt_tokens,
-                        max_tokens,
-                        limit,
-                    } => (3, prompt_tokens, max_tokens, limit),
-                    AdmissionError::PoolCapacityExceeded {
-                        prompt_tokens,
-                        max_tokens,
-                        limit,
-                    } => (4, prompt_tokens, max_tokens, limit),
-                    AdmissionError::TokenOutOfRange { token, vocab } => (5, token, vocab, 0),
-                    AdmissionError::PrefillTooLong {
-                        prompt_tokens,
-                        limit,
-                    } => (6, prompt_tokens, 0, limit),
-                    _ => (0, 0, 0, 0),
-                };
-                w.u8(code);
-                w.u64(a as u64);
-                w.u64(b as u64);
-                w.u64(c as u64);
+                w.admission_error(error);
             }
             Message::Page(h, payload) => {
                 let head = h.encode(payload.len());
@@ -416,97 +349,12 @@ impl Message {
                 prefill_tokens: c.u64()?,
                 transport: c.u8()?,
             }),
-            PREFILL => {
-                let transfer = TransferId::new(c.u64()?);
-                let tenant = c.u64()?;
-                let max_tokens = c.u64()?;
-                let n = c.count(4)?;
-                let prompt = (0..n).map(|_| c.u32()).collect::<Result<_, _>>()?;
-                let n = c.count(8)?;
-                let slots = (0..n)
-                    .map(|_| c.u64().map(Generation::from_wire))
-                    .collect::<Result<_, _>>()?;
-                let n = usize::from(c.u8()?);
-                let mut tp = Vec::with_capacity(n);
-                for _ in 0..n {
-                    tp.push(c.u8()?);
-                }
-                if !tp.is_empty() && !trace_ok(&tp) {
-                    return Err(WireError::Malformed("traceparent is not visible ASCII"));
-                }
-                let key = c.array()?;
-                let cache = match c.u8()? {
-                    0 => None,
-                    n @ (1 | 2) => {
-                        let own = Namespace::from_digest(c.array()?);
-                        let shared = if n == 2 {
-                            Some(Namespace::from_digest(c.array()?))
-                        } else {
-                            None
-                        };
-                        Some(CacheScope::new(own, shared))
-                    }
-                    _ => return Err(WireError::Malformed("unknown cache scope kind")),
-                };
-                Message::Prefill(PrefillRequest {
-                    transfer,
-                    tenant,
-                    max_tokens,
-                    prompt,
-                    slots,
-                    traceparent: String::from_utf8(tp).ok().filter(|t| !t.is_empty()),
-                    key,
-                    cache,
-                })
-            }
-            REJECTED => {
-                let transfer = TransferId::new(c.u64()?);
-                let code = c.u8()?;
-                let prompt_tokens = usize_of(c.u64()?);
-                let max_tokens = usize_of(c.u64()?);
-                let limit = usize_of(c.u64()?);
-                let error = match code {
-                    1 => AdmissionError::EmptyPrompt,
-                    2 => AdmissionError::NoOutputTokens,
-                    3 => AdmissionError::ContextWindowExceeded {
-                        prompt_tokens,
-                        max_tokens,
-                        limit,
-                    },
-                    4 => AdmissionError::PoolCapacityExceeded {
-                        prompt_tokens,
-                        max_tokens,
-                        limit,
-                    },
-                    5 => AdmissionError::TokenOutOfRange {
-                        token: prompt_tokens,
-                        vocab: max_tokens,
-                    },
-                    6 => AdmissionError::PrefillTooLong {
-                        prompt_tokens,
-                        limit,
-                    },
-                    _ => return Err(WireError::Malformed("unknown rejection code")),
-                };
-                Message::Rejected { transfer, error }
-            }
-            DONE => {
-                let transfer = TransferId::new(c.u64()?);
-                let tokens = c.u64()?;
-                let digest = c.u64()?;
-                let n = c.count(4)?;
-                let logits = (0..n)
-                    .map(|_| c.u32().map(f32::from_bits))
-                    .collect::<Result<_, _>>()?;
-                let mac = c.array()?;
-                Message::Done(Done {
-                    transfer,
-                    tokens,
-                    digest,
-                    logits,
-                    mac,
-                })
-            }
+            PREFILL => Message::Prefill(c.prefill()?),
+            REJECTED => Message::Rejected {
+                transfer: TransferId::new(c.u64()?),
+                error: c.admission_error()?,
+            },
+            DONE => Message::Done(c.done()?),
             RELEASE => Message::Release {
                 transfer: TransferId::new(c.u64()?),
             },
@@ -529,6 +377,104 @@ impl Message {
     }
 }
 
+impl Reader<'_> {
+    fn prefill(&mut self) -> Result<PrefillRequest, WireError> {
+        let c = self;
+        let transfer = TransferId::new(c.u64()?);
+        let tenant = c.u64()?;
+        let max_tokens = c.u64()?;
+        let n = c.count(4)?;
+        let prompt = (0..n).map(|_| c.u32()).collect::<Result<_, _>>()?;
+        let n = c.count(8)?;
+        let slots = (0..n)
+            .map(|_| c.u64().map(Generation::from_wire))
+            .collect::<Result<_, _>>()?;
+        let n = usize::from(c.u8()?);
+        let mut tp = Vec::with_capacity(n);
+        for _ in 0..n {
+            tp.push(c.u8()?);
+        }
+        if !tp.is_empty() && !trace_ok(&tp) {
+            return Err(WireError::Malformed("traceparent is not visible ASCII"));
+        }
+        let key = c.array()?;
+        let cache = match c.u8()? {
+            0 => None,
+            n @ (1 | 2) => {
+                let own = Namespace::from_digest(c.array()?);
+                let shared = if n == 2 {
+                    Some(Namespace::from_digest(c.array()?))
+                } else {
+                    None
+                };
+                Some(CacheScope::new(own, shared))
+            }
+            _ => return Err(WireError::Malformed("unknown cache scope kind")),
+        };
+        Ok(PrefillRequest {
+            transfer,
+            tenant,
+            max_tokens,
+            prompt,
+            slots,
+            traceparent: String::from_utf8(tp).ok().filter(|t| !t.is_empty()),
+            key,
+            cache,
+        })
+    }
+
+    /// An admission error from its code and three numbers.
+    fn admission_error(&mut self) -> Result<AdmissionError, WireError> {
+        let c = self;
+        let code = c.u8()?;
+        let prompt_tokens = usize_of(c.u64()?);
+        let max_tokens = usize_of(c.u64()?);
+        let limit = usize_of(c.u64()?);
+        Ok(match code {
+            1 => AdmissionError::EmptyPrompt,
+            2 => AdmissionError::NoOutputTokens,
+            3 => AdmissionError::ContextWindowExceeded {
+                prompt_tokens,
+                max_tokens,
+                limit,
+            },
+            4 => AdmissionError::PoolCapacityExceeded {
+                prompt_tokens,
+                max_tokens,
+                limit,
+            },
+            5 => AdmissionError::TokenOutOfRange {
+                token: prompt_tokens,
+                vocab: max_tokens,
+            },
+            6 => AdmissionError::PrefillTooLong {
+                prompt_tokens,
+                limit,
+            },
+            _ => return Err(WireError::Malformed("unknown rejection code")),
+        })
+    }
+
+    fn done(&mut self) -> Result<Done, WireError> {
+        let c = self;
+        let transfer = TransferId::new(c.u64()?);
+        let tokens = c.u64()?;
+        let digest = c.u64()?;
+        let n = c.count(4)?;
+        let logits = (0..n)
+            .map(|_| c.u32().map(f32::from_bits))
+            .collect::<Result<_, _>>()?;
+        let mac = c.array()?;
+        Ok(Done {
+            transfer,
+            tokens,
+            digest,
+            logits,
+            mac,
+        })
+    }
+}
+
 /// A traceparent the wire carries: short, visible ASCII.
 fn trace_ok(t: &[u8]) -> bool {
     !t.is_empty() && t.len() <= MAX_TRACEPARENT && t.iter().all(|b| b.is_ascii_graphic())
@@ -540,6 +486,87 @@ fn len32(n: usize) -> u32 {
 
 fn usize_of(x: u64) -> usize {
     usize::try_from(x).unwrap_or(usize::MAX)
+}
+
+impl Writer {
+    fn hello(&mut self, h: &Hello) {
+        let w = self;
+        w.u8(HELLO);
+        w.u16(h.version);
+        w.u64(h.model);
+        w.u32(h.layers);
+        w.u32(h.kv_heads);
+        w.u32(h.head_dim);
+        w.u32(h.page_size);
+        w.u8(h.dtype_bytes);
+        w.u64(h.context_window);
+        w.u64(h.pool_tokens);
+        w.u64(h.prefill_tokens);
+        w.u8(h.transport);
+    }
+
+    fn prefill(&mut self, p: &PrefillRequest) {
+        let w = self;
+        w.u8(PREFILL);
+        w.u64(p.transfer.get());
+        w.u64(p.tenant);
+        w.u64(p.max_tokens);
+        w.u32(len32(p.prompt.len()));
+        for t in &p.prompt {
+            w.u32(*t);
+        }
+        w.u32(len32(p.slots.len()));
+        for g in &p.slots {
+            w.u64(g.get());
+        }
+        let tp = p
+            .traceparent
+            .as_deref()
+            .filter(|t| trace_ok(t.as_bytes()))
+            .unwrap_or("");
+        w.u8(tp.len() as u8);
+        w.0.extend_from_slice(tp.as_bytes());
+        w.0.extend_from_slice(&p.key);
+        match p.cache {
+            None => w.u8(0),
+            Some(scope) => {
+                w.u8(if scope.shared().is_some() { 2 } else { 1 });
+                w.0.extend_from_slice(scope.own().digest());
+                if let Some(shared) = scope.shared() {
+                    w.0.extend_from_slice(shared.digest());
+                }
+            }
+        }
+    }
+
+    /// An admission error as a code and three numbers.
+    fn admission_error(&mut self, error: &AdmissionError) {
+        let w = self;
+        let (code, a, b, c) = match *error {
+            AdmissionError::EmptyPrompt => (1, 0, 0, 0),
+            AdmissionError::NoOutputTokens => (2, 0, 0, 0),
+            AdmissionError::ContextWindowExceeded {
+                prompt_tokens,
+                max_tokens,
+                limit,
+            } => (3, prompt_tokens, max_tokens, limit),
+            AdmissionError::PoolCapacityExceeded {
+                prompt_tokens,
+                max_tokens,
+                limit,
+            } => (4, prompt_tokens, max_tokens, limit),
+            AdmissionError::TokenOutOfRange { token, vocab } => (5, token, vocab, 0),
+            AdmissionError::PrefillTooLong {
+                prompt_tokens,
+                limit,
+            } => (6, prompt_tokens, 0, limit),
+            _ => (0, 0, 0, 0),
+        };
+        w.u8(code);
+        w.u64(a as u64);
+        w.u64(b as u64);
+        w.u64(c as u64);
+    }
 }
 
 struct Writer(Vec<u8>);
