@@ -42,18 +42,11 @@ pub(crate) fn fair_chunks(
     first: Option<TenantId>,
 ) -> Vec<usize> {
     let mut chunks = vec![0; work.len()];
-    let mut budget = budget;
-    let mut tokens_left = max_tokens;
+    let (mut budget, mut tokens_left) = (budget, max_tokens);
     // The tenant served least lately finishes its oldest prompt in this
     // step if the whole step can hold it: a short request that arrives
     // behind long ones waits for one step, not for its share of several.
-    if let Some(t) = first
-        && let Some(i) = work
-            .iter()
-            .enumerate()
-            .filter(|(_, w)| w.tenant == t)
-            .min_by_key(|(_, w)| w.request)
-            .map(|(i, _)| i)
+    if let Some(i) = first.and_then(|t| oldest_of(work, t))
         && work[i].remaining * work[i].unit.max(1) <= budget
         && work[i].remaining <= tokens_left
     {
@@ -61,17 +54,48 @@ pub(crate) fn fair_chunks(
         budget -= work[i].remaining * work[i].unit.max(1);
         tokens_left -= work[i].remaining;
     }
-    // Tenants in a stable order, rotated by `turn`; each with its entries
-    // oldest first.
-    let mut tenants: Vec<TenantId> = work.iter().map(|w| w.tenant).collect();
-    tenants.sort_unstable();
-    tenants.dedup();
+    let (tenants, queues) = tenant_queues(work, turn);
     if tenants.is_empty() {
         return chunks;
     }
-    let start = turn % tenants.len();
-    tenants.rotate_left(start);
-    let mut queues: Vec<Vec<usize>> = tenants
+    water_fill(work, &mut chunks, queues, budget, tokens_left);
+    // Shares too small to buy any tenant two tokens (many tenants, a short
+    // step): the step goes whole to one tenant, the one served least lately
+    // (else the first in turn), so prompt work always moves. An empty plan
+    // would leave the engine waiting for an event that may never come.
+    if chunks.iter().all(|&c| c == 0)
+        && let Some(t) = first
+            .filter(|t| tenants.contains(t))
+            .or_else(|| tenants.first().copied())
+        && let Some(i) = oldest_of(work, t)
+    {
+        let (remaining, unit) = (work[i].remaining, work[i].unit.max(1));
+        let give = whole_remainder((budget / unit).min(remaining).min(tokens_left), remaining);
+        if give > 1 || (give == 1 && remaining == 1) {
+            chunks[i] = give;
+        }
+    }
+    chunks
+}
+
+/// The index of `tenant`'s oldest entry.
+fn oldest_of(work: &[PrefillWork], tenant: TenantId) -> Option<usize> {
+    (0..work.len())
+        .filter(|&i| work[i].tenant == tenant)
+        .min_by_key(|&i| work[i].request)
+}
+
+/// Tenants in a stable order rotated by `turn`, and each one's entries
+/// oldest first.
+fn tenant_queues(work: &[PrefillWork], turn: usize) -> (Vec<TenantId>, Vec<Vec<usize>>) {
+    let mut tenants: Vec<TenantId> = work.iter().map(|w| w.tenant).collect();
+    tenants.sort_unstable();
+    tenants.dedup();
+    if !tenants.is_empty() {
+        let start = turn % tenants.len();
+        tenants.rotate_left(start);
+    }
+    let queues = tenants
         .iter()
         .map(|t| {
             let mut q: Vec<usize> = (0..work.len()).filter(|&i| work[i].tenant == *t).collect();
@@ -79,6 +103,29 @@ pub(crate) fn fair_chunks(
             q
         })
         .collect();
+    (tenants, queues)
+}
+
+/// A chunk of `give` tokens that never leaves a one-token remainder of a
+/// prompt with `remaining` tokens: one fewer when it can spare one, else
+/// the last token too.
+fn whole_remainder(give: usize, remaining: usize) -> usize {
+    if remaining - give == 1 {
+        if give >= 3 { give - 1 } else { remaining }
+    } else {
+        give
+    }
+}
+
+/// Rounds of equal quanta of what is left of `budget` to every tenant with
+/// work left, each spent on its oldest entries first.
+fn water_fill(
+    work: &[PrefillWork],
+    chunks: &mut [usize],
+    mut queues: Vec<Vec<usize>>,
+    budget: usize,
+    mut tokens_left: usize,
+) {
     let mut left = budget;
     loop {
         let active: Vec<usize> = (0..queues.len())
@@ -130,32 +177,6 @@ pub(crate) fn fair_chunks(
         }
         queues.retain(|q| q.iter().any(|&i| chunks[i] < work[i].remaining));
     }
-    // Shares too small to buy any tenant two tokens (many tenants, a short
-    // step): the step goes whole to one tenant, the one served least lately
-    // (else the first in turn), so prompt work always moves. An empty plan
-    // would leave the engine waiting for an event that may never come.
-    if chunks.iter().all(|&c| c == 0)
-        && let Some(t) = first
-            .filter(|t| tenants.contains(t))
-            .or_else(|| tenants.first().copied())
-        && let Some(i) = (0..work.len())
-            .filter(|&i| work[i].tenant == t)
-            .min_by_key(|&i| work[i].request)
-    {
-        let (remaining, unit) = (work[i].remaining, work[i].unit.max(1));
-        let mut give = (budget / unit).min(remaining).min(tokens_left);
-        if remaining - give == 1 {
-            if give >= 3 {
-                give -= 1;
-            } else {
-                give = remaining;
-            }
-        }
-        if give > 1 || (give == 1 && remaining == 1) {
-            chunks[i] = give;
-        }
-    }
-    chunks
 }
 
 #[cfg(test)]
