@@ -288,48 +288,7 @@ async fn generate(
         Role::Decode(d) => Arc::clone(d.engine()),
         Role::Prefill(_) => return Err(ApiError::bad("invalid_request", "not a decode worker")),
     };
-    let prompt = match (&body.prompt, &body.messages, &body.raw, &body.tokens) {
-        (Some(p), None, None, None) => render(
-            &engine,
-            &[ChatMessage {
-                role: "user".into(),
-                content: p.clone(),
-            }],
-        )?,
-        (None, Some(m), None, None) => {
-            let messages: Vec<ChatMessage> = m
-                .iter()
-                .map(|m| ChatMessage {
-                    role: m.role.clone(),
-                    content: m.content.clone(),
-                })
-                .collect();
-            if messages.is_empty() {
-                return Err(ApiError::bad(
-                    "invalid_request",
-                    "messages must not be empty",
-                ));
-            }
-            render(&engine, &messages)?
-        }
-        (None, None, Some(r), None) => encode(&engine, r)?,
-        (None, None, None, Some(t)) => {
-            let vocab = engine.info().model.vocab;
-            if t.iter().any(|id| *id as usize >= vocab) {
-                return Err(ApiError::bad(
-                    "invalid_request",
-                    format!("token ids must be below the vocabulary size {vocab}"),
-                ));
-            }
-            t.clone()
-        }
-        _ => {
-            return Err(ApiError::bad(
-                "invalid_request",
-                "give exactly one of prompt, messages, raw and tokens",
-            ));
-        }
-    };
+    let prompt = prompt_of(&engine, &body)?;
     if let Some(limit) = body.context_limit
         && prompt.len().saturating_add(body.max_tokens) > limit
     {
@@ -350,26 +309,7 @@ async fn generate(
         gen_ai.usage.output_tokens = tracing::field::Empty,
         gen_ai.response.finish_reasons = tracing::field::Empty,
     );
-    let constraint = match &body.response_format {
-        None => None,
-        Some(f) => bulkhead_grammar::Grammar::from_response_format(f).map_err(|e| match e {
-            bulkhead_grammar::SchemaError::Unsupported(m) => {
-                ApiError::bad("unsupported_parameter", format!("response_format: {m}"))
-            }
-            bulkhead_grammar::SchemaError::Invalid(m) => {
-                ApiError::bad("invalid_request", format!("response_format: {m}"))
-            }
-        })?,
-    };
-    let logprobs = match body.logprobs {
-        Some(n) if n > bulkhead_engine::MAX_TOP_LOGPROBS => {
-            return Err(ApiError::bad(
-                "invalid_request",
-                "top_logprobs must be between 0 and 20",
-            ));
-        }
-        n => n,
-    };
+    let (constraint, logprobs) = sampling_extras(&body)?;
     let prompt_len = prompt.len();
     let request = GenerateRequest {
         prompt,
@@ -387,32 +327,9 @@ async fn generate(
         ignore_eos: body.ignore_eos,
         cache: Some(crate::prefix::scope(&ctx)),
     };
-    let submitted = {
+    let mut handle = {
         let _in = span.enter();
-        match &role {
-            Role::Colocated(e) => e.submit(tenant, request).map_err(SubmitError::Rejected),
-            Role::Decode(d) => d.submit(tenant, request),
-            Role::Prefill(_) => {
-                return Err(ApiError::bad("invalid_request", "not a decode worker"));
-            }
-        }
-    };
-    let mut handle = match submitted {
-        Ok(h) => h,
-        Err(e) => {
-            if let SubmitError::Rejected(a) = &e {
-                crate::metrics::admission_rejected(a.reason());
-            }
-            return Err(match e {
-                SubmitError::Rejected(a) => ApiError::from(a),
-                SubmitError::Unavailable => ApiError {
-                    status: StatusCode::SERVICE_UNAVAILABLE,
-                    code: "unavailable",
-                    message: e.to_string(),
-                    overflow: None,
-                },
-            });
-        }
+        submit(&role, tenant, request)?
     };
     let meter = check.usage.clone().map(|sink| Meter {
         sink,
@@ -436,6 +353,110 @@ async fn generate(
         Body::from_stream(lines),
     )
         .into_response())
+}
+
+/// The prompt's token ids: a prompt or messages through the chat
+/// template, raw text, or token ids (exactly one of them).
+fn prompt_of(engine: &Engine, body: &GenerateBody) -> Result<Vec<u32>, ApiError> {
+    match (&body.prompt, &body.messages, &body.raw, &body.tokens) {
+        (Some(p), None, None, None) => render(
+            engine,
+            &[ChatMessage {
+                role: "user".into(),
+                content: p.clone(),
+            }],
+        ),
+        (None, Some(m), None, None) => {
+            let messages: Vec<ChatMessage> = m
+                .iter()
+                .map(|m| ChatMessage {
+                    role: m.role.clone(),
+                    content: m.content.clone(),
+                })
+                .collect();
+            if messages.is_empty() {
+                return Err(ApiError::bad(
+                    "invalid_request",
+                    "messages must not be empty",
+                ));
+            }
+            render(engine, &messages)
+        }
+        (None, None, Some(r), None) => encode(engine, r),
+        (None, None, None, Some(t)) => {
+            let vocab = engine.info().model.vocab;
+            if t.iter().any(|id| *id as usize >= vocab) {
+                return Err(ApiError::bad(
+                    "invalid_request",
+                    format!("token ids must be below the vocabulary size {vocab}"),
+                ));
+            }
+            Ok(t.clone())
+        }
+        _ => Err(ApiError::bad(
+            "invalid_request",
+            "give exactly one of prompt, messages, raw and tokens",
+        )),
+    }
+}
+
+/// The grammar `response_format` asks for and the log-probabilities asked.
+fn sampling_extras(
+    body: &GenerateBody,
+) -> Result<(Option<Arc<bulkhead_grammar::Grammar>>, Option<u8>), ApiError> {
+    let constraint = match &body.response_format {
+        None => None,
+        Some(f) => bulkhead_grammar::Grammar::from_response_format(f).map_err(|e| match e {
+            bulkhead_grammar::SchemaError::Unsupported(m) => {
+                ApiError::bad("unsupported_parameter", format!("response_format: {m}"))
+            }
+            bulkhead_grammar::SchemaError::Invalid(m) => {
+                ApiError::bad("invalid_request", format!("response_format: {m}"))
+            }
+        })?,
+    };
+    let logprobs = match body.logprobs {
+        Some(n) if n > bulkhead_engine::MAX_TOP_LOGPROBS => {
+            return Err(ApiError::bad(
+                "invalid_request",
+                "top_logprobs must be between 0 and 20",
+            ));
+        }
+        n => n,
+    };
+    Ok((constraint, logprobs))
+}
+
+/// Submits to the engine (colocated) or the decode side (disaggregated).
+fn submit(
+    role: &Role,
+    tenant: TenantId,
+    request: GenerateRequest,
+) -> Result<bulkhead_engine::RequestHandle, ApiError> {
+    let submitted = match role {
+        Role::Colocated(e) => e.submit(tenant, request).map_err(SubmitError::Rejected),
+        Role::Decode(d) => d.submit(tenant, request),
+        Role::Prefill(_) => {
+            return Err(ApiError::bad("invalid_request", "not a decode worker"));
+        }
+    };
+    match submitted {
+        Ok(h) => Ok(h),
+        Err(e) => {
+            if let SubmitError::Rejected(a) = &e {
+                crate::metrics::admission_rejected(a.reason());
+            }
+            Err(match e {
+                SubmitError::Rejected(a) => ApiError::from(a),
+                SubmitError::Unavailable => ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    code: "unavailable",
+                    message: e.to_string(),
+                    overflow: None,
+                },
+            })
+        }
+    }
 }
 
 fn render(engine: &Engine, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
