@@ -512,25 +512,7 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
     .await?;
     // The prober's two sentinel accounts, marked as such (reused).
     let mut internal = internal;
-    for (i, name) in ["sentinel-a", "sentinel-b"].into_iter().enumerate() {
-        let old = previous.as_ref().and_then(|p| p.sentinels.get(i)).cloned();
-        if let Some(s) = old
-            && store::api_tokens::account_of(&mut c, &s.token)
-                .await?
-                .as_deref()
-                == Some(s.id.as_str())
-        {
-            internal.sentinels.push(s);
-            continue;
-        }
-        let account = store::accounts::create_sentinel(&mut c, name, now).await?;
-        let id = AccountId::parse(&account.id).context("account id")?;
-        let t = store::api_tokens::create(&mut c, &id, "prober", now).await?;
-        internal.sentinels.push(crate::prober::Sentinel {
-            id: account.id,
-            token: t.token,
-        });
-    }
+    internal.sentinels = sentinels(&mut c, previous.as_ref(), now).await?;
     write_private(&internal_path, &serde_json::to_string_pretty(&internal)?)?;
 
     // Worker records of earlier runs: their names are reused now, perhaps
@@ -541,82 +523,9 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
         }
     }
 
-    // The models, public, each with a config that matches what its
-    // workers load.
-    let budget = args.kv_budget_mib << 20;
-    for served in args.served() {
-        let slug: ModelSlug = served.slug().parse()?;
-        let spec = ConfigSpec {
-            properties: Properties {
-                context_window: args.context_window,
-                max_output: args.max_output,
-            },
-            weights_file: fetch::FILE_NAME.to_owned(),
-            weights_sha256: fetch::SHA256.to_owned(),
-            quantization: served.quantization.to_owned(),
-            page_size: 16,
-            kv_budget: KvBudget {
-                prefill_bytes: budget,
-                decode_bytes: budget,
-            },
-            parallelism: Parallelism::default(),
-            price: PRICE,
-        };
-        let model = match store::models::find_optional(&mut c, &slug).await? {
-            Some(m) => m,
-            None => {
-                let create = CreateModel {
-                    slug: slug.clone(),
-                    task: "Text Generation".to_owned(),
-                    description: served.description.to_owned(),
-                    visibility: Visibility::Public,
-                    config: None,
-                };
-                store::models::create(&mut c, &create, now).await?
-            }
-        };
-        let active = store::configs::active(&mut c, &model).await?;
-        if active.as_ref().is_none_or(|a| a.spec != spec) {
-            let v = store::configs::add(&mut c, &model, &spec, "bulkhead up", now).await?;
-            // Nodes of a previous run are silent by now or about to be replaced.
-            store::configs::activate(
-                &mut c,
-                &model,
-                v,
-                "bulkhead up",
-                "bulkhead up",
-                now,
-                Duration::ZERO,
-            )
-            .await?;
-        }
-    }
+    publish_models(&mut c, args, now).await?;
 
-    // Two demo accounts, each with an API token.
-    let mut accounts = Vec::new();
-    for name in ["alice", "bob"] {
-        let reuse = old_creds
-            .as_ref()
-            .and_then(|o| o.accounts.iter().find(|a| a.name == name))
-            .cloned();
-        if let Some(a) = reuse
-            && store::api_tokens::account_of(&mut c, &a.token)
-                .await?
-                .as_deref()
-                == Some(a.id.as_str())
-        {
-            accounts.push(a);
-            continue;
-        }
-        let account = store::accounts::create(&mut c, name, now).await?;
-        let id = AccountId::parse(&account.id).context("account id")?;
-        let t = store::api_tokens::create(&mut c, &id, "demo", now).await?;
-        accounts.push(DemoAccount {
-            id: account.id,
-            name: name.to_owned(),
-            token: t.token,
-        });
-    }
+    let accounts = demo_accounts(&mut c, old_creds.as_ref(), now).await?;
     drop(c);
     db.close().await;
     Ok((
@@ -636,6 +545,122 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
             metrics: Default::default(),
         },
     ))
+}
+
+/// The prober's sentinel accounts: those of the previous run when their
+/// tokens still work, else new ones.
+async fn sentinels(
+    c: &mut store::Conn,
+    previous: Option<&Internal>,
+    now: Timestamp,
+) -> anyhow::Result<Vec<crate::prober::Sentinel>> {
+    let mut out = Vec::new();
+    for (i, name) in ["sentinel-a", "sentinel-b"].into_iter().enumerate() {
+        let old = previous.and_then(|p| p.sentinels.get(i)).cloned();
+        if let Some(s) = old
+            && store::api_tokens::account_of(&mut *c, &s.token)
+                .await?
+                .as_deref()
+                == Some(s.id.as_str())
+        {
+            out.push(s);
+            continue;
+        }
+        let account = store::accounts::create_sentinel(&mut *c, name, now).await?;
+        let id = AccountId::parse(&account.id).context("account id")?;
+        let t = store::api_tokens::create(&mut *c, &id, "prober", now).await?;
+        out.push(crate::prober::Sentinel {
+            id: account.id,
+            token: t.token,
+        });
+    }
+    Ok(out)
+}
+
+/// The served models, public, each with a config that matches what its
+/// workers load (a new version only when it changed).
+async fn publish_models(c: &mut store::Conn, args: &UpArgs, now: Timestamp) -> anyhow::Result<()> {
+    let budget = args.kv_budget_mib << 20;
+    for served in args.served() {
+        let slug: ModelSlug = served.slug().parse()?;
+        let spec = ConfigSpec {
+            properties: Properties {
+                context_window: args.context_window,
+                max_output: args.max_output,
+            },
+            weights_file: fetch::FILE_NAME.to_owned(),
+            weights_sha256: fetch::SHA256.to_owned(),
+            quantization: served.quantization.to_owned(),
+            page_size: 16,
+            kv_budget: KvBudget {
+                prefill_bytes: budget,
+                decode_bytes: budget,
+            },
+            parallelism: Parallelism::default(),
+            price: PRICE,
+        };
+        let model = match store::models::find_optional(&mut *c, &slug).await? {
+            Some(m) => m,
+            None => {
+                let create = CreateModel {
+                    slug: slug.clone(),
+                    task: "Text Generation".to_owned(),
+                    description: served.description.to_owned(),
+                    visibility: Visibility::Public,
+                    config: None,
+                };
+                store::models::create(&mut *c, &create, now).await?
+            }
+        };
+        let active = store::configs::active(&mut *c, &model).await?;
+        if active.as_ref().is_none_or(|a| a.spec != spec) {
+            let v = store::configs::add(&mut *c, &model, &spec, "bulkhead up", now).await?;
+            // Nodes of a previous run are silent by now or about to be replaced.
+            store::configs::activate(
+                &mut *c,
+                &model,
+                v,
+                "bulkhead up",
+                "bulkhead up",
+                now,
+                Duration::ZERO,
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Two demo accounts, each with an API token (reused when still valid).
+async fn demo_accounts(
+    c: &mut store::Conn,
+    old: Option<&CredentialsFile>,
+    now: Timestamp,
+) -> anyhow::Result<Vec<DemoAccount>> {
+    let mut accounts = Vec::new();
+    for name in ["alice", "bob"] {
+        let reuse = old
+            .and_then(|o| o.accounts.iter().find(|a| a.name == name))
+            .cloned();
+        if let Some(a) = reuse
+            && store::api_tokens::account_of(&mut *c, &a.token)
+                .await?
+                .as_deref()
+                == Some(a.id.as_str())
+        {
+            accounts.push(a);
+            continue;
+        }
+        let account = store::accounts::create(&mut *c, name, now).await?;
+        let id = AccountId::parse(&account.id).context("account id")?;
+        let t = store::api_tokens::create(&mut *c, &id, "demo", now).await?;
+        accounts.push(DemoAccount {
+            id: account.id,
+            name: name.to_owned(),
+            token: t.token,
+        });
+    }
+    Ok(accounts)
 }
 
 /// The child processes, stopped in reverse order.
