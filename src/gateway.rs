@@ -158,14 +158,6 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
             .with_context(|| "connecting to Redis for rate limits")?,
         None => Limiter::memory(limits),
     };
-    // Budgets live beside the rate limits: shared in Redis, or this
-    // process's own.
-    let budgets = match &args.redis_url {
-        Some(url) => bulkhead_gateway::Budgets::redis(url, &args.rate_limit_prefix)
-            .await
-            .with_context(|| "connecting to Redis for budgets")?,
-        None => bulkhead_gateway::Budgets::memory(),
-    };
     let client = Client::with_identity(
         &Credentials {
             control_plane_url: args.control_plane.clone(),
@@ -179,6 +171,14 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     getrandom::fill(&mut b)?;
     let suffix = hex::encode(b);
     let instance = format!("{}-{suffix}", args.instance.as_deref().unwrap_or("gw"));
+    // Budgets live beside the rate limits: shared in Redis, or this
+    // process's own, starting from what the ledger says was spent.
+    let budgets = match &args.redis_url {
+        Some(url) => bulkhead_gateway::Budgets::redis(url, &args.rate_limit_prefix)
+            .await
+            .with_context(|| "connecting to Redis for budgets")?,
+        None => bulkhead_gateway::Budgets::memory_from_ledger(client.clone()),
+    };
     let watch = RoutingWatch::start(client, instance.clone());
     if !watch.ready(Duration::from_secs(30)).await {
         anyhow::bail!(
