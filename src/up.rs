@@ -905,102 +905,42 @@ fn start(
     )]
     .into_iter()
     .collect();
-    let deadline = args.prefill_deadline_secs.to_string();
-    let threads = args.threads.map(|t| t.to_string());
-    let corrupt = args.corrupt_answers_after.map(|n| n.to_string());
-    let faults = args.frame_faults_percent.map(|p| p.to_string());
-    let max_pool = pool_bound(Path::new(weights), args.kv_budget_mib << 20)?;
+    let spawn = WorkerSpawn {
+        args,
+        weights,
+        mib: &mib,
+        cp_internal: &cp_internal,
+        tls,
+        node_token: &internal.node,
+        deadline: args.prefill_deadline_secs.to_string(),
+        threads: args.threads.map(|t| t.to_string()),
+        corrupt: args.corrupt_answers_after.map(|n| n.to_string()),
+        faults: args.frame_faults_percent.map(|p| p.to_string()),
+        max_pool: pool_bound(Path::new(weights), args.kv_budget_mib << 20)?,
+    };
     for served in args.served() {
-        let slug = served.slug();
-        // Each model's workers hold certificates scoped to that model and
-        // to the pool they are given: they can register nothing else, and
-        // the gateway sends another model's requests to none of them.
-        let scope = bulkhead_trust::Scope::model(&slug, Some(max_pool));
-        let tls_dir = args.data_dir.join("tls");
-        let mut worker = |role: &str, i: u8, extra: &[&str]| -> anyhow::Result<String> {
-            let cert_role = match role {
-                "prefill" => CertRole::Prefill,
-                "decode" => CertRole::Decode,
-                _ => CertRole::Colocated,
-            };
-            let (files, _) = bulkhead_trust::authority::init_scoped(&tls_dir, cert_role, &scope)
-                .with_context(|| format!("issuing the {cert_role} certificate for {slug}"))?;
-            let path = |p: &std::path::Path| -> anyhow::Result<String> {
-                Ok(p.to_str()
-                    .context("the data directory must be UTF-8")?
-                    .to_owned())
-            };
-            let node_name = served.node_name(role, i);
-            let mut a: Vec<&str> = vec![role, "--http", "127.0.0.1:0"];
-            a.extend_from_slice(extra);
-            a.extend_from_slice(&["--model", weights, "--model-slug", &slug]);
-            if let Some(q) = served.quantize {
-                a.extend_from_slice(&["--quantize", q]);
-            }
-            a.extend_from_slice(&["--kv-budget-mib", &mib, "--control-plane", &cp_internal]);
-            a.extend_from_slice(&["--metrics-listen", "127.0.0.1:0"]);
-            a.extend_from_slice(&["--node-name", &node_name]);
-            a.extend_from_slice(&["--prefill-deadline-secs", &deadline]);
-            if let Some(t) = &threads {
-                a.extend_from_slice(&["--threads", t]);
-            }
-            if role != "prefill"
-                && let Some(n) = &corrupt
-            {
-                a.extend_from_slice(&["--corrupt-answers-after", n]);
-            }
-            if role == "prefill"
-                && let Some(p) = &faults
-            {
-                a.extend_from_slice(&["--frame-faults-percent", p]);
-            }
-            let env = vec![
-                ("BULKHEAD_NODE_TOKEN", internal.node.clone()),
-                tls_env(),
-                ("BULKHEAD_TLS_CA", path(&files.ca)?),
-                ("BULKHEAD_TLS_CERT", path(&files.cert)?),
-                ("BULKHEAD_TLS_KEY", path(&files.key)?),
-            ];
-            let line = c.spawn_with(&format!("{} worker", &node_name["up-".len()..]), &a, env)?;
-            let key = node_name.trim_start_matches("up-").to_owned();
-            creds
-                .metrics
-                .insert(key, format!("http://{}/metrics", addr(&line, "metrics")?));
-            Ok(line)
-        };
         if args.colocated {
             for i in 1..=args.decode_workers {
-                worker("serve", i, &[])?;
+                spawn.worker(c, creds, &served, "serve", i, &[])?;
             }
             continue;
         }
         // Prefill first: a decode worker finds them through the control plane.
         for i in 1..=args.prefill_workers {
-            worker("prefill", i, &["--listen", "127.0.0.1:0"])?;
+            spawn.worker(
+                c,
+                creds,
+                &served,
+                "prefill",
+                i,
+                &["--listen", "127.0.0.1:0"],
+            )?;
         }
         for i in 1..=args.decode_workers {
-            worker("decode", i, &[])?;
+            spawn.worker(c, creds, &served, "decode", i, &[])?;
         }
     }
-    let listen = format!("127.0.0.1:{}", args.port);
-    let line = c.spawn_with(
-        "gateway",
-        &[
-            "gateway",
-            "--listen",
-            &listen,
-            "--control-plane",
-            &cp_internal,
-            "--instance",
-            "up",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        vec![
-            ("BULKHEAD_GATEWAY_TOKEN", internal.gateway.clone()),
-            tls_env(),
-        ],
-    )?;
+    let line = spawn_gateway(c, args.port, &cp_internal, &internal.gateway, tls)?;
     creds.gateway_url = format!("http://{}", addr(&line, "http")?);
     creds.metrics.insert(
         "gateway".to_owned(),
@@ -1010,6 +950,127 @@ fn start(
     creds.control_plane_url = cp;
     creds.internal_url = cp_internal;
     Ok(())
+}
+
+/// Starts the gateway on `port`; its announcement line.
+fn spawn_gateway(
+    c: &mut Components,
+    port: u16,
+    cp_internal: &str,
+    gateway_token: &str,
+    tls: &str,
+) -> anyhow::Result<String> {
+    let listen = format!("127.0.0.1:{port}");
+    c.spawn_with(
+        "gateway",
+        &[
+            "gateway",
+            "--listen",
+            &listen,
+            "--control-plane",
+            cp_internal,
+            "--instance",
+            "up",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        vec![
+            ("BULKHEAD_GATEWAY_TOKEN", gateway_token.to_owned()),
+            ("BULKHEAD_TLS_DIR", tls.to_owned()),
+        ],
+    )
+}
+
+/// What every worker `up` starts is given.
+struct WorkerSpawn<'a> {
+    args: &'a UpArgs,
+    weights: &'a str,
+    mib: &'a str,
+    cp_internal: &'a str,
+    tls: &'a str,
+    node_token: &'a str,
+    deadline: String,
+    threads: Option<String>,
+    corrupt: Option<String>,
+    faults: Option<String>,
+    /// The pool bound the workers' certificates carry.
+    max_pool: u64,
+}
+
+impl WorkerSpawn<'_> {
+    /// Starts worker `i` of `served` in `role` (`prefill`, `decode` or
+    /// `serve`) with `extra` flags, records its metrics URL in `creds`;
+    /// its announcement line. Each model's workers hold certificates
+    /// scoped to that model and to the pool they are given: they can
+    /// register nothing else, and the gateway sends another model's
+    /// requests to none of them.
+    fn worker(
+        &self,
+        c: &mut Components,
+        creds: &mut CredentialsFile,
+        served: &Served,
+        role: &str,
+        i: u8,
+        extra: &[&str],
+    ) -> anyhow::Result<String> {
+        let slug = served.slug();
+        let scope = bulkhead_trust::Scope::model(&slug, Some(self.max_pool));
+        let tls_dir = self.args.data_dir.join("tls");
+        let cert_role = match role {
+            "prefill" => CertRole::Prefill,
+            "decode" => CertRole::Decode,
+            _ => CertRole::Colocated,
+        };
+        let (files, _) = bulkhead_trust::authority::init_scoped(&tls_dir, cert_role, &scope)
+            .with_context(|| format!("issuing the {cert_role} certificate for {slug}"))?;
+        let path = |p: &std::path::Path| -> anyhow::Result<String> {
+            Ok(p.to_str()
+                .context("the data directory must be UTF-8")?
+                .to_owned())
+        };
+        let node_name = served.node_name(role, i);
+        let mut a: Vec<&str> = vec![role, "--http", "127.0.0.1:0"];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--model", self.weights, "--model-slug", &slug]);
+        if let Some(q) = served.quantize {
+            a.extend_from_slice(&["--quantize", q]);
+        }
+        a.extend_from_slice(&[
+            "--kv-budget-mib",
+            self.mib,
+            "--control-plane",
+            self.cp_internal,
+        ]);
+        a.extend_from_slice(&["--metrics-listen", "127.0.0.1:0"]);
+        a.extend_from_slice(&["--node-name", &node_name]);
+        a.extend_from_slice(&["--prefill-deadline-secs", &self.deadline]);
+        if let Some(t) = &self.threads {
+            a.extend_from_slice(&["--threads", t]);
+        }
+        if role != "prefill"
+            && let Some(n) = &self.corrupt
+        {
+            a.extend_from_slice(&["--corrupt-answers-after", n]);
+        }
+        if role == "prefill"
+            && let Some(p) = &self.faults
+        {
+            a.extend_from_slice(&["--frame-faults-percent", p]);
+        }
+        let env = vec![
+            ("BULKHEAD_NODE_TOKEN", self.node_token.to_owned()),
+            ("BULKHEAD_TLS_DIR", self.tls.to_owned()),
+            ("BULKHEAD_TLS_CA", path(&files.ca)?),
+            ("BULKHEAD_TLS_CERT", path(&files.cert)?),
+            ("BULKHEAD_TLS_KEY", path(&files.key)?),
+        ];
+        let line = c.spawn_with(&format!("{} worker", &node_name["up-".len()..]), &a, env)?;
+        let key = node_name.trim_start_matches("up-").to_owned();
+        creds
+            .metrics
+            .insert(key, format!("http://{}/metrics", addr(&line, "metrics")?));
+        Ok(line)
+    }
 }
 
 /// The most tokens a worker's pool can hold in `budget` bytes (f16 keys
