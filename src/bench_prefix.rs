@@ -74,61 +74,8 @@ pub(crate) fn run(args: &PrefixBenchArgs) -> anyhow::Result<()> {
             last.len()
         );
     }
-    // ttft[turn] = (on, off) samples.
-    let mut ttft: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); args.turns];
-    for chat in 0..args.chats {
-        let scope = CacheScope::new(namespace(chat), None);
-        for (turn, prompt) in prompts.iter().enumerate() {
-            // Alternate which engine goes first, so drift hits both alike.
-            let order = if (chat + turn) % 2 == 0 {
-                [true, false]
-            } else {
-                [false, true]
-            };
-            for cached in order {
-                let (engine, cache) = if cached {
-                    (&on, Some(scope))
-                } else {
-                    (&off, None)
-                };
-                // The turn's full request: the reply is generated too, so
-                // the cache holds what a real chat leaves behind.
-                let t = first_token(engine, prompt.clone(), args.reply_tokens, cache)?;
-                let slot = &mut ttft[turn];
-                if cached {
-                    slot.0.push(t)
-                } else {
-                    slot.1.push(t)
-                }
-            }
-        }
-    }
-    // Interleaved, so drift hits both alike; the cached engine's requests
-    // carry a scope (and reuse the prompt from the second run on).
-    // Pairs in alternating order; the ratio is the median of the pairs'.
-    let (mut rates_on, mut rates_off, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    let decode_scope = CacheScope::new(namespace(usize::MAX), None);
-    for pair in 0..args.decode_pairs.max(1) {
-        let one = |cached: bool| {
-            if cached {
-                decode_rate(&on, &prompts[0], args.decode_tokens, Some(decode_scope))
-            } else {
-                decode_rate(&off, &prompts[0], args.decode_tokens, None)
-            }
-        };
-        let (a, b) = if pair % 2 == 0 {
-            let a = one(true)?;
-            (a, one(false)?)
-        } else {
-            let b = one(false)?;
-            (one(true)?, b)
-        };
-        rates_on.push(a);
-        rates_off.push(b);
-        ratios.push(a / b);
-    }
-    let (decode_on, decode_off) = (median(rates_on), median(rates_off));
-    let decode_ratio = median(ratios);
+    let ttft = ttft_by_turn(&on, &off, &prompts, args)?;
+    let (decode_on, decode_off, decode_ratio) = decode_both(&on, &off, &prompts[0], args)?;
     let hit_tokens = on.stats().map_or(0, |s| s.pool.prefix_hit_tokens);
 
     let rows: Vec<_> = ttft
@@ -175,6 +122,80 @@ pub(crate) fn run(args: &PrefixBenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Each turn's time-to-first-token samples, cache on and off.
+#[allow(clippy::type_complexity)]
+fn ttft_by_turn(
+    on: &Engine,
+    off: &Engine,
+    prompts: &[Vec<u32>],
+    args: &PrefixBenchArgs,
+) -> anyhow::Result<Vec<(Vec<Duration>, Vec<Duration>)>> {
+    let mut ttft: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); args.turns];
+    for chat in 0..args.chats {
+        let scope = CacheScope::new(namespace(chat), None);
+        for (turn, prompt) in prompts.iter().enumerate() {
+            // Alternate which engine goes first, so drift hits both alike.
+            let order = if (chat + turn) % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for cached in order {
+                let (engine, cache) = if cached {
+                    (on, Some(scope))
+                } else {
+                    (off, None)
+                };
+                // The turn's full request: the reply is generated too, so
+                // the cache holds what a real chat leaves behind.
+                let t = first_token(engine, prompt.clone(), args.reply_tokens, cache)?;
+                let slot = &mut ttft[turn];
+                if cached {
+                    slot.0.push(t)
+                } else {
+                    slot.1.push(t)
+                }
+            }
+        }
+    }
+    Ok(ttft)
+}
+
+/// Decode tokens/s with the cache and without, and the median of the
+/// pairs' ratios.
+fn decode_both(
+    on: &Engine,
+    off: &Engine,
+    prompt: &[u32],
+    args: &PrefixBenchArgs,
+) -> anyhow::Result<(f64, f64, f64)> {
+    // Interleaved, so drift hits both alike; the cached engine's requests
+    // carry a scope (and reuse the prompt from the second run on).
+    // Pairs in alternating order; the ratio is the median of the pairs'.
+    let (mut rates_on, mut rates_off, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let decode_scope = CacheScope::new(namespace(usize::MAX), None);
+    for pair in 0..args.decode_pairs.max(1) {
+        let one = |cached: bool| {
+            if cached {
+                decode_rate(on, prompt, args.decode_tokens, Some(decode_scope))
+            } else {
+                decode_rate(off, prompt, args.decode_tokens, None)
+            }
+        };
+        let (a, b) = if pair % 2 == 0 {
+            let a = one(true)?;
+            (a, one(false)?)
+        } else {
+            let b = one(false)?;
+            (one(true)?, b)
+        };
+        rates_on.push(a);
+        rates_off.push(b);
+        ratios.push(a / b);
+    }
+    Ok((median(rates_on), median(rates_off), median(ratios)))
 }
 
 /// A namespace of the bench's own (the platform derives real ones).
