@@ -85,47 +85,9 @@ pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         let alone = ttft_of_a(&decode, &short, args.samples).await?;
 
         // (a) B sends long in-window prompts, `long_streams` at a time.
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut flood = JoinSet::new();
-        for s in 0..args.long_streams {
-            let (decode, stop) = (decode.clone(), Arc::clone(&stop));
-            let prompts: Vec<Vec<u32>> = (0..8).map(|i| long.get(i, args.long_tokens)).collect();
-            flood.spawn(async move {
-                let mut o = Outcomes::default();
-                let mut i = s;
-                while !stop.load(Ordering::Relaxed) {
-                    let req = request(prompts[i % prompts.len()].clone(), 1);
-                    o = add(o, run_b(&decode, req, None).await);
-                    i += 1;
-                }
-                o
-            });
-        }
-        // Let the flood fill the prefill worker first.
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let long_ttft = ttft_of_a(&decode, &short, args.samples).await?;
-        stop.store(true, Ordering::Relaxed);
-        let mut long_b = Outcomes::default();
-        while let Some(o) = flood.join_next().await {
-            long_b = add(long_b, o?);
-        }
-
+        let (long_ttft, long_b) = long_prompt_flood(&decode, &short, &long, args).await?;
         // (b) B opens streams that may each generate up to the window.
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut flood = JoinSet::new();
-        for s in 0..args.reserve_streams {
-            let (decode, stop) = (decode.clone(), Arc::clone(&stop));
-            let prompt = short.get(s % args.samples.max(1), args.short_tokens);
-            let max = window - prompt.len();
-            flood.spawn(async move { run_b(&decode, request(prompt, max), Some(stop)).await });
-        }
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let reserve_ttft = ttft_of_a(&decode, &short, args.samples).await?;
-        stop.store(true, Ordering::Relaxed);
-        let mut reserve_b = Outcomes::default();
-        while let Some(o) = flood.join_next().await {
-            reserve_b = add(reserve_b, o?);
-        }
+        let (reserve_ttft, reserve_b) = reservation_flood(&decode, &short, window, args).await?;
         let engine = Arc::clone(&decode_engine);
         let preemptions = tokio::task::spawn_blocking(move || engine.stats())
             .await?
@@ -154,50 +116,123 @@ pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         if args.json {
             println!("{report}");
         } else {
-            println!(
-                "tenant A's time to first token ({} requests per phase, window {window} tokens)",
-                args.samples
-            );
-            println!(
-                "{:<34} {:>9} {:>9} {:>8} {:>18}",
-                "phase", "p50 ms", "p99 ms", "p99/alone", "B ok/refused/failed"
-            );
-            println!(
-                "{:<34} {:>9.1} {:>9.1} {:>8} {:>18}",
-                "alone",
-                a50 * 1e3,
-                a99 * 1e3,
-                "1.00",
-                "-"
-            );
-            for (name, t, b) in [
-                (
-                    format!(
-                        "B: {} x {}-token prompts",
-                        args.long_streams, args.long_tokens
-                    ),
-                    &long_ttft,
-                    long_b,
-                ),
-                (
-                    format!("B: {} streams to the window", args.reserve_streams),
-                    &reserve_ttft,
-                    reserve_b,
-                ),
-            ] {
-                println!(
-                    "{:<34} {:>9.1} {:>9.1} {:>8.2} {:>18}",
-                    name,
-                    percentile(t, 50) * 1e3,
-                    percentile(t, 99) * 1e3,
-                    percentile(t, 99) / a99,
-                    format!("{}/{}/{}", b.answered, b.refused, b.failed)
-                );
-            }
-            println!("decode preemptions: {preemptions}");
+            let floods = [(&long_ttft, long_b), (&reserve_ttft, reserve_b)];
+            print_table(args, window, (a50, a99), floods, preemptions);
         }
         Ok(())
     })
+}
+
+/// Tenant A's time to first token while B sends long in-window prompts,
+/// `long_streams` at a time; and how B's requests ended.
+async fn long_prompt_flood(
+    decode: &DecodeWorker,
+    short: &Prompts,
+    long: &Prompts,
+    args: &NeighboursBenchArgs,
+) -> anyhow::Result<(Vec<f64>, Outcomes)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut flood = JoinSet::new();
+    for s in 0..args.long_streams {
+        let (decode, stop) = (decode.clone(), Arc::clone(&stop));
+        let prompts: Vec<Vec<u32>> = (0..8).map(|i| long.get(i, args.long_tokens)).collect();
+        flood.spawn(async move {
+            let mut o = Outcomes::default();
+            let mut i = s;
+            while !stop.load(Ordering::Relaxed) {
+                let req = request(prompts[i % prompts.len()].clone(), 1);
+                o = add(o, run_b(&decode, req, None).await);
+                i += 1;
+            }
+            o
+        });
+    }
+    // Let the flood fill the prefill worker first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let long_ttft = ttft_of_a(decode, short, args.samples).await?;
+    stop.store(true, Ordering::Relaxed);
+    let mut long_b = Outcomes::default();
+    while let Some(o) = flood.join_next().await {
+        long_b = add(long_b, o?);
+    }
+    Ok((long_ttft, long_b))
+}
+
+/// Tenant A's time to first token while B holds streams that may each
+/// generate up to the window; and how B's requests ended.
+async fn reservation_flood(
+    decode: &DecodeWorker,
+    short: &Prompts,
+    window: usize,
+    args: &NeighboursBenchArgs,
+) -> anyhow::Result<(Vec<f64>, Outcomes)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut flood = JoinSet::new();
+    for s in 0..args.reserve_streams {
+        let (decode, stop) = (decode.clone(), Arc::clone(&stop));
+        let prompt = short.get(s % args.samples.max(1), args.short_tokens);
+        let max = window - prompt.len();
+        flood.spawn(async move { run_b(&decode, request(prompt, max), Some(stop)).await });
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let reserve_ttft = ttft_of_a(decode, short, args.samples).await?;
+    stop.store(true, Ordering::Relaxed);
+    let mut reserve_b = Outcomes::default();
+    while let Some(o) = flood.join_next().await {
+        reserve_b = add(reserve_b, o?);
+    }
+    Ok((reserve_ttft, reserve_b))
+}
+
+/// The figures as a table.
+fn print_table(
+    args: &NeighboursBenchArgs,
+    window: usize,
+    (a50, a99): (f64, f64),
+    [(long_ttft, long_b), (reserve_ttft, reserve_b)]: [(&Vec<f64>, Outcomes); 2],
+    preemptions: u64,
+) {
+    println!(
+        "tenant A's time to first token ({} requests per phase, window {window} tokens)",
+        args.samples
+    );
+    println!(
+        "{:<34} {:>9} {:>9} {:>8} {:>18}",
+        "phase", "p50 ms", "p99 ms", "p99/alone", "B ok/refused/failed"
+    );
+    println!(
+        "{:<34} {:>9.1} {:>9.1} {:>8} {:>18}",
+        "alone",
+        a50 * 1e3,
+        a99 * 1e3,
+        "1.00",
+        "-"
+    );
+    for (name, t, b) in [
+        (
+            format!(
+                "B: {} x {}-token prompts",
+                args.long_streams, args.long_tokens
+            ),
+            &long_ttft,
+            long_b,
+        ),
+        (
+            format!("B: {} streams to the window", args.reserve_streams),
+            &reserve_ttft,
+            reserve_b,
+        ),
+    ] {
+        println!(
+            "{:<34} {:>9.1} {:>9.1} {:>8.2} {:>18}",
+            name,
+            percentile(t, 50) * 1e3,
+            percentile(t, 99) * 1e3,
+            percentile(t, 99) / a99,
+            format!("{}/{}/{}", b.answered, b.refused, b.failed)
+        );
+    }
+    println!("decode preemptions: {preemptions}");
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
