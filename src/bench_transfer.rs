@@ -127,66 +127,73 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
     if args.json {
         writeln!(out, "{v}")?;
     } else {
-        writeln!(
-            out,
-            "KV transfer, {pages} pages ({:.1} MB) over loopback TCP, median of {rounds}:",
-            bytes as f64 / 1e6
-        )?;
-        writeln!(
-            out,
-            "  raw socket copy        {:>7.2} GB/s   (same bytes, buffer to buffer)",
-            gbps(raw_s)
-        )?;
-        writeln!(
-            out,
-            "  hot loopback ceiling   {:>7.2} GB/s   (one cache-hot page buffer each side; transfer is {:.2}x of it)",
-            gbps(hot_s),
-            hot_s / on_s
-        )?;
-        writeln!(
-            out,
-            "  transfer, tags         {:>7.2} GB/s   {:.2}x raw; tags cost {:.1}% against CRC alone (as served on RDMA)",
-            gbps(on_s),
-            raw_s / on_s,
-            (on_s / crc_s - 1.0) * 100.0
-        )?;
-        writeln!(
-            out,
-            "  transfer, CRC only     {:>7.2} GB/s   {:.2}x raw (the unkeyed check tags replaced)",
-            gbps(crc_s),
-            raw_s / crc_s
-        )?;
-        writeln!(
-            out,
-            "  transfer, tags + mTLS  {:>7.2} GB/s   {:.2}x raw; {:.1}% against CRC alone in the clear (as served: TLS encrypts)",
-            gbps(tls_s),
-            raw_s / tls_s,
-            (tls_s / crc_s - 1.0) * 100.0
-        )?;
-        writeln!(
-            out,
-            "  transfer, no checksums {:>7.2} GB/s   {:.2}x raw",
-            gbps(off_s),
-            raw_s / off_s
-        )?;
-        writeln!(
-            out,
-            "Time to first token, {}-token prompt: colocated {:.1} ms, disaggregated {:.1} ms ({:.3}x)",
-            args.prompt_tokens,
-            col_s * 1e3,
-            dis_s * 1e3,
-            dis_s / col_s
-        )?;
-        writeln!(
-            out,
-            "Stale-byte guard (zeroing what a reused page's new owner leaves unwritten): {:.1} us per transfer ({:.4}% of it), {:.1} us per first token ({:.4}% of it)",
-            guard_transfer_s * 1e6,
-            guard_transfer_s / on_s * 100.0,
-            guard_ttft_s * 1e6,
-            guard_ttft_s / dis_s * 100.0
-        )?;
+        print_text(&mut out, &v, rounds)?;
     }
     Ok(())
+}
+
+/// The figures of [`run`] as sentences.
+fn print_text(out: &mut impl Write, v: &serde_json::Value, rounds: usize) -> std::io::Result<()> {
+    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let raw = f("raw_gb_s");
+    writeln!(
+        out,
+        "KV transfer, {} pages ({:.1} MB) over loopback TCP, median of {rounds}:",
+        v["pages"],
+        f("bytes") / 1e6
+    )?;
+    writeln!(
+        out,
+        "  raw socket copy        {raw:>7.2} GB/s   (same bytes, buffer to buffer)"
+    )?;
+    writeln!(
+        out,
+        "  hot loopback ceiling   {:>7.2} GB/s   (one cache-hot page buffer each side; transfer is {:.2}x of it)",
+        f("hot_loopback_gb_s"),
+        f("transfer_ratio_to_hot_loopback")
+    )?;
+    writeln!(
+        out,
+        "  transfer, tags         {:>7.2} GB/s   {:.2}x raw; tags cost {:.1}% against CRC alone (as served on RDMA)",
+        f("transfer_gb_s"),
+        f("transfer_ratio_to_raw"),
+        f("tag_cost") * 100.0
+    )?;
+    writeln!(
+        out,
+        "  transfer, CRC only     {:>7.2} GB/s   {:.2}x raw (the unkeyed check tags replaced)",
+        f("transfer_crc_only_gb_s"),
+        f("transfer_crc_only_gb_s") / raw
+    )?;
+    writeln!(
+        out,
+        "  transfer, tags + mTLS  {:>7.2} GB/s   {:.2}x raw; {:.1}% against CRC alone in the clear (as served: TLS encrypts)",
+        f("transfer_tls_gb_s"),
+        f("transfer_tls_gb_s") / raw,
+        f("tls_and_tag_cost") * 100.0
+    )?;
+    writeln!(
+        out,
+        "  transfer, no checksums {:>7.2} GB/s   {:.2}x raw",
+        f("transfer_no_checksum_gb_s"),
+        f("transfer_ratio_to_raw_no_checksum")
+    )?;
+    writeln!(
+        out,
+        "Time to first token, {}-token prompt: colocated {:.1} ms, disaggregated {:.1} ms ({:.3}x)",
+        v["prompt_tokens"],
+        f("ttft_colocated_ms"),
+        f("ttft_disaggregated_ms"),
+        f("ttft_ratio_disagg_to_colocated")
+    )?;
+    writeln!(
+        out,
+        "Stale-byte guard (zeroing what a reused page's new owner leaves unwritten): {:.1} us per transfer ({:.4}% of it), {:.1} us per first token ({:.4}% of it)",
+        f("stale_guard_us_per_transfer"),
+        f("stale_guard_share_of_transfer") * 100.0,
+        f("stale_guard_us_per_ttft"),
+        f("stale_guard_share_of_ttft") * 100.0
+    )
 }
 
 /// A pool of `pages` pages, all owned by one sequence whose prompt ends
