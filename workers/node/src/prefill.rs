@@ -443,128 +443,26 @@ async fn write_loop<T: Transport>(
 ) -> mpsc::UnboundedReceiver<Ctrl> {
     let c = &w.counters;
     let mut live: HashMap<TransferId, Sending> = HashMap::new();
-    let ok = loop {
-        tokio::select! {
+    loop {
+        let going = tokio::select! {
             biased;
-            ev = ctrl.recv() => {
-                let Some(ev) = ev else { break false };
-                let sent = match ev {
-                    Ctrl::Open(grant, tokens, span) => {
-                        live.insert(grant.transfer(), Sending { sent: Vec::with_capacity(grant.len()), pages: Vec::new(), grant, tokens, done: false, aborting: false, span });
-                        Ok(())
-                    }
-                    Ctrl::Reject(transfer, error) => {
-                        t.send(&Message::Rejected { transfer, error }).await
-                    }
-                    Ctrl::PeerAbort(transfer) => {
-                        if let Some(s) = live.remove(&transfer) {
-                            s.span.record("bulkhead.transfer.outcome", "aborted_by_decode");
-                            c.aborts_received.fetch_add(1, Ordering::Relaxed);
-                            w.engine.release_source(transfer);
-                            c.acks_sent.fetch_add(1, Ordering::Relaxed);
-                            // Every write for it is behind us: acknowledge once.
-                            t.send(&Message::AbortAck { transfer }).await
-                        } else {
-                            c.dropped_frames.fetch_add(1, Ordering::Relaxed);
-                            Ok(())
-                        }
-                    }
-                    Ctrl::AbortAck(transfer) => {
-                        match live.get(&transfer) {
-                            Some(s) if s.aborting => {
-                                live.remove(&transfer);
-                                c.acks_received.fetch_add(1, Ordering::Relaxed);
-                            }
-                            _ => { c.dropped_frames.fetch_add(1, Ordering::Relaxed); }
-                        }
-                        Ok(())
-                    }
-                    Ctrl::Release(transfer) => {
-                        match live.get(&transfer) {
-                            Some(s) if s.done => {
-                                s.span.record("bulkhead.transfer.outcome", "released");
-                                s.span.record("bulkhead.transfer.pages", bulkhead_telemetry::int(s.sent.len()));
-                                live.remove(&transfer);
-                                c.released.fetch_add(1, Ordering::Relaxed);
-                                w.engine.release_source(transfer);
-                            }
-                            _ => { c.dropped_frames.fetch_add(1, Ordering::Relaxed); }
-                        }
-                        Ok(())
-                    }
-                    Ctrl::Closed => break false,
-                };
-                if sent.is_err() { break false; }
-            }
-            cmd = admin.recv() => {
-                if let Ok(AdminCommand::AbortAll) = cmd {
-                    let mut failed = false;
-                    for (transfer, s) in &mut live {
-                        if !s.aborting && !s.done {
-                            s.aborting = true;
-                            s.span.record("bulkhead.transfer.outcome", "aborted");
-                            w.engine.release_source(*transfer);
-                            c.aborts_sent.fetch_add(1, Ordering::Relaxed);
-                            failed |= t.send(&Message::Abort { transfer: *transfer }).await.is_err();
-                        }
-                    }
-                    if failed { break false; }
-                }
-            }
-            d = data.recv() => {
-                let Some(Data(transfer, ev)) = d else { break false };
-                let Some(s) = live.get_mut(&transfer).filter(|s| !s.aborting && !s.done) else {
-                    continue;
-                };
-                let r = match ev {
-                    Item::Page(page) => match s.grant.slot(page.slot()) {
-                        Some(slot) => {
-                            let r = t.write_page(slot, page.bytes(), s.grant.key()).await.map(|sum| {
-                                s.sent.push((slot.generation(), sum));
-                                c.pages_sent.fetch_add(1, Ordering::Relaxed);
-                            });
-                            s.pages.push(page);
-                            r
-                        }
-                        None => {
-                            // The engine made more pages than were granted:
-                            // never write past the grant; abort instead.
-                            s.aborting = true;
-                            s.span.record("bulkhead.transfer.outcome", "aborted");
-                            w.engine.release_source(transfer);
-                            c.aborts_sent.fetch_add(1, Ordering::Relaxed);
-                            t.send(&Message::Abort { transfer }).await
-                        }
-                    },
-                    Item::Computed(logits) => {
-                        let digest = transfer_digest(&s.sent, s.tokens, &logits);
-                        s.done = true;
-                        c.completed.fetch_add(1, Ordering::Relaxed);
-                        let mac = s.grant.key().done_tag(s.tokens, digest);
-                        t.send(&Message::Done(Done { transfer, tokens: s.tokens, digest, logits, mac })).await
-                    }
-                    Item::Progress(computed) => {
-                        t.send(&Message::Progress { transfer, computed: computed as u64 }).await
-                    }
-                    Item::Refused(error) => {
-                        // Never allocated: no page to release, nothing sent.
-                        s.span.record("bulkhead.transfer.outcome", "rejected");
-                        live.remove(&transfer);
-                        c.rejected.fetch_add(1, Ordering::Relaxed);
-                        t.send(&Message::Rejected { transfer, error }).await
-                    }
-                    Item::Failed => {
-                        s.aborting = true;
-                        s.span.record("bulkhead.transfer.outcome", "aborted");
-                        c.aborts_sent.fetch_add(1, Ordering::Relaxed);
-                        t.send(&Message::Abort { transfer }).await
-                    }
-                };
-                if r.is_err() { break false; }
-            }
+            ev = ctrl.recv() => match ev {
+                Some(ev) => on_ctrl(&mut t, &w, &mut live, ev).await.is_ok(),
+                None => false,
+            },
+            cmd = admin.recv() => match cmd {
+                Ok(AdminCommand::AbortAll) => abort_all(&mut t, &w, &mut live).await,
+                _ => true,
+            },
+            d = data.recv() => match d {
+                Some(Data(transfer, ev)) => on_data(&mut t, &w, &mut live, transfer, ev).await.is_ok(),
+                None => false,
+            },
+        };
+        if !going {
+            break;
         }
-    };
-    let _ = ok;
+    }
     // The connection is gone: nothing more can be written or acknowledged.
     if !live.is_empty() {
         c.connection_losses.fetch_add(1, Ordering::Relaxed);
@@ -574,6 +472,181 @@ async fn write_loop<T: Transport>(
         w.engine.release_source(transfer);
     }
     ctrl
+}
+
+/// One control event; an error ends the connection.
+async fn on_ctrl<T: Transport>(
+    t: &mut T,
+    w: &PrefillWorker,
+    live: &mut HashMap<TransferId, Sending>,
+    ev: Ctrl,
+) -> Result<(), ()> {
+    let c = &w.counters;
+    match ev {
+        Ctrl::Open(grant, tokens, span) => {
+            live.insert(
+                grant.transfer(),
+                Sending {
+                    sent: Vec::with_capacity(grant.len()),
+                    pages: Vec::new(),
+                    grant,
+                    tokens,
+                    done: false,
+                    aborting: false,
+                    span,
+                },
+            );
+            Ok(())
+        }
+        Ctrl::Reject(transfer, error) => t
+            .send(&Message::Rejected { transfer, error })
+            .await
+            .map_err(drop),
+        Ctrl::PeerAbort(transfer) => {
+            if let Some(s) = live.remove(&transfer) {
+                s.span
+                    .record("bulkhead.transfer.outcome", "aborted_by_decode");
+                c.aborts_received.fetch_add(1, Ordering::Relaxed);
+                w.engine.release_source(transfer);
+                c.acks_sent.fetch_add(1, Ordering::Relaxed);
+                // Every write for it is behind us: acknowledge once.
+                t.send(&Message::AbortAck { transfer }).await.map_err(drop)
+            } else {
+                c.dropped_frames.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+        Ctrl::AbortAck(transfer) => {
+            match live.get(&transfer) {
+                Some(s) if s.aborting => {
+                    live.remove(&transfer);
+                    c.acks_received.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {
+                    c.dropped_frames.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        }
+        Ctrl::Release(transfer) => {
+            match live.get(&transfer) {
+                Some(s) if s.done => {
+                    s.span.record("bulkhead.transfer.outcome", "released");
+                    s.span.record(
+                        "bulkhead.transfer.pages",
+                        bulkhead_telemetry::int(s.sent.len()),
+                    );
+                    live.remove(&transfer);
+                    c.released.fetch_add(1, Ordering::Relaxed);
+                    w.engine.release_source(transfer);
+                }
+                _ => {
+                    c.dropped_frames.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        }
+        Ctrl::Closed => Err(()),
+    }
+}
+
+/// Aborts every transfer still sending (an operator's command); false when
+/// the connection failed meanwhile.
+async fn abort_all<T: Transport>(
+    t: &mut T,
+    w: &PrefillWorker,
+    live: &mut HashMap<TransferId, Sending>,
+) -> bool {
+    let c = &w.counters;
+    let mut failed = false;
+    for (transfer, s) in live.iter_mut() {
+        if !s.aborting && !s.done {
+            s.aborting = true;
+            s.span.record("bulkhead.transfer.outcome", "aborted");
+            w.engine.release_source(*transfer);
+            c.aborts_sent.fetch_add(1, Ordering::Relaxed);
+            failed |= t
+                .send(&Message::Abort {
+                    transfer: *transfer,
+                })
+                .await
+                .is_err();
+        }
+    }
+    !failed
+}
+
+/// One item of a transfer's data; an error ends the connection.
+async fn on_data<T: Transport>(
+    t: &mut T,
+    w: &PrefillWorker,
+    live: &mut HashMap<TransferId, Sending>,
+    transfer: TransferId,
+    ev: Item,
+) -> Result<(), ()> {
+    let c = &w.counters;
+    let Some(s) = live.get_mut(&transfer).filter(|s| !s.aborting && !s.done) else {
+        return Ok(());
+    };
+    let r = match ev {
+        Item::Page(page) => match s.grant.slot(page.slot()) {
+            Some(slot) => {
+                let r = t
+                    .write_page(slot, page.bytes(), s.grant.key())
+                    .await
+                    .map(|sum| {
+                        s.sent.push((slot.generation(), sum));
+                        c.pages_sent.fetch_add(1, Ordering::Relaxed);
+                    });
+                s.pages.push(page);
+                r
+            }
+            None => {
+                // The engine made more pages than were granted:
+                // never write past the grant; abort instead.
+                s.aborting = true;
+                s.span.record("bulkhead.transfer.outcome", "aborted");
+                w.engine.release_source(transfer);
+                c.aborts_sent.fetch_add(1, Ordering::Relaxed);
+                t.send(&Message::Abort { transfer }).await
+            }
+        },
+        Item::Computed(logits) => {
+            let digest = transfer_digest(&s.sent, s.tokens, &logits);
+            s.done = true;
+            c.completed.fetch_add(1, Ordering::Relaxed);
+            let mac = s.grant.key().done_tag(s.tokens, digest);
+            t.send(&Message::Done(Done {
+                transfer,
+                tokens: s.tokens,
+                digest,
+                logits,
+                mac,
+            }))
+            .await
+        }
+        Item::Progress(computed) => {
+            t.send(&Message::Progress {
+                transfer,
+                computed: computed as u64,
+            })
+            .await
+        }
+        Item::Refused(error) => {
+            // Never allocated: no page to release, nothing sent.
+            s.span.record("bulkhead.transfer.outcome", "rejected");
+            live.remove(&transfer);
+            c.rejected.fetch_add(1, Ordering::Relaxed);
+            t.send(&Message::Rejected { transfer, error }).await
+        }
+        Item::Failed => {
+            s.aborting = true;
+            s.span.record("bulkhead.transfer.outcome", "aborted");
+            c.aborts_sent.fetch_add(1, Ordering::Relaxed);
+            t.send(&Message::Abort { transfer }).await
+        }
+    };
+    r.map_err(drop)
 }
 
 /// After the writer stopped and the reader is gone: transfers admitted but
