@@ -202,89 +202,15 @@ pub(crate) fn forward(
         lw.wq.matmul(&mut ws, q);
         lw.wk.matmul(&mut ws, k);
         lw.wv.matmul(&mut ws, v);
-        for (r, &(s, pos)) in rows.iter().enumerate() {
-            for head in q[r * h..(r + 1) * h].chunks_exact_mut(hd) {
-                rope.apply(head, pos);
-            }
-            for head in k[r * kvd..(r + 1) * kvd].chunks_exact_mut(hd) {
-                rope.apply(head, pos);
-            }
-            // With llama.cpp numerics the cache holds f16 values (its default).
-            if numerics == Numerics::LlamaCpp {
-                round_f16_slice(&mut k[r * kvd..(r + 1) * kvd]);
-                round_f16_slice(&mut v[r * kvd..(r + 1) * kvd]);
-            }
-            if violated[s].is_some() {
-                continue;
-            }
-            let b = &batch[s];
-            if let Err(e) = pool.write_token(
-                b.table,
-                l,
-                pos,
-                &k[r * kvd..(r + 1) * kvd],
-                &v[r * kvd..(r + 1) * kvd],
-            ) {
-                violated[s] = Some(e);
-            }
-        }
-
-        let reader = pool.reader();
-        let dtype = pool.geometry().dtype;
-        let group = c.heads / c.kv_heads;
-        #[allow(clippy::cast_precision_loss)]
-        let scale = 1.0 / (hd as f32).sqrt();
-        let ps = pool.geometry().page_size;
-        // One task per (row, KV head): its `group` query heads share every
-        // key and value load.
-        let found: Vec<(usize, OwnerViolation)> = attn
-            .par_chunks_mut(group * hd)
-            .enumerate()
-            .filter_map(|(task, out)| {
-                let (r, kvh) = (task / c.kv_heads, task % c.kv_heads);
-                let (s, pos) = rows[r];
-                out.fill(0.0);
-                if violated[s].is_some() {
-                    return None;
-                }
-                let b = &batch[s];
-                let qv = &q[r * h + kvh * group * hd..r * h + (kvh + 1) * group * hd];
-                // llama.cpp sums attention dot products in sgemm order for a
-                // chunk of two or more tokens and in vec_dot order for one.
-                let order = if b.tokens.len() > 1 {
-                    SumOrder::Sgemm
-                } else {
-                    SumOrder::VecDot
-                };
-                let n_ctx = pos + 1;
-                // As llama.cpp's default (non-flash) attention on an f16 KV
-                // cache: q rounded to f16, softmax normalized in full,
-                // probabilities rounded to f16 before weighting values.
-                let mut qr = qv.to_vec();
-                let qr = &mut qr[..];
-                if numerics == Numerics::LlamaCpp {
-                    round_f16_slice(qr);
-                }
-                let n_pages = n_ctx.div_ceil(ps);
-                let mut views = Vec::with_capacity(n_pages);
-                for index in 0..n_pages {
-                    match reader.page(b.table, index, l) {
-                        Ok(view) => views.push(view),
-                        Err(e) => return Some((s, e)),
-                    }
-                }
-                match dtype {
-                    KvDtype::F16 => attend::<half::f16>(
-                        qr, hd, &views, kvh, n_ctx, ps, scale, numerics, order, out,
-                    ),
-                    KvDtype::F32 => {
-                        attend::<f32>(qr, hd, &views, kvh, n_ctx, ps, scale, numerics, order, out)
-                    }
-                }
-                None
-            })
-            .collect();
-        for (s, e) in found {
+        let layer = Layer {
+            l,
+            rows: &rows,
+            h,
+            hd,
+            kvd,
+        };
+        rope_and_store(&layer, rope, numerics, pool, batch, q, k, v, &mut violated);
+        for (s, e) in attention(&layer, c, numerics, pool, batch, q, attn, &violated) {
             violated[s].get_or_insert(e);
         }
 
@@ -303,6 +229,154 @@ pub(crate) fn forward(
     }
 
     // Logits only for the last row of each sequence that wants them.
+    let wanted = final_logits(model, batch, &violated, x, hn, logits);
+    let violations = violated
+        .into_iter()
+        .enumerate()
+        .filter_map(|(s, v)| v.map(|v| (s, v)))
+        .collect();
+    ForwardOutput {
+        logits: wanted.into_iter().map(|(s, _)| s).collect(),
+        violations,
+    }
+}
+
+/// One layer's place in a forward pass: its index, each row's sequence
+/// and position, and the model's widths.
+struct Layer<'a> {
+    l: usize,
+    rows: &'a [(usize, usize)],
+    h: usize,
+    hd: usize,
+    kvd: usize,
+}
+
+/// RoPE on every row's queries and keys, then each row's key and value
+/// written to its sequence's pages (a sequence whose write was refused is
+/// marked violated and written no more).
+#[allow(clippy::too_many_arguments)]
+fn rope_and_store(
+    layer: &Layer<'_>,
+    rope: &Rope,
+    numerics: Numerics,
+    pool: &mut KvPool,
+    batch: &[BatchSeq<'_>],
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &mut [f32],
+    violated: &mut [Option<OwnerViolation>],
+) {
+    let (h, hd, kvd) = (layer.h, layer.hd, layer.kvd);
+    for (r, &(s, pos)) in layer.rows.iter().enumerate() {
+        for head in q[r * h..(r + 1) * h].chunks_exact_mut(hd) {
+            rope.apply(head, pos);
+        }
+        for head in k[r * kvd..(r + 1) * kvd].chunks_exact_mut(hd) {
+            rope.apply(head, pos);
+        }
+        // With llama.cpp numerics the cache holds f16 values (its default).
+        if numerics == Numerics::LlamaCpp {
+            round_f16_slice(&mut k[r * kvd..(r + 1) * kvd]);
+            round_f16_slice(&mut v[r * kvd..(r + 1) * kvd]);
+        }
+        if violated[s].is_some() {
+            continue;
+        }
+        let b = &batch[s];
+        if let Err(e) = pool.write_token(
+            b.table,
+            layer.l,
+            pos,
+            &k[r * kvd..(r + 1) * kvd],
+            &v[r * kvd..(r + 1) * kvd],
+        ) {
+            violated[s] = Some(e);
+        }
+    }
+}
+
+/// Attention of every row over its sequence's pages, one task per (row, KV
+/// head); the violations found reading pages.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    layer: &Layer<'_>,
+    c: &ModelConfig,
+    numerics: Numerics,
+    pool: &KvPool,
+    batch: &[BatchSeq<'_>],
+    q: &[f32],
+    attn: &mut [f32],
+    violated: &[Option<OwnerViolation>],
+) -> Vec<(usize, OwnerViolation)> {
+    let (h, hd) = (layer.h, layer.hd);
+    let reader = pool.reader();
+    let dtype = pool.geometry().dtype;
+    let group = c.heads / c.kv_heads;
+    #[allow(clippy::cast_precision_loss)]
+    let scale = 1.0 / (hd as f32).sqrt();
+    let ps = pool.geometry().page_size;
+    // One task per (row, KV head): its `group` query heads share every
+    // key and value load.
+    attn.par_chunks_mut(group * hd)
+        .enumerate()
+        .filter_map(|(task, out)| {
+            let (r, kvh) = (task / c.kv_heads, task % c.kv_heads);
+            let (s, pos) = layer.rows[r];
+            out.fill(0.0);
+            if violated[s].is_some() {
+                return None;
+            }
+            let b = &batch[s];
+            let qv = &q[r * h + kvh * group * hd..r * h + (kvh + 1) * group * hd];
+            // llama.cpp sums attention dot products in sgemm order for a
+            // chunk of two or more tokens and in vec_dot order for one.
+            let order = if b.tokens.len() > 1 {
+                SumOrder::Sgemm
+            } else {
+                SumOrder::VecDot
+            };
+            let n_ctx = pos + 1;
+            // As llama.cpp's default (non-flash) attention on an f16 KV
+            // cache: q rounded to f16, softmax normalized in full,
+            // probabilities rounded to f16 before weighting values.
+            let mut qr = qv.to_vec();
+            let qr = &mut qr[..];
+            if numerics == Numerics::LlamaCpp {
+                round_f16_slice(qr);
+            }
+            let n_pages = n_ctx.div_ceil(ps);
+            let mut views = Vec::with_capacity(n_pages);
+            for index in 0..n_pages {
+                match reader.page(b.table, index, layer.l) {
+                    Ok(view) => views.push(view),
+                    Err(e) => return Some((s, e)),
+                }
+            }
+            match dtype {
+                KvDtype::F16 => {
+                    attend::<half::f16>(qr, hd, &views, kvh, n_ctx, ps, scale, numerics, order, out)
+                }
+                KvDtype::F32 => {
+                    attend::<f32>(qr, hd, &views, kvh, n_ctx, ps, scale, numerics, order, out)
+                }
+            }
+            None
+        })
+        .collect()
+}
+
+/// The output head over the last row of each sequence that wants logits
+/// and is not violated; those sequences, in order.
+fn final_logits(
+    model: &ModelFile,
+    batch: &[BatchSeq<'_>],
+    violated: &[Option<OwnerViolation>],
+    x: &[f32],
+    hn: &mut Vec<f32>,
+    logits: &mut Vec<f32>,
+) -> Vec<(usize, usize)> {
+    let (c, w) = (&model.config, &model.weights);
+    let h = c.hidden;
     let mut wanted = Vec::new();
     let mut last_row = 0;
     for (s, b) in batch.iter().enumerate() {
@@ -325,15 +399,7 @@ pub(crate) fn forward(
         let head: &Matrix = w.output.as_ref().unwrap_or(&w.embed);
         head.matmul(&mut Workspace::new(hn, m, h), take(logits, m * c.vocab));
     }
-    let violations = violated
-        .into_iter()
-        .enumerate()
-        .filter_map(|(s, v)| v.map(|v| (s, v)))
-        .collect();
-    ForwardOutput {
-        logits: wanted.into_iter().map(|(s, _)| s).collect(),
-        violations,
-    }
+    wanted
 }
 
 /// Page memory of one element type, as the pool hands it out.
