@@ -715,9 +715,43 @@ impl EngineCore {
         if !self.running.iter().any(Sequence::runnable) {
             return false;
         }
-        // Decode tokens first, then prefill chunks, within a budget of
-        // about `step_time` of compute at the measured speed, shared fairly
-        // across tenants by cost (`schedule::fair_chunks`).
+        let plan = self.plan(&stalled);
+        if plan.is_empty() {
+            return false;
+        }
+        let batch: Vec<BatchSeq<'_>> = plan
+            .iter()
+            .map(|&(i, start, len)| {
+                let s = &self.running[i];
+                BatchSeq {
+                    table: &s.table,
+                    start,
+                    tokens: &s.tokens[start..start + len],
+                    want_logits: start + len == s.tokens.len(),
+                }
+            })
+            .collect();
+        let model = &self.model;
+        let out = forward(
+            model,
+            &self.rope,
+            self.numerics,
+            &mut self.pool,
+            &batch,
+            &mut self.buffers,
+        );
+        drop(batch);
+
+        self.apply(&plan, out);
+        self.reap();
+        true
+    }
+
+    /// This step's work: decode tokens first, then prefill chunks, within a
+    /// budget of about `step_time` of compute at the measured speed, shared
+    /// fairly across tenants by cost (`schedule::fair_chunks`). Each entry
+    /// is (sequence, start, length).
+    fn plan(&mut self, stalled: &[RequestId]) -> Vec<(usize, usize, usize)> {
         let ps = self.pool.geometry().page_size;
         let budget = self
             .speed
@@ -786,37 +820,18 @@ impl EngineCore {
                 plan.push((i, self.running[i].computed, len));
             }
         }
-        if plan.is_empty() {
-            return false;
-        }
-        let batch: Vec<BatchSeq<'_>> = plan
-            .iter()
-            .map(|&(i, start, len)| {
-                let s = &self.running[i];
-                BatchSeq {
-                    table: &s.table,
-                    start,
-                    tokens: &s.tokens[start..start + len],
-                    want_logits: start + len == s.tokens.len(),
-                }
-            })
-            .collect();
-        let model = &self.model;
-        let out = forward(
-            model,
-            &self.rope,
-            self.numerics,
-            &mut self.pool,
-            &batch,
-            &mut self.buffers,
-        );
-        drop(batch);
+        plan
+    }
 
+    /// What a forward pass of `plan` gave: violations quarantined and
+    /// failed, progress counted and pages lent, tokens sampled, prefilled
+    /// sequences held for their decode side.
+    fn apply(&mut self, plan: &[(usize, usize, usize)], out: crate::forward::ForwardOutput) {
         for (b, violation) in out.violations {
             self.pool.quarantine(&violation);
             self.running[plan[b].0].fail(EngineError::Integrity(violation));
         }
-        for &(i, _, len) in &plan {
+        for &(i, _, len) in plan {
             let seq = &mut self.running[i];
             seq.computed += len;
             if let Role::Prefill { events, .. } = &seq.role
@@ -829,8 +844,8 @@ impl EngineCore {
             }
             seq.lend_pages(&mut self.pool, self.home.as_ref());
         }
-        let tokenizer = model.tokenizer();
-        let vocab = model.config.vocab;
+        let tokenizer = self.model.tokenizer();
+        let vocab = self.model.config.vocab;
         for (b, logits) in out.logits.iter().zip(self.buffers.logits.chunks_mut(vocab)) {
             let seq = &mut self.running[plan[*b].0];
             if !seq.done {
@@ -852,8 +867,6 @@ impl EngineCore {
                 i += 1;
             }
         }
-        self.reap();
-        true
     }
 
     /// Runs `tokens` through the model on pages of this pool (admitted,
@@ -1028,41 +1041,7 @@ impl EngineCore {
     /// Allocates an admitted request's first pages and starts it (or
     /// refuses it for good); gives it back when too few pages are free now.
     fn join_new(&mut self, admitted: Admitted<Pending>) -> Option<Admitted<Pending>> {
-        let allocated = match admitted.payload() {
-            Pending::Generate(PendingRequest {
-                landing: Some((transfer, _)),
-                ..
-            }) => self
-                .pool
-                .allocate_receiving(&admitted, *transfer)
-                .map(|t| (t, 0)),
-            // Prefix reuse: only a sequence that computes its own prompt
-            // here (a landing or prefill table's pages are lent whole).
-            Pending::Generate(PendingRequest {
-                request:
-                    GenerateRequest {
-                        cache: Some(scope),
-                        prompt,
-                        ..
-                    },
-                landing: None,
-                ..
-            }) if self.prefix_cache => self
-                .pool
-                .allocate_prefixed(&admitted, *scope, prompt)
-                .map(|(t, hit)| (t, hit.tokens)),
-            // A prefill worker lends its pages whole: the cached part of
-            // the prompt is copied into pages of its own, not computed.
-            Pending::Prefill(PendingPrefill {
-                cache: Some(scope),
-                prompt,
-                ..
-            }) if self.prefix_cache => self
-                .pool
-                .allocate_prefixed_copy(&admitted, *scope, prompt)
-                .map(|(t, hit)| (t, hit.tokens)),
-            _ => self.pool.allocate(&admitted).map(|t| (t, 0)),
-        };
+        let allocated = self.allocate_for(&admitted);
         let (table, cached) = match allocated {
             Ok(found) => found,
             // The tenant's turn: it waits for pages.
@@ -1071,21 +1050,7 @@ impl EngineCore {
             // admitted elsewhere): it can never fit here. Refuse it with
             // its 4xx and serve the requests behind it.
             Err(_) => {
-                let error = AdmissionError::PoolCapacityExceeded {
-                    prompt_tokens: admitted.prompt_tokens(),
-                    max_tokens: admitted.max_tokens(),
-                    limit: self.pool.capacity_tokens(),
-                };
-                match admitted.into_payload() {
-                    Pending::Generate(p) => {
-                        let _ = p.sink.send(SeqEvent::Failed(EngineError::Rejected(error)));
-                    }
-                    Pending::Prefill(p) => {
-                        let _ = p
-                            .events
-                            .send(PrefillEvent::Failed(EngineError::Rejected(error)));
-                    }
-                }
+                self.refuse_unfit(admitted);
                 return None;
             }
         };
@@ -1158,6 +1123,71 @@ impl EngineCore {
         };
         self.running.push(seq);
         None
+    }
+
+    /// Pages for an admitted request: a landing table for a transfer, a
+    /// prefixed one where the cache holds part of the prompt, else fresh
+    /// ones; with the prompt tokens already computed.
+    fn allocate_for(
+        &mut self,
+        admitted: &Admitted<Pending>,
+    ) -> Result<(PageTable, usize), AllocError> {
+        match admitted.payload() {
+            Pending::Generate(PendingRequest {
+                landing: Some((transfer, _)),
+                ..
+            }) => self
+                .pool
+                .allocate_receiving(admitted, *transfer)
+                .map(|t| (t, 0)),
+            // Prefix reuse: only a sequence that computes its own prompt
+            // here (a landing or prefill table's pages are lent whole).
+            Pending::Generate(PendingRequest {
+                request:
+                    GenerateRequest {
+                        cache: Some(scope),
+                        prompt,
+                        ..
+                    },
+                landing: None,
+                ..
+            }) if self.prefix_cache => self
+                .pool
+                .allocate_prefixed(admitted, *scope, prompt)
+                .map(|(t, hit)| (t, hit.tokens)),
+            // A prefill worker lends its pages whole: the cached part of
+            // the prompt is copied into pages of its own, not computed.
+            Pending::Prefill(PendingPrefill {
+                cache: Some(scope),
+                prompt,
+                ..
+            }) if self.prefix_cache => self
+                .pool
+                .allocate_prefixed_copy(admitted, *scope, prompt)
+                .map(|(t, hit)| (t, hit.tokens)),
+            _ => self.pool.allocate(admitted).map(|t| (t, 0)),
+        }
+    }
+
+    /// An admitted request that can never fit here (pages were quarantined
+    /// since admission, or it was admitted elsewhere): refused with its 4xx,
+    /// so the requests behind it are served.
+    fn refuse_unfit(&self, admitted: Admitted<Pending>) {
+        let error = AdmissionError::PoolCapacityExceeded {
+            prompt_tokens: admitted.prompt_tokens(),
+            max_tokens: admitted.max_tokens(),
+            limit: self.pool.capacity_tokens(),
+        };
+        match admitted.into_payload() {
+            Pending::Generate(p) => {
+                let _ = p.sink.send(SeqEvent::Failed(EngineError::Rejected(error)));
+            }
+            Pending::Prefill(p) => {
+                let _ = p
+                    .events
+                    .send(PrefillEvent::Failed(EngineError::Rejected(error)));
+            }
+        }
     }
 
     /// Gives every decoding sequence the page its next token needs. When
