@@ -327,14 +327,12 @@ fn protocol_copy(
     table: &PageTable,
     tokens: usize,
     window: usize,
-    mut dst: KvPool,
+    dst: KvPool,
     checksums: Checksums,
     tls: Option<&BenchIdentities>,
 ) -> anyhow::Result<(f64, KvPool)> {
-    let geometry = src.geometry();
     let acceptor = tls.map(|i| i.acceptor.clone());
     let connector = tls.map(|i| i.connector.clone());
-    let n = table.len();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -347,129 +345,155 @@ fn protocol_copy(
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            rt.block_on(async move {
-                use tokio::io::AsyncWriteExt;
-                let tcp = tokio::net::TcpStream::from_std(s)?;
-                let mut s: Box<dyn Stream> = match acceptor {
-                    Some(a) => Box::new(a.accept(tcp).await?),
-                    None => Box::new(tcp),
-                };
-                let limits = dst.limits(window);
-                let admitted = limits.admit(TenantId::new(2), tokens, 1, ())?;
-                let t = TransferId::new(1);
-                let landing = dst.allocate_receiving(&admitted, t)?;
-                let gens: Vec<Generation> = landing.generations().collect();
-                let mut lent = dst.lend_landing(&landing, t, None);
-                // The grant goes to the sender first.
-                let mut g = Vec::with_capacity(gens.len() * 8);
-                for x in &gens {
-                    g.extend_from_slice(&x.get().to_le_bytes());
-                }
-                s.write_all(&g).await?;
-                s.flush().await?;
-                let mut ledger = Ledger::new(checksums);
-                ledger.open_transfer(
-                    t,
-                    gens,
-                    tokens as u64,
-                    geometry.bytes_per_page(),
-                    FrameKey::from_bytes(&BENCH_KEY),
-                );
-                let mut scratch = Vec::new();
-                loop {
-                    match Message::read_head(&mut s).await? {
-                        Head::Page(h, len) => {
-                            let verdict = match ledger.landing_slot(&h, len) {
-                                Some(slot) => {
-                                    let page = &mut lent[slot];
-                                    read_payload_into(&mut s, page, len).await?;
-                                    ledger.on_page(&h, page.bytes())
-                                }
-                                None => {
-                                    scratch.resize(len, 0);
-                                    read_payload(&mut s, &mut scratch).await?;
-                                    ledger.on_page(&h, &scratch)
-                                }
-                            };
-                            if !matches!(verdict, PageVerdict::Write { .. }) {
-                                bail!("page refused: {verdict:?}");
-                            }
-                        }
-                        Head::Message(Message::Done(d)) => match ledger.on_done(&d) {
-                            DoneVerdict::Commit(_) => {
-                                for p in lent.drain(..) {
-                                    dst.restore(p);
-                                }
-                                if !dst.commit_received(&landing, t) {
-                                    bail!("a landing page was not written whole");
-                                }
-                                s.write_all(&[1]).await?;
-                                s.flush().await?;
-                                dst.release(landing);
-                                return Ok(dst);
-                            }
-                            v => bail!("transfer refused: {v:?}"),
-                        },
-                        Head::Message(m) => bail!("unexpected frame {m:?}"),
-                    }
-                }
-            })
+            rt.block_on(receive(s, acceptor, dst, window, tokens, checksums))
         },
     )?;
-    let elapsed = rt.block_on(async {
-        use tokio::io::AsyncReadExt;
-        let tcp = tokio::net::TcpStream::connect(addr).await?;
-        tcp.set_nodelay(true)?;
-        let s: Box<dyn Stream> = match connector {
-            Some(c) => Box::new(
-                c.connect(CertRole::Decode.dns_name().try_into()?, tcp)
-                    .await?,
-            ),
-            None => Box::new(tcp),
-        };
-        let (mut rd, wr) = tokio::io::split(s);
-        let mut g = vec![0u8; n * 8];
-        rd.read_exact(&mut g).await?;
-        let gens: Vec<Generation> = g
-            .chunks_exact(8)
-            .map(|c| Generation::from_wire(u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))
-            .collect();
-        let grant = Grant::new(TransferId::new(1), gens, FrameKey::from_bytes(&BENCH_KEY));
-        let mut t = TcpTransport::new(wr, checksums, Duration::from_secs(30));
-        let start = Instant::now();
-        let mut sent = Vec::with_capacity(n);
-        let mut lent = Vec::with_capacity(n);
-        for i in 0..n {
-            let page = src.lend_source(table, i, None)?;
-            let slot = grant.slot(i).context("slot granted")?;
-            let sum = t.write_page(slot, page.bytes(), grant.key()).await?;
-            sent.push((slot.generation(), sum));
-            lent.push(page);
-        }
-        let tokens = tokens as u64;
-        let logits = vec![0.0f32; 16];
-        let digest = transfer_digest(&sent, tokens, &logits);
-        let mac = grant.key().done_tag(tokens, digest);
-        t.send(&Message::Done(Done {
-            transfer: TransferId::new(1),
-            tokens,
-            digest,
-            logits,
-            mac,
-        }))
-        .await?;
-        let mut ack = [0u8; 1];
-        rd.read_exact(&mut ack).await?;
-        let elapsed = start.elapsed().as_secs_f64();
-        for p in lent {
-            src.restore(p);
-        }
-        anyhow::Ok(elapsed)
-    })?;
+    let elapsed = rt.block_on(send_all(addr, connector, src, table, tokens, checksums))?;
     let dst = receiver
         .join()
         .map_err(|_| anyhow::anyhow!("receiver panicked"))??;
     Ok((elapsed, dst))
+}
+
+/// The receiving side of [`protocol_copy`], as a decode worker lands a
+/// transfer: grant, pages checked against the ledger and read into their
+/// slots, commit after the digest; the pool back.
+async fn receive(
+    s: std::net::TcpStream,
+    acceptor: Option<bulkhead_trust::tokio_rustls::TlsAcceptor>,
+    mut dst: KvPool,
+    window: usize,
+    tokens: usize,
+    checksums: Checksums,
+) -> anyhow::Result<KvPool> {
+    let geometry = dst.geometry();
+    use tokio::io::AsyncWriteExt;
+    let tcp = tokio::net::TcpStream::from_std(s)?;
+    let mut s: Box<dyn Stream> = match acceptor {
+        Some(a) => Box::new(a.accept(tcp).await?),
+        None => Box::new(tcp),
+    };
+    let limits = dst.limits(window);
+    let admitted = limits.admit(TenantId::new(2), tokens, 1, ())?;
+    let t = TransferId::new(1);
+    let landing = dst.allocate_receiving(&admitted, t)?;
+    let gens: Vec<Generation> = landing.generations().collect();
+    let mut lent = dst.lend_landing(&landing, t, None);
+    // The grant goes to the sender first.
+    let mut g = Vec::with_capacity(gens.len() * 8);
+    for x in &gens {
+        g.extend_from_slice(&x.get().to_le_bytes());
+    }
+    s.write_all(&g).await?;
+    s.flush().await?;
+    let mut ledger = Ledger::new(checksums);
+    ledger.open_transfer(
+        t,
+        gens,
+        tokens as u64,
+        geometry.bytes_per_page(),
+        FrameKey::from_bytes(&BENCH_KEY),
+    );
+    let mut scratch = Vec::new();
+    loop {
+        match Message::read_head(&mut s).await? {
+            Head::Page(h, len) => {
+                let verdict = match ledger.landing_slot(&h, len) {
+                    Some(slot) => {
+                        let page = &mut lent[slot];
+                        read_payload_into(&mut s, page, len).await?;
+                        ledger.on_page(&h, page.bytes())
+                    }
+                    None => {
+                        scratch.resize(len, 0);
+                        read_payload(&mut s, &mut scratch).await?;
+                        ledger.on_page(&h, &scratch)
+                    }
+                };
+                if !matches!(verdict, PageVerdict::Write { .. }) {
+                    bail!("page refused: {verdict:?}");
+                }
+            }
+            Head::Message(Message::Done(d)) => match ledger.on_done(&d) {
+                DoneVerdict::Commit(_) => {
+                    for p in lent.drain(..) {
+                        dst.restore(p);
+                    }
+                    if !dst.commit_received(&landing, t) {
+                        bail!("a landing page was not written whole");
+                    }
+                    s.write_all(&[1]).await?;
+                    s.flush().await?;
+                    dst.release(landing);
+                    return Ok(dst);
+                }
+                v => bail!("transfer refused: {v:?}"),
+            },
+            Head::Message(m) => bail!("unexpected frame {m:?}"),
+        }
+    }
+}
+
+/// The sending side of [`protocol_copy`], as a prefill worker sends: every
+/// page of `table` lent and written in place, then the digest; the seconds
+/// until the receiver acknowledged.
+async fn send_all(
+    addr: std::net::SocketAddr,
+    connector: Option<bulkhead_trust::tokio_rustls::TlsConnector>,
+    src: &mut KvPool,
+    table: &PageTable,
+    tokens: usize,
+    checksums: Checksums,
+) -> anyhow::Result<f64> {
+    let n = table.len();
+    use tokio::io::AsyncReadExt;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let s: Box<dyn Stream> = match connector {
+        Some(c) => Box::new(
+            c.connect(CertRole::Decode.dns_name().try_into()?, tcp)
+                .await?,
+        ),
+        None => Box::new(tcp),
+    };
+    let (mut rd, wr) = tokio::io::split(s);
+    let mut g = vec![0u8; n * 8];
+    rd.read_exact(&mut g).await?;
+    let gens: Vec<Generation> = g
+        .chunks_exact(8)
+        .map(|c| Generation::from_wire(u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))))
+        .collect();
+    let grant = Grant::new(TransferId::new(1), gens, FrameKey::from_bytes(&BENCH_KEY));
+    let mut t = TcpTransport::new(wr, checksums, Duration::from_secs(30));
+    let start = Instant::now();
+    let mut sent = Vec::with_capacity(n);
+    let mut lent = Vec::with_capacity(n);
+    for i in 0..n {
+        let page = src.lend_source(table, i, None)?;
+        let slot = grant.slot(i).context("slot granted")?;
+        let sum = t.write_page(slot, page.bytes(), grant.key()).await?;
+        sent.push((slot.generation(), sum));
+        lent.push(page);
+    }
+    let tokens = tokens as u64;
+    let logits = vec![0.0f32; 16];
+    let digest = transfer_digest(&sent, tokens, &logits);
+    let mac = grant.key().done_tag(tokens, digest);
+    t.send(&Message::Done(Done {
+        transfer: TransferId::new(1),
+        tokens,
+        digest,
+        logits,
+        mac,
+    }))
+    .await?;
+    let mut ack = [0u8; 1];
+    rd.read_exact(&mut ack).await?;
+    let elapsed = start.elapsed().as_secs_f64();
+    for p in lent {
+        src.restore(p);
+    }
+    anyhow::Ok(elapsed)
 }
 
 /// Time to first token, colocated and disaggregated (prefill and decode
