@@ -526,18 +526,42 @@ pub(crate) struct Collected {
     pub(crate) usage: Usage,
 }
 
+/// A request's usage as both APIs write it.
+pub(crate) fn usage_json(u: Usage) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens
+    })
+}
+
+/// What a generation holds until its answer ends (released when dropped).
+type Held = (Permit, NodeLease, crate::watch::Tracked);
+
+impl Generation {
+    /// The first line, the rest, what is held, and what settles at the end.
+    fn into_parts(self) -> (Line, LineStream, Held, Ends) {
+        let Generation {
+            first,
+            rest,
+            permit,
+            lease,
+            timer,
+            tracked,
+            bill,
+        } = self;
+        (
+            first,
+            rest,
+            (permit, lease, tracked),
+            Ends::new(timer, bill),
+        )
+    }
+}
+
 /// Reads a generation to its end.
 pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
-    let Generation {
-        first,
-        mut rest,
-        permit,
-        lease,
-        timer,
-        tracked,
-        bill,
-    } = g;
-    let mut ends = Ends::new(timer, bill);
+    let (first, mut rest, held, mut ends) = g.into_parts();
     let mut line = Some(Ok(first));
     let mut answer = String::new();
     let mut logprobs = Vec::new();
@@ -570,7 +594,7 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
             None => break Err(ends.broke(GatewayError::Upstream)),
         }
     };
-    drop((permit, lease, tracked, ends));
+    drop((held, ends));
     result
 }
 
@@ -665,17 +689,9 @@ where
 {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(64);
     tokio::spawn(async move {
-        let Generation {
-            first,
-            mut rest,
-            permit,
-            lease,
-            timer,
-            tracked,
-            bill,
-        } = g;
+        let (first, mut rest, held, ends) = g.into_parts();
         let mut stream = SseState {
-            ends: Ends::new(timer, bill),
+            ends,
             held: Vec::new(),
         };
         let mut line: Option<Result<Line, UpstreamError>> = Some(Ok(first));
@@ -699,7 +715,7 @@ where
                 }
             };
         }
-        drop((stream, permit, lease, tracked));
+        drop((stream, held));
     });
     (
         [

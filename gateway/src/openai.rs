@@ -292,14 +292,6 @@ fn usage_of(choices: &[http::Collected]) -> Usage {
     }
 }
 
-fn usage_json(u: Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens
-    })
-}
-
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat(
     State(s): State<AppState>,
@@ -374,7 +366,7 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
         "created": created,
         "model": name,
         "choices": choices,
-        "usage": usage_json(usage_of(&done))
+        "usage": http::usage_json(usage_of(&done))
     }))
     .into_response())
 }
@@ -458,14 +450,14 @@ impl ChatChunks {
             } => {
                 let mut end = self.chunk(json!({}), Value::Null, json!(finish_reason));
                 if !self.include_usage {
-                    end["usage"] = usage_json(usage);
+                    end["usage"] = http::usage_json(usage);
                 }
                 out.push(end.to_string());
                 if self.include_usage {
                     out.push(
                         json!({"id": self.id, "object": "chat.completion.chunk",
                                "created": self.created, "model": self.name, "choices": [],
-                               "usage": usage_json(usage)})
+                               "usage": http::usage_json(usage)})
                         .to_string(),
                     );
                 }
@@ -523,13 +515,13 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
                 } => {
                     let mut end = chunk("", json!(finish_reason));
                     if !include_usage {
-                        end["usage"] = usage_json(usage);
+                        end["usage"] = http::usage_json(usage);
                     }
                     let mut out = vec![end.to_string()];
                     if include_usage {
                         out.push(
                             json!({"id": id, "object": "text_completion", "created": created, "model": name,
-                                   "choices": [], "usage": usage_json(usage)})
+                                   "choices": [], "usage": http::usage_json(usage)})
                             .to_string(),
                         );
                     }
@@ -551,7 +543,7 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
         "created": created,
         "model": name,
         "choices": choices,
-        "usage": usage_json(usage_of(&done))
+        "usage": http::usage_json(usage_of(&done))
     }))
     .into_response())
 }

@@ -126,14 +126,6 @@ impl RunBody {
     }
 }
 
-fn usage_json(u: bulkhead_worker_api::Usage) -> Value {
-    json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens
-    })
-}
-
 /// `POST /client/v4/accounts/{account_id}/ai/run/{model}`.
 pub(crate) async fn run(
     State(s): State<AppState>,
@@ -155,7 +147,7 @@ pub(crate) async fn run(
         return Ok(http::sse(g, |ev| match ev {
             StreamEvent::Text(t, _) => vec![json!({"response": t}).to_string()],
             StreamEvent::Finished { usage, .. } => {
-                vec![json!({"response": "", "usage": usage_json(usage)}).to_string()]
+                vec![json!({"response": "", "usage": http::usage_json(usage)}).to_string()]
             }
             StreamEvent::Failed(e) => vec![e.stream_event(W).to_string()],
         }));
@@ -168,7 +160,7 @@ pub(crate) async fn run(
         _ => Value::String(done.text),
     };
     Ok(Json(json!({
-        "result": {"response": response, "usage": usage_json(done.usage)},
+        "result": {"response": response, "usage": http::usage_json(done.usage)},
         "success": true,
         "errors": [],
         "messages": []
