@@ -340,6 +340,14 @@ fn budgets(
     let body = json!({"model": model, "max_tokens": 4, "temperature": 0,
         "messages": [{"role": "user", "content": "Hi"}]})
     .to_string();
+    // A prompt the worker refuses reserves the whole window's cost
+    // (770,160 micro-neurons here) and must give it all back: kept, it
+    // would leave room for a dozen answers, not the budget's worth.
+    let long = json!({"model": model, "max_tokens": 4,
+        "messages": [{"role": "user", "content": "word ".repeat(20_000)}]})
+    .to_string();
+    let (code, text) = post(gw, "/v1/chat/completions", token, &long);
+    assert_eq!(code, 400, "{text}");
     let (mut spent, mut answered) = (0, 0);
     let refusal = loop {
         let (code, head, text) =

@@ -134,14 +134,18 @@ impl Ledger {
     }
 }
 
+/// Why the counters did not reserve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Over this budget.
+    Over(Period),
+    /// The account's counters for this period must start from the ledger
+    /// first (asked only of stores that have one).
+    Unseeded,
+}
+
 #[derive(Debug)]
 enum Event {
-    /// Whether the account's counters for the slot's periods started from
-    /// the ledger.
-    Seeded {
-        slot: Slot,
-        reply: oneshot::Sender<bool>,
-    },
     /// Spend so far from the ledger (applied once per period).
     Seed {
         slot: Slot,
@@ -151,7 +155,9 @@ enum Event {
         slot: Slot,
         micro: u64,
         limits: [Option<u64>; 2],
-        reply: oneshot::Sender<Result<(), Period>>,
+        /// Refuse while the slot's periods have not started from the ledger.
+        seeded_first: bool,
+        reply: oneshot::Sender<Result<(), Refusal>>,
     },
     Refund {
         slot: Slot,
@@ -324,31 +330,38 @@ impl Budgets {
         let verdict = match &self.store {
             Store::Memory { tx, ledger } => {
                 let stopped = || BudgetError::Unavailable("budget counters stopped".to_owned());
-                if let Some(ledger) = ledger {
-                    let (reply, rx) = oneshot::channel();
-                    tx.send(Event::Seeded {
-                        slot: slot.clone(),
-                        reply,
-                    })
-                    .map_err(|_| stopped())?;
-                    if !rx.await.map_err(|_| stopped())? {
-                        let micro = ledger.spent(account, now).await?;
-                        tx.send(Event::Seed {
-                            slot: slot.clone(),
-                            micro,
-                        })
-                        .map_err(|_| stopped())?;
-                    }
-                }
-                let (reply, rx) = oneshot::channel();
-                tx.send(Event::Reserve {
+                let reserve = |reply| Event::Reserve {
                     slot: slot.clone(),
                     micro,
                     limits,
+                    seeded_first: ledger.is_some(),
                     reply,
-                })
-                .map_err(|_| stopped())?;
-                rx.await.map_err(|_| stopped())?
+                };
+                let (reply, rx) = oneshot::channel();
+                tx.send(reserve(reply)).map_err(|_| stopped())?;
+                let verdict = match (rx.await.map_err(|_| stopped())?, ledger) {
+                    // The period starts in this process: read the ledger
+                    // once, then reserve against it.
+                    (Err(Refusal::Unseeded), Some(ledger)) => {
+                        let spent = ledger.spent(account, now).await?;
+                        tx.send(Event::Seed {
+                            slot: slot.clone(),
+                            micro: spent,
+                        })
+                        .map_err(|_| stopped())?;
+                        let (reply, rx) = oneshot::channel();
+                        tx.send(reserve(reply)).map_err(|_| stopped())?;
+                        rx.await.map_err(|_| stopped())?
+                    }
+                    (verdict, _) => verdict,
+                };
+                match verdict {
+                    Ok(()) => Ok(()),
+                    Err(Refusal::Over(p)) => Err(p),
+                    // Seeded just before, on the same channel: unreachable
+                    // unless the task lost the seed.
+                    Err(Refusal::Unseeded) => return Err(stopped()),
+                }
             }
             Store::Redis { con, prefix } => {
                 // Detached: if this caller is dropped mid-way, the script
@@ -414,11 +427,6 @@ async fn own(mut rx: mpsc::UnboundedReceiver<Event>) {
     let mut accounts: HashMap<String, Spend> = HashMap::new();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Seeded { slot, reply } => {
-                let s = accounts.entry(slot.account.clone()).or_default();
-                let _ = reply
-                    .send(s.seeded_day == Some(slot.day) && s.seeded_month == Some(slot.month));
-            }
             Event::Seed { slot, micro } => {
                 let s = accounts.entry(slot.account.clone()).or_default();
                 s.roll(&slot);
@@ -438,6 +446,7 @@ async fn own(mut rx: mpsc::UnboundedReceiver<Event>) {
                 slot,
                 micro,
                 limits,
+                seeded_first,
                 reply,
             } => {
                 let s = accounts.entry(slot.account.clone()).or_default();
@@ -445,11 +454,14 @@ async fn own(mut rx: mpsc::UnboundedReceiver<Event>) {
                 let fits = |spent: u64, limit: Option<u64>| {
                     limit.is_none_or(|l| spent.saturating_add(micro) <= l)
                 };
+                let seeded = s.seeded_day == Some(slot.day) && s.seeded_month == Some(slot.month);
                 // Check both before counting either.
-                let verdict = if !fits(s.day_micro, limits[0]) {
-                    Err(Period::Daily)
+                let verdict = if seeded_first && !seeded {
+                    Err(Refusal::Unseeded)
+                } else if !fits(s.day_micro, limits[0]) {
+                    Err(Refusal::Over(Period::Daily))
                 } else if !fits(s.month_micro, limits[1]) {
-                    Err(Period::Monthly)
+                    Err(Refusal::Over(Period::Monthly))
                 } else {
                     s.day_micro += micro;
                     s.month_micro += micro;

@@ -53,7 +53,7 @@ pub(crate) enum GatewayError {
     /// A request that could cost more than what is left of the account's
     /// budget for the period.
     OverBudget {
-        period: &'static str,
+        period: crate::budget::Period,
         limit_neurons: u64,
         retry_after_secs: u64,
     },
@@ -131,7 +131,7 @@ impl From<crate::budget::BudgetError> for GatewayError {
                 limit_neurons,
                 retry_after_secs,
             } => GatewayError::OverBudget {
-                period: period.as_str(),
+                period,
                 limit_neurons,
                 retry_after_secs,
             },
@@ -238,11 +238,11 @@ impl GatewayError {
                 limit_neurons,
                 retry_after_secs,
             } => {
-                let reset = if *period == "daily" {
-                    "00:00 UTC"
-                } else {
-                    "the first of the month, 00:00 UTC"
+                let reset = match period {
+                    crate::budget::Period::Daily => "00:00 UTC",
+                    crate::budget::Period::Monthly => "the first of the month, 00:00 UTC",
                 };
+                let period = period.as_str();
                 format!(
                     "Budget exceeded: the account's {period} budget of {limit_neurons} neurons does not cover this request; it resets in {retry_after_secs} s ({reset})"
                 )

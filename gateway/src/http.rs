@@ -256,11 +256,7 @@ pub(crate) async fn start(
         (Err(e), _) => {
             // Over budget (a permit taken meanwhile is released here).
             if let GatewayError::OverBudget { period, .. } = &e {
-                metrics::rate_limited(if *period == "daily" {
-                    "daily budget"
-                } else {
-                    "monthly budget"
-                });
+                metrics::budget_refused(*period);
             }
             timer.failed(e.kind());
             return Err(e);
@@ -351,13 +347,18 @@ fn max_prompt_tokens(body: &GenerateBody) -> u64 {
         return t.len() as u64;
     }
     let messages = body.messages.as_deref().unwrap_or_default();
-    let bytes = body.prompt.as_ref().map_or(0, String::len)
+    let roles: usize = messages.iter().map(|m| m.role.len()).sum();
+    (text_bytes(body) + roles + 16 * (messages.len() + 1) + 64) as u64
+}
+
+/// Bytes of the request's text: prompt, raw text and message contents.
+fn text_bytes(body: &GenerateBody) -> usize {
+    body.prompt.as_ref().map_or(0, String::len)
         + body.raw.as_ref().map_or(0, String::len)
-        + messages
-            .iter()
-            .map(|m| m.content.len() + m.role.len())
-            .sum::<usize>();
-    (bytes + 16 * (messages.len() + 1) + 64) as u64
+        + body
+            .messages
+            .as_ref()
+            .map_or(0, |m| m.iter().map(|m| m.content.len()).sum())
 }
 
 /// What [`call`] hands back: the first line, the rest, and what is held
@@ -506,13 +507,7 @@ fn call_id() -> String {
 /// Tokens a request may use, for the tokens-per-minute limit: about four
 /// characters per prompt token, plus `max_tokens`.
 fn estimate(body: &GenerateBody) -> u64 {
-    let chars: usize = body.prompt.as_ref().map_or(0, String::len)
-        + body.raw.as_ref().map_or(0, String::len)
-        + body
-            .messages
-            .as_ref()
-            .map_or(0, |m| m.iter().map(|m| m.content.len()).sum())
-        + body.tokens.as_ref().map_or(0, |t| t.len() * 4);
+    let chars = text_bytes(body) + body.tokens.as_ref().map_or(0, |t| t.len() * 4);
     (chars / 4 + body.max_tokens) as u64
 }
 

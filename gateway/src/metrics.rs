@@ -133,6 +133,18 @@ pub(crate) fn retried() {
     instruments().retries.add(1, &[]);
 }
 
+/// Counts a refusal by a budget (`limit` is `daily_budget` or
+/// `monthly_budget`).
+pub(crate) fn budget_refused(period: crate::budget::Period) {
+    let limit = match period {
+        crate::budget::Period::Daily => "daily_budget",
+        crate::budget::Period::Monthly => "monthly_budget",
+    };
+    instruments()
+        .refusals
+        .add(1, &[KeyValue::new("limit", limit)]);
+}
+
 /// Counts a refusal by the limit named `what` (the limiter's words).
 pub(crate) fn rate_limited(what: &str) {
     instruments()
@@ -145,8 +157,6 @@ fn limit_label(what: &str) -> &'static str {
         "requests per minute" => "requests_per_minute",
         "tokens per minute" => "tokens_per_minute",
         "concurrent requests" => "concurrency",
-        "daily budget" => "daily_budget",
-        "monthly budget" => "monthly_budget",
         _ => "other",
     }
 }

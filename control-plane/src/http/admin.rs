@@ -275,9 +275,9 @@ async fn create_account(
     Ok((StatusCode::CREATED, Json(a)))
 }
 
-/// The largest budget or allowance, in neurons: costs in micro-neurons
-/// stay far inside `i64`.
-const MAX_NEURONS: u64 = 1_000_000_000_000;
+/// The largest budget or allowance, in neurons: in micro-neurons it stays
+/// below 2^53, so Redis's Lua numbers (doubles) compare it exactly.
+const MAX_NEURONS: u64 = 1_000_000_000;
 
 /// `PUT /admin/v1/accounts/{id}/budget` (admin): replaces the account's
 /// budgets and free allowance, audited as `account.budget`.

@@ -5,6 +5,13 @@ use crate::{AccountId, Error};
 use bulkhead_control_api::{AccountView, Budget, Timestamp};
 use sqlx::Row;
 
+macro_rules! account_columns {
+    () => {
+        "id, name, created_at, sentinel, daily_budget_neurons, monthly_budget_neurons, \
+         free_neurons_per_day"
+    };
+}
+
 /// Creates a tenant account with a fresh random id.
 pub async fn create(conn: &mut Conn, name: &str, now: Timestamp) -> Result<AccountView, Error> {
     insert(conn, name, false, now).await
@@ -45,31 +52,48 @@ async fn insert(
 
 /// Every account, oldest first.
 pub async fn list(conn: &mut Conn) -> Result<Vec<AccountView>, Error> {
-    let rows = sqlx::query(
-        "SELECT id, name, created_at, sentinel, daily_budget_neurons, monthly_budget_neurons, \
-         free_neurons_per_day FROM accounts ORDER BY created_at, id",
-    )
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        account_columns!(),
+        " FROM accounts ORDER BY created_at, id"
+    ))
     .fetch_all(&mut *conn)
     .await?;
-    rows.iter()
-        .map(|r| {
-            let opt = |col: &str| -> Result<Option<u64>, Error> {
-                Ok(r.try_get::<Option<i64>, _>(col)?
-                    .map(|v| u64::try_from(v).unwrap_or(0)))
-            };
-            Ok(AccountView {
-                id: r.try_get("id")?,
-                name: r.try_get("name")?,
-                created_at: get_time(r, "created_at")?,
-                sentinel: r.try_get::<i64, _>("sentinel")? != 0,
-                budget: Budget {
-                    daily_neurons: opt("daily_budget_neurons")?,
-                    monthly_neurons: opt("monthly_budget_neurons")?,
-                    free_neurons_per_day: get_u64(r, "free_neurons_per_day")?,
-                },
-            })
-        })
-        .collect()
+    rows.iter().map(view).collect()
+}
+
+/// One account, found by id.
+pub async fn get(conn: &mut Conn, id: &AccountId) -> Result<AccountView, Error> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        account_columns!(),
+        " FROM accounts WHERE id = $1"
+    ))
+    .bind(id.as_str())
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.as_ref()
+        .map(view)
+        .transpose()?
+        .ok_or_else(|| Error::NotFound(format!("account `{id}`")))
+}
+
+fn view(r: &sqlx::any::AnyRow) -> Result<AccountView, Error> {
+    let opt = |col: &str| -> Result<Option<u64>, Error> {
+        Ok(r.try_get::<Option<i64>, _>(col)?
+            .map(|v| u64::try_from(v).unwrap_or(0)))
+    };
+    Ok(AccountView {
+        id: r.try_get("id")?,
+        name: r.try_get("name")?,
+        created_at: get_time(r, "created_at")?,
+        sentinel: r.try_get::<i64, _>("sentinel")? != 0,
+        budget: Budget {
+            daily_neurons: opt("daily_budget_neurons")?,
+            monthly_neurons: opt("monthly_budget_neurons")?,
+            free_neurons_per_day: get_u64(r, "free_neurons_per_day")?,
+        },
+    })
 }
 
 /// Replaces the budgets and free allowance of `id`; the account as it
@@ -79,11 +103,7 @@ pub async fn set_budget(
     id: &AccountId,
     budget: &Budget,
 ) -> Result<AccountView, Error> {
-    let before = list(conn)
-        .await?
-        .into_iter()
-        .find(|a| a.id == id.as_str())
-        .ok_or_else(|| Error::NotFound(format!("account `{id}`")))?;
+    let before = get(conn, id).await?;
     let opt = |v: Option<u64>, what: &str| v.map(|v| to_i64(v, what)).transpose();
     sqlx::query(
         "UPDATE accounts SET daily_budget_neurons = $1, monthly_budget_neurons = $2, \
