@@ -723,7 +723,7 @@ async fn metering_added(
 }
 
 /// Latencies (ms) of `n` one-token completions through `gw` for an account
-/// without a budget and one with, alternated.
+/// without a budget and one with, alternated (and which goes first too).
 async fn metering_cost(
     http: &Http,
     gw: &str,
@@ -732,8 +732,12 @@ async fn metering_cost(
     n: usize,
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     let mut out = [Vec::with_capacity(n), Vec::with_capacity(n)];
-    for _ in 0..n {
-        for (who, lat) in auth.iter().zip(out.iter_mut()) {
+    for i in 0..n {
+        // Which account goes first alternates, so neither always follows
+        // the other's request.
+        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for k in order {
+            let (who, lat) = (auth[k], &mut out[k]);
             let start = Instant::now();
             let (s, _) = send(
                 http,
