@@ -6,12 +6,10 @@ mod support;
 
 use bulkhead_trust::Role as CertRole;
 use serde_json::{Value, json};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
-use support::{Present, Worker};
+use support::{Present, Request, Worker};
 
 const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 const SLUG_PATH: &str = "%40cf%2Fhuggingfacetb%2Fsmollm2-135m-instruct";
@@ -85,28 +83,19 @@ fn control_plane(dir: &Path) -> Worker {
     ])
 }
 
-/// One HTTP/1.0 call with a bearer token; status and JSON body.
+/// One call with a bearer token; status and JSON body (the text as a
+/// JSON string when it is not JSON).
 fn call(addr: &str, method: &str, path: &str, token: &str, body: Option<&Value>) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
     let body = body.map(Value::to_string).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).expect("send");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
+    let r = Request::at(method, addr, path)
+        .bearer(token)
+        .json(&body)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .expect("HTTP response");
     (
-        status,
-        serde_json::from_str(body).unwrap_or(Value::String(body.to_owned())),
+        r.status,
+        serde_json::from_str(&r.body).unwrap_or(Value::String(r.body)),
     )
 }
 
@@ -471,7 +460,7 @@ fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_small
             &internal,
             support::client_config(Present::Ours(CertRole::Colocated), CertRole::ControlPlane),
             CertRole::ControlPlane,
-            &support::request("POST", &path, &node, &load.to_string()),
+            support::request("POST", &path, &node, &load.to_string()),
         )
         .expect("the internal port answers a worker")
     };
@@ -563,7 +552,7 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
             &internal,
             support::client_config(present, CertRole::ControlPlane),
             CertRole::ControlPlane,
-            &register,
+            register.clone(),
         );
         assert!(r.is_err(), "{present:?} was served: {r:?}");
     }
@@ -573,7 +562,7 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
             &internal,
             support::client_config(Present::Ours(present), CertRole::ControlPlane),
             CertRole::ControlPlane,
-            &support::request("POST", "/admin/v1/nodes", &node, body),
+            support::request("POST", "/admin/v1/nodes", &node, body),
         )
         .expect("answered")
     };
@@ -589,7 +578,7 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
         &internal,
         support::client_config(Present::Ours(CertRole::Decode), CertRole::Decode),
         CertRole::Decode,
-        &register,
+        register.clone(),
     );
     assert!(r.is_err(), "{r:?}");
 
@@ -602,7 +591,7 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
                 .client_config(&[CertRole::ControlPlane])
                 .expect("config"),
             CertRole::ControlPlane,
-            &support::request("POST", "/admin/v1/nodes", &node, body),
+            support::request("POST", "/admin/v1/nodes", &node, body),
         )
         .expect("answered")
     };
@@ -651,7 +640,7 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
                 .client_config(&[CertRole::ControlPlane])
                 .expect("config"),
             CertRole::ControlPlane,
-            &support::request(
+            support::request(
                 "POST",
                 &format!("/admin/v1/nodes/{id}/heartbeat"),
                 &node,
@@ -685,7 +674,7 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
                 .client_config(&[CertRole::ControlPlane])
                 .expect("config"),
             CertRole::ControlPlane,
-            &support::request("POST", "/admin/v1/usage", &node, &usage),
+            support::request("POST", "/admin/v1/usage", &node, &usage),
         )
         .expect("answered")
     };

@@ -7,9 +7,9 @@
 //! tokens) so that "just under" and "just over" the limit are cheap to
 //! compute on two cores.
 
+use bulkhead_test_support::Request;
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -118,37 +118,22 @@ fn platform() -> Platform {
 /// (Tests run one platform at a time.)
 static TLS_DIR: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
 
-/// A stream to `url`: plain for `http://`; for `https://` (a worker's API)
-/// mutual TLS with the platform's gateway certificate.
-fn connect(url: &str) -> Box<dyn ReadWrite> {
-    if let Some(addr) = url.strip_prefix("https://") {
-        let role = bulkhead_trust::Role::Gateway;
-        let dir = TLS_DIR
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .expect("the platform is up");
-        let id =
-            bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(&dir, role), role)
-                .expect("gateway identity");
-        let config = id
-            .client_config(&[
-                bulkhead_trust::Role::Decode,
-                bulkhead_trust::Role::Colocated,
-                bulkhead_trust::Role::Prefill,
-            ])
-            .expect("config");
-        let name =
-            rustls::pki_types::ServerName::try_from("decode.bulkhead.internal").expect("name");
-        let conn = rustls::ClientConnection::new(config, name).expect("client");
-        let s = TcpStream::connect(addr).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(180))).ok();
-        return Box::new(rustls::StreamOwned::new(conn, s));
-    }
-    let addr = url.trim_start_matches("http://");
-    let s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(180))).ok();
-    Box::new(s)
+/// The platform's gateway certificate, as a worker's API expects it.
+fn gateway_config() -> std::sync::Arc<rustls::ClientConfig> {
+    let role = bulkhead_trust::Role::Gateway;
+    let dir = TLS_DIR
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .expect("the platform is up");
+    bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(&dir, role), role)
+        .expect("gateway identity")
+        .client_config(&[
+            bulkhead_trust::Role::Decode,
+            bulkhead_trust::Role::Colocated,
+            bulkhead_trust::Role::Prefill,
+        ])
+        .expect("config")
 }
 
 /// A context for `tenant` signed with the platform's key ring.
@@ -172,60 +157,38 @@ fn signed_context(tenant: u64) -> String {
     ))
 }
 
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
-
-/// One HTTP/1.0 exchange; status and body.
+/// One exchange: status and body (status 0 when nothing came back).
+/// `https://` is a worker's API: mutual TLS with the platform's gateway
+/// certificate and, for a generation, the tenant context the gateway
+/// would sign.
 fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_start_matches("https://");
-    let mut s = connect(url);
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    // A worker's API: the tenant context the platform's gateway would sign.
-    let ctx = if url.starts_with("https://") && path == "/v1/generate" {
-        format!("x-bulkhead-context: {}\r\n", signed_context(9))
-    } else {
-        String::new()
-    };
-    let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}{ctx}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).expect("send");
-    s.flush().expect("send");
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_owned())
-}
-
-/// Sends a request and reads at most `bytes` of the answer before hanging
-/// up (0: hang up right after sending). Returns what was read.
-fn hang_up(url: &str, path: &str, token: &str, body: &str, bytes: usize) -> String {
-    let addr = url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok();
-    let req = format!(
-        "POST {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).expect("send");
-    let mut got = vec![0u8; bytes];
-    let mut n = 0;
-    while n < bytes {
-        match s.read(&mut got[n..]) {
-            Ok(0) | Err(_) => break,
-            Ok(k) => n += k,
+    let mut req = Request::at(method, url, path)
+        .bearer(token.unwrap_or_default())
+        .json(body)
+        .timeout(Duration::from_secs(180));
+    if url.starts_with("https://") {
+        req = req.tls(gateway_config(), "decode.bulkhead.internal");
+        if path == "/v1/generate" {
+            req = req.header("x-bulkhead-context", &signed_context(9));
         }
     }
-    String::from_utf8_lossy(&got[..n]).into_owned()
+    req.send()
+        .map_or((0, String::new()), |r| (r.status, r.body))
+}
+
+/// Sends a request and reads at least `bytes` of the answer's body before
+/// hanging up (0: hang up right after sending). Returns what was read.
+fn hang_up(url: &str, path: &str, token: &str, body: &str, bytes: usize) -> String {
+    let req = Request::at("POST", url, path)
+        .bearer(token)
+        .json(body)
+        .timeout(Duration::from_secs(60));
+    if bytes == 0 {
+        req.send_and_hang_up().expect("sent");
+        return String::new();
+    }
+    let mut s = req.stream().expect("an answer");
+    s.read_until(|t| t.len() >= bytes).unwrap_or_default()
 }
 
 impl Platform {

@@ -9,6 +9,7 @@
 //! - every metric the dashboards query is exposed after a workload;
 //! - a canary sent in prompts never shows in spans, logs or metric labels.
 
+use bulkhead_test_support::Request;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
@@ -343,7 +344,7 @@ fn platform(otlp: &str) -> Platform {
     p
 }
 
-/// One HTTP/1.0 exchange: status, headers (lowercase names) and body.
+/// One exchange: status, headers (lowercase names) and body.
 fn http(
     url: &str,
     method: &str,
@@ -351,33 +352,24 @@ fn http(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, HashMap<String, String>, String) {
-    let addr = url.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(180))).ok();
-    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\n");
+    let mut req = Request::at(method, url, path)
+        .json(body)
+        .timeout(Duration::from_secs(180));
     for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
+        req = req.header(k, v);
     }
-    req.push_str(&format!(
-        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    ));
-    s.write_all(req.as_bytes()).expect("send");
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+    let r = req.send().expect("HTTP response");
+    let headers = r
+        .headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
         .collect();
-    (status, headers, body.to_owned())
+    (r.status, headers, r.body)
 }
 
 fn run(p: &Platform, body: &Value) -> (u16, HashMap<String, String>, String) {
@@ -569,42 +561,28 @@ fn one_request_is_one_trace_across_gateway_decode_transfer_and_prefill() {
     // its head: the span covers what the client waited for.
     let (account, token) = p.account(0);
     let started = Instant::now();
-    let addr = p.gateway().trim_start_matches("http://").to_owned();
-    let mut s = TcpStream::connect(&addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(180))).ok();
     let body = json!({"prompt": "Tell me a story about a lighthouse.", "max_tokens": 48,
                       "temperature": 0, "stream": true})
     .to_string();
-    write!(
-        s,
-        "POST /client/v4/accounts/{account}/ai/run/{MODEL} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
+    let mut s = Request::at(
+        "POST",
+        &p.gateway(),
+        &format!("/client/v4/accounts/{account}/ai/run/{MODEL}"),
     )
-    .expect("send");
-    let mut raw = Vec::new();
-    let mut head = None;
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => raw.extend_from_slice(&buf[..n]),
-        }
-        if head.is_none() && raw.windows(4).any(|w| w == b"\r\n\r\n") {
-            head = Some(started.elapsed().as_secs_f64());
-        }
-    }
+    .bearer(&token)
+    .json(&body)
+    .timeout(Duration::from_secs(180))
+    .stream()
+    .expect("an answer");
+    let head = started.elapsed().as_secs_f64();
+    let text = s.read_until(|_| false).expect("the whole stream");
     let total = started.elapsed().as_secs_f64();
-    let raw = String::from_utf8_lossy(&raw).into_owned();
-    assert!(
-        raw.starts_with("HTTP/1.0 200") && raw.contains("data: [DONE]"),
-        "{raw}"
-    );
-    let head = head.expect("a head");
-    let id = raw
-        .lines()
-        .find_map(|l| l.strip_prefix("x-request-id: "))
+    assert!(s.status == 200 && text.contains("data: [DONE]"), "{text}");
+    let id = s
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
         .expect("x-request-id")
-        .trim()
         .to_owned();
     let streamed = wait_for(
         "the streamed request's server span",

@@ -28,20 +28,14 @@ fn against_up(python: &std::path::Path, script: &str, env: &[(&str, &str)]) -> s
     let admin =
         support::platform::operator_token(dir.to_str().expect("UTF-8 path"), "sdk-admin", "admin");
     let spent = &creds["accounts"][1];
-    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-        .args(["budget", spent["id"].as_str().expect("id")])
-        .args(["--daily", "0", "--reason", "sdk test"])
-        .env(
-            "BULKHEAD_CONTROL_PLANE_URL",
-            creds["control_plane_url"].as_str().expect("control plane"),
-        )
-        .env("BULKHEAD_TOKEN", &admin)
-        .output()
-        .expect("bulkhead budget");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    support::platform::succeeds(
+        support::platform::bulkhead(&["budget", spent["id"].as_str().expect("id")])
+            .args(["--daily", "0", "--reason", "sdk test"])
+            .env(
+                "BULKHEAD_CONTROL_PLANE_URL",
+                creds["control_plane_url"].as_str().expect("control plane"),
+            )
+            .env("BULKHEAD_TOKEN", &admin),
     );
     let mut cmd = Command::new(python);
     cmd.arg(python::script("sdk", script))

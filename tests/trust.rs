@@ -13,14 +13,14 @@ use bulkhead_trust::Role as CertRole;
 use bulkhead_worker_api::context::{CONTEXT_HEADER, KeyRing, TenantContext};
 use serde_json::{Value, json};
 use std::time::{Duration, SystemTime};
-use support::{Present, client_config, decode, prefill, stats, tls_call};
+use support::{Present, Request, client_config, decode, prefill, stats, tls_call};
 
 const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 
 /// A `GET /stats` (or the first frame on the transfer port): `Ok` with the
 /// status when the port served the client at all.
 fn probe(addr: &str, present: Present, server: CertRole) -> Result<u16, String> {
-    let request = "GET /stats HTTP/1.0\r\n\r\n";
+    let request = Request::new("GET", "/stats");
     tls_call(addr, client_config(present, server), server, request).map(|(s, _)| s)
 }
 
@@ -65,7 +65,7 @@ fn every_worker_port_refuses_a_client_without_the_right_certificate() {
             &p.addr("transfer"),
             client_config(present, CertRole::Prefill),
             CertRole::Prefill,
-            "x",
+            Request::new("GET", "/"),
         );
         assert!(refused(&r), "the transfer port served {present:?}: {r:?}");
     }
@@ -73,13 +73,12 @@ fn every_worker_port_refuses_a_client_without_the_right_certificate() {
     assert_eq!(ps["transfer"]["requests"], 0, "{ps}");
     // Aborting every transfer is an operator's act: the gateway's
     // certificate, admitted to the port, may not.
-    let abort = "POST /admin/abort HTTP/1.0\r\nContent-Length: 0\r\n\r\n";
     for (who, status) in [(CertRole::Gateway, 403), (CertRole::Operator, 202)] {
         let r = tls_call(
             &p.addr("http"),
             client_config(Present::Ours(who), CertRole::Prefill),
             CertRole::Prefill,
-            abort,
+            Request::new("POST", "/admin/abort"),
         );
         assert_eq!(r.as_ref().map(|(s, _)| *s), Ok(status), "{who}: {r:?}");
     }
@@ -93,17 +92,17 @@ fn every_worker_port_refuses_a_client_without_the_right_certificate() {
 /// One generate call to `addr` with the gateway's certificate and the
 /// context header `ctx`: status and body.
 fn generate_with(addr: &str, ctx: Option<&str>, body: &Value) -> (u16, String) {
-    let body = body.to_string();
-    let header = ctx.map_or(String::new(), |c| format!("{CONTEXT_HEADER}: {c}\r\n"));
-    let request = format!(
-        "POST /v1/generate HTTP/1.0\r\n{header}x-bulkhead-tenant: 3\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let mut request = Request::new("POST", "/v1/generate")
+        .header("x-bulkhead-tenant", "3")
+        .json(&body.to_string());
+    if let Some(c) = ctx {
+        request = request.header(CONTEXT_HEADER, c);
+    }
     tls_call(
         addr,
         client_config(Present::Ours(CertRole::Gateway), CertRole::Decode),
         CertRole::Decode,
-        &request,
+        request,
     )
     .expect("the gateway's certificate is admitted")
 }

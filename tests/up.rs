@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
-use support::platform::{Up, child_pid, get, post};
+use support::platform::{Up, bulkhead, child_pid, get, post, succeeds};
 
 fn up(dir: &std::path::Path) -> Up {
     // The prober runs, as by default; one round, so that the exact counts
@@ -399,24 +399,10 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         }
     }
     let flip = |visibility: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-            .args([
-                "model",
-                visibility,
-                &q8,
-                "--reason",
-                "two-model test",
-                "--data-dir",
-            ])
-            .arg(&dir)
-            .env_remove("BULKHEAD_CONTROL_PLANE_URL")
-            .env_remove("BULKHEAD_TOKEN")
-            .output()
-            .expect("flip");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        succeeds(
+            bulkhead(&["model", visibility, &q8, "--reason", "two-model test"])
+                .arg("--data-dir")
+                .arg(&dir),
         );
     };
     flip("private");
@@ -499,19 +485,8 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         body,
     );
     assert_eq!(status, 403);
-    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-        .args(["model", "list", "--data-dir"])
-        .arg(&dir)
-        .env_remove("BULKHEAD_CONTROL_PLANE_URL")
-        .env_remove("BULKHEAD_TOKEN")
-        .output()
-        .expect("model list");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("public"));
+    let listed = succeeds(bulkhead(&["model", "list", "--data-dir"]).arg(&dir));
+    assert!(listed.contains("public"), "{listed}");
     // A worker that dies is restarted where it was; the platform keeps
     // serving and answers again once it is back.
     let decode_pid = child_pid(first.child.id(), "decode", "--node-name up-decode ");

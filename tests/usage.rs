@@ -11,9 +11,11 @@
 mod support;
 
 use serde_json::{Value, json};
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
-use support::platform::{child_pid, credentials, data_dir, find_child_pid, get, post, up};
+use support::Request;
+use support::platform::{
+    bulkhead, child_pid, credentials, data_dir, find_child_pid, get, post, succeeds, up,
+};
 
 #[test]
 fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
@@ -160,19 +162,8 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     .expect("answer");
     assert_eq!(code, 403);
     // Operators read it with `bulkhead usage`.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-        .args(["usage", "--json", "--account", id, "--data-dir"])
-        .arg(&dir)
-        .env_remove("BULKHEAD_CONTROL_PLANE_URL")
-        .env_remove("BULKHEAD_TOKEN")
-        .output()
-        .expect("bulkhead usage");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let out = succeeds(bulkhead(&["usage", "--json", "--account", id, "--data-dir"]).arg(&dir));
+    let rows: Value = serde_json::from_str(&out).expect("JSON");
     assert_eq!(
         rows,
         get(cp, &format!("/admin/v1/usage?account={id}"), admin)
@@ -257,23 +248,20 @@ fn gateway_back(up: u32, pid: u32, gw: &str) {
 }
 
 /// Opens a stream of `body` on the OpenAI chat route and reads until `n`
-/// content deltas arrived; the connection, still open.
-fn stream_until(gw: &str, token: &str, body: &str, n: usize) -> std::net::TcpStream {
-    let addr = gw.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
-    while seen.matches("\"content\":").count() < n {
-        let got = s.read(&mut buf).expect("read");
-        assert!(got > 0, "the stream ended early: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..got]));
-    }
+/// content deltas arrived; the stream, still open.
+fn stream_until(gw: &str, token: &str, body: &str, n: usize) -> support::Streaming {
+    let mut s = Request::at("POST", gw, "/v1/chat/completions")
+        .bearer(token)
+        .json(body)
+        .stream()
+        .expect("an answer");
+    let seen = s
+        .read_until(|t| t.matches("\"content\":").count() >= n)
+        .expect("read");
+    assert!(
+        seen.matches("\"content\":").count() >= n,
+        "the stream ended early: {seen}"
+    );
     s
 }
 
@@ -309,17 +297,10 @@ fn budgets(
         "admin",
     );
     let set = |daily: &str| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-            .args(["budget", id, "--daily", daily, "--reason", "usage test"])
-            .env("BULKHEAD_CONTROL_PLANE_URL", cp)
-            .env("BULKHEAD_TOKEN", &admin_token)
-            .output()
-            .expect("bulkhead budget");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let text = succeeds(
+            bulkhead(&["budget", id, "--daily", daily, "--reason", "usage test"])
+                .env("BULKHEAD_CONTROL_PLANE_URL", cp)
+                .env("BULKHEAD_TOKEN", &admin_token),
         );
         assert!(text.contains(&format!("daily {daily} neurons")), "{text}");
     };

@@ -154,22 +154,3 @@ impl Snapshot {
         }
     }
 }
-
-/// Escapes text for HTML and XML character data and attribute values.
-pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            // Characters XML 1.0 forbids are dropped, not escaped.
-            c if (c as u32) < 0x20 && !matches!(c, '\t' | '\n' | '\r') => {}
-            '\u{FFFE}' | '\u{FFFF}' => {}
-            c => out.push(c),
-        }
-    }
-    out
-}

@@ -1,4 +1,4 @@
-//! Worker processes, a tiny HTTP/1.0 client over mutual TLS and a
+//! Worker processes, requests to their mutual-TLS ports and a
 //! frame-level proxy for the disaggregation tests. Every process a test
 //! starts gets the test CA's identities ([`tls_dir`]).
 
@@ -7,11 +7,13 @@
 pub mod platform;
 pub mod python;
 
+#[allow(unused_imports)]
+pub use bulkhead_test_support::{Request, Streaming};
 use bulkhead_transfer::Message;
 use bulkhead_trust::Role as CertRole;
 use bulkhead_worker_api::context::{CONTEXT_HEADER, KeyRing, TenantContext};
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -227,36 +229,32 @@ impl Response {
     }
 }
 
-/// One HTTP/1.0 request (no chunking: the body ends at close), over mutual
-/// TLS: as the gateway when it carries a tenant, else as an operator.
+/// One request to a worker's API over mutual TLS: as the gateway when it
+/// carries a tenant, else as an operator.
 pub fn http(addr: &str, method: &str, path: &str, tenant: Option<u64>, body: &str) -> Response {
     let present = if tenant.is_some() {
         CertRole::Gateway
     } else {
         CertRole::Operator
     };
-    let mut s = tls_connect(addr, present);
-    let tenant = tenant.map_or(String::new(), |t| {
-        format!("{CONTEXT_HEADER}: {}\r\n", context_for(t))
-    });
-    let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{tenant}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).expect("send");
-    s.flush().expect("send");
-    let mut raw = String::new();
-    read_to_close(&mut s, &mut raw).expect("read");
-    let (head, body) = raw.split_once("\r\n\r\n").expect("HTTP response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status");
-    Response {
-        status,
-        body: body.to_owned(),
+    let mut req = worker_request(addr, present, method, path).json(body);
+    if let Some(t) = tenant {
+        req = req.header(CONTEXT_HEADER, &context_for(t));
     }
+    let r = req.send().expect("HTTP response");
+    Response {
+        status: r.status,
+        body: r.body,
+    }
+}
+
+/// A request to `path` on a worker's mutual-TLS port at `addr`, presenting
+/// the test CA's certificate of `present`.
+pub fn worker_request(addr: &str, present: CertRole, method: &str, path: &str) -> Request {
+    let config = identity(present)
+        .client_config(&[CertRole::Decode, CertRole::Colocated, CertRole::Prefill])
+        .expect("client config");
+    Request::at(method, &format!("https://{addr}"), path).tls(config, &CertRole::Decode.dns_name())
 }
 
 pub fn generate(addr: &str, tenant: u64, body: &Value) -> Response {
@@ -410,22 +408,6 @@ pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
     }
 }
 
-/// Reads to the end of a TLS stream; a peer that closes without
-/// close_notify (a worker dropping the connection) ends it too.
-pub fn read_to_close(
-    s: &mut rustls::StreamOwned<rustls::ClientConnection, TcpStream>,
-    out: &mut String,
-) -> std::io::Result<usize> {
-    let mut raw = Vec::new();
-    let r = s.read_to_end(&mut raw);
-    out.push_str(&String::from_utf8_lossy(&raw));
-    match r {
-        Ok(n) => Ok(n),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(raw.len()),
-        Err(e) => Err(e),
-    }
-}
-
 /// What a test client presents on a mutual-TLS port.
 #[derive(Debug, Clone, Copy)]
 pub enum Present {
@@ -482,40 +464,29 @@ pub fn client_config(present: Present, server: CertRole) -> std::sync::Arc<rustl
     }
 }
 
-/// One HTTP/1.0 exchange over TLS with `config` to a server of role
-/// `server` at `addr`: status and body, or why the connection failed (a
-/// refused certificate ends the handshake with an alert).
+/// Sends `req` (a path, from [`request`]) over TLS with `config` to a
+/// server of role `server` at `addr`: status and body, or why the
+/// connection failed (a refused certificate ends the handshake with an
+/// alert).
 pub fn tls_call(
     addr: &str,
     config: std::sync::Arc<rustls::ClientConfig>,
     server: CertRole,
-    request: &str,
+    req: Request,
 ) -> Result<(u16, String), String> {
-    let name = rustls::pki_types::ServerName::try_from(server.dns_name()).expect("name");
-    let conn = rustls::ClientConnection::new(config, name).map_err(|e| e.to_string())?;
-    let tcp = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    tcp.set_read_timeout(Some(Duration::from_secs(30))).ok();
-    let mut s = rustls::StreamOwned::new(conn, tcp);
-    s.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
-    s.flush().map_err(|e| e.to_string())?;
-    let mut raw = String::new();
-    read_to_close(&mut s, &mut raw).map_err(|e| e.to_string())?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP answer ({} bytes)", raw.len()))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or("no status")?;
-    Ok((status, body.to_owned()))
+    let r = req
+        .base(&format!("https://{addr}"))
+        .tls(config, &server.dns_name())
+        .timeout(Duration::from_secs(30))
+        .send()
+        .map_err(|e| e.to_string())?;
+    match r.cut {
+        Some(cut) => Err(cut),
+        None => Ok((r.status, r.body)),
+    }
 }
 
-/// An HTTP/1.0 request with a bearer token and a JSON body.
-pub fn request(method: &str, path: &str, token: &str, body: &str) -> String {
-    format!(
-        "{method} {path} HTTP/1.0\r\nAuthorization: Bearer {token}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
+/// A request for [`tls_call`] with a bearer token and a JSON body.
+pub fn request(method: &str, path: &str, token: &str, body: &str) -> Request {
+    Request::new(method, path).bearer(token).json(body)
 }

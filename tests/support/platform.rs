@@ -1,9 +1,9 @@
-//! `bulkhead up` as a child process, and a bearer-token HTTP/1.0 client for
-//! its gateway and control plane.
+//! `bulkhead up` as a child process, and bearer-token calls to its gateway,
+//! control plane and workers.
 
+use bulkhead_test_support::Request;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -90,7 +90,7 @@ pub fn credentials(dir: &std::path::Path) -> Value {
     .expect("JSON")
 }
 
-/// One HTTP/1.0 request with a bearer token: status and body, or the
+/// One request with a bearer token: status and body, or the
 /// transport error (a connection cut before the response ended).
 pub fn try_call(
     url: &str,
@@ -103,6 +103,8 @@ pub fn try_call(
 }
 
 /// As [`try_call`], with the response's head (status line and headers).
+/// An `https://` URL is a worker's API: mutual TLS with the test CA's
+/// operator certificate.
 pub fn exchange(
     url: &str,
     method: &str,
@@ -110,42 +112,22 @@ pub fn exchange(
     token: &str,
     body: &str,
 ) -> std::io::Result<(u16, String, String)> {
-    let req = |addr: &str| {
-        format!(
-            "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-    };
-    let mut raw = Vec::new();
-    if let Some(addr) = url.strip_prefix("https://") {
-        // A worker's API: mutual TLS with the test CA's operator certificate.
-        let mut s = super::try_tls_connect(
-            addr,
-            bulkhead_trust::Role::Operator,
-            Duration::from_secs(600),
-        )?;
-        s.write_all(req(addr).as_bytes())?;
-        s.flush()?;
-        let mut text = String::new();
-        super::read_to_close(&mut s, &mut text)?;
-        raw = text.into_bytes();
-    } else {
-        let addr = url.trim_start_matches("http://");
-        let mut s = TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(600)))?;
-        s.write_all(req(addr).as_bytes())?;
-        s.read_to_end(&mut raw)?;
+    let mut req = Request::at(method, url, path).bearer(token).json(body);
+    if url.starts_with("https://") {
+        let config = super::identity(bulkhead_trust::Role::Operator)
+            .client_config(&[
+                bulkhead_trust::Role::Decode,
+                bulkhead_trust::Role::Colocated,
+                bulkhead_trust::Role::Prefill,
+            ])
+            .map_err(std::io::Error::other)?;
+        req = req.tls(config, &bulkhead_trust::Role::Decode.dns_name());
     }
-    let raw = String::from_utf8_lossy(&raw);
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("no HTTP head"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other("no status"))?;
-    Ok((status, head.to_owned(), body.to_owned()))
+    let r = req.send().map_err(std::io::Error::other)?;
+    match r.cut {
+        Some(cut) => Err(std::io::Error::other(cut)),
+        None => Ok((r.status, r.head(), r.body)),
+    }
 }
 
 pub fn post(url: &str, path: &str, token: &str, body: &str) -> (u16, String) {
@@ -182,26 +164,41 @@ pub fn find_child_pid(up: u32, role: &str, needle: &str) -> Option<u32> {
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
 }
 
+/// `bulkhead args...` with the responder environment cleared: what it
+/// reaches, it reaches through its arguments (`--data-dir`) or what the
+/// caller sets on the command.
+pub fn bulkhead(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bulkhead"));
+    cmd.args(args)
+        .env_remove("BULKHEAD_CONTROL_PLANE_URL")
+        .env_remove("BULKHEAD_TOKEN");
+    cmd
+}
+
+/// Runs `cmd` and asserts it succeeded (showing its stderr when not);
+/// its stdout.
+pub fn succeeds(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("the command runs");
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        cmd.get_args().collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Mints an operator token with `role` straight in the database under
 /// `dir` (`bulkhead control-plane token create`).
 pub fn operator_token(dir: &str, name: &str, role: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-        .args([
-            "control-plane",
-            "token",
-            "create",
-            "--name",
-            name,
+    succeeds(
+        bulkhead(&["control-plane", "token", "create", "--name", name]).args([
             "--role",
             role,
-        ])
-        .args(["--data-dir", dir])
-        .output()
-        .expect("token create");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+            "--data-dir",
+            dir,
+        ]),
+    )
+    .trim()
+    .to_owned()
 }

@@ -4,110 +4,220 @@
 //! `<p><small>date</small><br><strong>Status</strong> - body</p>`, after the
 //! postmortem when one is published. The RSS channel names itself with
 //! `atom:link rel="self"`, as feed validators ask.
+//!
+//! The XML is written with quick-xml, which escapes every text and
+//! attribute; the entries' HTML comes from an auto-escaping template. The
+//! one thing neither does is drop the characters XML 1.0 forbids (control
+//! characters, U+FFFE, U+FFFF), which [`xml_chars`] does before either sees
+//! a string.
 
-use super::{Snapshot, escape};
+use super::Snapshot;
 use bulkhead_control_api::IncidentView;
-use std::fmt::Write;
+use quick_xml::Writer;
+use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
+use serde::Serialize;
+use std::borrow::Cow;
 
 /// `GET /history.atom`.
 pub(crate) fn atom(s: &Snapshot) -> String {
-    let title = format!("{} Status - Incident History", s.name);
-    let mut x = String::new();
-    x.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    x.push_str("<feed xml:lang=\"en-US\" xmlns=\"http://www.w3.org/2005/Atom\">\n");
-    let _ = writeln!(x, "  <id>tag:{},2005:/history</id>", escape(s.host()));
-    let _ = writeln!(
-        x,
-        "  <link rel=\"alternate\" type=\"text/html\" href=\"{}\"/>",
-        escape(&s.url)
-    );
-    let _ = writeln!(
-        x,
-        "  <link rel=\"self\" type=\"application/atom+xml\" href=\"{}/history.atom\"/>",
-        escape(&s.url)
-    );
-    let _ = writeln!(x, "  <title>{}</title>", escape(&title));
-    let _ = writeln!(x, "  <updated>{}</updated>", s.updated_at());
-    let _ = writeln!(
-        x,
-        "  <author>\n    <name>{}</name>\n  </author>",
-        escape(&s.name)
-    );
-    for i in &s.incidents {
-        x.push_str("  <entry>\n");
-        let _ = writeln!(
-            x,
-            "    <id>tag:{},2005:Incident/{}</id>",
-            escape(s.host()),
-            i.id
-        );
-        let _ = writeln!(x, "    <published>{}</published>", i.created_at);
-        let _ = writeln!(x, "    <updated>{}</updated>", i.updated_at);
-        let _ = writeln!(
-            x,
-            "    <link rel=\"alternate\" type=\"text/html\" href=\"{}\"/>",
-            escape(&s.incident_url(i.id))
-        );
-        let _ = writeln!(x, "    <title>{}</title>", escape(&i.name));
-        let _ = writeln!(
-            x,
-            "    <content type=\"html\">{}</content>",
-            escape(&content_html(i))
-        );
-        x.push_str("  </entry>\n");
-    }
-    x.push_str("</feed>\n");
-    x
+    let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
+    let written = (|| -> std::io::Result<()> {
+        w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
+        open(
+            &mut w,
+            "feed",
+            &[
+                ("xml:lang", "en-US"),
+                ("xmlns", "http://www.w3.org/2005/Atom"),
+            ],
+        )?;
+        text(&mut w, "id", &format!("tag:{},2005:/history", s.host()))?;
+        let history = format!("{}/history.atom", s.url);
+        empty(
+            &mut w,
+            "link",
+            &[
+                ("rel", "alternate"),
+                ("type", "text/html"),
+                ("href", &s.url),
+            ],
+        )?;
+        empty(
+            &mut w,
+            "link",
+            &[
+                ("rel", "self"),
+                ("type", "application/atom+xml"),
+                ("href", &history),
+            ],
+        )?;
+        text(&mut w, "title", &title(s))?;
+        text(&mut w, "updated", &s.updated_at().to_string())?;
+        open(&mut w, "author", &[])?;
+        text(&mut w, "name", &s.name)?;
+        close(&mut w, "author")?;
+        for i in &s.incidents {
+            open(&mut w, "entry", &[])?;
+            text(
+                &mut w,
+                "id",
+                &format!("tag:{},2005:Incident/{}", s.host(), i.id),
+            )?;
+            text(&mut w, "published", &i.created_at.to_string())?;
+            text(&mut w, "updated", &i.updated_at.to_string())?;
+            let url = s.incident_url(i.id);
+            empty(
+                &mut w,
+                "link",
+                &[("rel", "alternate"), ("type", "text/html"), ("href", &url)],
+            )?;
+            text(&mut w, "title", &i.name)?;
+            w.write_event(Event::Start(
+                BytesStart::new("content").with_attributes([("type", "html")]),
+            ))?;
+            w.write_event(Event::Text(BytesText::new(&content_html(i))))?;
+            close(&mut w, "content")?;
+            close(&mut w, "entry")?;
+        }
+        close(&mut w, "feed")
+    })();
+    finish(w, written)
 }
 
 /// `GET /history.rss`.
 pub(crate) fn rss(s: &Snapshot) -> String {
-    let title = format!("{} Status - Incident History", s.name);
-    let mut x = String::new();
-    x.push_str("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    x.push_str(
-        "<rss version=\"2.0\" xmlns:dc=\"http://purl.org/dc/elements/1.1/\" xmlns:atom=\"http://www.w3.org/2005/Atom\">\n  <channel>\n",
-    );
-    let _ = writeln!(
-        x,
-        "    <atom:link href=\"{}/history.rss\" rel=\"self\" type=\"application/rss+xml\"/>",
-        escape(&s.url)
-    );
-    let _ = writeln!(x, "    <title>{}</title>", escape(&title));
-    let _ = writeln!(x, "    <link>{}</link>", escape(&s.url));
-    x.push_str("    <description>Statuspage</description>\n");
-    let _ = writeln!(x, "    <pubDate>{}</pubDate>", s.updated_at().rfc822());
-    for i in &s.incidents {
-        x.push_str("    <item>\n");
-        let _ = writeln!(x, "      <title>{}</title>", escape(&i.name));
-        let _ = writeln!(
-            x,
-            "      <description>{}</description>",
-            escape(&content_html(i))
-        );
-        let _ = writeln!(x, "      <pubDate>{}</pubDate>", i.created_at.rfc822());
-        let _ = writeln!(x, "      <link>{}</link>", escape(&s.incident_url(i.id)));
-        let _ = writeln!(x, "      <guid>{}</guid>", escape(&s.incident_url(i.id)));
-        x.push_str("    </item>\n");
-    }
-    x.push_str("  </channel>\n</rss>\n");
-    x
+    let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
+    let written = (|| -> std::io::Result<()> {
+        w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
+        open(
+            &mut w,
+            "rss",
+            &[
+                ("version", "2.0"),
+                ("xmlns:dc", "http://purl.org/dc/elements/1.1/"),
+                ("xmlns:atom", "http://www.w3.org/2005/Atom"),
+            ],
+        )?;
+        open(&mut w, "channel", &[])?;
+        let history = format!("{}/history.rss", s.url);
+        empty(
+            &mut w,
+            "atom:link",
+            &[
+                ("href", &history),
+                ("rel", "self"),
+                ("type", "application/rss+xml"),
+            ],
+        )?;
+        text(&mut w, "title", &title(s))?;
+        text(&mut w, "link", &s.url)?;
+        text(&mut w, "description", "Statuspage")?;
+        text(&mut w, "pubDate", &s.updated_at().rfc822())?;
+        for i in &s.incidents {
+            open(&mut w, "item", &[])?;
+            text(&mut w, "title", &i.name)?;
+            text(&mut w, "description", &content_html(i))?;
+            text(&mut w, "pubDate", &i.created_at.rfc822())?;
+            let url = s.incident_url(i.id);
+            text(&mut w, "link", &url)?;
+            text(&mut w, "guid", &url)?;
+            close(&mut w, "item")?;
+        }
+        close(&mut w, "channel")?;
+        close(&mut w, "rss")
+    })();
+    finish(w, written)
 }
 
-/// The HTML an entry carries, before XML escaping: updates newest first.
+/// The HTML an entry carries, before XML escaping: the postmortem, then
+/// the updates newest first.
 pub(crate) fn content_html(i: &IncidentView) -> String {
-    let mut h = String::new();
-    if let Some(pm) = &i.postmortem_body {
-        let _ = write!(h, "<p><strong>Postmortem</strong> - {}</p>", escape(pm));
+    #[derive(Serialize)]
+    struct Update<'a> {
+        month: String,
+        day: String,
+        time: String,
+        status: &'a str,
+        body: Cow<'a, str>,
     }
-    for u in &i.updates {
-        let (month, day, time) = u.created_at.feed_parts();
-        let _ = write!(
-            h,
-            "<p><small>{month} <var data-var='date'>{day}</var>, <var data-var='time'>{time}</var> UTC</small><br><strong>{}</strong> - {}</p>",
-            u.status.label(),
-            escape(&u.body)
-        );
+    #[derive(Serialize)]
+    struct Entry<'a> {
+        postmortem: Option<Cow<'a, str>>,
+        updates: Vec<Update<'a>>,
     }
-    h
+    let entry = Entry {
+        postmortem: i.postmortem_body.as_deref().map(xml_chars),
+        updates: i
+            .updates
+            .iter()
+            .map(|u| {
+                let (month, day, time) = u.created_at.feed_parts();
+                Update {
+                    month: month.to_string(),
+                    day: day.to_string(),
+                    time: time.to_string(),
+                    status: u.status.label(),
+                    body: xml_chars(&u.body),
+                }
+            })
+            .collect(),
+    };
+    super::html::render("feed_entry.html", &entry)
+}
+
+/// `s` without the characters XML 1.0 forbids (they cannot be escaped,
+/// only left out).
+pub(crate) fn xml_chars(s: &str) -> Cow<'_, str> {
+    let forbidden = |c: char| {
+        ((c as u32) < 0x20 && !matches!(c, '\t' | '\n' | '\r'))
+            || matches!(c, '\u{FFFE}' | '\u{FFFF}')
+    };
+    if s.chars().any(forbidden) {
+        Cow::Owned(s.chars().filter(|&c| !forbidden(c)).collect())
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+fn title(s: &Snapshot) -> String {
+    format!("{} Status - Incident History", s.name)
+}
+
+fn open(w: &mut Writer<Vec<u8>>, name: &str, attrs: &[(&str, &str)]) -> std::io::Result<()> {
+    let attrs = attrs.iter().map(|&(k, v)| (k, xml_chars(v)));
+    let mut start = BytesStart::new(name);
+    for (k, v) in attrs {
+        start.push_attribute((k, v.as_ref()));
+    }
+    w.write_event(Event::Start(start))
+}
+
+fn empty(w: &mut Writer<Vec<u8>>, name: &str, attrs: &[(&str, &str)]) -> std::io::Result<()> {
+    let mut start = BytesStart::new(name);
+    for &(k, v) in attrs {
+        start.push_attribute((k, xml_chars(v).as_ref()));
+    }
+    w.write_event(Event::Empty(start))
+}
+
+fn text(w: &mut Writer<Vec<u8>>, name: &str, value: &str) -> std::io::Result<()> {
+    w.write_event(Event::Start(BytesStart::new(name)))?;
+    w.write_event(Event::Text(BytesText::new(&xml_chars(value))))?;
+    close(w, name)
+}
+
+fn close(w: &mut Writer<Vec<u8>>, name: &str) -> std::io::Result<()> {
+    w.write_event(Event::End(BytesEnd::new(name)))
+}
+
+/// The document, newline-terminated (writing to memory cannot fail; were
+/// it to, the feed would be empty, not cut).
+fn finish(w: Writer<Vec<u8>>, written: std::io::Result<()>) -> String {
+    if let Err(e) = written {
+        tracing::error!(error = %e, "status feed could not be written");
+        return String::new();
+    }
+    let mut xml = String::from_utf8(w.into_inner()).unwrap_or_default();
+    xml.push('\n');
+    xml
 }

@@ -100,6 +100,7 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("page.html", include_str!("templates/page.html")),
         ("incident.html", include_str!("templates/incident.html")),
         ("not_found.html", include_str!("templates/not_found.html")),
+        ("feed_entry.html", include_str!("templates/feed_entry.html")),
     ] {
         // The templates are part of the binary; a syntax error in one is
         // caught by every status test.
@@ -110,7 +111,7 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     env
 });
 
-fn render<C: Serialize>(name: &str, ctx: &C) -> String {
+pub(super) fn render<C: Serialize>(name: &str, ctx: &C) -> String {
     match TEMPLATES.get_template(name).and_then(|t| t.render(ctx)) {
         Ok(html) => html,
         Err(e) => {
