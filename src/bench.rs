@@ -38,9 +38,8 @@ pub(crate) struct EngineBenchArgs {
 }
 
 pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
-    let path = args.model.path()?;
-    let model =
-        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let (model, path) = args.model.load()?;
+    let model = Arc::new(model);
     let config = args.model.engine_config();
     let rounds = args.rounds.max(1);
     let prompts = Prompts::new(

@@ -10,8 +10,8 @@
 use crate::bench::Prompts;
 use crate::bench_transfer::in_process_pair;
 use crate::cli::ModelArgs;
-use anyhow::{Context, bail};
-use bulkhead_engine::{Engine, EngineError, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
+use anyhow::bail;
+use bulkhead_engine::{Engine, EngineError, GenerateRequest, SamplingParams, SeqEvent};
 use bulkhead_kv::TenantId;
 use bulkhead_node::DecodeWorker;
 use clap::Args;
@@ -54,9 +54,7 @@ struct Outcomes {
 }
 
 pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
-    let path = args.model.path()?;
-    let model =
-        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let model = Arc::new(args.model.load()?.0);
     let config = args.model.engine_config();
     let prefill_engine = Arc::new(Engine::start(Arc::clone(&model), &config)?);
     let decode_engine = Arc::new(Engine::start(Arc::clone(&model), &config)?);

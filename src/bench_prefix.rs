@@ -12,8 +12,7 @@
 use crate::cli::ModelArgs;
 use anyhow::{Context, bail};
 use bulkhead_engine::{
-    CacheScope, ChatMessage, Engine, GenerateRequest, ModelFile, Namespace, SamplingParams,
-    SeqEvent,
+    CacheScope, ChatMessage, Engine, GenerateRequest, Namespace, SamplingParams, SeqEvent,
 };
 use bulkhead_kv::TenantId;
 use clap::Args;
@@ -50,9 +49,7 @@ pub(crate) fn run(args: &PrefixBenchArgs) -> anyhow::Result<()> {
     if args.turns == 0 || args.chats == 0 {
         bail!("--turns and --chats must be at least 1");
     }
-    let path = args.model.path()?;
-    let model =
-        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let model = Arc::new(args.model.load()?.0);
     let mut config = args.model.engine_config();
     config.prefix_cache = true;
     let on = Engine::start(Arc::clone(&model), &config)?;

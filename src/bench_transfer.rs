@@ -42,9 +42,7 @@ pub(crate) struct TransferBenchArgs {
 }
 
 pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
-    let path = args.model.path()?;
-    let model =
-        Arc::new(ModelFile::load(&path).with_context(|| format!("loading {}", path.display()))?);
+    let model = Arc::new(args.model.load()?.0);
     let c = model.config();
     let geometry = KvGeometry {
         layers: c.layers,

@@ -175,16 +175,11 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
         status_cache: Duration::from_millis(flags.status_cache_ms),
         gateway_lease: Duration::from_secs(flags.gateway_lease_secs.max(1)),
     };
-    let mut metrics = String::new();
-    if let Some(m) = &flags.metrics_listen {
-        let l = tokio::net::TcpListener::bind(m)
-            .await
-            .with_context(|| format!("binding {m}"))?;
-        metrics = format!(" metrics={}", l.local_addr()?);
-        tokio::spawn(async move {
-            axum::serve(crate::nodelay(l), bulkhead_telemetry::metrics_app()).await
-        });
-    }
+    let metrics = crate::serve::metrics_port(
+        flags.metrics_listen.as_deref(),
+        bulkhead_telemetry::metrics_app(),
+    )
+    .await?;
     announce(&format!(
         "bulkhead control-plane: listening http={addr} internal={internal_addr}{metrics} database={}{}",
         db.backend(),

@@ -190,16 +190,11 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    let mut metrics = String::new();
-    if let Some(addr) = &args.metrics_listen {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
-        metrics = format!(" metrics={}", l.local_addr()?);
-        tokio::spawn(async move {
-            axum::serve(crate::nodelay(l), bulkhead_telemetry::metrics_app()).await
-        });
-    }
+    let metrics = crate::serve::metrics_port(
+        args.metrics_listen.as_deref(),
+        bulkhead_telemetry::metrics_app(),
+    )
+    .await?;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,

@@ -43,17 +43,23 @@ impl MetricsArgs {
     /// Binds and serves the metrics port, if asked; returns ` metrics=ADDR`
     /// for the listening line.
     pub(crate) async fn start(&self) -> anyhow::Result<String> {
-        let Some(addr) = &self.metrics_listen else {
-            return Ok(String::new());
-        };
-        let l = bind(addr).await?;
-        let bound = l.local_addr()?;
         // Probes (a kubelet has no client certificate) read /health here.
         let ops = bulkhead_telemetry::metrics_app()
             .route("/health", axum::routing::get(|| async { "ok\n" }));
-        tokio::spawn(async move { axum::serve(crate::nodelay(l), ops).await });
-        Ok(format!(" metrics={bound}"))
+        metrics_port(self.metrics_listen.as_deref(), ops).await
     }
+}
+
+/// Binds `addr` (when given) and serves `app` there, the Prometheus port;
+/// returns ` metrics=ADDR` for the listening line (empty without one).
+pub(crate) async fn metrics_port(addr: Option<&str>, app: axum::Router) -> anyhow::Result<String> {
+    let Some(addr) = addr else {
+        return Ok(String::new());
+    };
+    let l = bind(addr).await?;
+    let bound = l.local_addr()?;
+    tokio::spawn(async move { axum::serve(crate::nodelay(l), app).await });
+    Ok(format!(" metrics={bound}"))
 }
 
 /// Serves `router` on `listener`, each request knowing its caller's role.
@@ -64,6 +70,70 @@ async fn serve_api(listener: TlsListener, router: axum::Router) -> std::io::Resu
     )
     .with_graceful_shutdown(crate::control_plane::shutdown())
     .await
+}
+
+/// What every worker role takes: its identity, metrics port, registration
+/// and model.
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    #[command(flatten)]
+    tls: TlsArgs,
+    #[command(flatten)]
+    metrics_listen: MetricsArgs,
+    #[command(flatten)]
+    register: RegisterArgs,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// A worker about to take requests: what it announces.
+struct Live<'a> {
+    role: NodeRole,
+    identity: &'a Identity,
+    engine: &'a Arc<Engine>,
+    weights: &'a std::path::Path,
+    http: &'a TcpListener,
+    transfer: Option<&'a TcpListener>,
+    prefills: Option<tokio::sync::watch::Sender<Vec<String>>>,
+}
+
+impl WorkerArgs {
+    /// This worker's certificate of `role`, for its model.
+    fn identity(&self, role: CertRole) -> anyhow::Result<Identity> {
+        self.tls
+            .load_worker(role, self.register.model_slug().as_str())
+    }
+
+    /// Registers with the control plane (when there is one), starts the
+    /// metrics port and the worker's metrics, and prints the listening
+    /// line.
+    async fn go_live(&self, live: Live<'_>, worker: &Role) -> anyhow::Result<()> {
+        let http = live.http.local_addr()?;
+        let transfer = live.transfer.map(TcpListener::local_addr).transpose()?;
+        self.register
+            .register(Announcement {
+                identity: live.identity,
+                role: live.role,
+                engine: live.engine,
+                weights: live.weights,
+                kv_budget_bytes: budget_bytes(&self.model),
+                address: self.register.advertised(http),
+                transfer_address: transfer.map(|t| self.register.advertised(t)),
+                prefills: live.prefills,
+            })
+            .await?;
+        let metrics_line = self.metrics_listen.start().await?;
+        let command = match live.role {
+            NodeRole::Colocated => "serve",
+            NodeRole::Prefill => "prefill",
+            NodeRole::Decode => "decode",
+        };
+        let transfer = transfer.map_or(String::new(), |t| format!("transfer={t} "));
+        announce(&format!(
+            "bulkhead {command}: listening {transfer}http={http}{metrics_line}"
+        ));
+        metrics(worker, &self.register, live.role, live.http)
+    }
 }
 
 /// Flags of `bulkhead serve` (colocated worker).
@@ -79,13 +149,7 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     shared_prefix_file: Option<PathBuf>,
     #[command(flatten)]
-    tls: TlsArgs,
-    #[command(flatten)]
-    metrics_listen: MetricsArgs,
-    #[command(flatten)]
-    register: RegisterArgs,
-    #[command(flatten)]
-    model: ModelArgs,
+    worker: WorkerArgs,
 }
 
 /// How KV pages travel between prefill and decode workers.
@@ -137,13 +201,7 @@ pub(crate) struct PrefillArgs {
     #[command(flatten)]
     transport: TransportArgs,
     #[command(flatten)]
-    tls: TlsArgs,
-    #[command(flatten)]
-    metrics_listen: MetricsArgs,
-    #[command(flatten)]
-    register: RegisterArgs,
-    #[command(flatten)]
-    model: ModelArgs,
+    worker: WorkerArgs,
 }
 
 /// Flags of `bulkhead decode`.
@@ -168,13 +226,7 @@ pub(crate) struct DecodeArgs {
     #[command(flatten)]
     transport: TransportArgs,
     #[command(flatten)]
-    tls: TlsArgs,
-    #[command(flatten)]
-    metrics_listen: MetricsArgs,
-    #[command(flatten)]
-    register: RegisterArgs,
-    #[command(flatten)]
-    model: ModelArgs,
+    worker: WorkerArgs,
 }
 
 /// The worker's context check, metering every call it admits, and the
@@ -256,15 +308,14 @@ async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
 }
 
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
-    let identity = args
-        .tls
-        .load_worker(CertRole::Colocated, args.register.model_slug().as_str())?;
-    let (contexts, usage) = metered(&args.tls, &args.register, &identity)?;
-    let (engine, weights) = load(&args.model)?;
+    let w = &args.worker;
+    let identity = w.identity(CertRole::Colocated)?;
+    let (contexts, usage) = metered(&w.tls, &w.register, &identity)?;
+    let (engine, weights) = load(&w.model)?;
     if let Some(path) = &args.shared_prefix_file {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let slug = args.register.model_slug();
+        let slug = w.register.model_slug();
         let tokens = bulkhead_node::prefix::publish_shared(&engine, slug.as_str(), &text)?;
         announce(&format!(
             "bulkhead serve: shared prefix of {tokens} tokens cached for every tenant of {}",
@@ -274,25 +325,17 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         usage.start();
         let http = bind(&args.http).await?;
-        args.register
-            .register(Announcement {
-                identity: &identity,
-                role: NodeRole::Colocated,
-                engine: &engine,
-                weights: &weights,
-                kv_budget_bytes: budget_bytes(&args.model),
-                address: args.register.advertised(http.local_addr()?),
-                transfer_address: None,
-                prefills: None,
-            })
-            .await?;
-        let metrics_line = args.metrics_listen.start().await?;
-        announce(&format!(
-            "bulkhead serve: listening http={}{metrics_line}",
-            http.local_addr()?
-        ));
-        let role = Role::Colocated(engine);
-        metrics(&role, &args.register, NodeRole::Colocated, &http)?;
+        let role = Role::Colocated(Arc::clone(&engine));
+        let live = Live {
+            role: NodeRole::Colocated,
+            identity: &identity,
+            engine: &engine,
+            weights: &weights,
+            http: &http,
+            transfer: None,
+            prefills: None,
+        };
+        w.go_live(live, &role).await?;
         serve_api(worker_api(http, &identity)?, app(role, contexts)).await?;
         Ok(())
     })
@@ -310,35 +353,25 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
     if let Some(p) = args.frame_faults_percent {
         options.broken_link(p)?;
     }
-    let identity = args
-        .tls
-        .load_worker(CertRole::Prefill, args.register.model_slug().as_str())?;
-    let (engine, weights) = load(&args.model)?;
+    let w = &args.worker;
+    let identity = w.identity(CertRole::Prefill)?;
+    let (engine, weights) = load(&w.model)?;
     let hello = hello(&engine, &options.transport);
     let worker = PrefillWorker::new(Arc::clone(&engine), hello, options);
     runtime()?.block_on(async {
         let listen = bind(&args.listen).await?;
         let http = bind(&args.http).await?;
-        args.register
-            .register(Announcement {
-                identity: &identity,
-                role: NodeRole::Prefill,
-                engine: &engine,
-                weights: &weights,
-                kv_budget_bytes: budget_bytes(&args.model),
-                address: args.register.advertised(http.local_addr()?),
-                transfer_address: Some(args.register.advertised(listen.local_addr()?)),
-                prefills: None,
-            })
-            .await?;
-        let metrics_line = args.metrics_listen.start().await?;
-        announce(&format!(
-            "bulkhead prefill: listening transfer={} http={}{metrics_line}",
-            listen.local_addr()?,
-            http.local_addr()?
-        ));
         let role = Role::Prefill(worker.clone());
-        metrics(&role, &args.register, NodeRole::Prefill, &http)?;
+        let live = Live {
+            role: NodeRole::Prefill,
+            identity: &identity,
+            engine: &engine,
+            weights: &weights,
+            http: &http,
+            transfer: Some(&listen),
+            prefills: None,
+        };
+        w.go_live(live, &role).await?;
         let api = worker_api(http, &identity)?;
         // A prefill worker serves no generate calls (the route is not even
         // there); its check holds a key no gateway has.
@@ -356,14 +389,13 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
 
 pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
     let transport = args.transport.kind()?;
-    let identity = args
-        .tls
-        .load_worker(CertRole::Decode, args.register.model_slug().as_str())?;
-    let (contexts, usage) = metered(&args.tls, &args.register, &identity)?;
-    let (engine, weights) = load(&args.model)?;
+    let w = &args.worker;
+    let identity = w.identity(CertRole::Decode)?;
+    let (contexts, usage) = metered(&w.tls, &w.register, &identity)?;
+    let (engine, weights) = load(&w.model)?;
     let hello = hello(&engine, &transport);
     // Pinned, else discovered through the control plane, else the default.
-    let discover = args.prefill.is_empty() && args.register.has_control_plane();
+    let discover = args.prefill.is_empty() && w.register.has_control_plane();
     let pinned = if !args.prefill.is_empty() {
         args.prefill.clone()
     } else if discover {
@@ -377,7 +409,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
         ack_timeout: Duration::from_millis(args.ack_timeout_ms.max(1)),
         transport,
         identity: identity.clone(),
-        model: args.register.model_slug().as_str().to_owned(),
+        model: w.register.model_slug().as_str().to_owned(),
     };
     runtime()?.block_on(async {
         usage.start();
@@ -400,28 +432,20 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
             });
             tx
         });
-        args.register
-            .register(Announcement {
-                identity: &identity,
-                role: NodeRole::Decode,
-                engine: &engine,
-                weights: &weights,
-                kv_budget_bytes: budget_bytes(&args.model),
-                address: args.register.advertised(http.local_addr()?),
-                transfer_address: None,
-                prefills,
-            })
-            .await?;
         // A discovering worker announces at once: its prefill workers may
         // become routable only later (a config change), and until one is
         // linked its requests get 503, which a gateway sends elsewhere.
-        let metrics_line = args.metrics_listen.start().await?;
-        announce(&format!(
-            "bulkhead decode: listening http={}{metrics_line}",
-            http.local_addr()?
-        ));
         let role = Role::Decode(worker);
-        metrics(&role, &args.register, NodeRole::Decode, &http)?;
+        let live = Live {
+            role: NodeRole::Decode,
+            identity: &identity,
+            engine: &engine,
+            weights: &weights,
+            http: &http,
+            transfer: None,
+            prefills,
+        };
+        w.go_live(live, &role).await?;
         serve_api(worker_api(http, &identity)?, app(role, contexts)).await?;
         Ok(())
     })

@@ -578,7 +578,7 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
         &internal,
         support::client_config(Present::Ours(CertRole::Decode), CertRole::Decode),
         CertRole::Decode,
-        register.clone(),
+        register,
     );
     assert!(r.is_err(), "{r:?}");
 

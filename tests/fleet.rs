@@ -82,7 +82,16 @@ fn a_decode_worker_spreads_over_its_prefill_workers_and_survives_losing_one() {
     let served_before = stats(&fast.addr("http"))["transfer"]["requests"]
         .as_u64()
         .unwrap_or(0);
-    while after.elapsed() < Duration::from_secs(3) {
+    // At least 3 s, and until the survivor has taken a request since (on
+    // a loaded machine the first may take longer than that).
+    let served = || {
+        stats(&fast.addr("http"))["transfer"]["requests"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    while after.elapsed() < Duration::from_secs(3)
+        || (served() <= served_before && after.elapsed() < Duration::from_secs(60))
+    {
         std::thread::sleep(Duration::from_millis(100));
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -348,15 +348,12 @@ where
 }
 
 impl Error {
+    /// `e` with every cause after it, `: `-separated.
     fn http(e: &(dyn std::error::Error + 'static)) -> Self {
-        let mut text = e.to_string();
-        let mut cause = e.source();
-        while let Some(c) = cause {
-            text.push_str(": ");
-            text.push_str(&c.to_string());
-            cause = c.source();
-        }
-        Self::Http(text)
+        let causes: Vec<String> = std::iter::successors(Some(e), |c| c.source())
+            .map(ToString::to_string)
+            .collect();
+        Self::Http(causes.join(": "))
     }
 }
 

@@ -312,16 +312,18 @@ async fn set_budget(
             b.free_neurons_per_day
         )
     };
-    let entry = audit::NewEntry {
-        actor: &op.name,
-        action: "account.budget",
-        subject: account.as_str(),
-        reason: &req.reason,
-        before: &show(&before.budget),
-        after: &show(&budget),
-    };
-    audit::append(&mut tx, entry, now).await?;
-    tx.commit().await?;
+    audit::commit_with(
+        tx,
+        audit::NewEntry::new(
+            &op.name,
+            "account.budget",
+            account.as_str(),
+            (&show(&before.budget), &show(&budget)),
+        )
+        .because(&req.reason),
+        now,
+    )
+    .await?;
     Ok(Json(AccountView { budget, ..before }))
 }
 
@@ -338,16 +340,17 @@ async fn create_operator(
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let created = operators::create(&mut tx, &req.name, req.role, now).await?;
-    let entry = audit::NewEntry {
-        actor: &op.name,
-        action: "operator.create",
-        subject: &req.name,
-        reason: "",
-        before: "absent",
-        after: req.role.as_str(),
-    };
-    audit::append(&mut tx, entry, now).await?;
-    tx.commit().await?;
+    audit::commit_with(
+        tx,
+        audit::NewEntry::new(
+            &op.name,
+            "operator.create",
+            &req.name,
+            ("absent", req.role.as_str()),
+        ),
+        now,
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
 
@@ -359,16 +362,17 @@ async fn revoke_operator(
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let revoked = operators::revoke(&mut tx, OperatorId::from_db(id), now).await?;
-    let entry = audit::NewEntry {
-        actor: &op.name,
-        action: "operator.revoke",
-        subject: &revoked.name,
-        reason: "",
-        before: revoked.role.as_str(),
-        after: "revoked",
-    };
-    audit::append(&mut tx, entry, now).await?;
-    tx.commit().await?;
+    audit::commit_with(
+        tx,
+        audit::NewEntry::new(
+            &op.name,
+            "operator.revoke",
+            &revoked.name,
+            (revoked.role.as_str(), "revoked"),
+        ),
+        now,
+    )
+    .await?;
     Ok(Json(revoked))
 }
 
@@ -502,19 +506,18 @@ async fn register_node(
     let before = existing.map(|n| node_summary(&n.registration));
     let id = nodes::register(&mut tx, &req, &op, now).await?;
     let after = node_summary(&req);
-    let entry = audit::NewEntry {
-        actor: &op.name,
-        action: if before.is_some() {
-            "node.reregister"
-        } else {
-            "node.register"
-        },
-        subject: &req.name,
-        reason: "",
-        before: before.as_deref().unwrap_or(""),
-        after: &after,
+    let action = if before.is_some() {
+        "node.reregister"
+    } else {
+        "node.register"
     };
-    audit::append(&mut tx, entry, now).await?;
+    let change = (before.as_deref().unwrap_or(""), after.as_str());
+    audit::append(
+        &mut tx,
+        audit::NewEntry::new(&op.name, action, &req.name, change),
+        now,
+    )
+    .await?;
     let status = node_status(&s, &mut tx, id, now).await?;
     tx.commit().await?;
     Ok(Json(status))
@@ -574,16 +577,17 @@ async fn remove_node(
     let row = nodes::get(&mut tx, id).await?;
     nodes::remove(&mut tx, id).await?;
     let before = node_summary(&row.registration);
-    let entry = audit::NewEntry {
-        actor: &op.name,
-        action: "node.remove",
-        subject: &row.registration.name,
-        reason: "",
-        before: &before,
-        after: "removed",
-    };
-    audit::append(&mut tx, entry, Timestamp::now()).await?;
-    tx.commit().await?;
+    audit::commit_with(
+        tx,
+        audit::NewEntry::new(
+            &op.name,
+            "node.remove",
+            &row.registration.name,
+            (&before, "removed"),
+        ),
+        Timestamp::now(),
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -767,16 +771,12 @@ async fn revoke_api_token(
     let account = accounts::find(&mut tx, &id).await?;
     let revoked = api_tokens::revoke(&mut tx, &account, token, now).await?;
     let subject = format!("{account} token {token}");
-    let entry = audit::NewEntry {
-        actor: &op.name,
-        action: "api_token.revoke",
-        subject: &subject,
-        reason: "",
-        before: "live",
-        after: "revoked",
-    };
-    audit::append(&mut tx, entry, now).await?;
-    tx.commit().await?;
+    audit::commit_with(
+        tx,
+        audit::NewEntry::new(&op.name, "api_token.revoke", &subject, ("live", "revoked")),
+        now,
+    )
+    .await?;
     Ok(Json(revoked))
 }
 

@@ -22,8 +22,7 @@ use std::borrow::Cow;
 pub(crate) fn atom(s: &Snapshot) -> String {
     let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
     let written = (|| -> std::io::Result<()> {
-        w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
-        open(
+        root(
             &mut w,
             "feed",
             &[
@@ -88,8 +87,7 @@ pub(crate) fn atom(s: &Snapshot) -> String {
 pub(crate) fn rss(s: &Snapshot) -> String {
     let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
     let written = (|| -> std::io::Result<()> {
-        w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
-        open(
+        root(
             &mut w,
             "rss",
             &[
@@ -134,8 +132,8 @@ pub(crate) fn rss(s: &Snapshot) -> String {
 pub(crate) fn content_html(i: &IncidentView) -> String {
     #[derive(Serialize)]
     struct Update<'a> {
-        month: String,
-        day: String,
+        month: &'static str,
+        day: u32,
         time: String,
         status: &'a str,
         body: Cow<'a, str>,
@@ -153,9 +151,9 @@ pub(crate) fn content_html(i: &IncidentView) -> String {
             .map(|u| {
                 let (month, day, time) = u.created_at.feed_parts();
                 Update {
-                    month: month.to_string(),
-                    day: day.to_string(),
-                    time: time.to_string(),
+                    month,
+                    day,
+                    time,
                     status: u.status.label(),
                     body: xml_chars(&u.body),
                 }
@@ -183,21 +181,26 @@ fn title(s: &Snapshot) -> String {
     format!("{} Status - Incident History", s.name)
 }
 
+/// The XML declaration and the document's root element, opened.
+fn root(w: &mut Writer<Vec<u8>>, name: &str, attrs: &[(&str, &str)]) -> std::io::Result<()> {
+    w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
+    open(w, name, attrs)
+}
+
 fn open(w: &mut Writer<Vec<u8>>, name: &str, attrs: &[(&str, &str)]) -> std::io::Result<()> {
-    let attrs = attrs.iter().map(|&(k, v)| (k, xml_chars(v)));
-    let mut start = BytesStart::new(name);
-    for (k, v) in attrs {
-        start.push_attribute((k, v.as_ref()));
-    }
-    w.write_event(Event::Start(start))
+    w.write_event(Event::Start(start_tag(name, attrs)))
 }
 
 fn empty(w: &mut Writer<Vec<u8>>, name: &str, attrs: &[(&str, &str)]) -> std::io::Result<()> {
+    w.write_event(Event::Empty(start_tag(name, attrs)))
+}
+
+fn start_tag<'a>(name: &'a str, attrs: &[(&str, &str)]) -> BytesStart<'a> {
     let mut start = BytesStart::new(name);
     for &(k, v) in attrs {
         start.push_attribute((k, xml_chars(v).as_ref()));
     }
-    w.write_event(Event::Empty(start))
+    start
 }
 
 fn text(w: &mut Writer<Vec<u8>>, name: &str, value: &str) -> std::io::Result<()> {

@@ -23,6 +23,43 @@ pub struct NewEntry<'a> {
     pub after: &'a str,
 }
 
+impl<'a> NewEntry<'a> {
+    /// `actor` did `action` to `subject`, taking it from `before` to
+    /// `after`, with no reason given.
+    pub fn new(
+        actor: &'a str,
+        action: &'a str,
+        subject: &'a str,
+        change: (&'a str, &'a str),
+    ) -> Self {
+        Self {
+            actor,
+            action,
+            subject,
+            reason: "",
+            before: change.0,
+            after: change.1,
+        }
+    }
+
+    /// The same entry with the operator's reason.
+    pub fn because(self, reason: &'a str) -> Self {
+        Self { reason, ..self }
+    }
+}
+
+/// Appends `e` in `tx` and commits: a change and its audit record land
+/// together or not at all (the one way an admin handler ends a change).
+pub async fn commit_with(
+    mut tx: sqlx::Transaction<'static, sqlx::Any>,
+    e: NewEntry<'_>,
+    now: Timestamp,
+) -> Result<AuditEntry, Error> {
+    let entry = append(&mut tx, e, now).await?;
+    tx.commit().await?;
+    Ok(entry)
+}
+
 /// Appends one entry.
 pub async fn append(conn: &mut Conn, e: NewEntry<'_>, now: Timestamp) -> Result<AuditEntry, Error> {
     let row = sqlx::query(

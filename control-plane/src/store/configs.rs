@@ -191,14 +191,14 @@ pub async fn activate(
     let before = model
         .active_config
         .map_or_else(|| "none".to_owned(), |v| v.to_string());
-    let entry = NewEntry {
+    let after = version.to_string();
+    let entry = NewEntry::new(
         actor,
-        action: "config.activate",
-        subject: model.slug.as_str(),
-        reason,
-        before: &before,
-        after: &version.to_string(),
-    };
+        "config.activate",
+        model.slug.as_str(),
+        (&before, &after),
+    )
+    .because(reason);
     audit::append(conn, entry, now).await
 }
 

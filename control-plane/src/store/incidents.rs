@@ -169,19 +169,9 @@ async fn write_update(
         Some(_) => "incident.update",
     };
     let reason: String = req.body.chars().take(300).collect();
-    audit::append(
-        conn,
-        NewEntry {
-            actor,
-            action,
-            subject: &subject,
-            reason: &reason,
-            before: before.map_or("", IncidentStatus::as_str),
-            after: status.as_str(),
-        },
-        now,
-    )
-    .await?;
+    let change = (before.map_or("", IncidentStatus::as_str), status.as_str());
+    let entry = NewEntry::new(actor, action, &subject, change).because(&reason);
+    audit::append(conn, entry, now).await?;
     let at = |s: IncidentStatus| (req.status == s).then_some(now.millis());
     // COALESCE keeps the first time an incident reached monitoring or
     // resolved; the guard in `update` has already claimed the row.
@@ -216,19 +206,10 @@ async fn set_component(
     now: Timestamp,
 ) -> Result<(), Error> {
     let old = models::set_component_status(conn, model, to, now).await?;
-    audit::append(
-        conn,
-        NewEntry {
-            actor: who.0,
-            action: "model.component_status",
-            subject: slug.as_str(),
-            reason: who.1,
-            before: old.as_str(),
-            after: to.as_str(),
-        },
-        now,
-    )
-    .await?;
+    let change = (old.as_str(), to.as_str());
+    let entry =
+        NewEntry::new(who.0, "model.component_status", slug.as_str(), change).because(who.1);
+    audit::append(conn, entry, now).await?;
     sqlx::query(
         "INSERT INTO incident_update_components (update_id, model_id, old_status, new_status) VALUES ($1, $2, $3, $4)",
     )

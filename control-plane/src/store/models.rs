@@ -185,14 +185,8 @@ pub async fn set_visibility(
         Visibility::Public => Visibility::Private,
         Visibility::Private => Visibility::Public,
     };
-    let entry = NewEntry {
-        actor,
-        action: "model.visibility",
-        subject: slug.as_str(),
-        reason,
-        before: before.as_str(),
-        after: to.as_str(),
-    };
+    let change = (before.as_str(), to.as_str());
+    let entry = NewEntry::new(actor, "model.visibility", slug.as_str(), change).because(reason);
     Ok(Some(audit::append(conn, entry, now).await?))
 }
 
@@ -242,14 +236,7 @@ pub async fn set_allowed(
         ("allowed", "absent")
     };
     let subject = format!("{slug} {account}");
-    let entry = NewEntry {
-        actor,
-        action: "model.allowlist",
-        subject: &subject,
-        reason,
-        before,
-        after,
-    };
+    let entry = NewEntry::new(actor, "model.allowlist", &subject, (before, after)).because(reason);
     Ok(Some(audit::append(conn, entry, now).await?))
 }
 
