@@ -9,11 +9,12 @@ use crate::cli::ModelArgs;
 use anyhow::{Context, bail};
 use bulkhead_engine::{Engine, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
 use bulkhead_kv::{Generation, KvDtype, KvGeometry, KvPool, PageTable, TenantId, TransferId};
+use bulkhead_node::decode::landing::Landing;
 use bulkhead_node::{DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, hello};
 use bulkhead_transfer::checksum::transfer_digest;
 use bulkhead_transfer::{
     Checksums, Done, DoneVerdict, FrameKey, Grant, Head, Ledger, Message, PageVerdict,
-    TcpTransport, Transport, read_payload, read_payload_into,
+    TcpTransport, Transport,
 };
 use bulkhead_trust::Role as CertRole;
 use clap::Args;
@@ -353,7 +354,7 @@ fn protocol_copy(
     Ok((elapsed, dst))
 }
 
-/// The receiving side of [`protocol_copy`], as a decode worker lands a
+/// The receiving side of [`protocol_copy`]: a decode worker's own [`Landing`] lands a
 /// transfer: grant, pages checked against the ledger and read into their
 /// slots, commit after the digest; the pool back.
 async fn receive(
@@ -376,7 +377,7 @@ async fn receive(
     let t = TransferId::new(1);
     let landing = dst.allocate_receiving(&admitted, t)?;
     let gens: Vec<Generation> = landing.generations().collect();
-    let mut lent = dst.lend_landing(&landing, t, None);
+    let lent = dst.lend_landing(&landing, t, None);
     // The grant goes to the sender first.
     let mut g = Vec::with_capacity(gens.len() * 8);
     for x in &gens {
@@ -384,37 +385,26 @@ async fn receive(
     }
     s.write_all(&g).await?;
     s.flush().await?;
-    let mut ledger = Ledger::new(checksums);
-    ledger.open_transfer(
+    // From here on, the decode worker's own landing code.
+    let mut land = Landing::new(Ledger::new(checksums));
+    land.open(
         t,
-        gens,
-        tokens as u64,
+        lent,
+        (gens, tokens as u64),
         geometry.bytes_per_page(),
         FrameKey::from_bytes(&BENCH_KEY),
     );
-    let mut scratch = Vec::new();
     loop {
         match Message::read_head(&mut s).await? {
             Head::Page(h, len) => {
-                let verdict = match ledger.landing_slot(&h, len) {
-                    Some(slot) => {
-                        let page = &mut lent[slot];
-                        read_payload_into(&mut s, page, len).await?;
-                        ledger.on_page(&h, page.bytes())
-                    }
-                    None => {
-                        scratch.resize(len, 0);
-                        read_payload(&mut s, &mut scratch).await?;
-                        ledger.on_page(&h, &scratch)
-                    }
-                };
+                let verdict = land.page(&mut s, &h, len).await?;
                 if !matches!(verdict, PageVerdict::Write { .. }) {
                     bail!("page refused: {verdict:?}");
                 }
             }
-            Head::Message(Message::Done(d)) => match ledger.on_done(&d) {
+            Head::Message(Message::Done(d)) => match land.ledger.on_done(&d) {
                 DoneVerdict::Commit(_) => {
-                    for p in lent.drain(..) {
+                    for p in land.end(t) {
                         dst.restore(p);
                     }
                     if !dst.commit_received(&landing, t) {

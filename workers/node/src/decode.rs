@@ -10,6 +10,7 @@
 //! with it; the fleet (`set_prefills`) retires its link, which takes no new
 //! transfer and closes once idle.
 
+pub mod landing;
 mod link;
 
 use bulkhead_engine::{Engine, GenerateRequest, RequestHandle};

@@ -15,13 +15,14 @@
 //! compatible peer and wanted: a retired link (its prefill worker left the
 //! fleet) takes no new transfer, lets the open ones finish, then closes.
 
+use super::landing::Landing;
 use super::{DecodeOptions, LoadGuard};
 use crate::hello::{HelloCheck, check_peer, page_bytes, peer_limits};
 use bulkhead_engine::{Engine, TransferFault};
 use bulkhead_kv::{Capacity, LentPage, TenantId, TransferId};
 use bulkhead_transfer::{
     Checksums, DoneVerdict, Fault, FrameKey, Head, Hello, Ledger, Message, PageVerdict,
-    PrefillRequest, TransferCounters, read_payload, read_payload_into,
+    PrefillRequest, TransferCounters,
 };
 use bulkhead_trust::Role as CertRole;
 use std::collections::HashMap;
@@ -290,8 +291,7 @@ impl Link {
         let receiver = Receiver {
             epoch,
             engine: Arc::clone(&self.engine),
-            ledger: Ledger::new(Checksums::On),
-            landing: HashMap::new(),
+            landing: Landing::new(Ledger::new(Checksums::On)),
             inbox: inbox_rx,
             writer: wtx.clone(),
             events: self.events.clone(),
@@ -465,8 +465,7 @@ impl Link {
 struct Receiver {
     epoch: u64,
     engine: Arc<Engine>,
-    ledger: Ledger,
-    landing: HashMap<TransferId, Vec<LentPage>>,
+    landing: Landing,
     inbox: mpsc::UnboundedReceiver<Inbox>,
     writer: mpsc::UnboundedSender<Message>,
     events: mpsc::UnboundedSender<LinkEvent>,
@@ -478,7 +477,6 @@ struct Receiver {
 
 impl Receiver {
     async fn run(mut self, mut source: Source) {
-        let mut scratch = Vec::new();
         loop {
             let ok = match &mut source {
                 Source::Tcp(rd) => {
@@ -486,7 +484,7 @@ impl Receiver {
                     // Transfers opened before this frame was sent are in the inbox.
                     self.drain_inbox();
                     match head {
-                        Ok(Head::Page(h, len)) => self.page(rd, &h, len, &mut scratch).await,
+                        Ok(Head::Page(h, len)) => self.page(rd, &h, len).await,
                         Ok(Head::Message(m)) => self.message(m),
                         Err(_) => false,
                     }
@@ -514,7 +512,7 @@ impl Receiver {
         // The connection is gone: no write can arrive. Pages go home, then
         // every open transfer is fenced.
         self.landing.clear();
-        for t in self.ledger.connection_lost() {
+        for t in self.landing.ledger.connection_lost() {
             self.engine.fence_transfer(t, TransferFault::ConnectionLost);
             let _ = self
                 .events
@@ -525,7 +523,9 @@ impl Receiver {
     }
 
     fn publish(&self) {
-        let _ = self.counters.send(self.base + self.ledger.counters());
+        let _ = self
+            .counters
+            .send(self.base + self.landing.ledger.counters());
     }
 
     fn drain_inbox(&mut self) {
@@ -538,64 +538,30 @@ impl Receiver {
                     tokens,
                     key,
                 } => {
-                    if self.ledger.open_transfer(
-                        transfer,
-                        generations,
-                        tokens,
-                        self.page_bytes,
-                        key,
-                    ) {
-                        self.landing.insert(transfer, pages);
-                    }
+                    self.landing
+                        .open(transfer, pages, (generations, tokens), self.page_bytes, key);
                 }
                 Inbox::Expire(t) => {
-                    self.ledger.expire(t);
+                    self.landing.ledger.expire(t);
                 }
             }
         }
     }
 
-    /// A page frame: into its landing slot if the header fits the grant,
-    /// else into scratch memory; then the ledger rules.
+    /// A page frame, landed ([`Landing::page`]); then the ledger rules.
     async fn page(
         &mut self,
         rd: &mut OwnedReadHalf,
         h: &bulkhead_transfer::PageHeader,
         len: usize,
-        scratch: &mut Vec<u8>,
     ) -> bool {
-        let verdict = match Self::landing_page(&self.ledger, &mut self.landing, h, len) {
-            Some(page) => {
-                if read_payload_into(rd, page, len).await.is_err() {
-                    return false;
-                }
-                self.ledger.on_page(h, page.bytes())
+        match self.landing.page(rd, h, len).await {
+            Ok(verdict) => {
+                self.rule(verdict);
+                true
             }
-            None => {
-                scratch.resize(len, 0);
-                if read_payload(rd, scratch).await.is_err() {
-                    return false;
-                }
-                self.ledger.on_page(h, scratch)
-            }
-        };
-        self.rule(verdict);
-        true
-    }
-
-    /// The lent landing page a frame with header `h` and `len` payload bytes
-    /// may be read into, if the ledger says its header fits the grant.
-    fn landing_page<'a>(
-        ledger: &Ledger,
-        landing: &'a mut HashMap<TransferId, Vec<LentPage>>,
-        h: &bulkhead_transfer::PageHeader,
-        len: usize,
-    ) -> Option<&'a mut LentPage> {
-        let slot = ledger.landing_slot(h, len)?;
-        landing
-            .get_mut(&h.transfer)?
-            .iter_mut()
-            .find(|p| p.slot() == slot)
+            Err(_) => false,
+        }
     }
 
     fn rule(&mut self, verdict: PageVerdict) {
@@ -604,24 +570,17 @@ impl Receiver {
         }
     }
 
-    /// A page that arrived whole (RDMA): copied into its landing slot if
-    /// the header fits the grant, then the ledger rules.
+    /// A page that arrived whole (RDMA), landed; then the ledger rules.
     #[cfg(feature = "rdma")]
     fn received_page(&mut self, h: &bulkhead_transfer::PageHeader, payload: &[u8]) -> bool {
-        let verdict = match Self::landing_page(&self.ledger, &mut self.landing, h, payload.len()) {
-            Some(page) => {
-                bytes::BufMut::put_slice(page, payload);
-                self.ledger.on_page(h, page.bytes())
-            }
-            None => self.ledger.on_page(h, payload),
-        };
+        let verdict = self.landing.received_page(h, payload);
         self.rule(verdict);
         true
     }
 
     fn message(&mut self, m: Message) -> bool {
         match m {
-            Message::Done(d) => match self.ledger.on_done(&d) {
+            Message::Done(d) => match self.landing.ledger.on_done(&d) {
                 DoneVerdict::Commit(t) => {
                     // Pages home first, then the commit (same channel, in order).
                     self.end(t, "committed");
@@ -632,13 +591,13 @@ impl Receiver {
                 DoneVerdict::Fail(t, fault) => self.abort(t, fault_of(fault)),
             },
             Message::Rejected { transfer, error } => {
-                if self.ledger.on_rejected(transfer) {
+                if self.landing.ledger.on_rejected(transfer) {
                     self.end(transfer, "rejected");
                     self.engine.reject_transfer(transfer, error);
                 }
             }
             Message::Abort { transfer } => {
-                if self.ledger.on_peer_abort(transfer) {
+                if self.landing.ledger.on_peer_abort(transfer) {
                     // The peer wrote its last frame for it before this.
                     self.end(transfer, "aborted_by_prefill");
                     self.engine
@@ -650,7 +609,7 @@ impl Receiver {
                 let _ = self.events.send(LinkEvent::Progress(self.epoch, transfer));
             }
             Message::AbortAck { transfer } => {
-                if self.ledger.on_abort_ack(transfer) {
+                if self.landing.ledger.on_abort_ack(transfer) {
                     self.end(transfer, "aborted");
                     self.engine
                         .fence_transfer(transfer, TransferFault::PeerAborted);
@@ -671,14 +630,14 @@ impl Receiver {
     /// (before whatever the caller tells the engine next) and the link
     /// forgets its deadline.
     fn end(&mut self, t: TransferId, how: &'static str) {
-        self.landing.remove(&t);
+        drop(self.landing.end(t));
         let _ = self.events.send(LinkEvent::Ended(self.epoch, t, how));
     }
 
     /// A check failed: fail the request now, keep the pages until the peer
     /// acknowledges the abort.
     fn abort(&mut self, t: TransferId, fault: TransferFault) {
-        if self.ledger.abort(t) {
+        if self.landing.ledger.abort(t) {
             self.engine.fail_transfer(t, fault);
             let _ = self.writer.send(Message::Abort { transfer: t });
             let _ = self.events.send(LinkEvent::Aborting(self.epoch, t));
