@@ -387,13 +387,15 @@ async fn receive(
     s.flush().await?;
     // From here on, the decode worker's own landing code.
     let mut land = Landing::new(Ledger::new(checksums));
-    land.open(
+    if !land.open(
         t,
         lent,
         (gens, tokens as u64),
         geometry.bytes_per_page(),
         FrameKey::from_bytes(&BENCH_KEY),
-    );
+    ) {
+        bail!("the ledger refused to open the transfer");
+    }
     loop {
         match Message::read_head(&mut s).await? {
             Head::Page(h, len) => {

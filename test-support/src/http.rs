@@ -53,7 +53,8 @@ impl Request {
     /// [`Request::tls`]).
     pub fn new(method: &str, url: &str) -> Self {
         Self {
-            method: http::Method::from_bytes(method.as_bytes()).unwrap_or(http::Method::GET),
+            method: http::Method::from_bytes(method.as_bytes())
+                .unwrap_or_else(|_| panic!("not an HTTP method: {method:?}")),
             url: url.to_owned(),
             headers: Vec::new(),
             body: Bytes::new(),
@@ -126,7 +127,8 @@ impl Request {
         self
     }
 
-    /// How long the whole exchange may take (default 600 s).
+    /// How long to wait for the response's head, and for each piece of
+    /// its body after that (default 600 s).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

@@ -28,6 +28,7 @@ pub struct Landing {
 }
 
 impl Landing {
+    /// No transfer open yet; `ledger` rules on every frame.
     pub fn new(ledger: Ledger) -> Self {
         Self {
             ledger,
