@@ -164,6 +164,12 @@ async fn run(
                     // this hub (a clock that went back across a restart, or
                     // a caller making it up): it proves nothing.
                     let applied = if applied > *version.borrow() { 0 } else { applied };
+                    // A gateway heard from while a change waits is waited
+                    // for too: after a restart, gateways of the previous
+                    // control plane come back only after the change began.
+                    for w in waiters.iter_mut().filter(|w| !w.gateways.contains(&gateway)) {
+                        w.gateways.push(gateway.clone());
+                    }
                     gateways.insert(gateway, GatewayState { applied, last_seen: Instant::now() });
                 }
                 Some(Event::Publish { reply }) => {
@@ -283,5 +289,25 @@ mod restart {
         let p = hub.publish_and_wait().await;
         assert_eq!((p.gateways, p.applied), (1, 0), "{p:?}");
         assert!(p.waited_ms >= 550, "answered only after a lease: {p:?}");
+    }
+
+    #[tokio::test]
+    async fn a_gateway_that_comes_back_after_a_restart_is_waited_for() {
+        let hub = Hub::start(Duration::from_millis(600));
+        // The flip arrives before any gateway has polled the new control plane.
+        let flip = tokio::spawn({
+            let hub = hub.clone();
+            async move { hub.publish_and_wait().await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A gateway of the previous control plane polls, then applies.
+        let v = hub.poll("back", 1, Duration::ZERO).await;
+        let _ = hub.poll("back", v, Duration::ZERO).await;
+        let p = flip.await.unwrap();
+        assert_eq!((p.version, p.gateways, p.applied), (v, 1, 1), "{p:?}");
+        assert!(
+            p.waited_ms >= 450,
+            "a young hub answers after a lease: {p:?}"
+        );
     }
 }
