@@ -13,6 +13,12 @@ struct Instruments {
     propagation: Histogram<f64>,
 }
 
+const PROPAGATION_HELP: &str =
+    "From a visibility or allowlist change to every live gateway enforcing it";
+const PROPAGATION_BOUNDS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
 fn instruments() -> &'static Instruments {
     static I: OnceLock<Instruments> = OnceLock::new();
     I.get_or_init(|| {
@@ -26,12 +32,8 @@ fn instruments() -> &'static Instruments {
             propagation: m
                 .f64_histogram("bulkhead.control_plane.flip.propagation")
                 .with_unit("s")
-                .with_description(
-                    "From a visibility or allowlist change to every live gateway enforcing it",
-                )
-                .with_boundaries(vec![
-                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                ])
+                .with_description(PROPAGATION_HELP)
+                .with_boundaries(PROPAGATION_BOUNDS.to_vec())
                 .build(),
         }
     })
@@ -56,9 +58,16 @@ pub(crate) fn propagated(took: Duration) {
     instruments().propagation.record(took.as_secs_f64(), &[]);
 }
 
-/// Zeroes the flip counters and exposes `bulkhead.routing.version`, the
-/// version `hub` publishes.
+/// Zeroes the flip counters, serves the propagation histogram empty until
+/// the first flip, and exposes `bulkhead.routing.version`, the version
+/// `hub` publishes.
 pub(crate) fn register(hub: &Hub) {
+    let name = "bulkhead_control_plane_flip_propagation_seconds";
+    if let Err(e) =
+        bulkhead_telemetry::declare_histogram(name, PROPAGATION_HELP, &PROPAGATION_BOUNDS)
+    {
+        tracing::warn!(error = %e, "the flip histogram is not served before the first flip");
+    }
     for v in [Visibility::Public, Visibility::Private] {
         instruments()
             .flips

@@ -363,7 +363,7 @@ async fn metrics() -> Response {
         let mut buf = Vec::new();
         use prometheus::Encoder as _;
         prometheus::TextEncoder::new()
-            .encode(&registry.gather(), &mut buf)
+            .encode(&crate::declared::with_declared(registry.gather()), &mut buf)
             .map(|()| buf)
     })
     .await;

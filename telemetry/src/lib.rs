@@ -17,10 +17,12 @@
 //! a log line or a metric label: the layer records only the method, the
 //! route template, the status and the request id.
 
+mod declared;
 mod http;
 mod propagate;
 mod setup;
 
+pub use declared::declare_histogram;
 pub use http::{
     Hop, REQUEST_ID_HEADER, RequestId, instrument, metrics_app, metrics_router, trace_polls,
 };
