@@ -6,15 +6,16 @@
 //! `OTEL_TRACES_EXPORTER` and `OTEL_METRICS_EXPORTER` choose `otlp` (the
 //! default when an endpoint is set) or `none` (`prometheus` too for metrics,
 //! which `/metrics` always serves), so a traces-only backend is not sent
-//! metrics every interval; `OTEL_TRACES_SAMPLER` and its argument are the
-//! SDK's own. Any other exporter name is refused at start, not ignored.
+//! metrics every interval; `OTEL_TRACES_SAMPLER` (the specification's six
+//! built-in samplers) and `OTEL_TRACES_SAMPLER_ARG` choose the sampler. Any
+//! other exporter or sampler name is refused at start, not ignored.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use std::sync::OnceLock;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
@@ -29,6 +30,15 @@ pub enum TelemetryError {
     /// The Prometheus reader could not be registered.
     #[error("Prometheus registry: {0}")]
     Prometheus(String),
+    /// `OTEL_TRACES_SAMPLER` names a sampler this build does not have.
+    #[error(
+        "OTEL_TRACES_SAMPLER={0} is not supported: use always_on, always_off, traceidratio, \
+         parentbased_always_on, parentbased_always_off or parentbased_traceidratio"
+    )]
+    Sampler(String),
+    /// `OTEL_TRACES_SAMPLER_ARG` is not a ratio.
+    #[error("OTEL_TRACES_SAMPLER_ARG={0} is not a ratio from 0 to 1")]
+    SamplerArg(String),
     /// `RUST_LOG` does not parse.
     #[error("RUST_LOG: {0}")]
     Filter(String),
@@ -100,6 +110,10 @@ pub struct Settings {
     pub sdk_disabled: bool,
     /// `OTEL_TRACES_EXPORTER`.
     pub traces_exporter: String,
+    /// `OTEL_TRACES_SAMPLER`, when set and not empty.
+    pub traces_sampler: Option<String>,
+    /// `OTEL_TRACES_SAMPLER_ARG`, when set and not empty.
+    pub traces_sampler_arg: Option<String>,
     /// `OTEL_METRICS_EXPORTER`.
     pub metrics_exporter: String,
     /// An OTLP endpoint for traces is set (the signal's or the shared one).
@@ -123,6 +137,8 @@ impl Settings {
             otlp_protocol: var("OTEL_EXPORTER_OTLP_PROTOCOL"),
             sdk_disabled: var("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")),
             traces_exporter: var("OTEL_TRACES_EXPORTER").unwrap_or_default(),
+            traces_sampler: var("OTEL_TRACES_SAMPLER").filter(|s| !s.is_empty()),
+            traces_sampler_arg: var("OTEL_TRACES_SAMPLER_ARG").filter(|s| !s.is_empty()),
             metrics_exporter: var("OTEL_METRICS_EXPORTER").unwrap_or_default(),
             traces_endpoint: set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                 || set("OTEL_EXPORTER_OTLP_ENDPOINT"),
@@ -172,7 +188,7 @@ pub fn init_with_logs(
         ])
         .build();
     let (traces, metrics) = exports(settings)?;
-    let tracer = tracer_provider(resource.clone(), settings.sdk_disabled, traces)?;
+    let tracer = tracer_provider(resource.clone(), sampler(settings)?, traces)?;
     let meter = meter_provider(resource, metrics)?;
     let filter = EnvFilter::try_new(settings.log_filter.as_deref().unwrap_or(default_logs))
         .map_err(|e| TelemetryError::Filter(e.to_string()))?;
@@ -229,17 +245,16 @@ fn exports(settings: &Settings) -> Result<(bool, bool), TelemetryError> {
     Ok((traces, metrics))
 }
 
-/// The tracer provider: sampling nothing when the SDK is disabled, with an
-/// OTLP exporter when traces go out.
+/// The tracer provider, sampling as `sampler` says, with an OTLP exporter
+/// when traces go out.
 fn tracer_provider(
     resource: Resource,
-    disabled: bool,
+    sampler: Sampler,
     traces: bool,
 ) -> Result<SdkTracerProvider, TelemetryError> {
-    let mut tracer = SdkTracerProvider::builder().with_resource(resource);
-    if disabled {
-        tracer = tracer.with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOff);
-    }
+    let mut tracer = SdkTracerProvider::builder()
+        .with_resource(resource)
+        .with_sampler(sampler);
     if traces {
         let exporter = SpanExporter::builder()
             .with_http()
@@ -311,9 +326,101 @@ fn exporter_wanted(
     Ok(otlp)
 }
 
+/// The sampler the settings name, as the OpenTelemetry specification
+/// defines `OTEL_TRACES_SAMPLER` (default `parentbased_always_on`); nothing
+/// is sampled when the SDK is disabled.
+fn sampler(settings: &Settings) -> Result<Sampler, TelemetryError> {
+    if settings.sdk_disabled {
+        return Ok(Sampler::AlwaysOff);
+    }
+    let name = settings
+        .traces_sampler
+        .as_deref()
+        .unwrap_or("parentbased_always_on");
+    let ratio = || -> Result<f64, TelemetryError> {
+        let Some(arg) = settings.traces_sampler_arg.as_deref() else {
+            return Ok(1.0);
+        };
+        match arg.trim().parse::<f64>() {
+            Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+            _ => Err(TelemetryError::SamplerArg(arg.to_owned())),
+        }
+    };
+    Ok(match name.trim() {
+        "always_on" => Sampler::AlwaysOn,
+        "always_off" => Sampler::AlwaysOff,
+        "traceidratio" => Sampler::TraceIdRatioBased(ratio()?),
+        "parentbased_always_on" => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+        "parentbased_always_off" => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+        "parentbased_traceidratio" => {
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio()?)))
+        }
+        other => return Err(TelemetryError::Sampler(other.to_owned())),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opentelemetry::trace::{Span as _, Tracer as _};
+
+    fn recorded(vars: &[(&str, &str)]) -> Result<bool, TelemetryError> {
+        let settings = Settings::from_vars(|k| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        });
+        let provider = tracer_provider(Resource::builder().build(), sampler(&settings)?, false)?;
+        let span = provider.tracer("test").start("a root span");
+        Ok(span.is_recording())
+    }
+
+    #[test]
+    fn the_sdk_switch_and_the_sampler_variables_decide_what_is_recorded() {
+        assert!(recorded(&[]).unwrap(), "parentbased_always_on by default");
+        assert!(!recorded(&[("OTEL_SDK_DISABLED", "true")]).unwrap());
+        assert!(
+            !recorded(&[
+                ("OTEL_SDK_DISABLED", "TRUE"),
+                ("OTEL_TRACES_SAMPLER", "always_on")
+            ])
+            .unwrap()
+        );
+        assert!(recorded(&[("OTEL_SDK_DISABLED", "false")]).unwrap());
+        assert!(!recorded(&[("OTEL_TRACES_SAMPLER", "always_off")]).unwrap());
+        assert!(!recorded(&[("OTEL_TRACES_SAMPLER", "parentbased_always_off")]).unwrap());
+        let ratio = |arg| {
+            recorded(&[
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", arg),
+            ])
+        };
+        assert!(!ratio("0").unwrap());
+        assert!(ratio("1").unwrap());
+        assert_eq!(
+            ratio("2").unwrap_err().to_string(),
+            "OTEL_TRACES_SAMPLER_ARG=2 is not a ratio from 0 to 1"
+        );
+        let e = recorded(&[("OTEL_TRACES_SAMPLER", "jaeger_remote")]).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("OTEL_TRACES_SAMPLER=jaeger_remote is not supported"),
+            "{e}"
+        );
+        // Disabled, nothing goes out whatever the exporters say.
+        let off = Settings {
+            sdk_disabled: true,
+            traces_endpoint: true,
+            metrics_endpoint: true,
+            ..Settings::default()
+        };
+        assert_eq!(exports(&off).unwrap(), (false, false));
+        let on = Settings {
+            sdk_disabled: false,
+            ..off
+        };
+        assert_eq!(exports(&on).unwrap(), (true, true));
+    }
 
     #[test]
     fn the_exporter_variables_choose_otlp_or_nothing() {
