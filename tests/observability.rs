@@ -236,18 +236,7 @@ impl Platform {
     /// Stops `up` with SIGTERM and waits: every component flushes its
     /// exporters on the way out.
     fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let until = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < until {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        bulkhead_test_support::process::terminate(&mut self.child, Duration::from_secs(20));
     }
 }
 
@@ -818,6 +807,34 @@ fn every_metric_the_dashboards_query_is_exposed_by_a_component_after_a_workload(
     assert!(wanted.len() > 20, "{wanted:?}");
     let (otlp, c) = collector();
     let p = platform(&otlp);
+
+    // Before any flip the control plane serves the flip histogram, empty,
+    // and a scrape is never counted as a request in flight (the second
+    // scrape would see the first, or itself).
+    let cp = p.creds["metrics"]["control-plane"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let _ = scrape(&cp);
+    let m = exposed(&scrape(&cp));
+    let flips = sample(
+        &m,
+        "bulkhead_control_plane_flip_propagation_seconds_count",
+        &[],
+    );
+    assert_eq!(flips, Some(0.0), "the flip histogram before the first flip");
+    let bucket = sample(
+        &m,
+        "bulkhead_control_plane_flip_propagation_seconds_bucket",
+        &["le=\"+Inf\""],
+    );
+    assert_eq!(bucket, Some(0.0));
+    let in_flight = m.get("http_server_active_requests").into_iter().flatten();
+    let scrapes: Vec<&String> = in_flight.filter(|l| l.contains("/metrics")).collect();
+    assert!(
+        scrapes.iter().all(|l| l.ends_with(" 0")),
+        "scrapes counted in flight: {scrapes:?}"
+    );
 
     // A workload that touches every path: plain and streamed answers in
     // both APIs, an over-long prompt refused at the worker's door, and a
