@@ -2,8 +2,10 @@
 //! it: `tests/sdk/openai_client.py` runs the `openai` package against a
 //! real `bulkhead up` (JSON schema and JSON mode, logprobs, `n`, streaming
 //! with usage, rate-limit headers, the context-length error's wording,
-//! refusals by name, the models list), and `tests/sdk/litellm_client.py`
-//! runs LiteLLM (its context-window error class, refusals, an answer).
+//! refusals by name, the models list, `stop`), `tests/sdk/litellm_client.py`
+//! runs LiteLLM (its context-window error class, refusals, an answer) and
+//! `tests/sdk/langchain_client.py` LangChain's `ChatOpenAI` (usage, JSON
+//! mode, `stop`, a tool binding refused, the context-length error).
 //!
 //! The SDK is installed into a virtual environment under `target/`; where
 //! PyPI cannot be reached the test says so and passes, except in CI
@@ -17,9 +19,13 @@ use support::python;
 /// The pinned SDK: a major version users run today.
 const OPENAI: &str = "openai>=1.50,<3";
 
-/// Runs `script` (in `tests/sdk/`) with `python` against a fresh `bulkhead
-/// up`; returns what it printed.
-fn against_up(python: &std::path::Path, script: &str, env: &[(&str, &str)]) -> serde_json::Value {
+/// Runs each of `scripts` (in `tests/sdk/`) with `python` against one fresh
+/// `bulkhead up`; returns what each printed.
+fn against_up(
+    python: &std::path::Path,
+    scripts: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<serde_json::Value> {
     let dir = support::platform::data_dir("sdk");
     let up = support::platform::up(&dir, &["--prober-interval-secs", "3600"]);
     let creds = support::platform::credentials(&dir);
@@ -37,20 +43,21 @@ fn against_up(python: &std::path::Path, script: &str, env: &[(&str, &str)]) -> s
             )
             .env("BULKHEAD_TOKEN", &admin),
     );
-    let mut cmd = Command::new(python);
-    cmd.arg(python::script("sdk", script))
-        .env("BULKHEAD_BASE_URL", format!("{gw}/v1"))
-        .env(
-            "BULKHEAD_TOKEN",
-            creds["accounts"][0]["token"].as_str().expect("a token"),
-        )
-        .env("BULKHEAD_MODEL", creds["model"].as_str().expect("model"))
-        .env(
-            "BULKHEAD_SPENT_TOKEN",
-            spent["token"].as_str().expect("a token"),
-        )
-        .envs(env.iter().copied());
-    let seen = python::run_json(cmd, script);
+    let token = creds["accounts"][0]["token"].as_str().expect("a token");
+    let run = |script: &&str| {
+        let mut cmd = Command::new(python);
+        cmd.arg(python::script("sdk", script))
+            .env("BULKHEAD_BASE_URL", format!("{gw}/v1"))
+            .env("BULKHEAD_TOKEN", token)
+            .env("BULKHEAD_MODEL", creds["model"].as_str().expect("model"))
+            .env(
+                "BULKHEAD_SPENT_TOKEN",
+                spent["token"].as_str().expect("a token"),
+            )
+            .envs(env.iter().copied());
+        python::run_json(cmd, script)
+    };
+    let seen = scripts.iter().map(run).collect();
     drop(up);
     let _ = std::fs::remove_dir_all(&dir);
     seen
@@ -61,26 +68,33 @@ fn the_openai_python_sdk_gets_what_it_asks_for() {
     let Some(python) = python::venv("sdk-venv", &[OPENAI]) else {
         return;
     };
-    let seen = against_up(&python, "openai_client.py", &[]);
+    let seen = against_up(&python, &["openai_client.py"], &[]).remove(0);
     assert_eq!(seen["n"], 3);
     assert_eq!(seen["over_budget_attempts"], 1, "not retried: {seen}");
     assert!(seen["json_schema"]["age"].is_i64(), "{seen}");
 }
 
-/// LiteLLM, pinned to the major version users run.
+/// LiteLLM and LangChain's OpenAI integration, pinned to the major
+/// versions users run.
 const LITELLM: &str = "litellm>=1.50,<2";
+const LANGCHAIN: &str = "langchain-openai>=0.3,<2";
 
 #[test]
-fn litellm_recognises_the_context_window_error_and_refusals() {
-    let Some(python) = python::venv("litellm-venv", &[LITELLM]) else {
+fn litellm_and_langchain_recognise_the_context_window_error_and_refusals() {
+    let Some(python) = python::venv("clients-venv", &[LITELLM, LANGCHAIN]) else {
         return;
     };
     // LiteLLM must not reach for its model price list online.
-    let seen = against_up(
-        &python,
-        "litellm_client.py",
-        &[("LITELLM_LOCAL_MODEL_COST_MAP", "True")],
+    let scripts = ["litellm_client.py", "langchain_client.py"];
+    let env = [("LITELLM_LOCAL_MODEL_COST_MAP", "True")];
+    let [litellm, langchain] =
+        <[_; 2]>::try_from(against_up(&python, &scripts, &env)).expect("two");
+    assert_eq!(
+        litellm["context_window_error"],
+        "ContextWindowExceededError"
     );
-    assert_eq!(seen["context_window_error"], "ContextWindowExceededError");
-    assert_eq!(seen["tools_refused"], true);
+    assert_eq!(litellm["tools_refused"], true);
+    assert_eq!(langchain["tools_refused"], "tools");
+    assert_eq!(langchain["context_error"], "context_length_exceeded");
+    assert!(langchain["json_mode"].is_object(), "{langchain}");
 }

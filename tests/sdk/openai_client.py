@@ -82,6 +82,8 @@ again = client.chat.completions.create(
     model=MODEL, messages=ASK, temperature=1.0, seed=7, max_tokens=8, n=3,
 )
 assert [c.message.content for c in r.choices] == [c.message.content for c in again.choices]
+# Each choice is sampled on its own, not one answer copied three times.
+assert len({c.message.content for c in r.choices}) > 1, [c.message.content for c in r.choices]
 # Usage counts the prompt once and every choice's output.
 assert 3 <= r.usage.completion_tokens <= 3 * 8, r.usage
 seen["n"] = len(r.choices)
@@ -97,6 +99,16 @@ seen["stream_chunks"] = len(chunks)
 plain = client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=16)
 assert plain.choices[0].message.content == streamed, (plain, streamed)
 
+# A stop string ends the answer before it, with finish_reason "stop".
+text = plain.choices[0].message.content
+cut = text[len(text) // 2 :][:3]
+stopped = client.chat.completions.create(
+    model=MODEL, messages=ASK, temperature=0, max_tokens=16, stop=[cut],
+)
+assert stopped.choices[0].message.content == text[: text.find(cut)], (text, cut, stopped)
+assert stopped.choices[0].finish_reason == "stop", stopped
+seen["stop"] = [text, cut, stopped.choices[0].message.content]
+
 # Rate-limit headers on a model response, as OpenAI sends them.
 raw = client.chat.completions.with_raw_response.create(
     model=MODEL, messages=ASK, temperature=0, max_tokens=2,
@@ -105,6 +117,12 @@ for h in ("limit", "remaining", "reset"):
     for what in ("requests", "tokens"):
         assert raw.headers.get(f"x-ratelimit-{h}-{what}"), (h, what, dict(raw.headers))
 seen["ratelimit_remaining_requests"] = raw.headers["x-ratelimit-remaining-requests"]
+# On a streamed response too (they are headers: before the first event).
+raw = client.chat.completions.with_raw_response.create(
+    model=MODEL, messages=ASK, temperature=0, max_tokens=2, stream=True,
+)
+assert raw.headers.get("x-ratelimit-remaining-tokens"), dict(raw.headers)
+assert list(raw.parse()), "the stream has events"
 
 # An over-long prompt: a BadRequestError in OpenAI's wording, which
 # context-window fallbacks (LiteLLM's, LangChain's) recognise.
