@@ -23,6 +23,64 @@ use std::str::FromStr;
 /// The connection type every query takes.
 pub type Conn = sqlx::AnyConnection;
 
+/// A query with its arguments bound, on either backend.
+pub(crate) type Query<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
+/// How one row becomes a value.
+pub(crate) type Read<T> = fn(&AnyRow) -> Result<T, Error>;
+
+/// Every row `query` finds, each read by `read`.
+pub(crate) async fn all<T>(
+    conn: &mut Conn,
+    query: Query<'_>,
+    read: Read<T>,
+) -> Result<Vec<T>, Error> {
+    query
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(read)
+        .collect()
+}
+
+/// The row `query` finds, if any, read by `read`.
+pub(crate) async fn optional<T>(
+    conn: &mut Conn,
+    query: Query<'_>,
+    read: Read<T>,
+) -> Result<Option<T>, Error> {
+    query
+        .fetch_optional(&mut *conn)
+        .await?
+        .as_ref()
+        .map(read)
+        .transpose()
+}
+
+/// The row `query` finds, read by `read`; `NotFound(what)` when there is none.
+pub(crate) async fn one<T>(
+    conn: &mut Conn,
+    query: Query<'_>,
+    read: Read<T>,
+    what: impl FnOnce() -> String,
+) -> Result<T, Error> {
+    optional(conn, query, read)
+        .await?
+        .ok_or_else(|| Error::NotFound(what()))
+}
+
+/// Runs a change; `NotFound(what)` when it touched no row.
+pub(crate) async fn change(
+    conn: &mut Conn,
+    query: Query<'_>,
+    what: impl FnOnce() -> String,
+) -> Result<(), Error> {
+    match query.execute(&mut *conn).await?.rows_affected() {
+        0 => Err(Error::NotFound(what())),
+        _ => Ok(()),
+    }
+}
+
 /// A `u64` from the wire as the database's `BIGINT`.
 pub(crate) fn to_i64(v: u64, what: &str) -> Result<i64, Error> {
     i64::try_from(v).map_err(|_| Error::Invalid(format!("{what} {v} is too large")))
@@ -56,6 +114,22 @@ fn decode_error(col: &str, value: &str) -> Error {
     Error::from(sqlx::Error::Decode(
         format!("column {col} holds an unexpected value `{value}`").into(),
     ))
+}
+
+/// A fresh secret token that starts with `prefix`, and the sha256 (hex)
+/// under which it is stored; only the hash is kept.
+pub(crate) fn new_token(prefix: &str) -> Result<(String, String), Error> {
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
+    let token = format!("{prefix}{}", crate::ids::hex(&secret));
+    let hash = token_hash(&token);
+    Ok((token, hash))
+}
+
+/// The sha256 (hex) under which a token is stored.
+pub(crate) fn token_hash(token: &str) -> String {
+    use sha2::{Digest, Sha256};
+    crate::ids::hex(&Sha256::digest(token.as_bytes()))
 }
 
 /// Rejects empty or oversized free text from a request.

@@ -131,8 +131,12 @@ async fn set_visibility(
     let slug = slug(&raw)?;
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
-    let audit =
-        models::set_visibility(&mut tx, &slug, req.visibility, &op.name, &req.reason, now).await?;
+    let why = models::Why {
+        actor: &op.name,
+        reason: &req.reason,
+        now,
+    };
+    let audit = models::set_visibility(&mut tx, &slug, req.visibility, why).await?;
     let m = models::find(&mut tx, &slug).await?;
     let model = models::view(&mut tx, &m).await?;
     tx.commit().await?;
@@ -177,16 +181,12 @@ async fn set_allowlist(
     let now = Timestamp::now();
     let mut tx = s.db.begin().await?;
     let account = accounts::find(&mut tx, &req.account_id).await?;
-    let audit = models::set_allowed(
-        &mut tx,
-        &slug,
-        &account,
-        req.allowed,
-        &op.name,
-        &req.reason,
+    let why = models::Why {
+        actor: &op.name,
+        reason: &req.reason,
         now,
-    )
-    .await?;
+    };
+    let audit = models::set_allowed(&mut tx, &slug, (&account, req.allowed), why).await?;
     let m = models::find(&mut tx, &slug).await?;
     let model = models::view(&mut tx, &m).await?;
     tx.commit().await?;

@@ -52,30 +52,25 @@ async fn insert(
 
 /// Every account, oldest first.
 pub async fn list(conn: &mut Conn) -> Result<Vec<AccountView>, Error> {
-    let rows = sqlx::query(concat!(
+    let q = sqlx::query(concat!(
         "SELECT ",
         account_columns!(),
         " FROM accounts ORDER BY created_at, id"
-    ))
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter().map(view).collect()
+    ));
+    super::all(conn, q, view).await
 }
 
 /// One account, found by id.
 pub async fn get(conn: &mut Conn, id: &AccountId) -> Result<AccountView, Error> {
-    let row = sqlx::query(concat!(
+    let q = sqlx::query(concat!(
         "SELECT ",
         account_columns!(),
         " FROM accounts WHERE id = $1"
-    ))
-    .bind(id.as_str())
-    .fetch_optional(&mut *conn)
-    .await?;
-    row.as_ref()
-        .map(view)
-        .transpose()?
-        .ok_or_else(|| Error::NotFound(format!("account `{id}`")))
+    ));
+    super::one(conn, q.bind(id.as_str()), view, || {
+        format!("account `{id}`")
+    })
+    .await
 }
 
 fn view(r: &sqlx::any::AnyRow) -> Result<AccountView, Error> {

@@ -1,21 +1,14 @@
 //! Tenant API tokens: scoped to one account, revocable, stored as sha256.
 //! The gateway authenticates them from the routing table's hashes.
 
-use super::{Conn, get_opt_time, get_time};
-use crate::ids::hex;
+use super::{Conn, get_opt_time, get_time, token_hash};
 use crate::{AccountId, Error};
 use bulkhead_control_api::{ApiTokenCreated, ApiTokenView, RoutedToken, Timestamp};
-use sha2::{Digest, Sha256};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
 /// Prefix of every tenant API token.
 pub const TOKEN_PREFIX: &str = "bhk_";
-
-/// The sha256 (hex) under which a token is stored.
-pub fn token_hash(token: &str) -> String {
-    hex(&Sha256::digest(token.as_bytes()))
-}
 
 /// Creates a token for `account`.
 pub async fn create(
@@ -25,15 +18,13 @@ pub async fn create(
     now: Timestamp,
 ) -> Result<ApiTokenCreated, Error> {
     super::require_text("token name", name, 100)?;
-    let mut secret = [0u8; 32];
-    getrandom::fill(&mut secret).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
-    let token = format!("{TOKEN_PREFIX}{}", hex(&secret));
+    let (token, hash) = super::new_token(TOKEN_PREFIX)?;
     let row = sqlx::query(
         "INSERT INTO api_tokens (account_id, name, token_sha256, created_at) VALUES ($1, $2, $3, $4) RETURNING id",
     )
     .bind(account.as_str())
     .bind(name)
-    .bind(token_hash(&token))
+    .bind(hash)
     .bind(now.millis())
     .fetch_one(&mut *conn)
     .await?;
@@ -51,13 +42,10 @@ pub async fn create(
 
 /// An account's tokens, oldest first.
 pub async fn list(conn: &mut Conn, account: &AccountId) -> Result<Vec<ApiTokenView>, Error> {
-    let rows = sqlx::query(
+    let q = sqlx::query(
         "SELECT id, account_id, name, created_at, revoked_at FROM api_tokens WHERE account_id = $1 ORDER BY id",
-    )
-    .bind(account.as_str())
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter().map(view).collect()
+    );
+    super::all(conn, q.bind(account.as_str()), view).await
 }
 
 /// Revokes one of an account's tokens.
@@ -82,19 +70,16 @@ pub async fn revoke(
 
 /// Every live token, as hashes, for the routing table.
 pub async fn live(conn: &mut Conn) -> Result<Vec<RoutedToken>, Error> {
-    let rows = sqlx::query(
+    let q = sqlx::query(
         "SELECT token_sha256, account_id FROM api_tokens WHERE revoked_at IS NULL ORDER BY id",
-    )
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(RoutedToken {
-                sha256: r.try_get("token_sha256")?,
-                account_id: r.try_get("account_id")?,
-            })
+    );
+    super::all(conn, q, |r| {
+        Ok(RoutedToken {
+            sha256: r.try_get("token_sha256")?,
+            account_id: r.try_get("account_id")?,
         })
-        .collect()
+    })
+    .await
 }
 
 fn view(r: &AnyRow) -> Result<ApiTokenView, Error> {

@@ -5,6 +5,7 @@ use super::{Conn, get_time};
 use crate::Error;
 use bulkhead_control_api::{AuditEntry, Timestamp};
 use sqlx::Row;
+use sqlx::any::AnyRow;
 
 /// An entry to append.
 #[derive(Debug, Clone, Copy)]
@@ -93,26 +94,27 @@ pub async fn list(
     subject: Option<&str>,
     limit: u32,
 ) -> Result<Vec<AuditEntry>, Error> {
-    let rows = sqlx::query(
+    let q = sqlx::query(
         "SELECT id, at, actor, action, subject, reason, before, after FROM audit_log \
          WHERE ($1 = '' OR subject = $1) ORDER BY id DESC LIMIT $2",
+    );
+    super::all(
+        conn,
+        q.bind(subject.unwrap_or("")).bind(i64::from(limit)),
+        entry,
     )
-    .bind(subject.unwrap_or(""))
-    .bind(i64::from(limit))
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(AuditEntry {
-                id: r.try_get("id")?,
-                at: get_time(r, "at")?,
-                actor: r.try_get("actor")?,
-                action: r.try_get("action")?,
-                subject: r.try_get("subject")?,
-                reason: r.try_get("reason")?,
-                before: r.try_get("before")?,
-                after: r.try_get("after")?,
-            })
-        })
-        .collect()
+    .await
+}
+
+fn entry(r: &AnyRow) -> Result<AuditEntry, Error> {
+    Ok(AuditEntry {
+        id: r.try_get("id")?,
+        at: get_time(r, "at")?,
+        actor: r.try_get("actor")?,
+        action: r.try_get("action")?,
+        subject: r.try_get("subject")?,
+        reason: r.try_get("reason")?,
+        before: r.try_get("before")?,
+        after: r.try_get("after")?,
+    })
 }

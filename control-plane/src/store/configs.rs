@@ -102,19 +102,16 @@ pub async fn get(
     model: &ModelRow,
     version: ConfigVersion,
 ) -> Result<ConfigRow, Error> {
-    let row = sqlx::query(concat!(
+    let q = sqlx::query(concat!(
         "SELECT ",
         config_columns!(),
         " FROM model_configs WHERE model_id = $1 AND version = $2"
-    ))
-    .bind(model.id.get())
-    .bind(i64::from(version.get()))
-    .fetch_optional(&mut *conn)
-    .await?;
-    row.as_ref()
-        .map(config_row)
-        .transpose()?
-        .ok_or_else(|| Error::NotFound(format!("config {version} of {}", model.slug)))
+    ));
+    let q = q.bind(model.id.get()).bind(i64::from(version.get()));
+    super::one(conn, q, config_row, || {
+        format!("config {version} of {}", model.slug)
+    })
+    .await
 }
 
 /// The model's active config, if any.
@@ -127,15 +124,12 @@ pub async fn active(conn: &mut Conn, model: &ModelRow) -> Result<Option<ConfigRo
 
 /// Every version, oldest first.
 pub async fn list(conn: &mut Conn, model: &ModelRow) -> Result<Vec<ConfigRow>, Error> {
-    let rows = sqlx::query(concat!(
+    let q = sqlx::query(concat!(
         "SELECT ",
         config_columns!(),
         " FROM model_configs WHERE model_id = $1 ORDER BY version"
-    ))
-    .bind(model.id.get())
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter().map(config_row).collect()
+    ));
+    super::all(conn, q.bind(model.id.get()), config_row).await
 }
 
 /// Makes `version` the active config after checking it against every node

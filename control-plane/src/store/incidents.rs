@@ -335,22 +335,18 @@ pub struct StatusChange {
 /// Every component change at or after `since`, oldest first: the history
 /// the status page's uptime bars are drawn from.
 pub async fn status_changes(conn: &mut Conn, since: Timestamp) -> Result<Vec<StatusChange>, Error> {
-    let rows = sqlx::query(
+    let q = sqlx::query(
         "SELECT c.model_id, u.created_at, c.old_status, c.new_status \
          FROM incident_update_components c JOIN incident_updates u ON u.id = c.update_id \
          WHERE u.created_at >= $1 ORDER BY u.created_at, u.id",
-    )
-    .bind(since.millis())
-    .fetch_all(&mut *conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(StatusChange {
-                model: ModelId::from_db(r.try_get("model_id")?),
-                at: get_time(r, "created_at")?,
-                old: get_enum(r, "old_status")?,
-                new: get_enum(r, "new_status")?,
-            })
+    );
+    super::all(conn, q.bind(since.millis()), |r| {
+        Ok(StatusChange {
+            model: ModelId::from_db(r.try_get("model_id")?),
+            at: get_time(r, "created_at")?,
+            old: get_enum(r, "old_status")?,
+            new: get_enum(r, "new_status")?,
         })
-        .collect()
+    })
+    .await
 }

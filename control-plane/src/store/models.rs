@@ -79,46 +79,32 @@ pub async fn find(conn: &mut Conn, slug: &ModelSlug) -> Result<ModelRow, Error> 
 
 /// The model with this slug, if any.
 pub async fn find_optional(conn: &mut Conn, slug: &ModelSlug) -> Result<Option<ModelRow>, Error> {
-    let row = sqlx::query(concat!(
+    let q = sqlx::query(concat!(
         "SELECT ",
         model_columns!(),
         " FROM models WHERE slug = $1"
-    ))
-    .bind(slug.as_str())
-    .fetch_optional(&mut *conn)
-    .await?;
-    row.as_ref().map(model_row).transpose()
+    ));
+    super::optional(conn, q.bind(slug.as_str()), model_row).await
 }
 
 /// The model with this id.
 pub async fn get(conn: &mut Conn, id: ModelId) -> Result<ModelRow, Error> {
-    let row = sqlx::query(concat!(
+    let q = sqlx::query(concat!(
         "SELECT ",
         model_columns!(),
         " FROM models WHERE id = $1"
-    ))
-    .bind(id.get())
-    .fetch_optional(&mut *conn)
-    .await?;
-    row.as_ref()
-        .map(model_row)
-        .transpose()?
-        .ok_or_else(|| Error::NotFound(format!("model #{id}")))
+    ));
+    super::one(conn, q.bind(id.get()), model_row, || format!("model #{id}")).await
 }
 
 /// Every model, by slug (byte order on both backends).
 pub async fn list(conn: &mut Conn) -> Result<Vec<ModelRow>, Error> {
-    let rows = sqlx::query(concat!(
+    let q = sqlx::query(concat!(
         "SELECT ",
         model_columns!(),
         " FROM models ORDER BY slug"
-    ))
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut models = rows
-        .iter()
-        .map(model_row)
-        .collect::<Result<Vec<_>, Error>>()?;
+    ));
+    let mut models = super::all(conn, q, model_row).await?;
     models.sort_by(|a, b| a.slug.cmp(&b.slug));
     Ok(models)
 }
@@ -155,17 +141,32 @@ pub async fn view(conn: &mut Conn, m: &ModelRow) -> Result<ModelView, Error> {
     })
 }
 
+/// Who makes a change to a model's visibility, why, and when.
+#[derive(Debug, Clone, Copy)]
+pub struct Why<'a> {
+    /// The operator's name.
+    pub actor: &'a str,
+    /// The reason the audit log records (required).
+    pub reason: &'a str,
+    /// When.
+    pub now: Timestamp,
+}
+
+/// The model a change with `reason` is about, once the reason is given.
+async fn reasoned(conn: &mut Conn, slug: &ModelSlug, reason: &str) -> Result<ModelRow, Error> {
+    super::require_text("reason", reason, 2000)?;
+    find(conn, slug).await
+}
+
 /// Flips visibility and appends the audit entry; `None` when it already was.
 pub async fn set_visibility(
     conn: &mut Conn,
     slug: &ModelSlug,
     to: Visibility,
-    actor: &str,
-    reason: &str,
-    now: Timestamp,
+    why: Why<'_>,
 ) -> Result<Option<AuditEntry>, Error> {
-    super::require_text("reason", reason, 2000)?;
-    let m = find(conn, slug).await?;
+    let Why { actor, reason, now } = why;
+    let m = reasoned(conn, slug, reason).await?;
     // Conditional update: of two racing flips to the same state, one wins.
     let changed = sqlx::query(
         "UPDATE models SET visibility = $1, updated_at = $2, \
@@ -195,14 +196,11 @@ pub async fn set_visibility(
 pub async fn set_allowed(
     conn: &mut Conn,
     slug: &ModelSlug,
-    account: &AccountId,
-    allowed: bool,
-    actor: &str,
-    reason: &str,
-    now: Timestamp,
+    (account, allowed): (&AccountId, bool),
+    why: Why<'_>,
 ) -> Result<Option<AuditEntry>, Error> {
-    super::require_text("reason", reason, 2000)?;
-    let m = find(conn, slug).await?;
+    let Why { actor, reason, now } = why;
+    let m = reasoned(conn, slug, reason).await?;
     let changed = if allowed {
         sqlx::query(
             "INSERT INTO model_allowlist (model_id, account_id, created_at) VALUES ($1, $2, $3) \

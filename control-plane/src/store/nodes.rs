@@ -126,7 +126,7 @@ pub async fn heartbeat(
     }
     let opt =
         |f: fn(&NodeLoad) -> u64, what: &str| load.as_ref().map(|l| to_i64(f(l), what)).transpose();
-    let n = sqlx::query(
+    let q = sqlx::query(
         "UPDATE nodes SET last_seen_at = $1, free_pages = $2, total_pages = $3, queue_depth = $4 \
          WHERE id = $5 AND (operator_id = $6 OR $7 = 1)",
     )
@@ -136,62 +136,37 @@ pub async fn heartbeat(
     .bind(opt(|l| l.queue_depth, "queue_depth")?)
     .bind(id.get())
     .bind(by.id.get())
-    .bind(i64::from(by.role == Role::Admin))
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if n == 0 {
-        return Err(Error::NotFound(format!("node {id}")));
-    }
-    Ok(())
+    .bind(i64::from(by.role == Role::Admin));
+    super::change(conn, q, || format!("node {id}")).await
 }
 
 /// One node.
 pub async fn get(conn: &mut Conn, id: NodeId) -> Result<NodeRow, Error> {
-    let row = sqlx::query(concat!(
+    let q = sqlx::query(concat!(
         "SELECT ",
         node_columns!(),
         " FROM nodes n JOIN models m ON m.id = n.model_id WHERE n.id = $1"
-    ))
-    .bind(id.get())
-    .fetch_optional(&mut *conn)
-    .await?;
-    row.as_ref()
-        .map(node_row)
-        .transpose()?
-        .ok_or_else(|| Error::NotFound(format!("node {id}")))
+    ));
+    super::one(conn, q.bind(id.get()), node_row, || format!("node {id}")).await
 }
 
 /// Every node, or those of one model, by name (byte order on both backends).
 pub async fn list(conn: &mut Conn, model: Option<ModelId>) -> Result<Vec<NodeRow>, Error> {
-    let rows = sqlx::query(concat!(
+    let q = sqlx::query(concat!(
         "SELECT ",
         node_columns!(),
         " FROM nodes n JOIN models m ON m.id = n.model_id \
          WHERE ($1 = 0 OR n.model_id = $1) ORDER BY n.name"
-    ))
-    .bind(model.map_or(0, ModelId::get))
-    .fetch_all(&mut *conn)
-    .await?;
-    let mut nodes = rows
-        .iter()
-        .map(node_row)
-        .collect::<Result<Vec<_>, Error>>()?;
+    ));
+    let mut nodes = super::all(conn, q.bind(model.map_or(0, ModelId::get)), node_row).await?;
     nodes.sort_by(|a, b| a.registration.name.cmp(&b.registration.name));
     Ok(nodes)
 }
 
 /// Removes a node's record (a worker taken out of service for good).
 pub async fn remove(conn: &mut Conn, id: NodeId) -> Result<(), Error> {
-    let n = sqlx::query("DELETE FROM nodes WHERE id = $1")
-        .bind(id.get())
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    if n == 0 {
-        return Err(Error::NotFound(format!("node {id}")));
-    }
-    Ok(())
+    let q = sqlx::query("DELETE FROM nodes WHERE id = $1").bind(id.get());
+    super::change(conn, q, || format!("node {id}")).await
 }
 
 /// The admin API's views of `rows`, each with its routability now.

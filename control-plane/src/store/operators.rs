@@ -1,12 +1,11 @@
 //! Operator tokens. Only a token's sha256 is stored; the token itself is
 //! shown once, when it is created.
 
-use super::{Conn, get_enum, get_opt_time, get_time};
-use crate::ids::hex;
+use super::{Conn, get_enum, get_opt_time, get_time, token_hash};
 use crate::{Error, OperatorId};
 use bulkhead_control_api::{OperatorCreated, OperatorView, Role, Timestamp};
-use sha2::{Digest, Sha256};
 use sqlx::Row;
+use sqlx::any::AnyRow;
 
 /// The caller behind a valid token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,9 +29,7 @@ pub async fn create(
     now: Timestamp,
 ) -> Result<OperatorCreated, Error> {
     super::require_text("operator name", name, 100)?;
-    let mut secret = [0u8; 32];
-    getrandom::fill(&mut secret).map_err(|e| Error::Internal(format!("no randomness: {e}")))?;
-    let token = format!("{TOKEN_PREFIX}{}", hex(&secret));
+    let (token, hash) = super::new_token(TOKEN_PREFIX)?;
     let taken = sqlx::query("SELECT id FROM operators WHERE name = $1")
         .bind(name)
         .fetch_optional(&mut *conn)
@@ -47,7 +44,7 @@ pub async fn create(
     )
     .bind(name)
     .bind(role.as_str())
-    .bind(token_hash(&token))
+    .bind(hash)
     .bind(now.millis())
     .fetch_one(&mut *conn)
     .await?;
@@ -86,21 +83,18 @@ pub async fn authenticate(conn: &mut Conn, token: &str) -> Result<Option<Operato
 
 /// Every operator, oldest first.
 pub async fn list(conn: &mut Conn) -> Result<Vec<OperatorView>, Error> {
-    let rows =
-        sqlx::query("SELECT id, name, role, created_at, revoked_at FROM operators ORDER BY id")
-            .fetch_all(&mut *conn)
-            .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(OperatorView {
-                id: r.try_get("id")?,
-                name: r.try_get("name")?,
-                role: get_enum(r, "role")?,
-                created_at: get_time(r, "created_at")?,
-                revoked_at: get_opt_time(r, "revoked_at")?,
-            })
-        })
-        .collect()
+    let q = sqlx::query("SELECT id, name, role, created_at, revoked_at FROM operators ORDER BY id");
+    super::all(conn, q, view).await
+}
+
+fn view(r: &AnyRow) -> Result<OperatorView, Error> {
+    Ok(OperatorView {
+        id: r.try_get("id")?,
+        name: r.try_get("name")?,
+        role: get_enum(r, "role")?,
+        created_at: get_time(r, "created_at")?,
+        revoked_at: get_opt_time(r, "revoked_at")?,
+    })
 }
 
 /// Revokes a token; its operator's name stays in the audit log.
@@ -119,8 +113,4 @@ pub async fn revoke(
         .into_iter()
         .find(|o| o.id == id.get())
         .ok_or_else(|| Error::NotFound(format!("operator {id}")))
-}
-
-fn token_hash(token: &str) -> String {
-    hex(&Sha256::digest(token.as_bytes()))
 }

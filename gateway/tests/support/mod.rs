@@ -166,17 +166,14 @@ pub async fn platform() -> Platform {
             .await
             .expect("activate");
     }
-    store::models::set_allowed(
-        &mut c,
-        &SECRET.parse().expect("slug"),
-        &bid,
-        true,
-        "ada",
-        "beta tests it",
+    let why = store::models::Why {
+        actor: "ada",
+        reason: "beta tests it",
         now,
-    )
-    .await
-    .expect("allowlist");
+    };
+    store::models::set_allowed(&mut c, &SECRET.parse().expect("slug"), (&bid, true), why)
+        .await
+        .expect("allowlist");
     drop(c);
     Platform {
         url,
