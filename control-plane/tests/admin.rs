@@ -2,17 +2,17 @@
 //! config activation against measured pools, node routability, visibility
 //! flips and their audit log, and who may call what.
 
+#[macro_use]
 mod support;
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::Digest;
 use std::time::Duration;
-use support::{SLUG, SLUG_PATH, config, each_backend, each_backend_with, node};
+use support::{SLUG, SLUG_PATH, config, configs_path, each_backend_with, node};
 
 async fn create_model(h: &support::Harness, visibility: &str) -> anyhow::Result<Value> {
-    h.ok(
-        Method::POST,
+    h.post(
         "/admin/v1/models",
         &h.admin,
         Some(json!({
@@ -26,18 +26,6 @@ async fn create_model(h: &support::Harness, visibility: &str) -> anyhow::Result<
     .await
 }
 
-/// Registers a node as the node operator.
-async fn register(h: &support::Harness, body: Value) -> anyhow::Result<Value> {
-    h.ok(
-        Method::POST,
-        "/admin/v1/nodes",
-        &h.node,
-        Some(body),
-        StatusCode::OK,
-    )
-    .await
-}
-
 fn nodes_by_name(v: &Value) -> std::collections::BTreeMap<String, Value> {
     v.as_array()
         .into_iter()
@@ -46,49 +34,19 @@ fn nodes_by_name(v: &Value) -> std::collections::BTreeMap<String, Value> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_config_that_does_not_fit_a_nodes_measured_pool_is_refused_naming_the_node() {
-    each_backend(|h| async move {
+backend_test!(
+    a_config_that_does_not_fit_a_nodes_measured_pool_is_refused_naming_the_node,
+    |h| {
         create_model(&h, "public").await?;
         // The incident's numbers: a prefill pool of 681,280 tokens under a
         // 1,048,576-token context window.
-        h.ok(
-            Method::POST,
-            "/admin/v1/nodes",
-            &h.node,
-            Some(node("prefill-0", "prefill", 681_280)),
-            StatusCode::OK,
-        )
-        .await?;
-        h.ok(
-            Method::POST,
-            "/admin/v1/nodes",
-            &h.node,
-            Some(node("decode-0", "decode", 2_000_000)),
-            StatusCode::OK,
-        )
-        .await?;
-        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
-        let v = h
-            .ok(
-                Method::POST,
-                &path,
-                &h.admin,
-                Some(config(1_048_576, 4096)),
-                StatusCode::CREATED,
-            )
-            .await?;
+        h.register(node("prefill-0", "prefill", 681_280)).await?;
+        h.register(node("decode-0", "decode", 2_000_000)).await?;
+        let v = h.add_config(config(1_048_576, 4096)).await?;
         assert_eq!(v["version"], 1);
         assert_eq!(v["active"], false);
 
-        let (status, err) = h
-            .call(
-                Method::POST,
-                &format!("{path}/1/activate"),
-                Some(&h.admin),
-                Some(json!({"reason": "long context"})),
-            )
-            .await;
+        let (status, err) = h.activate(1, Some(json!({"reason": "long context"}))).await;
         assert_eq!(status, StatusCode::CONFLICT, "{err}");
         assert_eq!(err["error"]["code"], "config_does_not_fit");
         let msg = err["error"]["message"].as_str().unwrap_or_default();
@@ -98,24 +56,10 @@ async fn a_config_that_does_not_fit_a_nodes_measured_pool_is_refused_naming_the_
         assert!(!msg.contains("decode-0"), "{msg}");
         // Nothing changed: no active config, no audit entry.
         let m = h
-            .ok(
-                Method::GET,
-                &format!("/admin/v1/models/{SLUG_PATH}"),
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
+            .get(&format!("/admin/v1/models/{SLUG_PATH}"), &h.responder)
             .await?;
         assert_eq!(m["active_config"], Value::Null);
-        let audit = h
-            .ok(
-                Method::GET,
-                "/admin/v1/audit",
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
+        let audit = h.get("/admin/v1/audit", &h.responder).await?;
         assert!(
             audit
                 .as_array()
@@ -123,32 +67,11 @@ async fn a_config_that_does_not_fit_a_nodes_measured_pool_is_refused_naming_the_
         );
 
         // A config that fits both is accepted and becomes the model's limits.
-        h.ok(
-            Method::POST,
-            &path,
-            &h.admin,
-            Some(config(600_000, 8192)),
-            StatusCode::CREATED,
-        )
-        .await?;
-        let v = h
-            .ok(
-                Method::POST,
-                &format!("{path}/2/activate"),
-                &h.admin,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
+        h.add_config(config(600_000, 8192)).await?;
+        let v = h.activate_ok(2, None).await?;
         assert_eq!(v["active"], true);
         let m = h
-            .ok(
-                Method::GET,
-                &format!("/admin/v1/models/{SLUG_PATH}"),
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
+            .get(&format!("/admin/v1/models/{SLUG_PATH}"), &h.responder)
             .await?;
         assert_eq!(m["active_config"], 2);
         assert_eq!(
@@ -156,97 +79,30 @@ async fn a_config_that_does_not_fit_a_nodes_measured_pool_is_refused_naming_the_
             json!({"context_window": 600_000, "max_output": 8192})
         );
         // Exactly at the limit fits: 681,280 = 677,184 + 4,096.
-        h.ok(
-            Method::POST,
-            &path,
-            &h.admin,
-            Some(config(677_184, 4096)),
-            StatusCode::CREATED,
-        )
-        .await?;
-        h.ok(
-            Method::POST,
-            &format!("{path}/3/activate"),
-            &h.admin,
-            None,
-            StatusCode::OK,
-        )
-        .await?;
-        h.ok(
-            Method::POST,
-            &path,
-            &h.admin,
-            Some(config(677_185, 4096)),
-            StatusCode::CREATED,
-        )
-        .await?;
-        let (status, _) = h
-            .call(
-                Method::POST,
-                &format!("{path}/4/activate"),
-                Some(&h.admin),
-                None,
-            )
-            .await;
+        h.add_config(config(677_184, 4096)).await?;
+        h.activate_ok(3, None).await?;
+        h.add_config(config(677_185, 4096)).await?;
+        let (status, _) = h.activate(4, None).await;
         assert_eq!(status, StatusCode::CONFLICT);
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[tokio::test]
-async fn a_node_that_re_registers_with_a_smaller_pool_becomes_unroutable_with_the_reason() {
-    each_backend(|h| async move {
+backend_test!(
+    a_node_that_re_registers_with_a_smaller_pool_becomes_unroutable_with_the_reason,
+    |h| {
         create_model(&h, "public").await?;
-        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
-        h.ok(
-            Method::POST,
-            &path,
-            &h.admin,
-            Some(config(2048, 512)),
-            StatusCode::CREATED,
-        )
-        .await?;
-        h.ok(
-            Method::POST,
-            &format!("{path}/1/activate"),
-            &h.admin,
-            None,
-            StatusCode::OK,
-        )
-        .await?;
+        h.add_config(config(2048, 512)).await?;
+        h.activate_ok(1, None).await?;
 
-        let v = h
-            .ok(
-                Method::POST,
-                "/admin/v1/nodes",
-                &h.node,
-                Some(node("decode-0", "decode", 4096)),
-                StatusCode::OK,
-            )
-            .await?;
+        let v = h.register(node("decode-0", "decode", 4096)).await?;
         assert_eq!(v["node"]["routable"], true, "{v}");
         assert_eq!(v["heartbeat_interval_ms"], 5000);
         let id = v["node"]["id"].as_i64().unwrap_or_default();
-        h.ok(
-            Method::POST,
-            "/admin/v1/nodes",
-            &h.node,
-            Some(node("prefill-0", "prefill", 4096)),
-            StatusCode::OK,
-        )
-        .await?;
+        h.register(node("prefill-0", "prefill", 4096)).await?;
 
         // Restarted with a smaller memory budget: same name, smaller pool.
-        let v = h
-            .ok(
-                Method::POST,
-                "/admin/v1/nodes",
-                &h.node,
-                Some(node("decode-0", "decode", 2559)),
-                StatusCode::OK,
-            )
-            .await?;
+        let v = h.register(node("decode-0", "decode", 2559)).await?;
         assert_eq!(
             v["node"]["id"].as_i64(),
             Some(id),
@@ -263,8 +119,7 @@ async fn a_node_that_re_registers_with_a_smaller_pool_becomes_unroutable_with_th
         // Visible to responders, and a heartbeat does not clear it.
         let beat = json!({"load": {"free_pages": 100, "total_pages": 159, "queue_depth": 0}});
         let v = h
-            .ok(
-                Method::POST,
+            .post(
                 &format!("/admin/v1/nodes/{id}/heartbeat"),
                 &h.node,
                 Some(beat),
@@ -273,16 +128,7 @@ async fn a_node_that_re_registers_with_a_smaller_pool_becomes_unroutable_with_th
             .await?;
         assert_eq!(v["node"]["routable"], false);
         assert_eq!(v["node"]["load"]["free_pages"], 100);
-        let all = nodes_by_name(
-            &h.ok(
-                Method::GET,
-                "/admin/v1/nodes",
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
-            .await?,
-        );
+        let all = nodes_by_name(&h.get("/admin/v1/nodes", &h.responder).await?);
         assert_eq!(all["decode-0"]["routable"], false);
         assert_eq!(
             all["decode-0"]["unroutable_reason"].as_str(),
@@ -295,23 +141,14 @@ async fn a_node_that_re_registers_with_a_smaller_pool_becomes_unroutable_with_th
         other["weights_sha256"] = json!("b".repeat(64));
         other["quantization"] = json!("q8_0");
         other["parallelism"] = json!({"tensor": 2, "pipeline": 1});
-        let v = h
-            .ok(
-                Method::POST,
-                "/admin/v1/nodes",
-                &h.node,
-                Some(other),
-                StatusCode::OK,
-            )
-            .await?;
+        let v = h.register(other).await?;
         let reason = v["node"]["unroutable_reason"].as_str().unwrap_or_default();
         for needle in ["weights", "q8_0", "2×1"] {
             assert!(reason.contains(needle), "{needle} missing from: {reason}");
         }
         // Another node operator can neither take the name over nor keep it alive.
         let other = h
-            .ok(
-                Method::POST,
+            .post(
                 "/admin/v1/operators",
                 &h.admin,
                 Some(json!({"name": "other-fleet", "role": "node"})),
@@ -341,124 +178,53 @@ async fn a_node_that_re_registers_with_a_smaller_pool_becomes_unroutable_with_th
             )
             .await;
         assert_eq!(status, StatusCode::NOT_FOUND);
-        let all = nodes_by_name(
-            &h.ok(
-                Method::GET,
-                "/admin/v1/nodes",
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
-            .await?,
-        );
+        let all = nodes_by_name(&h.get("/admin/v1/nodes", &h.responder).await?);
         assert_eq!(
             all["decode-0"]["kv_pool_tokens"], 2559,
             "unchanged by the refused takeover"
         );
 
         // Back at full size and the right weights: routable again.
-        let v = h
-            .ok(
-                Method::POST,
-                "/admin/v1/nodes",
-                &h.node,
-                Some(node("decode-0", "decode", 2560)),
-                StatusCode::OK,
-            )
-            .await?;
+        let v = h.register(node("decode-0", "decode", 2560)).await?;
         assert_eq!(v["node"]["routable"], true, "{v}");
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
 #[tokio::test]
 async fn silent_nodes_become_unroutable_and_stop_blocking_activation() {
     each_backend_with(Duration::from_millis(1500), |h| async move {
         create_model(&h, "public").await?;
-        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
-        h.ok(
-            Method::POST,
-            &path,
-            &h.admin,
-            Some(config(2048, 512)),
-            StatusCode::CREATED,
-        )
-        .await?;
-        h.ok(
-            Method::POST,
-            &format!("{path}/1/activate"),
-            &h.admin,
-            None,
-            StatusCode::OK,
-        )
-        .await?;
-        h.ok(
-            Method::POST,
-            "/admin/v1/nodes",
-            &h.node,
-            Some(node("small-0", "decode", 3000)),
-            StatusCode::OK,
-        )
-        .await?;
-        h.ok(
-            Method::POST,
-            &path,
-            &h.admin,
-            Some(config(4096, 512)),
-            StatusCode::CREATED,
-        )
-        .await?;
-        let (status, _) = h
-            .call(
-                Method::POST,
-                &format!("{path}/2/activate"),
-                Some(&h.admin),
-                None,
-            )
-            .await;
+        h.add_config(config(2048, 512)).await?;
+        h.activate_ok(1, None).await?;
+        h.register(node("small-0", "decode", 3000)).await?;
+        h.add_config(config(4096, 512)).await?;
+        let (status, _) = h.activate(2, None).await;
         assert_eq!(
             status,
             StatusCode::CONFLICT,
             "a live node that does not fit blocks activation"
         );
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        let all = nodes_by_name(
-            &h.ok(
-                Method::GET,
-                "/admin/v1/nodes",
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
-            .await?,
-        );
+        let all = nodes_by_name(&h.get("/admin/v1/nodes", &h.responder).await?);
         assert_eq!(all["small-0"]["routable"], false);
         let reason = all["small-0"]["unroutable_reason"]
             .as_str()
             .unwrap_or_default();
         assert!(reason.contains("no heartbeat"), "{reason}");
-        h.ok(
-            Method::POST,
-            &format!("{path}/2/activate"),
-            &h.admin,
-            None,
-            StatusCode::OK,
-        )
-        .await?;
+        h.activate_ok(2, None).await?;
         Ok(())
     })
     .await;
 }
 
-#[tokio::test]
-async fn a_private_flip_is_in_the_append_only_audit_log_with_actor_and_reason() {
-    each_backend(|h| async move {
+backend_test!(
+    a_private_flip_is_in_the_append_only_audit_log_with_actor_and_reason,
+    |h| {
         create_model(&h, "public").await?;
         let vis = format!("/admin/v1/models/{SLUG_PATH}/visibility");
         let v = h
-            .ok(
-                Method::POST,
+            .post(
                 &vis,
                 &h.responder,
                 Some(json!({"visibility": "private", "reason": "INC-7: stale KV pages suspected"})),
@@ -471,34 +237,43 @@ async fn a_private_flip_is_in_the_append_only_audit_log_with_actor_and_reason() 
         assert_eq!(entry["action"], "model.visibility");
         assert_eq!(entry["subject"], SLUG);
         assert_eq!(entry["reason"], "INC-7: stale KV pages suspected");
-        assert_eq!((entry["before"].as_str(), entry["after"].as_str()), (Some("public"), Some("private")));
+        assert_eq!(
+            (entry["before"].as_str(), entry["after"].as_str()),
+            (Some("public"), Some("private"))
+        );
         assert!(entry["at"].as_str().is_some_and(|t| t.ends_with('Z')));
 
         // Flipping to the state it is in changes nothing and logs nothing.
         let v = h
-            .ok(Method::POST, &vis, &h.responder, Some(json!({"visibility": "private", "reason": "again"})), StatusCode::OK)
+            .post(
+                &vis,
+                &h.responder,
+                Some(json!({"visibility": "private", "reason": "again"})),
+                StatusCode::OK,
+            )
             .await?;
         assert_eq!(v["audit"], Value::Null);
         // A reason is required.
         let (status, err) = h
-            .call(Method::POST, &vis, Some(&h.responder), Some(json!({"visibility": "public", "reason": "  "})))
+            .call(
+                Method::POST,
+                &vis,
+                Some(&h.responder),
+                Some(json!({"visibility": "public", "reason": "  "})),
+            )
             .await;
-        assert_eq!((status, err["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
+        assert_eq!(
+            (status, err["error"]["code"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_request"))
+        );
 
         // Allowlisted accounts are part of visibility, and audited too.
-        let acct = h.ok(Method::POST, "/admin/v1/accounts", &h.admin, Some(json!({"name": "acme"})), StatusCode::CREATED).await?;
+        let acct = h.create_account("acme").await?;
         let acct_id = acct["id"].as_str().unwrap_or_default().to_owned();
         assert_eq!(acct_id.len(), 32);
         let allow = format!("/admin/v1/models/{SLUG_PATH}/allowlist");
-        let v = h
-            .ok(
-                Method::POST,
-                &allow,
-                &h.responder,
-                Some(json!({"account_id": acct_id, "allowed": true, "reason": "acme verifies the fix"})),
-                StatusCode::OK,
-            )
-            .await?;
+        let v = h.post(&allow, &h.responder, Some(json!({"account_id": acct_id, "allowed": true, "reason": "acme verifies the fix"})), StatusCode::OK)
+        .await?;
         assert_eq!(v["model"]["allowlist"], json!([acct_id]));
         let (status, _) = h
             .call(
@@ -509,15 +284,26 @@ async fn a_private_flip_is_in_the_append_only_audit_log_with_actor_and_reason() 
             )
             .await;
         assert_eq!(status, StatusCode::NOT_FOUND);
-        h.ok(Method::POST, &vis, &h.responder, Some(json!({"visibility": "public", "reason": "fixed"})), StatusCode::OK)
-            .await?;
+        h.post(
+            &vis,
+            &h.responder,
+            Some(json!({"visibility": "public", "reason": "fixed"})),
+            StatusCode::OK,
+        )
+        .await?;
 
-        let log = h.ok(Method::GET, "/admin/v1/audit", &h.responder, None, StatusCode::OK).await?;
+        let log = h.get("/admin/v1/audit", &h.responder).await?;
         let actions: Vec<(&str, &str, &str)> = log
             .as_array()
             .into_iter()
             .flatten()
-            .map(|e| (e["action"].as_str().unwrap_or(""), e["after"].as_str().unwrap_or(""), e["actor"].as_str().unwrap_or("")))
+            .map(|e| {
+                (
+                    e["action"].as_str().unwrap_or(""),
+                    e["after"].as_str().unwrap_or(""),
+                    e["actor"].as_str().unwrap_or(""),
+                )
+            })
             .collect();
         assert_eq!(
             actions,
@@ -529,33 +315,48 @@ async fn a_private_flip_is_in_the_append_only_audit_log_with_actor_and_reason() 
             "newest first"
         );
         let by_subject = h
-            .ok(Method::GET, &format!("/admin/v1/audit?subject={SLUG_PATH}&limit=1"), &h.responder, None, StatusCode::OK)
+            .get(
+                &format!("/admin/v1/audit?subject={SLUG_PATH}&limit=1"),
+                &h.responder,
+            )
             .await?;
         assert_eq!(by_subject.as_array().map(Vec::len), Some(1));
 
         // No API path alters the log: every other method on it is refused.
         for method in [Method::PUT, Method::PATCH, Method::DELETE, Method::POST] {
             for (path, expected, code) in [
-                ("/admin/v1/audit", StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+                (
+                    "/admin/v1/audit",
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "method_not_allowed",
+                ),
                 ("/admin/v1/audit/1", StatusCode::NOT_FOUND, "not_found"),
             ] {
-                let (status, body) = h.call(method.clone(), path, Some(&h.admin), Some(json!({}))).await;
-                assert_eq!((status, body["error"]["code"].as_str()), (expected, Some(code)), "{method} {path}: {body}");
+                let (status, body) = h
+                    .call(method.clone(), path, Some(&h.admin), Some(json!({})))
+                    .await;
+                assert_eq!(
+                    (status, body["error"]["code"].as_str()),
+                    (expected, Some(code)),
+                    "{method} {path}: {body}"
+                );
             }
         }
         // And the database itself refuses, whoever asks.
         let mut conn = h.db.pool().acquire().await?;
-        for sql in ["UPDATE audit_log SET reason = 'nothing happened'", "DELETE FROM audit_log"] {
+        for sql in [
+            "UPDATE audit_log SET reason = 'nothing happened'",
+            "DELETE FROM audit_log",
+        ] {
             let err = sqlx::query(sql).execute(&mut *conn).await.expect_err(sql);
             assert!(err.to_string().contains("append-only"), "{sql}: {err}");
         }
         drop(conn);
-        let after = h.ok(Method::GET, "/admin/v1/audit", &h.responder, None, StatusCode::OK).await?;
+        let after = h.get("/admin/v1/audit", &h.responder).await?;
         assert_eq!(after, log);
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
 /// One row per refused call: method, path, which token, expected status.
 const REFUSALS: &[(&str, &str, &str, u16)] = &[
@@ -594,13 +395,12 @@ const REFUSALS: &[(&str, &str, &str, u16)] = &[
     ("GET", "/admin/v1/audit", "node", 403),
 ];
 
-#[tokio::test]
-async fn unauthenticated_or_under_privileged_admin_calls_are_refused() {
-    each_backend(|h| async move {
+backend_test!(
+    unauthenticated_or_under_privileged_admin_calls_are_refused,
+    |h| {
         create_model(&h, "public").await?;
         let created = h
-            .ok(
-                Method::POST,
+            .post(
                 "/admin/v1/operators",
                 &h.admin,
                 Some(json!({"name": "leaver", "role": "admin"})),
@@ -610,14 +410,7 @@ async fn unauthenticated_or_under_privileged_admin_calls_are_refused() {
         let revoked = created["token"].as_str().unwrap_or_default().to_owned();
         assert!(revoked.starts_with("bho_"));
         let id = created["operator"]["id"].as_i64().unwrap_or_default();
-        h.ok(
-            Method::GET,
-            "/admin/v1/whoami",
-            &revoked,
-            None,
-            StatusCode::OK,
-        )
-        .await?;
+        h.get("/admin/v1/whoami", &revoked).await?;
         h.ok(
             Method::DELETE,
             &format!("/admin/v1/operators/{id}"),
@@ -680,23 +473,16 @@ async fn unauthenticated_or_under_privileged_admin_calls_are_refused() {
         }
         // Refused calls changed nothing.
         let m = h
-            .ok(
-                Method::GET,
-                &format!("/admin/v1/models/{SLUG_PATH}"),
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
+            .get(&format!("/admin/v1/models/{SLUG_PATH}"), &h.responder)
             .await?;
         assert_eq!(m["visibility"], "public");
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[tokio::test]
-async fn database_failures_reach_clients_only_as_internal_error() {
-    each_backend(|h| async move {
+backend_test!(
+    database_failures_reach_clients_only_as_internal_error,
+    |h| {
         create_model(&h, "public").await?;
         let mut conn = h.db.pool().acquire().await?;
         sqlx::query("DROP TABLE incident_update_components")
@@ -728,154 +514,134 @@ async fn database_failures_reach_clients_only_as_internal_error() {
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(v["error"]["message"], "internal error");
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[tokio::test]
-async fn bad_input_gets_a_clear_error_in_the_api_format() {
-    each_backend(|h| async move {
-        create_model(&h, "public").await?;
-        let cases: Vec<(Method, String, Value, u16, &str)> = vec![
-            (
-                Method::POST,
-                "/admin/v1/models".into(),
-                json!({"slug": "no-at/x", "task": "t", "visibility": "public"}),
-                400,
-                "invalid_request",
-            ),
-            (
-                Method::POST,
-                "/admin/v1/models".into(),
-                json!({"slug": SLUG, "task": "t", "visibility": "public"}),
-                409,
-                "conflict",
-            ),
-            (
-                Method::POST,
-                "/admin/v1/models".into(),
-                json!({"slug": "@cf/a/b", "task": "t", "visibility": "hidden"}),
-                400,
-                "invalid_request",
-            ),
-            (
-                Method::GET,
-                "/admin/v1/models/%40cf%2Fno%2Fsuch".into(),
-                Value::Null,
-                404,
-                "not_found",
-            ),
-            (
-                Method::GET,
-                "/admin/v1/models/not-a-slug".into(),
-                Value::Null,
-                400,
-                "invalid_request",
-            ),
-            (
-                Method::POST,
-                format!("/admin/v1/models/{SLUG_PATH}/configs"),
-                json!({"context_window": 1}),
-                400,
-                "invalid_request",
-            ),
-            (
-                Method::POST,
-                format!("/admin/v1/models/{SLUG_PATH}/configs/9/activate"),
-                Value::Null,
-                404,
-                "not_found",
-            ),
-            (
-                Method::POST,
-                format!("/admin/v1/models/{SLUG_PATH}/configs/x/activate"),
-                Value::Null,
-                400,
-                "invalid_request",
-            ),
-            (
-                Method::POST,
-                "/admin/v1/nodes/77/heartbeat".into(),
-                Value::Null,
-                404,
-                "not_found",
-            ),
-            (
-                Method::GET,
-                "/admin/v1/audit?limit=many".into(),
-                Value::Null,
-                400,
-                "invalid_request",
-            ),
-            (
-                Method::POST,
-                "/admin/v1/incidents".into(),
-                json!({"name": "x", "impact": "apocalyptic", "body": "b"}),
-                400,
-                "invalid_request",
-            ),
-            (
-                Method::POST,
-                "/admin/v1/incidents/5/updates".into(),
-                json!({"status": "identified", "body": "b"}),
-                404,
-                "not_found",
-            ),
-        ];
-        let mut bad_config = config(0, 10);
-        bad_config["weights_sha256"] = json!("xyz");
-        let mut all = cases;
-        all.push((
+backend_test!(bad_input_gets_a_clear_error_in_the_api_format, |h| {
+    create_model(&h, "public").await?;
+    let cases: Vec<(Method, String, Value, u16, &str)> = vec![
+        (
             Method::POST,
-            format!("/admin/v1/models/{SLUG_PATH}/configs"),
-            bad_config,
+            "/admin/v1/models".into(),
+            json!({"slug": "no-at/x", "task": "t", "visibility": "public"}),
             400,
             "invalid_request",
-        ));
-        for (method, path, body, status, code) in all {
-            let body = (!body.is_null()).then_some(body);
-            let (got, v) = h.call(method.clone(), &path, Some(&h.admin), body).await;
-            assert_eq!(got.as_u16(), status, "{method} {path}: {v}");
-            assert_eq!(v["error"]["code"], code, "{method} {path}: {v}");
-            assert!(
-                v["error"]["message"]
-                    .as_str()
-                    .is_some_and(|m| !m.is_empty() && !m.contains("sqlx")),
-                "{v}"
-            );
-        }
-        Ok(())
-    })
-    .await;
-}
+        ),
+        (
+            Method::POST,
+            "/admin/v1/models".into(),
+            json!({"slug": SLUG, "task": "t", "visibility": "public"}),
+            409,
+            "conflict",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/models".into(),
+            json!({"slug": "@cf/a/b", "task": "t", "visibility": "hidden"}),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::GET,
+            "/admin/v1/models/%40cf%2Fno%2Fsuch".into(),
+            Value::Null,
+            404,
+            "not_found",
+        ),
+        (
+            Method::GET,
+            "/admin/v1/models/not-a-slug".into(),
+            Value::Null,
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            format!("/admin/v1/models/{SLUG_PATH}/configs"),
+            json!({"context_window": 1}),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            format!("/admin/v1/models/{SLUG_PATH}/configs/9/activate"),
+            Value::Null,
+            404,
+            "not_found",
+        ),
+        (
+            Method::POST,
+            format!("/admin/v1/models/{SLUG_PATH}/configs/x/activate"),
+            Value::Null,
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/nodes/77/heartbeat".into(),
+            Value::Null,
+            404,
+            "not_found",
+        ),
+        (
+            Method::GET,
+            "/admin/v1/audit?limit=many".into(),
+            Value::Null,
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/incidents".into(),
+            json!({"name": "x", "impact": "apocalyptic", "body": "b"}),
+            400,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            "/admin/v1/incidents/5/updates".into(),
+            json!({"status": "identified", "body": "b"}),
+            404,
+            "not_found",
+        ),
+    ];
+    let mut bad_config = config(0, 10);
+    bad_config["weights_sha256"] = json!("xyz");
+    let mut all = cases;
+    all.push((
+        Method::POST,
+        format!("/admin/v1/models/{SLUG_PATH}/configs"),
+        bad_config,
+        400,
+        "invalid_request",
+    ));
+    for (method, path, body, status, code) in all {
+        let body = (!body.is_null()).then_some(body);
+        let (got, v) = h.call(method.clone(), &path, Some(&h.admin), body).await;
+        assert_eq!(got.as_u16(), status, "{method} {path}: {v}");
+        assert_eq!(v["error"]["code"], code, "{method} {path}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty() && !m.contains("sqlx")),
+            "{v}"
+        );
+    }
+    Ok(())
+});
 
-#[tokio::test]
-async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutable() {
-    each_backend(|h| async move {
+backend_test!(
+    a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutable,
+    |h| {
         create_model(&h, "public").await?;
         // The reference machine's figures: 5.9 ms per token, 8.1 µs per
         // pair, a 60 s deadline: about 3,180 tokens in time.
         let mut slow = node("decode-slow", "decode", 100_000);
         slow["prefill"] =
             json!({"ns_per_token": 5_900_000, "ns_per_pair": 8_100, "deadline_ms": 60_000});
-        register(&h, slow).await?;
-        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
-        h.ok(
-            Method::POST,
-            &path,
-            &h.admin,
-            Some(config(8_192, 2_048)),
-            StatusCode::CREATED,
-        )
-        .await?;
-        let (status, err) = h
-            .call(
-                Method::POST,
-                &format!("{path}/1/activate"),
-                Some(&h.admin),
-                Some(json!({"reason": "full window"})),
-            )
-            .await;
+        h.register(slow).await?;
+        h.add_config(config(8_192, 2_048)).await?;
+        let (status, err) = h.activate(1, Some(json!({"reason": "full window"}))).await;
         assert_eq!(status, StatusCode::CONFLICT, "{err}");
         assert_eq!(err["error"]["code"], "config_does_not_fit");
         let msg = err["error"]["message"].as_str().unwrap_or_default();
@@ -883,31 +649,10 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
             assert!(msg.contains(needle), "{needle} missing from: {msg}");
         }
         // A window it can prefill in time activates.
-        h.ok(
-            Method::POST,
-            &path,
-            &h.admin,
-            Some(config(3_072, 1_024)),
-            StatusCode::CREATED,
-        )
-        .await?;
-        h.ok(
-            Method::POST,
-            &format!("{path}/2/activate"),
-            &h.admin,
-            Some(json!({"reason": "what this machine serves"})),
-            StatusCode::OK,
-        )
-        .await?;
-        let nodes = h
-            .ok(
-                Method::GET,
-                "/admin/v1/nodes",
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
+        h.add_config(config(3_072, 1_024)).await?;
+        h.activate_ok(2, Some(json!({"reason": "what this machine serves"})))
             .await?;
+        let nodes = h.get("/admin/v1/nodes", &h.responder).await?;
         let n = &nodes_by_name(&nodes)["decode-slow"];
         assert_eq!(n["routable"], true, "{n}");
         assert_eq!(n["prefill"]["deadline_ms"], 60_000);
@@ -916,19 +661,11 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
         let mut slower = node("decode-slow", "decode", 100_000);
         slower["prefill"] =
             json!({"ns_per_token": 20_000_000, "ns_per_pair": 30_000, "deadline_ms": 60_000});
-        register(&h, slower).await?;
+        h.register(slower).await?;
         let mut blind = node("decode-blind", "decode", 100_000);
         blind.as_object_mut().map(|o| o.remove("prefill"));
-        register(&h, blind).await?;
-        let nodes = h
-            .ok(
-                Method::GET,
-                "/admin/v1/nodes",
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
+        h.register(blind).await?;
+        let nodes = h.get("/admin/v1/nodes", &h.responder).await?;
         let by = nodes_by_name(&nodes);
         let n = &by["decode-slow"];
         assert_eq!(n["routable"], false, "{n}");
@@ -943,22 +680,25 @@ async fn a_window_a_node_cannot_prefill_in_time_is_refused_and_makes_it_unroutab
             "{b}"
         );
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-/// Found by `fuzz_admin` with 2,000 cases: a NUL in any text of a body was
-/// a 500 on PostgreSQL (which cannot store one). It is a 400 on both
-/// backends, for bodies and queries alike, and nothing is written.
-#[tokio::test]
-async fn text_with_a_nul_character_is_refused_with_a_400_on_every_backend() {
-    each_backend(|h| async move {
+// Found by `fuzz_admin` with 2,000 cases: a NUL in any text of a body was
+// a 500 on PostgreSQL (which cannot store one). It is a 400 on both
+// backends, for bodies and queries alike, and nothing is written.
+backend_test!(
+    text_with_a_nul_character_is_refused_with_a_400_on_every_backend,
+    |h| {
         create_model(&h, "public").await?;
-        let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
         let mut body = config(2048, 256);
         body["quantization"] = json!("q4\u{0}1");
         let (status, v) = h
-            .call(Method::POST, &path, Some(h.admin.as_str()), Some(body))
+            .call(
+                Method::POST,
+                &configs_path(),
+                Some(h.admin.as_str()),
+                Some(body),
+            )
             .await;
         anyhow::ensure!(status == StatusCode::BAD_REQUEST, "{status} {v}");
         anyhow::ensure!(v["error"]["code"] == "invalid_request", "{v}");
@@ -989,21 +729,10 @@ async fn text_with_a_nul_character_is_refused_with_a_400_on_every_backend() {
             .await;
         anyhow::ensure!(status == StatusCode::BAD_REQUEST, "{status} {v}");
         // Nothing was written: no config, no node.
-        let configs = h
-            .ok(Method::GET, &path, &h.admin, None, StatusCode::OK)
-            .await?;
+        let configs = h.get(&configs_path(), &h.admin).await?;
         anyhow::ensure!(configs.as_array().is_some_and(Vec::is_empty), "{configs}");
-        let nodes = h
-            .ok(
-                Method::GET,
-                "/admin/v1/nodes",
-                &h.admin,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
+        let nodes = h.get("/admin/v1/nodes", &h.admin).await?;
         anyhow::ensure!(nodes.as_array().is_some_and(Vec::is_empty), "{nodes}");
         Ok(())
-    })
-    .await;
-}
+    }
+);

@@ -4,17 +4,17 @@
 //! allowance (audited, carried in the routing table the gateways read),
 //! and bad values are refused in the API's own error format.
 
+#[macro_use]
 mod support;
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Harness, SLUG, SLUG_PATH, config, each_backend};
+use support::{Harness, SLUG, SLUG_PATH, config};
 
 async fn priced_model(h: &Harness, input: u64, output: u64) -> anyhow::Result<()> {
     let mut spec = config(8192, 512);
     spec["price"] = json!({"input_neurons_per_mtok": input, "output_neurons_per_mtok": output});
-    h.ok(
-        Method::POST,
+    h.post(
         "/admin/v1/models",
         &h.admin,
         Some(
@@ -28,15 +28,7 @@ async fn priced_model(h: &Harness, input: u64, output: u64) -> anyhow::Result<()
 }
 
 async fn account(h: &Harness) -> anyhow::Result<String> {
-    let a = h
-        .ok(
-            Method::POST,
-            "/admin/v1/accounts",
-            &h.admin,
-            Some(json!({"name": "acme"})),
-            StatusCode::CREATED,
-        )
-        .await?;
+    let a = h.create_account("acme").await?;
     // A new account: no budget, Workers AI's free allowance.
     assert_eq!(
         a["budget"],
@@ -52,25 +44,21 @@ fn event(call: &str, account: &str, prompt: u64, completion: u64) -> Value {
 
 async fn micro_neurons(h: &Harness, account: &str) -> anyhow::Result<Value> {
     let rows = h
-        .ok(
-            Method::GET,
+        .get(
             &format!("/admin/v1/usage?account={account}&since=2026-12-01&until=2026-12-01"),
             &h.responder,
-            None,
-            StatusCode::OK,
         )
         .await?;
     Ok(rows[0]["micro_neurons"].clone())
 }
 
-#[tokio::test]
-async fn usage_is_priced_exactly_at_the_price_in_force_when_recorded() {
-    each_backend(|h| async move {
+backend_test!(
+    usage_is_priced_exactly_at_the_price_in_force_when_recorded,
+    |h| {
         priced_model(&h, 2_457, 18_252).await?;
         let id = account(&h).await?;
         let report = |events: Vec<Value>| {
-            h.ok(
-                Method::POST,
+            h.post(
                 "/admin/v1/usage",
                 &h.node,
                 Some(json!({"events": events})),
@@ -81,15 +69,7 @@ async fn usage_is_priced_exactly_at_the_price_in_force_when_recorded() {
         let first = 1_007 * 2_457 + 13 * 18_252;
         assert_eq!(micro_neurons(&h, &id).await?, json!(first));
         // The routing table carries the price to the gateways.
-        let table = h
-            .ok(
-                Method::GET,
-                "/admin/v1/routing?gateway=g1",
-                &h.gateway,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
+        let table = h.get("/admin/v1/routing?gateway=g1", &h.gateway).await?;
         assert_eq!(
             table["models"][0]["price"],
             json!({"input_neurons_per_mtok": 2457, "output_neurons_per_mtok": 18252})
@@ -98,22 +78,8 @@ async fn usage_is_priced_exactly_at_the_price_in_force_when_recorded() {
         let path = format!("/admin/v1/models/{SLUG_PATH}/configs");
         let mut spec = config(8192, 512);
         spec["price"] = json!({"input_neurons_per_mtok": 1, "output_neurons_per_mtok": 2});
-        h.ok(
-            Method::POST,
-            &path,
-            &h.admin,
-            Some(spec),
-            StatusCode::CREATED,
-        )
-        .await?;
-        h.ok(
-            Method::POST,
-            &format!("{path}/2/activate"),
-            &h.admin,
-            Some(json!({"reason": "cheaper"})),
-            StatusCode::OK,
-        )
-        .await?;
+        h.add_config(spec).await?;
+        h.activate_ok(2, Some(json!({"reason": "cheaper"}))).await?;
         report(vec![event("p3", &id, 100, 100), event("p1", &id, 9, 9)]).await?;
         assert_eq!(micro_neurons(&h, &id).await?, json!(first + 100 + 200));
         // An absurd price is refused.
@@ -132,112 +98,91 @@ async fn usage_is_priced_exactly_at_the_price_in_force_when_recorded() {
             "{v}"
         );
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[tokio::test]
-async fn admins_set_budgets_audited_and_the_gateways_see_them() {
-    each_backend(|h| async move {
-        let id = account(&h).await?;
-        let path = format!("/admin/v1/accounts/{id}/budget");
-        let set = json!({"daily_neurons": 500, "monthly_neurons": 9000,
-                         "free_neurons_per_day": 100, "reason": "trial"});
-        let a = h
-            .ok(
-                Method::PUT,
-                &path,
-                &h.admin,
-                Some(set.clone()),
-                StatusCode::OK,
-            )
-            .await?;
-        assert_eq!(
-            a["budget"],
-            json!({"daily_neurons": 500, "monthly_neurons": 9000, "free_neurons_per_day": 100})
-        );
-        let table = h
-            .ok(
-                Method::GET,
-                "/admin/v1/routing?gateway=g1",
-                &h.gateway,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
-        let routed = table["accounts"]
-            .as_array()
-            .and_then(|a| a.iter().find(|a| a["id"] == id.as_str()).cloned())
-            .unwrap_or_default();
-        assert_eq!(routed["budget"], a["budget"], "{table}");
-        let audit = h
-            .ok(
-                Method::GET,
-                "/admin/v1/audit?limit=1",
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
-        assert_eq!(audit[0]["action"], "account.budget");
-        assert_eq!(audit[0]["subject"], id.as_str());
-        assert_eq!(audit[0]["reason"], "trial");
-        assert_eq!(
-            audit[0]["before"],
-            "daily=unlimited monthly=unlimited free_per_day=10000"
-        );
-        assert_eq!(audit[0]["after"], "daily=500 monthly=9000 free_per_day=100");
-        // Absent budgets are unlimited again.
-        let a = h
-            .ok(
-                Method::PUT,
-                &path,
-                &h.admin,
-                Some(json!({"reason": "paid"})),
-                StatusCode::OK,
-            )
-            .await?;
-        assert_eq!(a["budget"]["daily_neurons"], Value::Null);
-        // Bad requests, in the API's error format.
-        for (path, body, code) in [
-            (
-                path.clone(),
-                json!({"daily_neurons": 5}),
-                StatusCode::BAD_REQUEST,
-            ),
-            (
-                path.clone(),
-                json!({"daily_neurons": -1, "reason": "x"}),
-                StatusCode::BAD_REQUEST,
-            ),
-            (
-                path.clone(),
-                json!({"daily_neurons": 5, "reason": " "}),
-                StatusCode::BAD_REQUEST,
-            ),
-            (
-                path.clone(),
-                json!({"monthly_neurons": 1u64 << 62, "reason": "x"}),
-                StatusCode::BAD_REQUEST,
-            ),
-            (
-                path.clone(),
-                json!({"weekly": 5, "reason": "x"}),
-                StatusCode::BAD_REQUEST,
-            ),
-            (
-                format!("/admin/v1/accounts/{}/budget", "c".repeat(32)),
-                json!({"reason": "x"}),
-                StatusCode::NOT_FOUND,
-            ),
-        ] {
-            let (got, v) = h
-                .call(Method::PUT, &path, Some(&h.admin), Some(body.clone()))
-                .await;
-            assert_eq!(got, code, "{body}: {v}");
-            assert!(v["error"]["message"].is_string(), "{v}");
-        }
-        Ok(())
-    })
-    .await;
-}
+backend_test!(admins_set_budgets_audited_and_the_gateways_see_them, |h| {
+    let id = account(&h).await?;
+    let path = format!("/admin/v1/accounts/{id}/budget");
+    let set = json!({"daily_neurons": 500, "monthly_neurons": 9000,
+                     "free_neurons_per_day": 100, "reason": "trial"});
+    let a = h
+        .ok(
+            Method::PUT,
+            &path,
+            &h.admin,
+            Some(set.clone()),
+            StatusCode::OK,
+        )
+        .await?;
+    assert_eq!(
+        a["budget"],
+        json!({"daily_neurons": 500, "monthly_neurons": 9000, "free_neurons_per_day": 100})
+    );
+    let table = h.get("/admin/v1/routing?gateway=g1", &h.gateway).await?;
+    let routed = table["accounts"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["id"] == id.as_str()).cloned())
+        .unwrap_or_default();
+    assert_eq!(routed["budget"], a["budget"], "{table}");
+    let audit = h.get("/admin/v1/audit?limit=1", &h.responder).await?;
+    assert_eq!(audit[0]["action"], "account.budget");
+    assert_eq!(audit[0]["subject"], id.as_str());
+    assert_eq!(audit[0]["reason"], "trial");
+    assert_eq!(
+        audit[0]["before"],
+        "daily=unlimited monthly=unlimited free_per_day=10000"
+    );
+    assert_eq!(audit[0]["after"], "daily=500 monthly=9000 free_per_day=100");
+    // Absent budgets are unlimited again.
+    let a = h
+        .ok(
+            Method::PUT,
+            &path,
+            &h.admin,
+            Some(json!({"reason": "paid"})),
+            StatusCode::OK,
+        )
+        .await?;
+    assert_eq!(a["budget"]["daily_neurons"], Value::Null);
+    // Bad requests, in the API's error format.
+    for (path, body, code) in [
+        (
+            path.clone(),
+            json!({"daily_neurons": 5}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            path.clone(),
+            json!({"daily_neurons": -1, "reason": "x"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            path.clone(),
+            json!({"daily_neurons": 5, "reason": " "}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            path.clone(),
+            json!({"monthly_neurons": 1u64 << 62, "reason": "x"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            path.clone(),
+            json!({"weekly": 5, "reason": "x"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            format!("/admin/v1/accounts/{}/budget", "c".repeat(32)),
+            json!({"reason": "x"}),
+            StatusCode::NOT_FOUND,
+        ),
+    ] {
+        let (got, v) = h
+            .call(Method::PUT, &path, Some(&h.admin), Some(body.clone()))
+            .await;
+        assert_eq!(got, code, "{body}: {v}");
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
+    Ok(())
+});

@@ -12,6 +12,7 @@
 // library code from it).
 #![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 
+#[macro_use]
 mod support;
 
 use axum::http::{Method, StatusCode};
@@ -144,26 +145,17 @@ async fn admin_bodies_get_a_2xx_or_a_4xx_in_the_apis_shape() {
         .unwrap_or(24);
     each_backend(|h| async move {
         // Something to act on: a model with a config, a node, an incident.
-        h.ok(
-            Method::POST,
-            "/admin/v1/models",
-            &h.admin,
-            Some(json!({"slug": SLUG, "task": "Text Generation", "description": "d", "visibility": "public"})),
-            StatusCode::CREATED,
-        )
+        h.post("/admin/v1/models", &h.admin, Some(json!({"slug": SLUG, "task": "Text Generation", "description": "d", "visibility": "public"})), StatusCode::CREATED)
         .await?;
-        let n = h
-            .ok(Method::POST, "/admin/v1/nodes", &h.node, Some(node("n0", "colocated", 200_000)), StatusCode::OK)
+        let n = h.register(node("n0", "colocated", 200_000))
             .await?;
         let node_id = id_of(&n["node"]);
         let incident = json!({"name": "x", "impact": "minor", "body": "b"});
-        let (status, i) = h
-            .call(Method::POST, "/admin/v1/incidents", Some(&h.responder), Some(incident.clone()))
+        let (status, i) = h.call(Method::POST, "/admin/v1/incidents", Some(&h.responder), Some(incident.clone()))
             .await;
         anyhow::ensure!(status.is_success(), "{status} {i}");
         let incident_id = id_of(&i);
-        let (status, a) = h
-            .call(Method::POST, "/admin/v1/accounts", Some(&h.admin), Some(json!({"name": "acme"})))
+        let (status, a) = h.call(Method::POST, "/admin/v1/accounts", Some(&h.admin), Some(json!({"name": "acme"})))
             .await;
         anyhow::ensure!(status.is_success(), "{status} {a}");
         let account = id_of(&a);

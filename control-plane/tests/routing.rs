@@ -3,43 +3,28 @@
 //! routing table, and visibility flips acknowledged only once every live
 //! gateway has applied them.
 
+#[macro_use]
 mod support;
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::Digest;
 use std::time::{Duration, Instant};
-use support::{Harness, SLUG, SLUG_PATH, each_backend};
+use support::{Harness, SLUG, SLUG_PATH};
 
 async fn setup(h: &Harness) -> anyhow::Result<String> {
-    h.ok(
-        Method::POST,
-        "/admin/v1/models",
-        &h.admin,
-        Some(json!({"slug": SLUG, "task": "Text Generation", "visibility": "public"})),
-        StatusCode::CREATED,
-    )
-    .await?;
-    let a = h
-        .ok(
-            Method::POST,
-            "/admin/v1/accounts",
-            &h.admin,
-            Some(json!({"name": "acme"})),
-            StatusCode::CREATED,
-        )
-        .await?;
+    h.create_model(SLUG, "public").await?;
+    let a = h.create_account("acme").await?;
     Ok(a["id"].as_str().unwrap_or_default().to_owned())
 }
 
-#[tokio::test]
-async fn api_tokens_reach_gateways_only_as_hashes_and_revocation_removes_them() {
-    each_backend(|h| async move {
+backend_test!(
+    api_tokens_reach_gateways_only_as_hashes_and_revocation_removes_them,
+    |h| {
         let account = setup(&h).await?;
         let path = format!("/admin/v1/accounts/{account}/tokens");
         let t = h
-            .ok(
-                Method::POST,
+            .post(
                 &path,
                 &h.admin,
                 Some(json!({"name": "ci"})),
@@ -64,15 +49,7 @@ async fn api_tokens_reach_gateways_only_as_hashes_and_revocation_removes_them() 
             .await;
         assert_eq!(s, StatusCode::FORBIDDEN);
 
-        let table = h
-            .ok(
-                Method::GET,
-                "/admin/v1/routing?gateway=g1",
-                &h.gateway,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
+        let table = h.get("/admin/v1/routing?gateway=g1", &h.gateway).await?;
         let hash = hex::encode(sha2::Sha256::digest(token.as_bytes()));
         assert_eq!(
             table["tokens"],
@@ -102,15 +79,7 @@ async fn api_tokens_reach_gateways_only_as_hashes_and_revocation_removes_them() 
             )
             .await?;
         assert!(revoked["revoked_at"].is_string());
-        let table = h
-            .ok(
-                Method::GET,
-                "/admin/v1/routing?gateway=g1",
-                &h.gateway,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
+        let table = h.get("/admin/v1/routing?gateway=g1", &h.gateway).await?;
         assert_eq!(table["tokens"], json!([]));
         let (s, _) = h
             .call(
@@ -126,77 +95,54 @@ async fn api_tokens_reach_gateways_only_as_hashes_and_revocation_removes_them() 
             "a token is revoked only through its own account"
         );
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[tokio::test]
-async fn the_routing_long_poll_answers_when_the_table_changes() {
-    each_backend(|h| async move {
-        setup(&h).await?;
-        let first = h
-            .ok(
-                Method::GET,
-                "/admin/v1/routing?gateway=g1",
-                &h.gateway,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
-        let v = first["version"].as_u64().unwrap_or_default();
-        // Nothing changes: the poll is held for wait_ms (capped at a third of the lease).
-        let started = Instant::now();
-        let same = h
-            .ok(
-                Method::GET,
-                &format!("/admin/v1/routing?gateway=g1&version={v}&wait_ms=300"),
-                &h.gateway,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
-        assert!(started.elapsed() >= Duration::from_millis(250));
-        assert_eq!(same["version"].as_u64(), Some(v));
-        // A write answers a held poll at once, with the new table.
-        let app = h.app.clone();
-        let gw = h.gateway.clone();
-        let poll = tokio::spawn(async move {
-            let req = axum::http::Request::get(format!(
-                "/admin/v1/routing?gateway=g1&version={v}&wait_ms=900"
-            ))
-            .header("authorization", format!("Bearer {gw}"))
-            .body(axum::body::Body::empty())
-            .expect("request");
-            let resp = tower::ServiceExt::oneshot(app, support::from_gateway(req))
-                .await
-                .expect("router");
-            let bytes = http_body_util::BodyExt::collect(resp.into_body())
-                .await
-                .expect("body")
-                .to_bytes();
-            serde_json::from_slice::<Value>(&bytes).expect("JSON")
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let started = Instant::now();
-        h.ok(
-            Method::POST,
-            "/admin/v1/accounts",
-            &h.admin,
-            Some(json!({"name": "beta"})),
-            StatusCode::CREATED,
+backend_test!(the_routing_long_poll_answers_when_the_table_changes, |h| {
+    setup(&h).await?;
+    let first = h.get("/admin/v1/routing?gateway=g1", &h.gateway).await?;
+    let v = first["version"].as_u64().unwrap_or_default();
+    // Nothing changes: the poll is held for wait_ms (capped at a third of the lease).
+    let started = Instant::now();
+    let same = h
+        .get(
+            &format!("/admin/v1/routing?gateway=g1&version={v}&wait_ms=300"),
+            &h.gateway,
         )
         .await?;
-        let changed = poll.await?;
-        assert!(
-            started.elapsed() < Duration::from_millis(800),
-            "answered on the change, not the timeout"
-        );
-        assert!(changed["version"].as_u64() > Some(v));
-        assert_eq!(changed["accounts"].as_array().map(Vec::len), Some(2));
-        Ok(())
-    })
-    .await;
-}
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    assert_eq!(same["version"].as_u64(), Some(v));
+    // A write answers a held poll at once, with the new table.
+    let app = h.app.clone();
+    let gw = h.gateway.clone();
+    let poll = tokio::spawn(async move {
+        let req = axum::http::Request::get(format!(
+            "/admin/v1/routing?gateway=g1&version={v}&wait_ms=900"
+        ))
+        .header("authorization", format!("Bearer {gw}"))
+        .body(axum::body::Body::empty())
+        .expect("request");
+        let resp = tower::ServiceExt::oneshot(app, support::from_gateway(req))
+            .await
+            .expect("router");
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        serde_json::from_slice::<Value>(&bytes).expect("JSON")
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    h.create_account("beta").await?;
+    let changed = poll.await?;
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "answered on the change, not the timeout"
+    );
+    assert!(changed["version"].as_u64() > Some(v));
+    assert_eq!(changed["accounts"].as_array().map(Vec::len), Some(2));
+    Ok(())
+});
 
 /// A gateway as the control plane sees one: polls, applies, polls again.
 fn gateway_loop(
@@ -229,17 +175,16 @@ fn gateway_loop(
     })
 }
 
-#[tokio::test]
-async fn a_flip_is_acknowledged_only_after_every_live_gateway_applied_it() {
-    each_backend(|h| async move {
+backend_test!(
+    a_flip_is_acknowledged_only_after_every_live_gateway_applied_it,
+    |h| {
         setup(&h).await?;
         let fast = gateway_loop(&h, "fast", Duration::ZERO);
         let slow = gateway_loop(&h, "slow", Duration::from_millis(400));
         tokio::time::sleep(Duration::from_millis(600)).await;
         let started = Instant::now();
         let v = h
-            .ok(
-                Method::POST,
+            .post(
                 &format!("/admin/v1/models/{SLUG_PATH}/visibility"),
                 &h.responder,
                 Some(json!({"visibility": "private", "reason": "drill"})),
@@ -259,15 +204,7 @@ async fn a_flip_is_acknowledged_only_after_every_live_gateway_applied_it() {
         );
         assert!(p["waited_ms"].as_u64().is_some_and(|w| w >= 350));
         // The table any gateway fetches from now on has the model private.
-        let table = h
-            .ok(
-                Method::GET,
-                "/admin/v1/routing?gateway=late",
-                &h.gateway,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
+        let table = h.get("/admin/v1/routing?gateway=late", &h.gateway).await?;
         assert_eq!(table["models"][0]["visibility"], "private");
         assert!(table["version"].as_u64() >= p["version"].as_u64());
 
@@ -276,8 +213,7 @@ async fn a_flip_is_acknowledged_only_after_every_live_gateway_applied_it() {
         fast.abort();
         let started = Instant::now();
         let v = h
-            .ok(
-                Method::POST,
+            .post(
                 &format!("/admin/v1/models/{SLUG_PATH}/visibility"),
                 &h.responder,
                 Some(json!({"visibility": "public", "reason": "drill over"})),
@@ -287,6 +223,5 @@ async fn a_flip_is_acknowledged_only_after_every_live_gateway_applied_it() {
         assert!(started.elapsed() < Duration::from_millis(3500));
         assert_eq!(v["propagation"]["applied"], 0, "{v}");
         Ok(())
-    })
-    .await;
-}
+    }
+);

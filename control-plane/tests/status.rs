@@ -3,25 +3,19 @@
 //! feeds are well-formed XML (parsed with roxmltree); the JSON carries
 //! Statuspage v2's field names and enumerations.
 
+#[macro_use]
 mod support;
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
-use support::{Harness, SLUG, SLUG_PATH, each_backend};
+use support::{Harness, SLUG, SLUG_PATH};
 
 const HIDDEN: &str = "@cf/secret/never-public";
 
 async fn setup(h: &Harness) -> anyhow::Result<()> {
     for (slug, vis) in [(SLUG, "public"), (HIDDEN, "private")] {
-        h.ok(
-            Method::POST,
-            "/admin/v1/models",
-            &h.admin,
-            Some(json!({"slug": slug, "task": "Text Generation", "visibility": vis})),
-            StatusCode::CREATED,
-        )
-        .await?;
+        h.create_model(slug, vis).await?;
     }
     Ok(())
 }
@@ -29,8 +23,7 @@ async fn setup(h: &Harness) -> anyhow::Result<()> {
 /// Opens an incident and walks it to resolved; returns its admin view.
 async fn timeline(h: &Harness) -> anyhow::Result<Value> {
     let v = h
-        .ok(
-            Method::POST,
+        .post(
             "/admin/v1/incidents",
             &h.responder,
             Some(json!({
@@ -54,8 +47,7 @@ async fn timeline(h: &Harness) -> anyhow::Result<Value> {
         ),
         ("monitoring", "Config v2 rolled out."),
     ] {
-        h.ok(
-            Method::POST,
+        h.post(
             &path,
             &h.responder,
             Some(json!({"status": status, "body": body})),
@@ -75,14 +67,7 @@ async fn timeline(h: &Harness) -> anyhow::Result<Value> {
         (code, err["error"]["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("invalid_request"))
     );
-    let resolved = h
-        .ok(
-            Method::POST,
-            &path,
-            &h.responder,
-            Some(json!({"status": "resolved", "body": "Fixed.", "postmortem": "Two faults lined up."})),
-            StatusCode::OK,
-        )
+    let resolved = h.post(&path, &h.responder, Some(json!({"status": "resolved", "body": "Fixed.", "postmortem": "Two faults lined up."})), StatusCode::OK)
         .await?;
     // A closed incident takes no more updates.
     let (code, _) = h
@@ -100,9 +85,9 @@ async fn timeline(h: &Harness) -> anyhow::Result<Value> {
 const ORDER: [&str; 4] = ["resolved", "monitoring", "identified", "investigating"];
 const LABELS: [&str; 4] = ["Resolved", "Monitoring", "Identified", "Investigating"];
 
-#[tokio::test]
-async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() {
-    each_backend(|h| async move {
+backend_test!(
+    an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order,
+    |h| {
         setup(&h).await?;
         let view = timeline(&h).await?;
         assert_eq!(view["status"], "postmortem");
@@ -111,13 +96,7 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
         // Every step is in the audit log, with the model status it changed.
         let subject = format!("incident/{}", view["id"]);
         let log = h
-            .ok(
-                Method::GET,
-                &format!("/admin/v1/audit?subject={subject}"),
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
+            .get(&format!("/admin/v1/audit?subject={subject}"), &h.responder)
             .await?;
         let steps: Vec<(&str, &str, &str)> = log
             .as_array()
@@ -142,12 +121,9 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
             "{log}"
         );
         let log = h
-            .ok(
-                Method::GET,
+            .get(
                 &format!("/admin/v1/audit?subject={SLUG_PATH}"),
                 &h.responder,
-                None,
-                StatusCode::OK,
             )
             .await?;
         let changes: Vec<(&str, &str, &str)> = log
@@ -211,8 +187,7 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
         );
         // The model that was never public appears nowhere on the public side,
         // not even through an incident about it alone.
-        h.ok(
-            Method::POST,
+        h.post(
             "/admin/v1/incidents",
             &h.responder,
             Some(json!({
@@ -366,102 +341,136 @@ async fn an_incident_timeline_appears_in_the_json_atom_and_rss_feeds_in_order() 
             );
         }
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[tokio::test]
-async fn open_incidents_and_components_drive_summary_status_and_unresolved() {
-    each_backend(|h| async move {
+backend_test!(
+    open_incidents_and_components_drive_summary_status_and_unresolved,
+    |h| {
         setup(&h).await?;
         let (_, v) = h.call(Method::GET, "/api/v2/status.json", None, None).await;
-        assert_eq!(v["status"], json!({"indicator": "none", "description": "All Systems Operational"}));
-        let opened = h
-            .ok(
-                Method::POST,
-                "/admin/v1/incidents",
-                &h.responder,
-                Some(json!({"name": "Degraded", "impact": "minor", "body": "Slow.", "components": [{"model": SLUG, "status": "partial_outage"}]})),
-                StatusCode::CREATED,
-            )
-            .await?;
-        let (_, v) = h.call(Method::GET, "/api/v2/summary.json", None, None).await;
-        assert_eq!(v["status"]["indicator"], "major", "partial_outage rolls up to major: {v}");
+        assert_eq!(
+            v["status"],
+            json!({"indicator": "none", "description": "All Systems Operational"})
+        );
+        let opened = h.post("/admin/v1/incidents", &h.responder, Some(json!({"name": "Degraded", "impact": "minor", "body": "Slow.", "components": [{"model": SLUG, "status": "partial_outage"}]})), StatusCode::CREATED)
+        .await?;
+        let (_, v) = h
+            .call(Method::GET, "/api/v2/summary.json", None, None)
+            .await;
+        assert_eq!(
+            v["status"]["indicator"], "major",
+            "partial_outage rolls up to major: {v}"
+        );
         assert_eq!(v["status"]["description"], "Partial System Outage");
         assert_eq!(v["components"][0]["status"], "partial_outage");
         assert_eq!(v["incidents"].as_array().map(Vec::len), Some(1));
-        let (_, v) = h.call(Method::GET, "/api/v2/incidents/unresolved.json", None, None).await;
+        let (_, v) = h
+            .call(Method::GET, "/api/v2/incidents/unresolved.json", None, None)
+            .await;
         assert_eq!(v["incidents"].as_array().map(Vec::len), Some(1));
 
         let id = opened["id"].as_i64().unwrap_or_default();
-        h.ok(
-            Method::POST,
+        h.post(
             &format!("/admin/v1/incidents/{id}/updates"),
             &h.responder,
             Some(json!({"status": "resolved", "body": "Done."})),
             StatusCode::OK,
         )
         .await?;
-        let (_, v) = h.call(Method::GET, "/api/v2/summary.json", None, None).await;
+        let (_, v) = h
+            .call(Method::GET, "/api/v2/summary.json", None, None)
+            .await;
         assert_eq!(v["status"]["indicator"], "none");
         assert_eq!(v["components"][0]["status"], "operational");
         assert_eq!(v["incidents"], json!([]));
-        let (_, v) = h.call(Method::GET, "/api/v2/incidents/unresolved.json", None, None).await;
+        let (_, v) = h
+            .call(Method::GET, "/api/v2/incidents/unresolved.json", None, None)
+            .await;
         assert_eq!(v["incidents"], json!([]));
-        let (_, v) = h.call(Method::GET, "/api/v2/incidents.json", None, None).await;
+        let (_, v) = h
+            .call(Method::GET, "/api/v2/incidents.json", None, None)
+            .await;
         assert_eq!(v["incidents"][0]["status"], "resolved");
 
         // A postmortem can follow days later, once.
         let pm = json!({"status": "resolved", "body": "Postmortem published.", "postmortem": "What happened."});
         let path = format!("/admin/v1/incidents/{id}/updates");
-        let v = h.ok(Method::POST, &path, &h.responder, Some(pm.clone()), StatusCode::OK).await?;
-        assert_eq!((v["status"].as_str(), v["postmortem_body"].as_str()), (Some("postmortem"), Some("What happened.")));
-        let (code, _) = h.call(Method::POST, &path, Some(&h.responder), Some(pm)).await;
+        let v = h
+            .post(&path, &h.responder, Some(pm.clone()), StatusCode::OK)
+            .await?;
+        assert_eq!(
+            (v["status"].as_str(), v["postmortem_body"].as_str()),
+            (Some("postmortem"), Some("What happened."))
+        );
+        let (code, _) = h
+            .call(Method::POST, &path, Some(&h.responder), Some(pm))
+            .await;
         assert_eq!(code, StatusCode::CONFLICT);
 
         // Resolving one incident leaves a model another open incident still names.
         let mut ids = Vec::new();
         for name in ["First", "Second"] {
-            let v = h
-                .ok(
-                    Method::POST,
-                    "/admin/v1/incidents",
-                    &h.responder,
-                    Some(json!({"name": name, "impact": "major", "body": "b", "components": [{"model": SLUG, "status": "major_outage"}]})),
-                    StatusCode::CREATED,
-                )
-                .await?;
+            let v = h.post("/admin/v1/incidents", &h.responder, Some(json!({"name": name, "impact": "major", "body": "b", "components": [{"model": SLUG, "status": "major_outage"}]})), StatusCode::CREATED)
+            .await?;
             ids.push(v["id"].as_i64().unwrap_or_default());
         }
         let resolve = json!({"status": "resolved", "body": "one down"});
-        h.ok(Method::POST, &format!("/admin/v1/incidents/{}/updates", ids[0]), &h.responder, Some(resolve.clone()), StatusCode::OK)
-            .await?;
-        let (_, v) = h.call(Method::GET, "/api/v2/components.json", None, None).await;
+        h.post(
+            &format!("/admin/v1/incidents/{}/updates", ids[0]),
+            &h.responder,
+            Some(resolve.clone()),
+            StatusCode::OK,
+        )
+        .await?;
+        let (_, v) = h
+            .call(Method::GET, "/api/v2/components.json", None, None)
+            .await;
         assert_eq!(v["components"][0]["status"], "major_outage");
-        h.ok(Method::POST, &format!("/admin/v1/incidents/{}/updates", ids[1]), &h.responder, Some(resolve), StatusCode::OK).await?;
-        let (_, v) = h.call(Method::GET, "/api/v2/components.json", None, None).await;
+        h.post(
+            &format!("/admin/v1/incidents/{}/updates", ids[1]),
+            &h.responder,
+            Some(resolve),
+            StatusCode::OK,
+        )
+        .await?;
+        let (_, v) = h
+            .call(Method::GET, "/api/v2/components.json", None, None)
+            .await;
         assert_eq!(v["components"][0]["status"], "operational");
 
         // A model flipped private stays listed (the public is told about it);
         // one that was never public is never listed.
-        h.ok(
-            Method::POST,
+        h.post(
             &format!("/admin/v1/models/{SLUG_PATH}/visibility"),
             &h.responder,
             Some(json!({"visibility": "private", "reason": "drill"})),
             StatusCode::OK,
         )
         .await?;
-        let (_, v) = h.call(Method::GET, "/api/v2/components.json", None, None).await;
-        let names: Vec<&str> = v["components"].as_array().into_iter().flatten().filter_map(|c| c["name"].as_str()).collect();
+        let (_, v) = h
+            .call(Method::GET, "/api/v2/components.json", None, None)
+            .await;
+        let names: Vec<&str> = v["components"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
         assert_eq!(names, vec![SLUG]);
         // Public routes write nothing.
-        let (s, _) = h.call(Method::POST, "/api/v2/incidents.json", None, Some(json!({}))).await;
+        let (s, _) = h
+            .call(
+                Method::POST,
+                "/api/v2/incidents.json",
+                None,
+                Some(json!({})),
+            )
+            .await;
         assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
 fn keys(v: &Value) -> BTreeSet<&str> {
     v.as_object()
@@ -473,37 +482,75 @@ fn set(names: &[&'static str]) -> BTreeSet<&'static str> {
     names.iter().copied().collect()
 }
 
-#[tokio::test]
-async fn the_json_carries_statuspage_v2_field_names_and_enumerations() {
-    each_backend(|h| async move {
+backend_test!(
+    the_json_carries_statuspage_v2_field_names_and_enumerations,
+    |h| {
         setup(&h).await?;
         timeline(&h).await?;
-        h.ok(
-            Method::POST,
-            "/admin/v1/incidents",
-            &h.responder,
-            Some(json!({"name": "Open one", "impact": "critical", "status": "identified", "body": "b", "components": [{"model": SLUG, "status": "major_outage"}]})),
-            StatusCode::CREATED,
-        )
-        .await?;
+        h.post("/admin/v1/incidents", &h.responder, Some(json!({"name": "Open one", "impact": "critical", "status": "identified", "body": "b", "components": [{"model": SLUG, "status": "major_outage"}]})), StatusCode::CREATED)
+    .await?;
         let page = set(&["id", "name", "url", "time_zone", "updated_at"]);
         let component = set(&[
-            "id", "name", "status", "created_at", "updated_at", "position", "description", "showcase", "start_date",
-            "group_id", "page_id", "group", "only_show_if_degraded",
+            "id",
+            "name",
+            "status",
+            "created_at",
+            "updated_at",
+            "position",
+            "description",
+            "showcase",
+            "start_date",
+            "group_id",
+            "page_id",
+            "group",
+            "only_show_if_degraded",
         ]);
         let incident = set(&[
-            "id", "name", "status", "created_at", "updated_at", "monitoring_at", "resolved_at", "impact", "shortlink",
-            "started_at", "page_id", "incident_updates", "components", "reminder_intervals", "postmortem_body",
+            "id",
+            "name",
+            "status",
+            "created_at",
+            "updated_at",
+            "monitoring_at",
+            "resolved_at",
+            "impact",
+            "shortlink",
+            "started_at",
+            "page_id",
+            "incident_updates",
+            "components",
+            "reminder_intervals",
+            "postmortem_body",
             "postmortem_published_at",
         ]);
         let update = set(&[
-            "id", "status", "body", "incident_id", "created_at", "updated_at", "display_at", "affected_components",
-            "deliver_notifications", "custom_tweet", "tweet_id",
+            "id",
+            "status",
+            "body",
+            "incident_id",
+            "created_at",
+            "updated_at",
+            "display_at",
+            "affected_components",
+            "deliver_notifications",
+            "custom_tweet",
+            "tweet_id",
         ]);
         let affected = set(&["code", "name", "old_status", "new_status"]);
 
-        let (_, summary) = h.call(Method::GET, "/api/v2/summary.json", None, None).await;
-        assert_eq!(keys(&summary), set(&["page", "components", "incidents", "scheduled_maintenances", "status"]));
+        let (_, summary) = h
+            .call(Method::GET, "/api/v2/summary.json", None, None)
+            .await;
+        assert_eq!(
+            keys(&summary),
+            set(&[
+                "page",
+                "components",
+                "incidents",
+                "scheduled_maintenances",
+                "status"
+            ])
+        );
         assert_eq!(keys(&summary["page"]), page);
         assert_eq!(summary["page"]["time_zone"], "Etc/UTC");
         assert_eq!(keys(&summary["status"]), set(&["indicator", "description"]));
@@ -511,22 +558,46 @@ async fn the_json_carries_statuspage_v2_field_names_and_enumerations() {
         assert_eq!(summary["status"]["description"], "Major Service Outage");
         let (_, status) = h.call(Method::GET, "/api/v2/status.json", None, None).await;
         assert_eq!(keys(&status), set(&["page", "status"]));
-        let (_, comps) = h.call(Method::GET, "/api/v2/components.json", None, None).await;
+        let (_, comps) = h
+            .call(Method::GET, "/api/v2/components.json", None, None)
+            .await;
         assert_eq!(keys(&comps), set(&["page", "components"]));
         for c in comps["components"].as_array().into_iter().flatten() {
             assert_eq!(keys(c), component);
-            assert!(["operational", "degraded_performance", "partial_outage", "major_outage", "under_maintenance"]
-                .contains(&c["status"].as_str().unwrap_or("")));
+            assert!(
+                [
+                    "operational",
+                    "degraded_performance",
+                    "partial_outage",
+                    "major_outage",
+                    "under_maintenance"
+                ]
+                .contains(&c["status"].as_str().unwrap_or(""))
+            );
         }
-        let (_, all) = h.call(Method::GET, "/api/v2/incidents.json", None, None).await;
+        let (_, all) = h
+            .call(Method::GET, "/api/v2/incidents.json", None, None)
+            .await;
         assert_eq!(keys(&all), set(&["page", "incidents"]));
         let incidents = all["incidents"].as_array().cloned().unwrap_or_default();
         assert_eq!(incidents.len(), 2);
         assert_eq!(incidents[0]["name"], "Open one", "newest first");
         for i in &incidents {
             assert_eq!(keys(i), incident);
-            assert!(["investigating", "identified", "monitoring", "resolved", "postmortem"].contains(&i["status"].as_str().unwrap_or("")));
-            assert!(["none", "minor", "major", "critical"].contains(&i["impact"].as_str().unwrap_or("")));
+            assert!(
+                [
+                    "investigating",
+                    "identified",
+                    "monitoring",
+                    "resolved",
+                    "postmortem"
+                ]
+                .contains(&i["status"].as_str().unwrap_or(""))
+            );
+            assert!(
+                ["none", "minor", "major", "critical"]
+                    .contains(&i["impact"].as_str().unwrap_or(""))
+            );
             for c in i["components"].as_array().into_iter().flatten() {
                 assert_eq!(keys(c), component);
             }
@@ -538,59 +609,72 @@ async fn the_json_carries_statuspage_v2_field_names_and_enumerations() {
                 }
             }
         }
-        let (_, unresolved) = h.call(Method::GET, "/api/v2/incidents/unresolved.json", None, None).await;
+        let (_, unresolved) = h
+            .call(Method::GET, "/api/v2/incidents/unresolved.json", None, None)
+            .await;
         assert_eq!(unresolved["incidents"].as_array().map(Vec::len), Some(1));
-        for path in ["/api/v2/scheduled-maintenances.json", "/api/v2/scheduled-maintenances/upcoming.json", "/api/v2/scheduled-maintenances/active.json"] {
+        for path in [
+            "/api/v2/scheduled-maintenances.json",
+            "/api/v2/scheduled-maintenances/upcoming.json",
+            "/api/v2/scheduled-maintenances/active.json",
+        ] {
             let (s, v) = h.call(Method::GET, path, None, None).await;
             assert_eq!(s, StatusCode::OK);
             assert_eq!(keys(&v), set(&["page", "scheduled_maintenances"]));
         }
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[tokio::test]
-async fn feeds_stay_well_formed_xml_whatever_responders_type() {
-    each_backend(|h| async move {
-        setup(&h).await?;
-        let nasty = "]]> <![CDATA[ </content> &amp; &#0; \u{1} \u{7f} \u{fffe} 'quotes' \"double\" <script>alert(1)</script> é 漢字 🚨";
-        h.ok(
-            Method::POST,
-            "/admin/v1/incidents",
-            &h.responder,
-            Some(json!({"name": nasty, "impact": "minor", "body": nasty})),
-            StatusCode::CREATED,
-        )
-        .await?;
-        for (path, html_element) in [("/history.atom", "content"), ("/history.rss", "description")] {
-            let (_, _, xml) = h.raw(Method::GET, path, None, None).await;
-            let doc = roxmltree::Document::parse(&xml).map_err(|e| anyhow::anyhow!("{path}: {e}\n{xml}"))?;
-            // The title is text: it reads back exactly (minus what XML cannot carry).
-            let title = doc
-                .descendants()
-                .filter(|n| n.tag_name().name() == "title")
-                .filter_map(|n| n.text())
-                .find(|t| t.contains("alert(1)"))
-                .ok_or_else(|| anyhow::anyhow!("{path}: no incident title"))?;
-            assert!(title.contains("<script>alert(1)</script>") && title.contains("漢字 🚨"), "{title}");
-            // The entry's HTML is escaped HTML: decoded once it is markup in
-            // which the responder's text is still escaped, never a live tag.
-            let html = doc
-                .descendants()
-                .filter(|n| n.tag_name().name() == html_element)
-                .filter_map(|n| n.text())
-                .find(|t| t.contains("alert(1)"))
-                .ok_or_else(|| anyhow::anyhow!("{path}: no entry HTML"))?;
-            assert!(html.contains("<strong>Investigating</strong>"), "{html}");
-            assert!(!html.contains("<script>") && html.contains("&lt;script&gt;alert(1)&lt;"), "{html}");
-        }
-        let (_, _, html) = h.raw(Method::GET, "/", None, None).await;
-        assert!(!html.contains("<script>"), "HTML page escapes responder text");
-        Ok(())
-    })
-    .await;
-}
+backend_test!(feeds_stay_well_formed_xml_whatever_responders_type, |h| {
+    setup(&h).await?;
+    let nasty = "]]> <![CDATA[ </content> &amp; &#0; \u{1} \u{7f} \u{fffe} 'quotes' \"double\" <script>alert(1)</script> é 漢字 🚨";
+    h.post(
+        "/admin/v1/incidents",
+        &h.responder,
+        Some(json!({"name": nasty, "impact": "minor", "body": nasty})),
+        StatusCode::CREATED,
+    )
+    .await?;
+    for (path, html_element) in [
+        ("/history.atom", "content"),
+        ("/history.rss", "description"),
+    ] {
+        let (_, _, xml) = h.raw(Method::GET, path, None, None).await;
+        let doc =
+            roxmltree::Document::parse(&xml).map_err(|e| anyhow::anyhow!("{path}: {e}\n{xml}"))?;
+        // The title is text: it reads back exactly (minus what XML cannot carry).
+        let title = doc
+            .descendants()
+            .filter(|n| n.tag_name().name() == "title")
+            .filter_map(|n| n.text())
+            .find(|t| t.contains("alert(1)"))
+            .ok_or_else(|| anyhow::anyhow!("{path}: no incident title"))?;
+        assert!(
+            title.contains("<script>alert(1)</script>") && title.contains("漢字 🚨"),
+            "{title}"
+        );
+        // The entry's HTML is escaped HTML: decoded once it is markup in
+        // which the responder's text is still escaped, never a live tag.
+        let html = doc
+            .descendants()
+            .filter(|n| n.tag_name().name() == html_element)
+            .filter_map(|n| n.text())
+            .find(|t| t.contains("alert(1)"))
+            .ok_or_else(|| anyhow::anyhow!("{path}: no entry HTML"))?;
+        assert!(html.contains("<strong>Investigating</strong>"), "{html}");
+        assert!(
+            !html.contains("<script>") && html.contains("&lt;script&gt;alert(1)&lt;"),
+            "{html}"
+        );
+    }
+    let (_, _, html) = h.raw(Method::GET, "/", None, None).await;
+    assert!(
+        !html.contains("<script>"),
+        "HTML page escapes responder text"
+    );
+    Ok(())
+});
 
 fn child_text<'a>(node: roxmltree::Node<'a, 'a>, ns: &str, name: &str) -> Option<&'a str> {
     node.children()

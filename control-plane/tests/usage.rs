@@ -4,11 +4,12 @@
 //! model the certificate does not serve, and read by responders (every
 //! account) and the gateway (one account's).
 
+#[macro_use]
 mod support;
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{Harness, SLUG, each_backend};
+use support::{Harness, SLUG};
 
 const ALICE: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const BOB: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
@@ -28,9 +29,9 @@ async fn report(h: &Harness, events: Vec<Value>) -> (StatusCode, Value) {
     .await
 }
 
-#[tokio::test]
-async fn reports_count_once_per_call_and_roll_up_by_account_model_and_day() {
-    each_backend(|h| async move {
+backend_test!(
+    reports_count_once_per_call_and_roll_up_by_account_model_and_day,
+    |h| {
         let day1 = "2026-11-30T10:00:00Z";
         let day2 = "2026-12-01T23:59:59Z";
         let batch = vec![
@@ -40,18 +41,21 @@ async fn reports_count_once_per_call_and_roll_up_by_account_model_and_day() {
             event("c4", ALICE, 1, 1, day2),
         ];
         let (code, v) = report(&h, batch.clone()).await;
-        assert_eq!((code, &v), (StatusCode::OK, &json!({"recorded": 4, "duplicates": 0})));
+        assert_eq!(
+            (code, &v),
+            (StatusCode::OK, &json!({"recorded": 4, "duplicates": 0}))
+        );
         // The same batch again (an answer lost on the way): nothing moves.
         let (code, v) = report(&h, batch).await;
-        assert_eq!((code, &v), (StatusCode::OK, &json!({"recorded": 0, "duplicates": 4})));
+        assert_eq!(
+            (code, &v),
+            (StatusCode::OK, &json!({"recorded": 0, "duplicates": 4}))
+        );
 
         let rows = h
-            .ok(
-                Method::GET,
+            .get(
                 "/admin/v1/usage?since=2026-11-01&until=2026-12-01",
                 &h.responder,
-                None,
-                StatusCode::OK,
             )
             .await?;
         assert_eq!(
@@ -64,69 +68,60 @@ async fn reports_count_once_per_call_and_roll_up_by_account_model_and_day() {
         );
         // The gateway reads one account's, and must say which.
         let alice = h
-            .ok(
-                Method::GET,
+            .get(
                 &format!("/admin/v1/usage?account={ALICE}&since=2026-12-01&until=2026-12-01"),
                 &h.gateway,
-                None,
-                StatusCode::OK,
             )
             .await?;
         assert_eq!(alice.as_array().map(Vec::len), Some(1));
-        let (code, _) = h.call(Method::GET, "/admin/v1/usage", Some(&h.gateway), None).await;
+        let (code, _) = h
+            .call(Method::GET, "/admin/v1/usage", Some(&h.gateway), None)
+            .await;
         assert_eq!(code, StatusCode::BAD_REQUEST);
         Ok(())
-    })
-    .await;
-}
+    }
+);
 
-#[tokio::test]
-async fn a_bad_report_is_refused_whole_and_only_workers_report() {
-    each_backend(|h| async move {
-        let at = "2026-12-01T10:00:00Z";
-        for (bad, why) in [
-            (event("x1", "not-an-account", 1, 1, at), "account"),
-            (event("", ALICE, 1, 1, at), "call id"),
-        ] {
-            let (code, v) = report(&h, vec![event("ok-1", ALICE, 1, 1, at), bad]).await;
-            assert_eq!(code, StatusCode::BAD_REQUEST, "{why}: {v}");
-        }
-        let (code, v) = report(&h, vec![json!({"call_id": "y"})]).await;
-        assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
-        // Nothing of the refused batches was kept.
-        let rows = h
-            .ok(
-                Method::GET,
-                "/admin/v1/usage?since=2026-12-01&until=2026-12-01",
-                &h.responder,
-                None,
-                StatusCode::OK,
-            )
-            .await?;
-        assert_eq!(rows, json!([]));
-        // A responder's token cannot report usage; a bad day is refused.
-        let (code, _) = h
-            .call(
-                Method::POST,
-                "/admin/v1/usage",
-                Some(&h.responder),
-                Some(json!({"events": []})),
-            )
-            .await;
-        assert!(
-            code == StatusCode::FORBIDDEN || code == StatusCode::UNAUTHORIZED,
-            "{code}"
-        );
-        let (code, _) = h
-            .call(
-                Method::GET,
-                "/admin/v1/usage?since=2026-02-31",
-                Some(&h.responder),
-                None,
-            )
-            .await;
-        assert_eq!(code, StatusCode::BAD_REQUEST);
-        Ok(())
-    })
-    .await;
-}
+backend_test!(a_bad_report_is_refused_whole_and_only_workers_report, |h| {
+    let at = "2026-12-01T10:00:00Z";
+    for (bad, why) in [
+        (event("x1", "not-an-account", 1, 1, at), "account"),
+        (event("", ALICE, 1, 1, at), "call id"),
+    ] {
+        let (code, v) = report(&h, vec![event("ok-1", ALICE, 1, 1, at), bad]).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{why}: {v}");
+    }
+    let (code, v) = report(&h, vec![json!({"call_id": "y"})]).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+    // Nothing of the refused batches was kept.
+    let rows = h
+        .get(
+            "/admin/v1/usage?since=2026-12-01&until=2026-12-01",
+            &h.responder,
+        )
+        .await?;
+    assert_eq!(rows, json!([]));
+    // A responder's token cannot report usage; a bad day is refused.
+    let (code, _) = h
+        .call(
+            Method::POST,
+            "/admin/v1/usage",
+            Some(&h.responder),
+            Some(json!({"events": []})),
+        )
+        .await;
+    assert!(
+        code == StatusCode::FORBIDDEN || code == StatusCode::UNAUTHORIZED,
+        "{code}"
+    );
+    let (code, _) = h
+        .call(
+            Method::GET,
+            "/admin/v1/usage?since=2026-02-31",
+            Some(&h.responder),
+            None,
+        )
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    Ok(())
+});

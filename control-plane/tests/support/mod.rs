@@ -137,6 +137,18 @@ async fn drop_orphaned_schemas(c: &mut sqlx::PgConnection) {
     }
 }
 
+/// A `#[tokio::test]` named `$name` that runs `$body` (a block evaluating
+/// to `anyhow::Result<()>`, with `$h` the harness) on every backend.
+#[allow(unused_macros)]
+macro_rules! backend_test {
+    ($name:ident, |$h:ident| $body:block) => {
+        #[tokio::test]
+        async fn $name() {
+            $crate::support::each_backend(|$h| async move { $body }).await;
+        }
+    };
+}
+
 /// Runs `scenario` once per backend; a failure names the backend.
 pub async fn each_backend<F, Fut>(scenario: F)
 where
@@ -261,6 +273,80 @@ impl Harness {
         (status, ctype, String::from_utf8_lossy(&bytes).into_owned())
     }
 
+    /// `GET path` with `token`, insisting on 200.
+    pub async fn get(&self, path: &str, token: &str) -> anyhow::Result<Value> {
+        self.ok(Method::GET, path, token, None, StatusCode::OK)
+            .await
+    }
+
+    /// `POST path` with `token`, insisting on `expected`.
+    pub async fn post(
+        &self,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+        expected: StatusCode,
+    ) -> anyhow::Result<Value> {
+        self.ok(Method::POST, path, token, body, expected).await
+    }
+
+    /// Registers a node as the node operator, insisting on 200.
+    pub async fn register(&self, body: Value) -> anyhow::Result<Value> {
+        let path = "/admin/v1/nodes";
+        self.ok(Method::POST, path, &self.node, Some(body), StatusCode::OK)
+            .await
+    }
+
+    /// Activates [`SLUG`]'s config `version` as the admin; the status and
+    /// body, whatever they are.
+    pub async fn activate(&self, version: u32, body: Option<Value>) -> (StatusCode, Value) {
+        let path = format!("{}/{version}/activate", configs_path());
+        self.call(Method::POST, &path, Some(&self.admin), body)
+            .await
+    }
+
+    /// Creates a model as the admin (201).
+    pub async fn create_model(&self, slug: &str, visibility: &str) -> anyhow::Result<Value> {
+        let body =
+            serde_json::json!({"slug": slug, "task": "Text Generation", "visibility": visibility});
+        self.post(
+            "/admin/v1/models",
+            &self.admin,
+            Some(body),
+            StatusCode::CREATED,
+        )
+        .await
+    }
+
+    /// Creates an account as the admin (201); its view.
+    pub async fn create_account(&self, name: &str) -> anyhow::Result<Value> {
+        let body = serde_json::json!({ "name": name });
+        self.post(
+            "/admin/v1/accounts",
+            &self.admin,
+            Some(body),
+            StatusCode::CREATED,
+        )
+        .await
+    }
+
+    /// Adds a config to [`SLUG`] as the admin (201).
+    pub async fn add_config(&self, spec: Value) -> anyhow::Result<Value> {
+        self.post(
+            &configs_path(),
+            &self.admin,
+            Some(spec),
+            StatusCode::CREATED,
+        )
+        .await
+    }
+
+    /// Activates [`SLUG`]'s config `version` as the admin, insisting on 200.
+    pub async fn activate_ok(&self, version: u32, body: Option<Value>) -> anyhow::Result<Value> {
+        let path = format!("{}/{version}/activate", configs_path());
+        self.post(&path, &self.admin, body, StatusCode::OK).await
+    }
+
     /// `call` that insists on `expected`.
     pub async fn ok(
         &self,
@@ -328,6 +414,11 @@ pub fn config(context_window: u64, max_output: u64) -> Value {
 pub const SHA: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 pub const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 pub const SLUG_PATH: &str = "%40cf%2Fhuggingfacetb%2Fsmollm2-135m-instruct";
+
+/// [`SLUG`]'s configs.
+pub fn configs_path() -> String {
+    format!("/admin/v1/models/{SLUG_PATH}/configs")
+}
 
 /// A node registration body.
 pub fn node(name: &str, role: &str, pool: u64) -> Value {
