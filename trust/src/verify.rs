@@ -68,6 +68,30 @@ fn check_scope(cert: &CertificateDer<'_>, models: &[String], who: &str) -> Resul
     }
 }
 
+/// The handshake-signature checks, left to the WebPKI verifier in `inner`:
+/// a role is checked on top of the platform CA, never instead of it.
+macro_rules! signatures_by_inner {
+    () => {
+        signatures_by_inner!(verify_tls12_signature, verify_tls13_signature);
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.inner.supported_verify_schemes()
+        }
+    };
+    ($($check:ident),+) => {
+        $(
+            fn $check(
+                &self,
+                message: &[u8],
+                cert: &CertificateDer<'_>,
+                dss: &DigitallySignedStruct,
+            ) -> Result<HandshakeSignatureValid, Error> {
+                self.inner.$check(message, cert, dss)
+            }
+        )+
+    };
+}
+
 impl ClientCertVerifier for AdmitRoles {
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
         self.inner.root_hint_subjects()
@@ -98,27 +122,7 @@ impl ClientCertVerifier for AdmitRoles {
         }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    signatures_by_inner!();
 }
 
 /// Client side: the server must present a certificate from the platform CA
@@ -174,25 +178,5 @@ impl ServerCertVerifier for ExpectRoles {
         }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    signatures_by_inner!();
 }
