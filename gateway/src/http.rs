@@ -167,16 +167,14 @@ impl Ctx {
 /// A request the worker has started answering.
 #[derive(Debug)]
 pub(crate) struct Generation {
-    pub(crate) first: Line,
-    pub(crate) rest: LineStream,
-    pub(crate) permit: Permit,
-    pub(crate) lease: NodeLease,
-    pub(crate) timer: GenAiTimer,
-    /// Counted until the answer ends: a flip that withdraws the model is
-    /// acknowledged only after.
-    pub(crate) tracked: crate::watch::Tracked,
-    /// The request's reserved cost, settled when it ends.
-    pub(crate) bill: Bill,
+    first: Line,
+    rest: LineStream,
+    /// The permit, the node lease and the flip tracker (counted until the
+    /// answer ends: a flip that withdraws the model is acknowledged only
+    /// after).
+    held: Held,
+    /// The timer and the request's reserved cost, settled when it ends.
+    ends: Ends,
 }
 
 /// A request's reservation against its account's budgets and the price it
@@ -273,15 +271,15 @@ pub(crate) async fn start(
         model: model.slug.to_string(),
     };
     match call(state, ctx, model, body, timer, operation, permit).await {
-        Ok((first, rest, permit, lease, timer, tracked)) => Ok(Generation {
-            first,
-            rest,
-            permit,
-            lease,
-            timer,
-            tracked,
-            bill,
-        }),
+        Ok((first, rest, permit, lease, timer, tracked)) => {
+            let (held, ends) = ((permit, lease, tracked), Ends::new(timer, bill));
+            Ok(Generation {
+                first,
+                rest,
+                held,
+                ends,
+            })
+        }
         Err(e) => {
             // Refused or failed before the worker computed anything.
             bill.refused();
@@ -536,21 +534,7 @@ type Held = (Permit, NodeLease, crate::watch::Tracked);
 impl Generation {
     /// The first line, the rest, what is held, and what settles at the end.
     fn into_parts(self) -> (Line, LineStream, Held, Ends) {
-        let Generation {
-            first,
-            rest,
-            permit,
-            lease,
-            timer,
-            tracked,
-            bill,
-        } = self;
-        (
-            first,
-            rest,
-            (permit, lease, tracked),
-            Ends::new(timer, bill),
-        )
+        (self.first, self.rest, self.held, self.ends)
     }
 }
 

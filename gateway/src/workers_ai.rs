@@ -168,6 +168,24 @@ pub(crate) async fn run(
     .into_response())
 }
 
+/// An account route's query string, as axum extracted it.
+pub(crate) type AccountQuery =
+    Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>;
+
+/// The query of a route under `/accounts/{account_id}`, once the path names
+/// the caller's own account (another account's URL is refused like every
+/// route's).
+fn own_query(
+    path: Result<Path<String>, PathRejection>,
+    query: AccountQuery,
+    ctx: &Ctx,
+) -> Result<HashMap<String, String>, ApiError> {
+    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
+    ctx.for_account(&account).map_err(|e| e.in_(W))?;
+    let Query(q) = query.map_err(|_| bad("invalid query string").in_(W))?;
+    Ok(q)
+}
+
 /// `GET /client/v4/accounts/{account_id}/ai/usage`: the account's own
 /// usage by UTC day and model, from the control plane's ledger (`since`
 /// and `until` as `YYYY-MM-DD`; the last 30 days by default), in Workers
@@ -175,12 +193,10 @@ pub(crate) async fn run(
 pub(crate) async fn usage(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+    query: AccountQuery,
     Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
-    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
-    ctx.for_account(&account).map_err(|e| e.in_(W))?;
-    let Query(q) = query.map_err(|_| bad("invalid query string").in_(W))?;
+    let q = own_query(path, query, &ctx)?;
     let mut url = format!("/admin/v1/usage?account={}", ctx.principal.account_id);
     for key in ["since", "until"] {
         if let Some(v) = q.get(key) {
@@ -257,12 +273,10 @@ fn billing(rows: &[bulkhead_control_api::UsageRow], free_per_day: u64) -> Vec<Va
 /// `result` (the SDK pages until it sees one).
 pub(crate) async fn search(
     path: Result<Path<String>, PathRejection>,
-    query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,
+    query: AccountQuery,
     Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
-    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
-    ctx.for_account(&account).map_err(|e| e.in_(W))?;
-    let Query(q) = query.map_err(|_| bad("invalid query string").in_(W))?;
+    let q = own_query(path, query, &ctx)?;
     let number = |key: &str, default: usize, max: usize| -> Result<usize, ApiError> {
         match q.get(key) {
             None => Ok(default),
