@@ -16,7 +16,7 @@ mod link;
 use bulkhead_engine::{Engine, GenerateRequest, RequestHandle};
 use bulkhead_kv::{AdmissionError, CacheScope, Limits, TenantId, TransferId};
 use bulkhead_transfer::{Hello, TransferCounters};
-use link::{LinkEvent, LinkHandle};
+use link::{LinkEvent, LinkHandle, Opening};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -244,7 +244,7 @@ impl DecodeWorker {
         tokio::spawn(async move {
             // No grant means the request ended before its pages existed.
             if let Ok(grant) = grant.await {
-                let _ = events.send(LinkEvent::Open {
+                let opening = Opening {
                     transfer,
                     tenant,
                     prompt,
@@ -253,7 +253,8 @@ impl DecodeWorker {
                     grant,
                     span,
                     load,
-                });
+                };
+                let _ = events.send(LinkEvent::Open(opening));
             }
         });
         Ok(handle)

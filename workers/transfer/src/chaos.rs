@@ -100,7 +100,7 @@ mod link {
             slot: Slot,
             page: &[u8],
             key: &FrameKey,
-        ) -> Result<u64, TransportError> {
+        ) -> crate::transport::Written {
             let fault = (self.next() % 100 < self.percent).then(|| self.next() % 5);
             let sum = match fault {
                 Some(0) => {

@@ -41,7 +41,7 @@ pub use ledger::{DoneVerdict, Fault, Ledger, PageVerdict, TransferCounters};
 pub use mac::FrameKey;
 #[cfg(feature = "test-hooks")]
 pub use transport::SlowTransport;
-pub use transport::{Grant, Slot, TcpTransport, Transport, TransportError};
+pub use transport::{Grant, Slot, TcpTransport, Transport, TransportError, Written};
 pub use wire::{
     Done, Head, Hello, Message, PageHeader, PrefillRequest, WireError, read_payload,
     read_payload_into,

@@ -197,7 +197,7 @@ impl Transport for RdmaTransport {
         slot: Slot,
         page: &[u8],
         key: &crate::mac::FrameKey,
-    ) -> Result<u64, TransportError> {
+    ) -> crate::transport::Written {
         let header = slot.header(self.checksums, page, key);
         let checksum = header.checksum;
         let mut frame = header.encode(page.len()).to_vec();

@@ -48,6 +48,9 @@ pub enum TransportError {
     Unavailable(String),
 }
 
+/// What writing a page gives: the checksum it sent, or why it could not.
+pub type Written = Result<u64, TransportError>;
+
 /// Moves pages from a prefill worker into a decode worker's granted slots,
 /// and control frames after them, in order.
 pub trait Transport: Send {
@@ -58,7 +61,7 @@ pub trait Transport: Send {
         slot: Slot,
         page: &[u8],
         key: &FrameKey,
-    ) -> impl Future<Output = Result<u64, TransportError>> + Send;
+    ) -> impl Future<Output = Written> + Send;
 
     /// Sends a control frame, ordered after every page written before it.
     fn send(&mut self, msg: &Message) -> impl Future<Output = Result<(), TransportError>> + Send;
@@ -170,12 +173,7 @@ impl<W: AsyncWrite + Unpin + Send> TcpTransport<W> {
 }
 
 impl<W: AsyncWrite + Unpin + Send> Transport for TcpTransport<W> {
-    async fn write_page(
-        &mut self,
-        slot: Slot,
-        page: &[u8],
-        key: &FrameKey,
-    ) -> Result<u64, TransportError> {
+    async fn write_page(&mut self, slot: Slot, page: &[u8], key: &FrameKey) -> Written {
         let header = slot.header(self.checksums, page, key);
         let checksum = header.checksum;
         // Header and payload in one vectored write: one syscall per page.
@@ -231,12 +229,7 @@ async fn hold_back(delay: Duration, delayed: &std::sync::atomic::AtomicU64) {
 
 #[cfg(feature = "test-hooks")]
 impl<T: Transport> Transport for SlowTransport<T> {
-    async fn write_page(
-        &mut self,
-        slot: Slot,
-        page: &[u8],
-        key: &FrameKey,
-    ) -> Result<u64, TransportError> {
+    async fn write_page(&mut self, slot: Slot, page: &[u8], key: &FrameKey) -> Written {
         hold_back(self.delay, &self.delayed).await;
         self.inner.write_page(slot, page, key).await
     }

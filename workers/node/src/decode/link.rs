@@ -46,22 +46,27 @@ enum Source {
     Rdma(bulkhead_transfer::rdma::RdmaReceiver, OwnedReadHalf),
 }
 
+/// A transfer to open on a link: what prefill is asked for, and the
+/// landing pages granted for it.
+#[derive(Debug)]
+pub(super) struct Opening {
+    pub(super) transfer: TransferId,
+    pub(super) tenant: TenantId,
+    pub(super) prompt: Vec<u32>,
+    pub(super) max_tokens: usize,
+    /// The request's prefix-cache scope, for prefill to reuse from.
+    pub(super) cache: Option<bulkhead_kv::CacheScope>,
+    pub(super) grant: bulkhead_engine::Grant,
+    /// The transfer's span: its `traceparent` goes to prefill, and it ends
+    /// with the transfer.
+    pub(super) span: tracing::Span,
+    /// Counts the transfer against this link until it ends.
+    pub(super) load: LoadGuard,
+}
+
 #[derive(Debug)]
 pub(super) enum LinkEvent {
-    Open {
-        transfer: TransferId,
-        tenant: TenantId,
-        prompt: Vec<u32>,
-        max_tokens: usize,
-        /// The request's prefix-cache scope, for prefill to reuse from.
-        cache: Option<bulkhead_kv::CacheScope>,
-        grant: bulkhead_engine::Grant,
-        /// The transfer's span: its `traceparent` goes to prefill, and it
-        /// ends with the transfer.
-        span: tracing::Span,
-        /// Counts the transfer against this link until it ends.
-        load: LoadGuard,
-    },
+    Open(Opening),
     /// Whether the prefill worker is in the fleet (new transfers may come).
     Want(bool),
     /// The receiver aborted a transfer after a failed check.
@@ -308,63 +313,59 @@ impl Link {
         true
     }
 
+    /// Opens a transfer: connects if need be, readies its landing pages
+    /// under a fresh frame key, and asks prefill for it.
+    async fn open_transfer(&mut self, o: Opening) {
+        if !self.connect().await {
+            o.span
+                .record("bulkhead.transfer.outcome", "connection_lost");
+            drop(o.grant); // the landing pages go home first
+            self.engine
+                .fence_transfer(o.transfer, TransferFault::ConnectionLost);
+            return;
+        }
+        let Some(conn) = &self.conn else { return };
+        let slots = o.grant.generations.clone();
+        // This transfer's key: prefill tags every frame with it.
+        let (key_bytes, key) = FrameKey::generate();
+        let opened = conn.inbox.send(Inbox::Open {
+            transfer: o.transfer,
+            pages: o.grant.pages,
+            generations: o.grant.generations,
+            tokens: o.prompt.len() as u64,
+            key,
+        });
+        if opened.is_err() {
+            self.engine
+                .fence_transfer(o.transfer, TransferFault::ConnectionLost);
+            return;
+        }
+        let traceparent = bulkhead_telemetry::traceparent_of(&o.span);
+        self.open.insert(
+            o.transfer,
+            Deadline {
+                _load: o.load,
+                until: Instant::now() + self.options.transfer_timeout,
+                aborting_since: None,
+                outcome: None,
+                span: o.span,
+            },
+        );
+        let _ = conn.writer.send(Message::Prefill(PrefillRequest {
+            transfer: o.transfer,
+            tenant: o.tenant.get(),
+            max_tokens: o.max_tokens as u64,
+            prompt: o.prompt,
+            slots,
+            traceparent,
+            key: key_bytes,
+            cache: o.cache,
+        }));
+    }
+
     async fn handle(&mut self, ev: LinkEvent) {
         match ev {
-            LinkEvent::Open {
-                transfer,
-                tenant,
-                prompt,
-                max_tokens,
-                cache,
-                grant,
-                span,
-                load,
-            } => {
-                if !self.connect().await {
-                    span.record("bulkhead.transfer.outcome", "connection_lost");
-                    drop(grant); // the landing pages go home first
-                    self.engine
-                        .fence_transfer(transfer, TransferFault::ConnectionLost);
-                    return;
-                }
-                let Some(conn) = &self.conn else { return };
-                let slots = grant.generations.clone();
-                // This transfer's key: prefill tags every frame with it.
-                let (key_bytes, key) = FrameKey::generate();
-                let opened = conn.inbox.send(Inbox::Open {
-                    transfer,
-                    pages: grant.pages,
-                    generations: grant.generations,
-                    tokens: prompt.len() as u64,
-                    key,
-                });
-                if opened.is_err() {
-                    self.engine
-                        .fence_transfer(transfer, TransferFault::ConnectionLost);
-                    return;
-                }
-                let traceparent = bulkhead_telemetry::traceparent_of(&span);
-                self.open.insert(
-                    transfer,
-                    Deadline {
-                        _load: load,
-                        until: Instant::now() + self.options.transfer_timeout,
-                        aborting_since: None,
-                        outcome: None,
-                        span,
-                    },
-                );
-                let _ = conn.writer.send(Message::Prefill(PrefillRequest {
-                    transfer,
-                    tenant: tenant.get(),
-                    max_tokens: max_tokens as u64,
-                    prompt,
-                    slots,
-                    traceparent,
-                    key: key_bytes,
-                    cache,
-                }));
-            }
+            LinkEvent::Open(o) => self.open_transfer(o).await,
             LinkEvent::Aborting(epoch, t) if epoch == self.epoch => {
                 if let Some(d) = self.open.get_mut(&t) {
                     d.aborting_since = Some(Instant::now());
