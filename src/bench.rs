@@ -4,7 +4,7 @@
 
 use crate::cli::ModelArgs;
 use anyhow::{Context, bail};
-use bulkhead_engine::{Engine, EngineCore, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
+use bulkhead_engine::{Engine, EngineCore, GenerateRequest, ModelFile, SeqEvent};
 use bulkhead_kv::TenantId;
 use clap::Args;
 use serde_json::{Value, json};
@@ -173,13 +173,7 @@ fn run_core(
     let mut sinks = Vec::new();
     for p in prompts {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let req = GenerateRequest {
-            prompt: p.clone(),
-            sampling: SamplingParams::greedy(max_tokens),
-            stop: Vec::new(),
-            ignore_eos: true,
-            cache: None,
-        };
+        let req = GenerateRequest::fixed_length(p.clone(), max_tokens);
         core.submit(EngineCore::admit(
             &core.limits(),
             TenantId::new(1),
@@ -217,13 +211,7 @@ fn timed_batch(
     let mut handles = prompts
         .iter()
         .map(|p| {
-            let req = GenerateRequest {
-                prompt: p.clone(),
-                sampling: SamplingParams::greedy(max_tokens),
-                stop: Vec::new(),
-                ignore_eos: true,
-                cache: None,
-            };
+            let req = GenerateRequest::fixed_length(p.clone(), max_tokens);
             engine
                 .submit(TenantId::new(1), req)
                 .map_err(anyhow::Error::from)

@@ -94,6 +94,13 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
+/// One completion through the gateway at `gw`; its status.
+async fn complete(http: &Http, gw: &str, auth: &str, completion: &str) -> anyhow::Result<u16> {
+    let url = format!("{gw}/v1/completions");
+    let (status, _) = send(http, "POST", &url, Some(auth), Some(completion.to_owned())).await?;
+    Ok(status)
+}
+
 async fn send(
     http: &Http,
     method: &str,
@@ -532,14 +539,7 @@ async fn start_gateways(
 async fn wait_routable(http: &Http, gw: &str, auth: &str, completion: &str) -> anyhow::Result<()> {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
-        let (s, _) = send(
-            http,
-            "POST",
-            &format!("{gw}/v1/completions"),
-            Some(auth),
-            Some(completion.to_owned()),
-        )
-        .await?;
+        let s = complete(http, gw, auth, completion).await?;
         if s == 200 {
             return Ok(());
         }
@@ -644,14 +644,7 @@ async fn gateway_vs_direct(
     let (mut via_gw, mut direct) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let start = Instant::now();
-        let (s, _) = send(
-            http,
-            "POST",
-            &format!("{gw}/v1/completions"),
-            Some(auth),
-            Some(completion.to_owned()),
-        )
-        .await?;
+        let s = complete(http, gw, auth, completion).await?;
         anyhow::ensure!(s == 200, "gateway status {s}");
         via_gw.push(start.elapsed().as_secs_f64() * 1000.0);
         let start = Instant::now();
@@ -739,14 +732,7 @@ async fn metering_cost(
         for k in order {
             let (who, lat) = (auth[k], &mut out[k]);
             let start = Instant::now();
-            let (s, _) = send(
-                http,
-                "POST",
-                &format!("{gw}/v1/completions"),
-                Some(who),
-                Some(completion.to_owned()),
-            )
-            .await?;
+            let s = complete(http, gw, who, completion).await?;
             anyhow::ensure!(s == 200, "gateway status {s}");
             lat.push(start.elapsed().as_secs_f64() * 1000.0);
         }

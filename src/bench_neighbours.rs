@@ -11,7 +11,7 @@ use crate::bench::Prompts;
 use crate::bench_transfer::in_process_pair;
 use crate::cli::ModelArgs;
 use anyhow::bail;
-use bulkhead_engine::{Engine, EngineError, GenerateRequest, SamplingParams, SeqEvent};
+use bulkhead_engine::{Engine, EngineError, GenerateRequest, SeqEvent};
 use bulkhead_kv::TenantId;
 use bulkhead_node::DecodeWorker;
 use clap::Args;
@@ -234,13 +234,7 @@ fn print_table(
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt,
-        sampling: SamplingParams::greedy(max_tokens),
-        stop: Vec::new(),
-        ignore_eos: true,
-        cache: None,
-    }
+    GenerateRequest::fixed_length(prompt, max_tokens)
 }
 
 fn add(a: Outcomes, b: Outcomes) -> Outcomes {

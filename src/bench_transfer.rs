@@ -7,7 +7,7 @@
 use crate::bench::Prompts;
 use crate::cli::ModelArgs;
 use anyhow::{Context, bail};
-use bulkhead_engine::{Engine, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
+use bulkhead_engine::{Engine, GenerateRequest, ModelFile, SeqEvent};
 use bulkhead_kv::{Generation, KvDtype, KvGeometry, KvPool, PageTable, TenantId, TransferId};
 use bulkhead_node::decode::landing::Landing;
 use bulkhead_node::{DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, hello};
@@ -505,13 +505,8 @@ fn ttft(
         .build()?;
     rt.block_on(async {
         let decode = in_process_pair(prefill_engine, decode_engine).await?;
-        let request = |i: usize| GenerateRequest {
-            prompt: prompts.get(i, args.prompt_tokens),
-            sampling: SamplingParams::greedy(1),
-            stop: Vec::new(),
-            ignore_eos: true,
-            cache: None,
-        };
+        let request =
+            |i: usize| GenerateRequest::fixed_length(prompts.get(i, args.prompt_tokens), 1);
         // One warm-up each, then alternate.
         let (mut col, mut dis) = (Vec::new(), Vec::new());
         for i in 0..=rounds {

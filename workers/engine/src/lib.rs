@@ -59,3 +59,18 @@ pub struct GenerateRequest {
     /// request neither reuses nor leaves cached pages.
     pub cache: Option<CacheScope>,
 }
+
+impl GenerateRequest {
+    /// Exactly `max_tokens` greedy tokens after `prompt` (the end-of-sequence
+    /// token ignored), with no stop string and no cache: a request whose
+    /// cost is known in advance, as benchmarks and tests want.
+    pub fn fixed_length(prompt: Vec<u32>, max_tokens: usize) -> Self {
+        GenerateRequest {
+            prompt,
+            sampling: SamplingParams::greedy(max_tokens),
+            stop: Vec::new(),
+            ignore_eos: true,
+            cache: None,
+        }
+    }
+}

@@ -7,7 +7,7 @@
 
 use anyhow::Context;
 use bulkhead_engine::fetch::{self, Progress};
-use bulkhead_engine::{Engine, EngineConfig, GenerateRequest, ModelFile, SamplingParams, SeqEvent};
+use bulkhead_engine::{Engine, EngineConfig, GenerateRequest, ModelFile, SeqEvent};
 use bulkhead_kv::TenantId;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -74,11 +74,5 @@ pub fn run(engine: &Engine, tenant: u64, req: GenerateRequest) -> (Vec<u32>, Str
 }
 
 pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
-    GenerateRequest {
-        prompt,
-        sampling: SamplingParams::greedy(max_tokens),
-        stop: Vec::new(),
-        ignore_eos: true,
-        cache: None,
-    }
+    GenerateRequest::fixed_length(prompt, max_tokens)
 }
