@@ -68,19 +68,7 @@ fn token(dir: &Path, name: &str, role: &str) -> String {
 
 fn control_plane(dir: &Path) -> Worker {
     let d = dir.to_str().expect("utf-8 path");
-    Worker::start(&[
-        "control-plane",
-        "--listen",
-        "127.0.0.1:0",
-        "--internal-listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        d,
-        "--node-ttl-secs",
-        "30",
-        "--heartbeat-secs",
-        "1",
-    ])
+    support::control_plane(d, &["--node-ttl-secs", "30", "--heartbeat-secs", "1"])
 }
 
 /// One call with a bearer token; status and JSON body (the text as a
@@ -348,13 +336,7 @@ fn responder_commands_flip_visibility_run_incidents_and_read_the_audit_log() {
 
 #[test]
 fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_smaller() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("testdata/smollm2-135m-q4_1.json"),
-        )
-        .expect("golden file"),
-    )
-    .expect("golden JSON");
+    let golden: Value = support::golden();
     let sha = golden["sha256"].as_str().expect("sha256");
     let dir = temp_dir("register");
     let admin = token(&dir, "ada", "admin");
@@ -584,17 +566,16 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
 
     // A worker certificate scoped to another model cannot register this
     // one; one scoped to this model cannot claim more pool than it names.
-    let as_scoped = |model: &str, max_kv: u64, body: &str| {
-        support::tls_call(
-            &internal,
-            support::scoped_identity(CertRole::Decode, model, Some(max_kv))
-                .client_config(&[CertRole::ControlPlane])
-                .expect("config"),
-            CertRole::ControlPlane,
-            support::request("POST", "/admin/v1/nodes", &node, body),
-        )
-        .expect("answered")
+    // A call to the internal port with a decode certificate scoped to
+    // `model` and a pool of `max_kv` tokens.
+    let scoped = |model: &str, max_kv: u64, path: &str, body: &str| {
+        let id = support::scoped_identity(CertRole::Decode, model, Some(max_kv));
+        let config = id.client_config(&[CertRole::ControlPlane]).expect("config");
+        let req = support::request("POST", path, &node, body);
+        support::tls_call(&internal, config, CertRole::ControlPlane, req).expect("answered")
     };
+    let as_scoped =
+        |model: &str, max_kv: u64, body: &str| scoped(model, max_kv, "/admin/v1/nodes", body);
     let (s, v) = as_scoped("@cf/other/model", 1 << 40, &fake);
     assert_eq!(s, 403, "{v}");
     assert!(v.contains("cannot register a node of"), "{v}");
@@ -633,22 +614,7 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
     let id = serde_json::from_str::<Value>(&v).expect("JSON")["node"]["id"]
         .as_i64()
         .expect("node id");
-    let beat = |model: &str| {
-        support::tls_call(
-            &internal,
-            support::scoped_identity(CertRole::Decode, model, Some(4096))
-                .client_config(&[CertRole::ControlPlane])
-                .expect("config"),
-            CertRole::ControlPlane,
-            support::request(
-                "POST",
-                &format!("/admin/v1/nodes/{id}/heartbeat"),
-                &node,
-                "",
-            ),
-        )
-        .expect("answered")
-    };
+    let beat = |model: &str| scoped(model, 4096, &format!("/admin/v1/nodes/{id}/heartbeat"), "");
     let (s, v) = beat("@cf/other/model");
     assert_eq!(s, 403, "{v}");
     assert!(!v.contains(SLUG), "the refusal names the node's model: {v}");
@@ -667,17 +633,7 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
         "model": SLUG, "prompt_tokens": 3, "completion_tokens": 2, "finish": "stop",
         "at": "2026-12-01T10:00:00Z"}]})
     .to_string();
-    let report = |model: &str| {
-        support::tls_call(
-            &internal,
-            support::scoped_identity(CertRole::Decode, model, Some(4096))
-                .client_config(&[CertRole::ControlPlane])
-                .expect("config"),
-            CertRole::ControlPlane,
-            support::request("POST", "/admin/v1/usage", &node, &usage),
-        )
-        .expect("answered")
-    };
+    let report = |model: &str| scoped(model, 4096, "/admin/v1/usage", &usage);
     let (s, v) = report("@cf/other/model");
     assert_eq!(s, 403, "{v}");
     assert!(v.contains("may not report usage of"), "{v}");

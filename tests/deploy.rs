@@ -235,15 +235,7 @@ fn probe_paths_answer_on_the_real_components() {
             .map_or(0, |d| d.subsec_nanos())
     ));
     let data = dir.to_str().expect("utf-8");
-    let cp = support::Worker::start(&[
-        "control-plane",
-        "--listen",
-        "127.0.0.1:0",
-        "--internal-listen",
-        "127.0.0.1:0",
-        "--data-dir",
-        data,
-    ]);
+    let cp = support::control_plane(data, &[]);
     let cp_addr = cp.addr("http");
     let token = support::platform::operator_token(data, "edge", "gateway");
     let cp_url = format!("https://{}", cp.addr("internal"));

@@ -7,6 +7,8 @@
 //! tokens) so that "just under" and "just over" the limit are cheap to
 //! compute on two cores.
 
+mod support;
+
 use bulkhead_test_support::Request;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
@@ -25,18 +27,7 @@ struct Platform {
 
 impl Drop for Platform {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let until = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < until {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        bulkhead_test_support::process::terminate(&mut self.child, Duration::from_secs(10));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -584,14 +575,7 @@ fn the_incident_replayed_is_stopped_at_every_step() {
 /// Greedy answers through the whole platform equal llama.cpp's golden
 /// outputs for the golden file's prompts.
 fn golden_answers(p: &Platform) {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/testdata/smollm2-135m-q4_1.json"
-        ))
-        .expect("golden"),
-    )
-    .expect("golden JSON");
+    let golden: Value = support::golden();
     let (a_id, a_tok) = p.account(0);
     let mut checked = 0;
     for case in golden["cases"].as_array().expect("cases") {

@@ -39,14 +39,7 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/testdata/smollm2-135m-q4_1.json"
-        ))
-        .expect("golden"),
-    )
-    .expect("golden JSON");
+    let golden: Value = support::golden();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -247,14 +240,7 @@ impl Fixture {
     /// unscoped worker certificate) that reports its whole vast pool free:
     /// the picker's first choice. Returns once it is routable.
     async fn register_favoured(&self, name: &str, address: String) {
-        let nodes = Client::with_identity(
-            &Credentials {
-                control_plane_url: self.cp.clone(),
-                operator_token: self.node_token.clone(),
-            },
-            &support::identity(CertRole::Colocated),
-        )
-        .expect("client");
+        let nodes = self.client(&self.node_token, CertRole::Colocated);
         let node = bulkhead_control_api::RegisterNode {
             name: name.to_owned(),
             role: bulkhead_control_api::NodeRole::Colocated,
@@ -294,6 +280,15 @@ impl Fixture {
             .expect("heartbeat");
     }
 
+    /// A control-plane client with `token`, presenting a `role` certificate.
+    fn client(&self, token: &str, role: CertRole) -> Client {
+        let creds = Credentials {
+            control_plane_url: self.cp.clone(),
+            operator_token: token.to_owned(),
+        };
+        Client::with_identity(&creds, &support::identity(role)).expect("client")
+    }
+
     fn worker_addr(&self) -> String {
         self.worker.addr("http")
     }
@@ -301,14 +296,7 @@ impl Fixture {
     /// Flips the model as the responder; returns when the control plane
     /// acknowledges.
     async fn flip(&self, visibility: Visibility, end_streams: bool) {
-        let client = Client::with_identity(
-            &Credentials {
-                control_plane_url: self.cp.clone(),
-                operator_token: self.responder.clone(),
-            },
-            &support::identity(CertRole::Gateway),
-        )
-        .expect("client");
+        let client = self.client(&self.responder, CertRole::Gateway);
         let body = bulkhead_control_api::SetVisibility {
             visibility,
             reason: "stream cut test".to_owned(),

@@ -259,14 +259,7 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
         ],
     );
     // The model and a tenant, through the admin API from the client host.
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/testdata/smollm2-135m-q4_1.json"
-        ))
-        .expect("golden"),
-    )
-    .expect("golden JSON");
+    let golden: Value = support::golden();
     let model = json!({"slug": SLUG, "task": "Text Generation", "description": "SmolLM2", "visibility": "public",
         "config": {"context_window": 512, "max_output": 64, "weights_file": "SmolLM2-135M-Instruct.Q4_1.gguf",
             "weights_sha256": golden["sha256"], "quantization": "q4_1", "page_size": 16,

@@ -19,6 +19,17 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// The golden file measured with llama.cpp on the default model (its
+/// sha256, chat template, token ids and greedy answers).
+pub fn golden() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/testdata/smollm2-135m-q4_1.json"
+    );
+    let text = std::fs::read_to_string(path).expect("golden file");
+    serde_json::from_str(&text).expect("golden JSON")
+}
+
 /// The identities of this test binary's platform CA (created once).
 pub fn tls_dir() -> &'static std::path::Path {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
@@ -167,6 +178,15 @@ impl Drop for Worker {
 }
 
 /// Common model flags: a small pool so each process starts fast.
+/// A control plane on loopback (public and internal ports) keeping its
+/// data in `data`, with `extra` flags.
+pub fn control_plane(data: &str, extra: &[&str]) -> Worker {
+    let mut args = vec!["control-plane", "--listen", "127.0.0.1:0"];
+    args.extend(["--internal-listen", "127.0.0.1:0", "--data-dir", data]);
+    args.extend_from_slice(extra);
+    Worker::start(&args)
+}
+
 pub const POOL: &[&str] = &["--kv-budget-mib", "64", "--threads", "1"];
 
 pub fn prefill(extra: &[&str]) -> Worker {

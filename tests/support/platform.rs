@@ -15,19 +15,7 @@ pub struct Up {
 
 impl Drop for Up {
     fn drop(&mut self) {
-        // SIGTERM first: `up` stops its components; SIGKILL would orphan them.
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let until = std::time::Instant::now() + Duration::from_secs(10);
-        while std::time::Instant::now() < until {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        bulkhead_test_support::process::terminate(&mut self.child, Duration::from_secs(10));
     }
 }
 
@@ -148,20 +136,10 @@ pub fn child_pid(up: u32, role: &str, needle: &str) -> u32 {
 
 /// As [`child_pid`], `None` when there is none (yet).
 pub fn find_child_pid(up: u32, role: &str, needle: &str) -> Option<u32> {
-    let out = Command::new("pgrep")
-        .args([
-            "-a",
-            "-P",
-            &up.to_string(),
-            "-f",
-            &format!("bulkhead {role} "),
-        ])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.contains(needle))
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+    let mut found = bulkhead_test_support::process::children(up, role).into_iter();
+    found
+        .find(|(_, line)| line.contains(needle))
+        .map(|(pid, _)| pid)
 }
 
 /// `bulkhead args...` with the responder environment cleared: what it
