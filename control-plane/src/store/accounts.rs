@@ -5,10 +5,16 @@ use crate::{AccountId, Error};
 use bulkhead_control_api::{AccountView, Budget, Timestamp};
 use sqlx::Row;
 
-macro_rules! account_columns {
-    () => {
-        "id, name, created_at, sentinel, daily_budget_neurons, monthly_budget_neurons, \
-         free_neurons_per_day"
+/// `SELECT` of every column the row reader reads, from its table, then `$rest`.
+macro_rules! select_accounts {
+    ($rest:literal) => {
+        concat!(
+            "SELECT ",
+            "id, name, created_at, sentinel, daily_budget_neurons, monthly_budget_neurons, \
+         free_neurons_per_day",
+            " FROM accounts ",
+            $rest
+        )
     };
 }
 
@@ -52,21 +58,13 @@ async fn insert(
 
 /// Every account, oldest first.
 pub async fn list(conn: &mut Conn) -> Result<Vec<AccountView>, Error> {
-    let q = sqlx::query(concat!(
-        "SELECT ",
-        account_columns!(),
-        " FROM accounts ORDER BY created_at, id"
-    ));
+    let q = sqlx::query(select_accounts!("ORDER BY created_at, id"));
     super::all(conn, q, view).await
 }
 
 /// One account, found by id.
 pub async fn get(conn: &mut Conn, id: &AccountId) -> Result<AccountView, Error> {
-    let q = sqlx::query(concat!(
-        "SELECT ",
-        account_columns!(),
-        " FROM accounts WHERE id = $1"
-    ));
+    let q = sqlx::query(select_accounts!("WHERE id = $1"));
     super::one(conn, q.bind(id.as_str()), view, || {
         format!("account `{id}`")
     })

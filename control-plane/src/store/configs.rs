@@ -43,11 +43,17 @@ impl ConfigRow {
     }
 }
 
-macro_rules! config_columns {
-    () => {
-        "version, context_window, max_output, weights_file, weights_sha256, quantization, \
+/// `SELECT` of every column the row reader reads, from its table, then `$rest`.
+macro_rules! select_configs {
+    ($rest:literal) => {
+        concat!(
+            "SELECT ",
+            "version, context_window, max_output, weights_file, weights_sha256, quantization, \
      page_size, prefill_kv_bytes, decode_kv_bytes, tensor_parallel, pipeline_parallel, input_neurons_per_mtok, output_neurons_per_mtok, \
-     created_by, created_at, activated_at"
+     created_by, created_at, activated_at",
+            " FROM model_configs ",
+            $rest
+        )
     };
 }
 
@@ -102,11 +108,7 @@ pub async fn get(
     model: &ModelRow,
     version: ConfigVersion,
 ) -> Result<ConfigRow, Error> {
-    let q = sqlx::query(concat!(
-        "SELECT ",
-        config_columns!(),
-        " FROM model_configs WHERE model_id = $1 AND version = $2"
-    ));
+    let q = sqlx::query(select_configs!("WHERE model_id = $1 AND version = $2"));
     let q = q.bind(model.id.get()).bind(i64::from(version.get()));
     super::one(conn, q, config_row, || {
         format!("config {version} of {}", model.slug)
@@ -124,11 +126,7 @@ pub async fn active(conn: &mut Conn, model: &ModelRow) -> Result<Option<ConfigRo
 
 /// Every version, oldest first.
 pub async fn list(conn: &mut Conn, model: &ModelRow) -> Result<Vec<ConfigRow>, Error> {
-    let q = sqlx::query(concat!(
-        "SELECT ",
-        config_columns!(),
-        " FROM model_configs WHERE model_id = $1 ORDER BY version"
-    ));
+    let q = sqlx::query(select_configs!("WHERE model_id = $1 ORDER BY version"));
     super::all(conn, q.bind(model.id.get()), config_row).await
 }
 

@@ -36,9 +36,15 @@ pub struct ModelRow {
     pub updated_at: Timestamp,
 }
 
-macro_rules! model_columns {
-    () => {
-        "id, slug, task, description, visibility, listed, component_status, active_config, created_at, updated_at"
+/// `SELECT` of every column the row reader reads, from its table, then `$rest`.
+macro_rules! select_models {
+    ($rest:literal) => {
+        concat!(
+            "SELECT ",
+            "id, slug, task, description, visibility, listed, component_status, active_config, created_at, updated_at",
+            " FROM models ",
+            $rest
+        )
     };
 }
 
@@ -79,31 +85,19 @@ pub async fn find(conn: &mut Conn, slug: &ModelSlug) -> Result<ModelRow, Error> 
 
 /// The model with this slug, if any.
 pub async fn find_optional(conn: &mut Conn, slug: &ModelSlug) -> Result<Option<ModelRow>, Error> {
-    let q = sqlx::query(concat!(
-        "SELECT ",
-        model_columns!(),
-        " FROM models WHERE slug = $1"
-    ));
+    let q = sqlx::query(select_models!("WHERE slug = $1"));
     super::optional(conn, q.bind(slug.as_str()), model_row).await
 }
 
 /// The model with this id.
 pub async fn get(conn: &mut Conn, id: ModelId) -> Result<ModelRow, Error> {
-    let q = sqlx::query(concat!(
-        "SELECT ",
-        model_columns!(),
-        " FROM models WHERE id = $1"
-    ));
+    let q = sqlx::query(select_models!("WHERE id = $1"));
     super::one(conn, q.bind(id.get()), model_row, || format!("model #{id}")).await
 }
 
 /// Every model, by slug (byte order on both backends).
 pub async fn list(conn: &mut Conn) -> Result<Vec<ModelRow>, Error> {
-    let q = sqlx::query(concat!(
-        "SELECT ",
-        model_columns!(),
-        " FROM models ORDER BY slug"
-    ));
+    let q = sqlx::query(select_models!("ORDER BY slug"));
     let mut models = super::all(conn, q, model_row).await?;
     models.sort_by(|a, b| a.slug.cmp(&b.slug));
     Ok(models)

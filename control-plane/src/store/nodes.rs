@@ -32,12 +32,18 @@ pub struct NodeRow {
     pub last_seen_at: Timestamp,
 }
 
-macro_rules! node_columns {
-    () => {
-        "n.id, n.model_id, m.slug, n.name, n.role, n.address, n.transfer_address, n.kv_pool_tokens, \
+/// `SELECT` of every column the row reader reads, from its table, then `$rest`.
+macro_rules! select_nodes {
+    ($rest:literal) => {
+        concat!(
+            "SELECT ",
+            "n.id, n.model_id, m.slug, n.name, n.role, n.address, n.transfer_address, n.kv_pool_tokens, \
      n.weights_sha256, n.quantization, n.page_size, n.kv_budget_bytes, n.tensor_parallel, n.pipeline_parallel, \
      n.free_pages, n.total_pages, n.queue_depth, n.registered_at, n.last_seen_at, \
-     n.prefill_ns_per_token, n.prefill_ns_per_pair, n.prefill_deadline_ms"
+     n.prefill_ns_per_token, n.prefill_ns_per_pair, n.prefill_deadline_ms",
+            " FROM nodes n JOIN models m ON m.id = n.model_id ",
+            $rest
+        )
     };
 }
 
@@ -142,21 +148,14 @@ pub async fn heartbeat(
 
 /// One node.
 pub async fn get(conn: &mut Conn, id: NodeId) -> Result<NodeRow, Error> {
-    let q = sqlx::query(concat!(
-        "SELECT ",
-        node_columns!(),
-        " FROM nodes n JOIN models m ON m.id = n.model_id WHERE n.id = $1"
-    ));
+    let q = sqlx::query(select_nodes!("WHERE n.id = $1"));
     super::one(conn, q.bind(id.get()), node_row, || format!("node {id}")).await
 }
 
 /// Every node, or those of one model, by name (byte order on both backends).
 pub async fn list(conn: &mut Conn, model: Option<ModelId>) -> Result<Vec<NodeRow>, Error> {
-    let q = sqlx::query(concat!(
-        "SELECT ",
-        node_columns!(),
-        " FROM nodes n JOIN models m ON m.id = n.model_id \
-         WHERE ($1 = 0 OR n.model_id = $1) ORDER BY n.name"
+    let q = sqlx::query(select_nodes!(
+        "WHERE ($1 = 0 OR n.model_id = $1) ORDER BY n.name"
     ));
     let mut nodes = super::all(conn, q.bind(model.map_or(0, ModelId::get)), node_row).await?;
     nodes.sort_by(|a, b| a.registration.name.cmp(&b.registration.name));
