@@ -16,13 +16,14 @@
 mod support;
 
 use axum::http::{Method, StatusCode};
+use bulkhead_test_support::fuzz;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
 use support::{SLUG, SLUG_PATH, config, each_backend, node};
 
-fn value() -> impl Strategy<Value = Value> {
+fn value() -> BoxedStrategy<Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::from),
@@ -48,13 +49,7 @@ fn value() -> impl Strategy<Value = Value> {
         ])
         .prop_map(Value::from),
     ];
-    leaf.prop_recursive(3, 20, 4, |inner| {
-        prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-            proptest::collection::btree_map(field(), inner, 0..5)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-        ]
-    })
+    fuzz::json_tree(leaf.boxed(), field().boxed(), 3)
 }
 
 fn field() -> impl Strategy<Value = String> {
@@ -103,30 +98,7 @@ fn field() -> impl Strategy<Value = String> {
 /// Mutations of a valid body (a field replaced, removed or added) and
 /// bodies made from scratch.
 fn body(valid: Value) -> impl Strategy<Value = Value> {
-    let keys: Vec<String> = valid
-        .as_object()
-        .map(|o| o.keys().cloned().collect())
-        .unwrap_or_default();
-    let mutated = (
-        prop::sample::select(keys),
-        value(),
-        any::<bool>(),
-        proptest::option::of((field(), value())),
-    )
-        .prop_map(move |(k, v, remove, extra)| {
-            let mut b = valid.clone();
-            if let Some(o) = b.as_object_mut() {
-                if remove {
-                    o.remove(&k);
-                } else {
-                    o.insert(k, v);
-                }
-                if let Some((k, v)) = extra {
-                    o.insert(k, v);
-                }
-            }
-            b
-        });
+    let mutated = fuzz::mutations(valid, value().boxed(), field().boxed());
     prop_oneof![3 => mutated, 1 => value()]
 }
 

@@ -15,13 +15,14 @@
 
 mod support;
 
+use bulkhead_test_support::fuzz;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use serde_json::{Value, json};
 use support::{OPEN, Platform, bearer, call, platform};
 
 /// Any JSON value, a few levels deep.
-fn value() -> impl Strategy<Value = Value> {
+fn value() -> BoxedStrategy<Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::from),
@@ -32,13 +33,7 @@ fn value() -> impl Strategy<Value = Value> {
         Just(Value::from(OPEN)),
         Just(Value::from("user")),
     ];
-    leaf.prop_recursive(3, 24, 4, |inner| {
-        prop_oneof![
-            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-            proptest::collection::btree_map(key(), inner, 0..4)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-        ]
-    })
+    fuzz::json_tree(leaf.boxed(), key().boxed(), 3)
 }
 
 /// A field name the APIs read, or another.
@@ -75,34 +70,7 @@ fn key() -> impl Strategy<Value = String> {
 /// A request body: a valid one with a field replaced, removed or added
 /// (so many reach admission), any JSON, or arbitrary text.
 fn body(valid: Value) -> impl Strategy<Value = String> {
-    let keys: Vec<String> = valid
-        .as_object()
-        .map(|o| o.keys().cloned().collect())
-        .unwrap_or_default();
-    let mutated = (
-        prop::sample::select(keys),
-        value(),
-        0u8..3,
-        proptest::option::of((key(), value())),
-    )
-        .prop_map(move |(k, v, how, extra)| {
-            let mut b = valid.clone();
-            if let Some(o) = b.as_object_mut() {
-                match how {
-                    0 => {
-                        o.remove(&k);
-                    }
-                    1 => {
-                        o.insert(k, v);
-                    }
-                    _ => {}
-                }
-                if let Some((k, v)) = extra {
-                    o.insert(k, v);
-                }
-            }
-            b.to_string()
-        });
+    let mutated = fuzz::mutations(valid, value(), key().boxed()).prop_map(|b| b.to_string());
     prop_oneof![
         6 => mutated,
         1 => value().prop_map(|v| v.to_string()),

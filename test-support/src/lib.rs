@@ -1,12 +1,14 @@
 //! What the tests of several crates share: one HTTP client ([`http`]),
 //! blocking, so synchronous tests can call it, over a real socket per
 //! request, plain or mutual TLS, on hyper (no hand-written HTTP parsing in
-//! any test); and the child processes a test starts ([`process`]).
+//! any test); the child processes a test starts ([`process`]); and the
+//! JSON bodies the fuzz tests mutate ([`fuzz`]).
 //!
 //! Tests that must write malformed or deliberately slow bytes (the
 //! gateway's flood and connection tests) keep their raw sockets: that is
 //! what they test.
 
+pub mod fuzz;
 pub mod http;
 pub mod process;
 

@@ -321,27 +321,16 @@ async fn a_request_streams_ndjson_tokens_then_a_summary() {
 #[test]
 fn any_body_gets_an_answer_in_the_api_format() {
     use proptest::prelude::*;
-    fn value() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i64>().prop_map(Value::from),
-            (-2i64..12).prop_map(Value::from),
-            any::<f32>().prop_map(|f| serde_json::json!(f)),
-            ".{0,24}".prop_map(Value::from),
-        ];
-        leaf.prop_recursive(2, 12, 3, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::from),
-                proptest::collection::btree_map(
-                    prop::sample::select(vec!["role", "content", "x"]).prop_map(str::to_owned),
-                    inner,
-                    0..3
-                )
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        (-2i64..12).prop_map(Value::from),
+        any::<f32>().prop_map(|f| serde_json::json!(f)),
+        ".{0,24}".prop_map(Value::from),
+    ];
+    let keys = prop::sample::select(vec!["role", "content", "x"]).prop_map(str::to_owned);
+    let value = bulkhead_test_support::fuzz::json_tree(leaf.boxed(), keys.boxed(), 2);
     let fields = prop::sample::select(vec![
         "prompt",
         "messages",
@@ -361,30 +350,9 @@ fn any_body_gets_an_answer_in_the_api_format() {
     .prop_map(str::to_owned);
     // A valid body with a field replaced, removed or added (so some are
     // served), or text.
-    let mutated = (
-        fields.clone(),
-        value(),
-        0u8..3,
-        proptest::option::of((fields, value())),
-    )
-        .prop_map(|(k, v, how, extra)| {
-            let mut o = serde_json::Map::new();
-            o.insert("raw".into(), Value::from("hi"));
-            o.insert("max_tokens".into(), Value::from(4));
-            match how {
-                0 => {
-                    o.remove(&k);
-                }
-                1 => {
-                    o.insert(k, v);
-                }
-                _ => {}
-            }
-            if let Some((k, v)) = extra {
-                o.insert(k, v);
-            }
-            Value::Object(o).to_string()
-        });
+    let valid = serde_json::json!({"raw": "hi", "max_tokens": 4});
+    let mutated = bulkhead_test_support::fuzz::mutations(valid, value, fields.boxed())
+        .prop_map(|b| b.to_string());
     let body = prop_oneof![4 => mutated, 1 => ".{0,80}"];
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
