@@ -32,6 +32,9 @@ impl Drop for Platform {
     }
 }
 
+/// `up` on any port, one compute thread, a small pool and limits.
+const UP: &str = "up --port 0 --threads 1 --kv-budget-mib 16 --context-window 512 --max-output 128";
+
 fn unique(tag: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -52,24 +55,9 @@ fn platform() -> Platform {
     let dir = std::env::temp_dir().join(unique("bulkhead-e2e"));
     *TLS_DIR.lock().unwrap_or_else(|p| p.into_inner()) = Some(dir.join("tls"));
     let child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-        .args([
-            "up",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-            "--kv-budget-mib",
-            "16",
-            // The canary test below is the prober's checks by hand.
-            "--no-prober",
-        ])
-        .args([
-            "--context-window",
-            "512",
-            "--max-output",
-            "128",
-            "--data-dir",
-        ])
+        // The canary test below is the prober's checks by hand: no prober.
+        .args(UP.split(' '))
+        .args(["--no-prober", "--data-dir"])
         .arg(&dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

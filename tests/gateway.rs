@@ -216,6 +216,16 @@ impl Fixture {
             .expect("request")
     }
 
+    /// A streamed chat answer of up to `max_tokens`, once it is a 200.
+    async fn long_story(&self, max_tokens: u32) -> Body {
+        let body = json!({"model": SLUG, "messages": [{"role": "user", "content": "Tell me a long story."}],
+                          "max_tokens": max_tokens, "stream": true, "temperature": 0});
+        let req = self.request("POST", "/v1/chat/completions", &body);
+        let resp = self.gw.clone().oneshot(req).await.expect("router");
+        assert_eq!(resp.status(), 200);
+        resp.into_body()
+    }
+
     async fn call(&self, method: &str, path: &str, body: Value) -> (u16, String) {
         let resp = self
             .gw
@@ -530,15 +540,7 @@ async fn answers_through_every_api_equal_the_workers_own() {
 async fn a_client_that_disconnects_mid_stream_cancels_and_every_page_returns() {
     let f = fixture().await;
     let addr = f.worker_addr();
-    let body = json!({"model": SLUG, "messages": [{"role": "user", "content": "Tell me a long story."}],
-                      "max_tokens": 1024, "stream": true, "temperature": 0});
-    let resp =
-        f.gw.clone()
-            .oneshot(f.request("POST", "/v1/chat/completions", &body))
-            .await
-            .expect("router");
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.into_body();
+    let mut body = f.long_story(1024).await;
     let mut seen = 0;
     while seen < 3 {
         match body.frame().await {
@@ -676,15 +678,7 @@ async fn a_worker_whose_certificate_is_for_another_model_never_gets_a_request() 
 async fn a_private_flip_ends_streams_in_flight_before_it_is_acknowledged_unless_planned() {
     let f = fixture().await;
     for planned in [false, true] {
-        let body = json!({"model": SLUG, "messages": [{"role": "user", "content": "Tell me a long story."}],
-                          "max_tokens": 200, "stream": true, "temperature": 0});
-        let resp =
-            f.gw.clone()
-                .oneshot(f.request("POST", "/v1/chat/completions", &body))
-                .await
-                .expect("router");
-        assert_eq!(resp.status(), 200);
-        let mut body = resp.into_body();
+        let mut body = f.long_story(200).await;
         let mut text = String::new();
         while events(&text).len() < 3 {
             match body.frame().await {

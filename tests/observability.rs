@@ -262,25 +262,15 @@ fn platform(otlp: &str) -> Platform {
         .map_or(0, |d| d.as_nanos());
     let dir = std::env::temp_dir().join(format!("bulkhead-obs-{}-{nanos:x}", std::process::id()));
     let mut child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args("up --port 0 --threads 1 --kv-budget-mib 16 --context-window 512".split(' '))
+        // One model: the dashboards' metrics need its components only; no
+        // prober: its traffic would mix with the traces this test follows.
         .args([
-            "up",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-            "--kv-budget-mib",
-            "16",
-            // One model: the dashboards' metrics need its components only.
-            "--models",
-            "q4_1",
-            // Its traffic would mix with the traces this test follows.
-            "--no-prober",
-        ])
-        .args([
-            "--context-window",
-            "512",
             "--max-output",
             "128",
+            "--models",
+            "q4_1",
+            "--no-prober",
             "--data-dir",
         ])
         .arg(&dir)
