@@ -407,6 +407,73 @@ mod tests {
         assert!(Hop::Internal.internal("/v1/generate"));
     }
 
+    /// A body that sends one frame and then never ends.
+    struct Endless(bool);
+
+    impl http_body::Body for Endless {
+        type Data = axum::body::Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+            if self.0 {
+                return std::task::Poll::Pending;
+            }
+            self.0 = true;
+            let first = http_body::Frame::data(axum::body::Bytes::from_static(b"first"));
+            std::task::Poll::Ready(Some(Ok(first)))
+        }
+    }
+
+    /// The request duration's sample count and the requests in flight.
+    fn measured(registry: &prometheus::Registry) -> (u64, f64) {
+        let families = registry.gather();
+        let find = |name: &str| families.iter().find(|f| f.name() == name);
+        let count = find("http_server_request_duration_seconds").map_or(0, |f| {
+            f.get_metric()
+                .iter()
+                .map(|m| m.get_histogram().get_sample_count())
+                .sum()
+        });
+        let active = find("http_server_active_requests").map_or(0.0, |f| {
+            f.get_metric()
+                .iter()
+                .map(|m| m.get_gauge().get_value())
+                .sum()
+        });
+        (count, active)
+    }
+
+    #[tokio::test]
+    async fn a_response_is_measured_until_its_body_is_dropped() {
+        use http_body_util::BodyExt as _;
+        use tower::ServiceExt as _;
+        let registry = prometheus::Registry::new();
+        let reader = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .build()
+            .expect("reader");
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(reader)
+            .build();
+        opentelemetry::global::set_meter_provider(provider);
+        let stream = || async { axum::body::Body::new(Endless(false)) };
+        let app = instrument(Router::new().route("/stream", get(stream)), Hop::Edge, &[]);
+        let req = Request::get("/stream")
+            .body(axum::body::Body::empty())
+            .expect("request");
+        let mut body = app.oneshot(req).await.expect("response").into_body();
+        let first = body.frame().await.expect("a frame").expect("data");
+        assert_eq!(first.data_ref().map(|d| &d[..]), Some(&b"first"[..]));
+        // Headers and a first frame sent: still in flight, not yet measured.
+        assert_eq!(measured(&registry), (0, 1.0));
+        // The client goes away mid-stream: the request ends there.
+        drop(body);
+        assert_eq!(measured(&registry), (1, 0.0));
+    }
+
     #[test]
     fn methods_outside_the_list_are_other() {
         assert_eq!(known_method("GET"), "GET");
