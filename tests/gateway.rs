@@ -537,6 +537,30 @@ async fn answers_through_every_api_equal_the_workers_own() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_ai_structured_output_answers_with_the_parsed_object() {
+    let f = fixture().await;
+    let schema = json!({"type": "object", "additionalProperties": false, "required": ["name", "age"],
+        "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer"}}});
+    let body = json!({"prompt": "Describe a cat as JSON with its name and age.", "max_tokens": 64,
+        "temperature": 0, "response_format": {"type": "json_schema", "json_schema": schema}});
+    let (status, text) = f.call("POST", &f.run_path(), body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    let cat = &v["result"]["response"];
+    assert!(
+        cat["name"].is_string() && cat["age"].is_i64(),
+        "an object, not its text: {v}"
+    );
+    assert_eq!(cat.as_object().map(|o| o.len()), Some(2), "{v}");
+    // Without a response format the same answer is text.
+    let body = json!({"prompt": "Describe a cat as JSON with its name and age.", "max_tokens": 8});
+    let (status, text) = f.call("POST", &f.run_path(), body).await;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).expect("JSON");
+    assert!(v["result"]["response"].is_string(), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_mid_stream_cancels_and_every_page_returns() {
     let f = fixture().await;
     let addr = f.worker_addr();

@@ -554,6 +554,12 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
             && err.contains("only 0 of 1 gateways confirmed applying it"),
         "{err}"
     );
+    // And when the one that did not has fenced itself.
+    assert!(
+        err.contains("stops serving every model once its lease")
+            && err.contains("have stopped serving"),
+        "{err}"
+    );
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("is now private"),
         "the flip itself is recorded"

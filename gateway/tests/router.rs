@@ -235,6 +235,20 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         "the keyword is named: {}",
         r.body
     );
+    // Workers AI's `tools` follow the same rule: refused by name.
+    let tools =
+        json!({"prompt": "x", "tools": [{"name": "w", "description": "d", "parameters": {}}]});
+    let r = call(
+        &gw,
+        "POST",
+        &run_path(&p.a, OPEN),
+        Some(&a),
+        Some(&tools.to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_wa(&r.json(), 5006);
+    assert!(r.body.contains("'tools'"), "{}", r.body);
     // Defaults a client library sends explicitly ask for nothing: admitted.
     let defaults = json!({"model": OPEN, "messages": msgs, "n": 1, "user": "u-1", "logprobs": false,
                           "frequency_penalty": 0, "presence_penalty": 0, "tools": null,
