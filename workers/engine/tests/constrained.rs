@@ -150,3 +150,42 @@ fn logprobs_are_the_models_distribution() {
     }
     assert!(seen > 0);
 }
+
+/// The first token's alternatives and their log-probabilities come from
+/// the raw logits: whatever temperature, penalty and seed sample it, the
+/// list is the greedy one's (and the chosen token's log-probability is its
+/// own in that distribution, not the tempered one's).
+#[test]
+fn logprobs_are_read_before_temperature_and_penalties() {
+    let engine = common::engine(64);
+    let first = |temperature: f32, repetition_penalty: f32, seed: u64| {
+        let mut p = SamplingParams::greedy(1);
+        (p.temperature, p.repetition_penalty, p.seed, p.logprobs) =
+            (temperature, repetition_penalty, seed, Some(8));
+        let mut h = engine
+            .submit(TenantId::new(4), request(chat("Name a colour."), p))
+            .expect("admitted");
+        match h.blocking_next() {
+            Some(SeqEvent::Token { logprobs, .. }) => logprobs.expect("asked for"),
+            other => panic!("no first token: {other:?}"),
+        }
+    };
+    let greedy = first(0.0, 1.0, 0);
+    let top = |l: &bulkhead_engine::Logprobs| -> Vec<(u32, f32)> {
+        l.top.iter().map(|t| (t.id, t.logprob)).collect()
+    };
+    let mut differed = false;
+    for seed in 1..=6 {
+        let hot = first(1.8, 1.3, seed);
+        assert_eq!(top(&hot), top(&greedy), "seed {seed}");
+        let own = greedy.top.iter().find(|t| t.id == hot.chosen.id);
+        if let Some(t) = own {
+            assert!((t.logprob - hot.chosen.logprob).abs() < 1e-6, "seed {seed}");
+        }
+        differed |= hot.chosen.id != greedy.chosen.id;
+    }
+    assert!(
+        differed,
+        "at temperature 1.8 some seed samples another first token"
+    );
+}
