@@ -547,6 +547,28 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
     ))
 }
 
+/// Whether `token` still belongs to account `id` (a data directory kept
+/// from an earlier `up`).
+async fn still_valid(c: &mut store::Conn, token: &str, id: &str) -> anyhow::Result<bool> {
+    Ok(store::api_tokens::account_of(&mut *c, token)
+        .await?
+        .as_deref()
+        == Some(id))
+}
+
+/// A new API token named `name` for account `id`.
+async fn token_for(
+    c: &mut store::Conn,
+    id: &str,
+    name: &str,
+    now: Timestamp,
+) -> anyhow::Result<String> {
+    let id = AccountId::parse(id).context("account id")?;
+    Ok(store::api_tokens::create(&mut *c, &id, name, now)
+        .await?
+        .token)
+}
+
 /// The prober's sentinel accounts: those of the previous run when their
 /// tokens still work, else new ones.
 async fn sentinels(
@@ -558,20 +580,16 @@ async fn sentinels(
     for (i, name) in ["sentinel-a", "sentinel-b"].into_iter().enumerate() {
         let old = previous.and_then(|p| p.sentinels.get(i)).cloned();
         if let Some(s) = old
-            && store::api_tokens::account_of(&mut *c, &s.token)
-                .await?
-                .as_deref()
-                == Some(s.id.as_str())
+            && still_valid(c, &s.token, &s.id).await?
         {
             out.push(s);
             continue;
         }
         let account = store::accounts::create_sentinel(&mut *c, name, now).await?;
-        let id = AccountId::parse(&account.id).context("account id")?;
-        let t = store::api_tokens::create(&mut *c, &id, "prober", now).await?;
+        let token = token_for(c, &account.id, "prober", now).await?;
         out.push(crate::prober::Sentinel {
             id: account.id,
-            token: t.token,
+            token,
         });
     }
     Ok(out)
@@ -643,21 +661,17 @@ async fn demo_accounts(
             .and_then(|o| o.accounts.iter().find(|a| a.name == name))
             .cloned();
         if let Some(a) = reuse
-            && store::api_tokens::account_of(&mut *c, &a.token)
-                .await?
-                .as_deref()
-                == Some(a.id.as_str())
+            && still_valid(c, &a.token, &a.id).await?
         {
             accounts.push(a);
             continue;
         }
         let account = store::accounts::create(&mut *c, name, now).await?;
-        let id = AccountId::parse(&account.id).context("account id")?;
-        let t = store::api_tokens::create(&mut *c, &id, "demo", now).await?;
+        let token = token_for(c, &account.id, "demo", now).await?;
         accounts.push(DemoAccount {
             id: account.id,
             name: name.to_owned(),
-            token: t.token,
+            token,
         });
     }
     Ok(accounts)
