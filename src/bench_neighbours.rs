@@ -146,14 +146,8 @@ async fn long_prompt_flood(
         });
     }
     // Let the flood fill the prefill worker first.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let long_ttft = ttft_of_a(decode, short, args.samples).await?;
-    stop.store(true, Ordering::Relaxed);
-    let mut long_b = Outcomes::default();
-    while let Some(o) = flood.join_next().await {
-        long_b = add(long_b, o?);
-    }
-    Ok((long_ttft, long_b))
+    let settle = Duration::from_secs(2);
+    while_flooded(decode, short, args.samples, (flood, &stop), settle).await
 }
 
 /// Tenant A's time to first token while B holds streams that may each
@@ -172,14 +166,28 @@ async fn reservation_flood(
         let max = window - prompt.len();
         flood.spawn(async move { run_b(&decode, request(prompt, max), Some(stop)).await });
     }
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let reserve_ttft = ttft_of_a(decode, short, args.samples).await?;
+    let settle = Duration::from_secs(5);
+    while_flooded(decode, short, args.samples, (flood, &stop), settle).await
+}
+
+/// Tenant A's times to first token, `samples` of them, measured `settle`
+/// after B's `flood` began; then the flood is stopped and how its requests
+/// ended is summed.
+async fn while_flooded(
+    decode: &DecodeWorker,
+    short: &Prompts,
+    samples: usize,
+    (mut flood, stop): (JoinSet<Outcomes>, &AtomicBool),
+    settle: Duration,
+) -> anyhow::Result<(Vec<f64>, Outcomes)> {
+    tokio::time::sleep(settle).await;
+    let ttft = ttft_of_a(decode, short, samples).await?;
     stop.store(true, Ordering::Relaxed);
-    let mut reserve_b = Outcomes::default();
+    let mut b = Outcomes::default();
     while let Some(o) = flood.join_next().await {
-        reserve_b = add(reserve_b, o?);
+        b = add(b, o?);
     }
-    Ok((reserve_ttft, reserve_b))
+    Ok((ttft, b))
 }
 
 /// The figures as a table.

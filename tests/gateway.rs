@@ -216,6 +216,12 @@ impl Fixture {
             .expect("request")
     }
 
+    /// A three-token completion of `prompt`, streamed or not.
+    async fn complete(&self, prompt: &str, stream: bool) -> (u16, String) {
+        let body = json!({"model": SLUG, "prompt": prompt, "max_tokens": 3, "stream": stream});
+        self.call("POST", "/v1/completions", body).await
+    }
+
     /// A streamed chat answer of up to `max_tokens`, once it is a 200.
     async fn long_story(&self, max_tokens: u32) -> Body {
         let body = json!({"model": SLUG, "messages": [{"role": "user", "content": "Tell me a long story."}],
@@ -625,13 +631,7 @@ async fn a_worker_that_cannot_be_reached_is_skipped_before_the_first_byte() {
     // Wait until this gateway's table routes to it.
     tokio::time::sleep(Duration::from_secs(1)).await;
     for stream in [false, true, false, true] {
-        let (status, body) = f
-            .call(
-                "POST",
-                "/v1/completions",
-                json!({"model": SLUG, "prompt": "Hello", "max_tokens": 3, "stream": stream}),
-            )
-            .await;
+        let (status, body) = f.complete("Hello", stream).await;
         assert_eq!(status, 200, "{body}");
         if stream {
             assert!(body.contains("[DONE]"), "{body}");
@@ -678,13 +678,7 @@ async fn a_worker_whose_certificate_is_for_another_model_never_gets_a_request() 
     f.register_favoured("impostor", impostor).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     for stream in [false, true] {
-        let (status, body) = f
-            .call(
-                "POST",
-                "/v1/completions",
-                json!({"model": SLUG, "prompt": "my secret prompt", "max_tokens": 3, "stream": stream}),
-            )
-            .await;
+        let (status, body) = f.complete("my secret prompt", stream).await;
         assert_eq!(status, 200, "the real worker answers: {body}");
     }
     assert!(
