@@ -398,7 +398,6 @@ pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
             components,
             conn,
         } => {
-            let client = conn.client()?;
             let req = OpenIncident {
                 name,
                 status,
@@ -406,8 +405,7 @@ pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
                 body,
                 components,
             };
-            let v: IncidentView = conn.call(client.post("/admin/v1/incidents", &req))?;
-            show_incident(&v, conn.json, "opened")
+            post_incident(&conn, "/admin/v1/incidents", &req, "opened")
         }
         IncidentCommand::Update {
             id,
@@ -417,7 +415,6 @@ pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
             components,
             conn,
         } => {
-            let client = conn.client()?;
             let req = UpdateIncident {
                 status,
                 body,
@@ -425,9 +422,12 @@ pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
                 components,
                 postmortem: None,
             };
-            let path = format!("/admin/v1/incidents/{id}/updates");
-            let v: IncidentView = conn.call(client.post(&path, &req))?;
-            show_incident(&v, conn.json, "updated")
+            post_incident(
+                &conn,
+                &format!("/admin/v1/incidents/{id}/updates"),
+                &req,
+                "updated",
+            )
         }
         IncidentCommand::Resolve {
             id,
@@ -435,17 +435,20 @@ pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
             postmortem,
             conn,
         } => {
-            let client = conn.client()?;
+            let (status, impact, components) = (IncidentStatus::Resolved, None, Vec::new());
             let req = UpdateIncident {
-                status: IncidentStatus::Resolved,
+                status,
                 body,
-                impact: None,
-                components: Vec::new(),
+                impact,
+                components,
                 postmortem,
             };
-            let path = format!("/admin/v1/incidents/{id}/updates");
-            let v: IncidentView = conn.call(client.post(&path, &req))?;
-            show_incident(&v, conn.json, "resolved")
+            post_incident(
+                &conn,
+                &format!("/admin/v1/incidents/{id}/updates"),
+                &req,
+                "resolved",
+            )
         }
         IncidentCommand::List { conn } => {
             let client = conn.client()?;
@@ -465,6 +468,18 @@ pub(crate) fn incident(cmd: IncidentCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Posts an incident change and shows the incident as it now is.
+fn post_incident(
+    conn: &Connection,
+    path: &str,
+    req: &impl serde::Serialize,
+    verb: &str,
+) -> anyhow::Result<()> {
+    let client = conn.client()?;
+    let v: IncidentView = conn.call(client.post(path, req))?;
+    show_incident(&v, conn.json, verb)
 }
 
 fn show_incident(v: &IncidentView, json: bool, verb: &str) -> anyhow::Result<()> {
