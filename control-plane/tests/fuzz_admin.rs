@@ -49,7 +49,13 @@ fn value() -> BoxedStrategy<Value> {
         ])
         .prop_map(Value::from),
     ];
-    fuzz::json_tree(leaf.boxed(), field().boxed(), 3)
+    let tree = fuzz::Tree {
+        depth: 3,
+        size: 20,
+        branch: 4,
+        width: 5,
+    };
+    fuzz::json_tree(leaf.boxed(), field().boxed(), tree)
 }
 
 fn field() -> impl Strategy<Value = String> {
@@ -98,7 +104,8 @@ fn field() -> impl Strategy<Value = String> {
 /// Mutations of a valid body (a field replaced, removed or added) and
 /// bodies made from scratch.
 fn body(valid: Value) -> impl Strategy<Value = Value> {
-    let mutated = fuzz::mutations(valid, value().boxed(), field().boxed());
+    let targets = fuzz::own_fields(&valid);
+    let mutated = fuzz::mutations(valid, targets, (value(), field().boxed()), false);
     prop_oneof![3 => mutated, 1 => value()]
 }
 

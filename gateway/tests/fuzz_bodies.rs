@@ -33,7 +33,13 @@ fn value() -> BoxedStrategy<Value> {
         Just(Value::from(OPEN)),
         Just(Value::from("user")),
     ];
-    fuzz::json_tree(leaf.boxed(), key().boxed(), 3)
+    let tree = fuzz::Tree {
+        depth: 3,
+        size: 24,
+        branch: 4,
+        width: 4,
+    };
+    fuzz::json_tree(leaf.boxed(), key().boxed(), tree)
 }
 
 /// A field name the APIs read, or another.
@@ -70,7 +76,9 @@ fn key() -> impl Strategy<Value = String> {
 /// A request body: a valid one with a field replaced, removed or added
 /// (so many reach admission), any JSON, or arbitrary text.
 fn body(valid: Value) -> impl Strategy<Value = String> {
-    let mutated = fuzz::mutations(valid, value(), key().boxed()).prop_map(|b| b.to_string());
+    let targets = fuzz::own_fields(&valid);
+    let mutated = fuzz::mutations(valid, targets, (value(), key().boxed()), true);
+    let mutated = mutated.prop_map(|b| b.to_string());
     prop_oneof![
         6 => mutated,
         1 => value().prop_map(|v| v.to_string()),

@@ -25,10 +25,17 @@ pub fn terminate(child: &mut Child, grace: Duration) -> bool {
 
 /// The children of `parent` whose command line runs `bulkhead ROLE ...`:
 /// pid and the whole command line (arguments joined by spaces), read from
-/// `/proc`.
+/// `/proc` (the children of each of its threads: a child may have been
+/// spawned from any).
 pub fn children(parent: u32, role: &str) -> Vec<(u32, String)> {
-    let list = format!("/proc/{parent}/task/{parent}/children");
-    let pids = std::fs::read_to_string(list).unwrap_or_default();
+    let tasks = std::fs::read_dir(format!("/proc/{parent}/task"))
+        .into_iter()
+        .flatten();
+    let lists = tasks.flatten().map(|t| t.path().join("children"));
+    let pids: String = lists
+        .filter_map(|l| std::fs::read_to_string(l).ok())
+        .collect::<Vec<_>>()
+        .join(" ");
     let wanted = format!("bulkhead {role} ");
     pids.split_whitespace()
         .filter_map(|p| p.parse::<u32>().ok())

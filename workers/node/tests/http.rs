@@ -320,6 +320,7 @@ async fn a_request_streams_ndjson_tokens_then_a_summary() {
 /// `PROPTEST_CASES` (64 by default here).
 #[test]
 fn any_body_gets_an_answer_in_the_api_format() {
+    use bulkhead_test_support::fuzz;
     use proptest::prelude::*;
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -330,7 +331,13 @@ fn any_body_gets_an_answer_in_the_api_format() {
         ".{0,24}".prop_map(Value::from),
     ];
     let keys = prop::sample::select(vec!["role", "content", "x"]).prop_map(str::to_owned);
-    let value = bulkhead_test_support::fuzz::json_tree(leaf.boxed(), keys.boxed(), 2);
+    let tree = fuzz::Tree {
+        depth: 2,
+        size: 12,
+        branch: 3,
+        width: 3,
+    };
+    let value = fuzz::json_tree(leaf.boxed(), keys.boxed(), tree);
     let fields = prop::sample::select(vec![
         "prompt",
         "messages",
@@ -351,8 +358,9 @@ fn any_body_gets_an_answer_in_the_api_format() {
     // A valid body with a field replaced, removed or added (so some are
     // served), or text.
     let valid = serde_json::json!({"raw": "hi", "max_tokens": 4});
-    let mutated = bulkhead_test_support::fuzz::mutations(valid, value, fields.boxed())
-        .prop_map(|b| b.to_string());
+    let fields = fields.boxed();
+    let mutated = fuzz::mutations(valid, fields.clone(), (value, fields), true);
+    let mutated = mutated.prop_map(|b| b.to_string());
     let body = prop_oneof![4 => mutated, 1 => ".{0,80}"];
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
