@@ -8,7 +8,8 @@
 //! which `/metrics` always serves), so a traces-only backend is not sent
 //! metrics every interval; `OTEL_TRACES_SAMPLER` (the specification's six
 //! built-in samplers) and `OTEL_TRACES_SAMPLER_ARG` choose the sampler. Any
-//! other exporter or sampler name is refused at start, not ignored.
+//! other exporter or sampler name, or a ratio outside 0 to 1, is refused at
+//! start, not ignored.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig};
@@ -364,20 +365,56 @@ mod tests {
     use super::*;
     use opentelemetry::trace::{Span as _, Tracer as _};
 
+    /// Whether a root span records, under the sampler `vars` choose.
     fn recorded(vars: &[(&str, &str)]) -> Result<bool, TelemetryError> {
+        Ok(recorded_both(vars)?.0)
+    }
+
+    /// Whether a root span records, and whether a span under a remote
+    /// parent that was not sampled does.
+    fn recorded_both(vars: &[(&str, &str)]) -> Result<(bool, bool), TelemetryError> {
+        use opentelemetry::trace::{
+            SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId,
+        };
         let settings = Settings::from_vars(|k| {
             vars.iter()
                 .find(|(n, _)| *n == k)
                 .map(|(_, v)| (*v).to_owned())
         });
         let provider = tracer_provider(Resource::builder().build(), sampler(&settings)?, false)?;
-        let span = provider.tracer("test").start("a root span");
-        Ok(span.is_recording())
+        let tracer = provider.tracer("test");
+        let root = tracer.start("a root span").is_recording();
+        let unsampled = SpanContext::new(
+            TraceId::from_bytes([7; 16]),
+            SpanId::from_bytes([7; 8]),
+            TraceFlags::default(),
+            true,
+            Default::default(),
+        );
+        let parent = opentelemetry::Context::new().with_remote_span_context(unsampled);
+        let child = tracer.start_with_context("a child", &parent).is_recording();
+        Ok((root, child))
     }
 
     #[test]
     fn the_sdk_switch_and_the_sampler_variables_decide_what_is_recorded() {
-        assert!(recorded(&[]).unwrap(), "parentbased_always_on by default");
+        // parentbased_always_on by default: a root is sampled, a child
+        // follows its parent's decision.
+        assert_eq!(recorded_both(&[]).unwrap(), (true, false));
+        assert_eq!(
+            recorded_both(&[("OTEL_TRACES_SAMPLER", "always_on")]).unwrap(),
+            (true, true)
+        );
+        let parent_ratio = [
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "1"),
+        ];
+        assert_eq!(recorded_both(&parent_ratio).unwrap(), (true, false));
+        let parent_ratio = [
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0"),
+        ];
+        assert_eq!(recorded_both(&parent_ratio).unwrap(), (false, false));
         assert!(!recorded(&[("OTEL_SDK_DISABLED", "true")]).unwrap());
         assert!(
             !recorded(&[
