@@ -177,7 +177,6 @@ impl Drop for Worker {
     }
 }
 
-/// Common model flags: a small pool so each process starts fast.
 /// A control plane on loopback (public and internal ports) keeping its
 /// data in `data`, with `extra` flags.
 pub fn control_plane(data: &str, extra: &[&str]) -> Worker {
@@ -187,6 +186,7 @@ pub fn control_plane(data: &str, extra: &[&str]) -> Worker {
     Worker::start(&args)
 }
 
+/// Common model flags: a small pool so each process starts fast.
 pub const POOL: &[&str] = &["--kv-budget-mib", "64", "--threads", "1"];
 
 pub fn prefill(extra: &[&str]) -> Worker {
