@@ -4,8 +4,8 @@
 //! queries are well bracketed and name only the data source variable; the
 //! long-poll is out of latency panels; where no data means zero, the query
 //! says zero; the data source works out of the box with the shipped compose
-//! file. (Which metric names exist is checked against a running platform
-//! in `tests/observability.rs`.)
+//! file; every query parses as PromQL by `promtool`. (Which metric names
+//! exist is checked against a running platform in `tests/observability.rs`.)
 
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -195,5 +195,123 @@ fn the_data_source_works_with_the_shipped_compose_file() {
     assert!(
         provider.contains("path: /var/lib/grafana/dashboards/bulkhead"),
         "{provider}"
+    );
+}
+
+/// Every query of every panel, as Grafana sends it.
+fn queries() -> Vec<(String, String)> {
+    fn walk(v: &Value, name: &str, out: &mut Vec<(String, String)>) {
+        match v {
+            Value::Object(o) => {
+                for t in o
+                    .get("targets")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(e) = t["expr"].as_str() {
+                        out.push((name.to_owned(), e.to_owned()));
+                    }
+                }
+                o.values().for_each(|c| walk(c, name, out));
+            }
+            Value::Array(a) => a.iter().for_each(|c| walk(c, name, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for (name, v) in dashboards() {
+        walk(&v, &name, &mut out);
+    }
+    out
+}
+
+/// Every query parses as PromQL, by Prometheus's own parser: `promtool
+/// check rules` over one recording rule per query, Grafana's variables
+/// replaced as Grafana would (`$__rate_interval` by a range, the other
+/// variables by the regex "everything").
+#[test]
+fn every_query_is_promql_that_promtool_accepts() {
+    let Ok(version) = std::process::Command::new("promtool")
+        .arg("--version")
+        .output()
+    else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "promtool (Debian's prometheus package) is missing: in CI this test must run"
+        );
+        eprintln!("skipping: no promtool");
+        return;
+    };
+    assert!(version.status.success());
+    let queries = queries();
+    assert!(queries.len() > 20, "{} queries", queries.len());
+    let rules: Vec<Value> = queries
+        .iter()
+        .enumerate()
+        .map(|(i, (_, e))| serde_json::json!({"record": format!("dashboard:query_{i}"), "expr": grafana_substituted(e)}))
+        .collect();
+    // JSON is YAML: promtool reads it as a rules file.
+    let file = std::env::temp_dir().join(format!(
+        "bulkhead-dashboard-rules-{}.json",
+        std::process::id()
+    ));
+    let doc = serde_json::json!({"groups": [{"name": "dashboards", "rules": rules}]});
+    std::fs::write(&file, doc.to_string()).expect("rules file");
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool runs");
+    let _ = std::fs::remove_file(&file);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool refused a query:\n{said}");
+    assert!(
+        said.contains(&format!("SUCCESS: {} rules found", queries.len())),
+        "{said}"
+    );
+}
+
+/// `expr` with Grafana's variables replaced: `$__rate_interval` and
+/// `$__interval` by ranges, any other `$name` or `${name}` by `.*` (they
+/// stand only in regex label matchers).
+fn grafana_substituted(expr: &str) -> String {
+    let e = expr
+        .replace("$__rate_interval", "5m")
+        .replace("$__interval", "1m");
+    let mut out = String::with_capacity(e.len());
+    let mut chars = e.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '$' {
+            out.push(c);
+            continue;
+        }
+        let braced = chars.peek() == Some(&'{');
+        if braced {
+            chars.next();
+        }
+        while chars
+            .peek()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || *c == '_')
+        {
+            chars.next();
+        }
+        if braced {
+            chars.next();
+        }
+        out.push_str(".*");
+    }
+    out
+}
+
+#[test]
+fn grafana_variables_become_a_range_or_a_regex() {
+    assert_eq!(
+        grafana_substituted(r#"rate(x{job=~"$job",m=~"${model}"}[$__rate_interval])"#),
+        r#"rate(x{job=~".*",m=~".*"}[5m])"#
     );
 }
