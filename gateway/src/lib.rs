@@ -48,3 +48,27 @@ pub use serve::{ConnLimits, serve};
 pub use table::Table;
 pub use upstream::Upstream;
 pub use watch::{RoutingWatch, Snapshot, WatchError};
+
+/// What the crate's unit tests share.
+#[cfg(test)]
+mod testing {
+    /// The Redis the tests use (`REDIS_URL`, else the local one) and a key
+    /// prefix of their own, so runs never share keys.
+    pub(crate) fn redis(tag: &str) -> (String, String) {
+        let url =
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce).expect("randomness");
+        (url, format!("bulkhead-test-{tag}-{}", hex::encode(nonce)))
+    }
+
+    /// Fails in CI (`CI=true`), where Redis must be there; else says the
+    /// test is skipped.
+    pub(crate) fn redis_unreachable(url: &str, e: &dyn std::fmt::Display) {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true but Redis at {url} is unreachable: {e}"
+        );
+        eprintln!("note: Redis unreachable; skipped outside CI");
+    }
+}

@@ -159,6 +159,9 @@ impl std::fmt::Debug for Client {
     }
 }
 
+/// What an admin call gives: the answer's JSON as `T`, or why not.
+pub type Answer<T> = Result<T, ClientError>;
+
 impl Client {
     /// A client for these credentials; calls time out after 30 s.
     pub fn new(credentials: &Credentials) -> Result<Client, ClientError> {
@@ -198,32 +201,32 @@ impl Client {
     }
 
     /// `GET path` (path starts with `/`).
-    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Answer<T> {
         self.call(Method::GET, path, None).await
     }
 
     /// `POST path` with a JSON body.
-    pub async fn post<B: Serialize, T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &B,
-    ) -> Result<T, ClientError> {
-        let body = serde_json::to_vec(body).map_err(|e| ClientError::Decode(e.to_string()))?;
-        self.call(Method::POST, path, Some(body)).await
+    pub async fn post<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Answer<T> {
+        self.send_json(Method::POST, path, body).await
     }
 
     /// `PUT path` with a JSON body.
-    pub async fn put<B: Serialize, T: DeserializeOwned>(
+    pub async fn put<B: Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> Answer<T> {
+        self.send_json(Method::PUT, path, body).await
+    }
+
+    async fn send_json<B: Serialize, T: DeserializeOwned>(
         &self,
+        method: Method,
         path: &str,
         body: &B,
-    ) -> Result<T, ClientError> {
+    ) -> Answer<T> {
         let body = serde_json::to_vec(body).map_err(|e| ClientError::Decode(e.to_string()))?;
-        self.call(Method::PUT, path, Some(body)).await
+        self.call(method, path, Some(body)).await
     }
 
     /// `DELETE path`.
-    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+    pub async fn delete<T: DeserializeOwned>(&self, path: &str) -> Answer<T> {
         self.call(Method::DELETE, path, None).await
     }
 

@@ -12,7 +12,7 @@ mod slug;
 mod time;
 mod types;
 
-pub use client::{Client, ClientError, Credentials, CredentialsError, error_chain};
+pub use client::{Answer, Client, ClientError, Credentials, CredentialsError, error_chain};
 pub use enums::{
     ComponentStatus, Impact, IncidentStatus, NodeRole, Role, UnknownVariant, Visibility,
 };
