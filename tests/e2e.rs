@@ -70,21 +70,8 @@ fn platform() -> Platform {
         creds: Value::Null,
         internal: Value::Null,
     };
-    let stdout = p.child.stdout.take().expect("stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    loop {
-        let l = rx
-            .recv_timeout(Duration::from_secs(180))
-            .expect("up prints its summary");
-        if l.contains("Ctrl-C stops everything") {
-            break;
-        }
-    }
+    let rx = support::platform::lines_of(p.child.stdout.take().expect("stdout"));
+    support::platform::until_summary(&rx);
     let read = |f: &str| -> Value {
         serde_json::from_str(&std::fs::read_to_string(p.dir.join(f)).expect("file")).expect("JSON")
     };

@@ -9,6 +9,8 @@
 //! - every metric the dashboards query is exposed after a workload;
 //! - a canary sent in prompts never shows in spans, logs or metric labels.
 
+mod support;
+
 use bulkhead_test_support::Request;
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -308,14 +310,7 @@ fn platform(otlp: &str) -> Platform {
         creds: Value::Null,
         log,
     };
-    loop {
-        let l = rx
-            .recv_timeout(Duration::from_secs(180))
-            .expect("up prints its summary");
-        if l.contains("Ctrl-C stops everything") {
-            break;
-        }
-    }
+    support::platform::until_summary(&rx);
     p.creds = serde_json::from_str(
         &std::fs::read_to_string(p.dir.join("credentials.json")).expect("credentials"),
     )

@@ -49,13 +49,24 @@ pub fn up(dir: &std::path::Path, extra: &[&str]) -> Up {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("bulkhead up starts");
-    let stdout = child.stdout.take().expect("stdout");
+    let rx = lines_of(child.stdout.take().expect("stdout"));
+    let lines = until_summary(&rx);
+    Up { child, lines }
+}
+
+/// A process's output lines, as they come.
+pub fn lines_of(out: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
             let _ = tx.send(l);
         }
     });
+    rx
+}
+
+/// The lines `up` prints up to the end of its summary (within 180 s).
+pub fn until_summary(rx: &std::sync::mpsc::Receiver<String>) -> Vec<String> {
     let mut lines = Vec::new();
     loop {
         let l = rx
@@ -64,10 +75,9 @@ pub fn up(dir: &std::path::Path, extra: &[&str]) -> Up {
         let done = l.contains("Ctrl-C stops everything");
         lines.push(l);
         if done {
-            break;
+            return lines;
         }
     }
-    Up { child, lines }
 }
 
 /// `credentials.json` of a data directory.
