@@ -189,13 +189,7 @@ async fn fixture() -> Fixture {
     // The worker registered before announcing; wait until the table routes to it.
     let until = Instant::now() + Duration::from_secs(20);
     loop {
-        let (status, _) = f
-            .call(
-                "POST",
-                "/v1/completions",
-                json!({"model": SLUG, "prompt": "a", "max_tokens": 1}),
-            )
-            .await;
+        let (status, _) = f.complete("a", false).await;
         if status != 503 || Instant::now() > until {
             assert_eq!(status, 200, "the worker is routable");
             break;
@@ -742,13 +736,7 @@ async fn a_private_flip_ends_streams_in_flight_before_it_is_acknowledged_unless_
             assert!(!text.contains("[DONE]"), "{text}");
         }
         // Private now: new requests see no such model.
-        let (status, _) = f
-            .call(
-                "POST",
-                "/v1/completions",
-                json!({"model": SLUG, "prompt": "a", "max_tokens": 1}),
-            )
-            .await;
+        let (status, _) = f.complete("a", false).await;
         assert_eq!(status, 404);
         f.flip(Visibility::Public, true).await;
     }
