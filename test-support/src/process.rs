@@ -5,22 +5,20 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// Asks `child` to stop (SIGTERM, so `up` stops its own components first:
-/// SIGKILL would orphan them), waits up to `grace`, then kills it. Whether
-/// it stopped on its own.
-pub fn terminate(child: &mut Child, grace: Duration) -> bool {
+/// SIGKILL would orphan them), waits up to `grace`, then kills it.
+pub fn terminate(child: &mut Child, grace: Duration) {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
     let until = Instant::now() + grace;
     while Instant::now() < until {
         if let Ok(Some(_)) = child.try_wait() {
-            return true;
+            return;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     let _ = child.kill();
     let _ = child.wait();
-    false
 }
 
 /// The children of `parent` whose command line runs `bulkhead ROLE ...`:
