@@ -98,7 +98,15 @@ pub fn attention_scores<E: KvElement>(
             // SAFETY: AVX-512 is present; the masked loads read only slots
             // t0..t0 + len < width of rows inside `k`.
             unsafe {
-                attn_avx512::scores16(q, k.as_ptr(), width, t0, len, order, out[t0..].as_mut_ptr())
+                attn_avx512::scores(
+                    q,
+                    k.as_ptr(),
+                    width,
+                    t0,
+                    attn_avx512::mask(len),
+                    order,
+                    out[t0..].as_mut_ptr(),
+                )
             };
             t0 += len;
         }
@@ -109,7 +117,17 @@ pub fn attention_scores<E: KvElement>(
         while t0 + 8 <= out.len() {
             // SAFETY: AVX2, FMA and F16C are present; rows `d * width + t0
             // .. + 8` lie inside `k` because t0 + 8 <= out.len() <= width.
-            unsafe { attn_avx2::scores8(q, k.as_ptr(), width, t0, order, out[t0..].as_mut_ptr()) };
+            unsafe {
+                attn_avx2::scores(
+                    q,
+                    k.as_ptr(),
+                    width,
+                    t0,
+                    attn_avx2::ALL,
+                    order,
+                    out[t0..].as_mut_ptr(),
+                )
+            };
             t0 += 8;
         }
     }
@@ -154,14 +172,14 @@ pub fn attention_values<E: KvElement>(
         if attn_avx512::available() {
             while d0 + 16 <= hd {
                 // SAFETY: AVX-512 is present; every row holds hd >= d0 + 16 values.
-                unsafe { attn_avx512::values16(p, &ptrs, d0, order, out[d0..].as_mut_ptr()) };
+                unsafe { attn_avx512::values(p, &ptrs, d0, order, out[d0..].as_mut_ptr()) };
                 d0 += 16;
             }
         }
         if crate::simd_available() {
             while d0 + 8 <= hd {
                 // SAFETY: AVX2, FMA and F16C are present; every row holds hd >= d0 + 8 values.
-                unsafe { attn_avx2::values8(p, &ptrs, d0, order, out[d0..].as_mut_ptr()) };
+                unsafe { attn_avx2::values(p, &ptrs, d0, order, out[d0..].as_mut_ptr()) };
                 d0 += 8;
             }
         }
@@ -296,6 +314,121 @@ pub fn attention_values_group<E: KvElement>(
     }
 }
 
+/// One vector width's kernels, written once for AVX-512 (sixteen f32 a
+/// vector) and AVX2 (eight): the lane reduction, and one head's scores and
+/// weighted values. The invoking module supplies `Mask`, `ALL`, `load` and
+/// `store` for its width, and the target features as a string.
+#[cfg(target_arch = "x86_64")]
+macro_rules! width_kernels {
+    ($features:literal, $v:ty, $zero:ident, $add:ident, $mul:ident, $splat:ident, $fma:ident) => {
+        /// Reduces the library's partial sums (`lane[l]`, one vector of
+        /// outputs at once) in `order`; see [`SumOrder::combine`].
+        ///
+        /// # Safety
+        /// `lane[..order.lanes()]` must be initialized.
+        #[inline(always)]
+        unsafe fn reduce(order: SumOrder, lane: &[MaybeUninit<$v>; 64]) -> $v {
+            unsafe {
+                let at = |l: usize| lane[l].assume_init();
+                let mut x = [$zero(); 16];
+                for j in 0..16 {
+                    x[j] = match order {
+                        SumOrder::Sgemm => at(j),
+                        SumOrder::VecDot => {
+                            $add($add(at(j), at(32 + j)), $add(at(16 + j), at(48 + j)))
+                        }
+                    };
+                }
+                let mut t3 = [$zero(); 8];
+                for i in 0..8 {
+                    t3[i] = $add(x[i + 8], x[i]);
+                }
+                let mut t6 = [$zero(); 4];
+                for i in 0..4 {
+                    t6[i] = $add(t3[i + 4], t3[i]);
+                }
+                $add($add(t6[0], t6[2]), $add(t6[1], t6[3]))
+            }
+        }
+
+        /// The library's sum of `w[i] · x(i)` over `i < w.len()`: term `i`
+        /// into lane `i % lanes` (the first a product, the rest fused), the
+        /// lanes combined by `reduce`.
+        ///
+        /// # Safety
+        /// `x(i)` is safe to call for every `i < w.len()`.
+        #[inline(always)]
+        unsafe fn weighted(w: &[f32], order: SumOrder, x: impl Fn(usize) -> $v) -> $v {
+            let lanes = order.lanes();
+            // SAFETY: `i < w.len()` for every weight read; every lane below
+            // `lanes` is written before `reduce` reads it.
+            unsafe {
+                let mut lane = [MaybeUninit::<$v>::uninit(); 64];
+                for l in w.len().min(lanes)..lanes {
+                    lane[l] = MaybeUninit::new($zero());
+                }
+                for l in 0..lanes.min(w.len()) {
+                    let mut a = $mul($splat(*w.get_unchecked(l)), x(l));
+                    let mut i = l + lanes;
+                    while i < w.len() {
+                        a = $fma($splat(*w.get_unchecked(i)), x(i), a);
+                        i += lanes;
+                    }
+                    lane[l] = MaybeUninit::new(a);
+                }
+                reduce(order, &lane)
+            }
+        }
+
+        /// One vector of scores: the tokens from `t0` that `mask` selects,
+        /// of the page at `k`.
+        ///
+        /// # Safety
+        /// The CPU has this module's features; `k` points to `q.len()` rows
+        /// of `width` elements, of which the slots from `t0` that `mask`
+        /// selects are readable; `out` is writable for those slots.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn scores<E: KvElement>(
+            q: &[f32],
+            k: *const E,
+            width: usize,
+            t0: usize,
+            mask: Mask,
+            order: SumOrder,
+            out: *mut f32,
+        ) {
+            // SAFETY: the caller guarantees the selected slots of every row
+            // exist.
+            unsafe {
+                let sum = weighted(q, order, |d| load(k.add(d * width + t0), mask));
+                store(out, mask, sum);
+            }
+        }
+
+        /// One vector of output dimensions from `d0` of the weighted sum of
+        /// values.
+        ///
+        /// # Safety
+        /// The CPU has this module's features; `rows` holds `p.len()`
+        /// pointers, each with one vector of elements from `d0` readable;
+        /// `out` is writable for one vector.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn values<E: KvElement>(
+            p: &[f32],
+            rows: &[*const E],
+            d0: usize,
+            order: SumOrder,
+            out: *mut f32,
+        ) {
+            // SAFETY: the caller guarantees every row read exists.
+            unsafe {
+                let sum = weighted(p, order, |t| load(rows.get_unchecked(t).add(d0), ALL));
+                store(out, ALL, sum);
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "x86_64")]
 mod attn_avx512 {
     use super::{KvElement, SumOrder};
@@ -320,7 +453,7 @@ mod attn_avx512 {
     /// The CPU has AVX-512 F/BW/VL and every element of `p` that `mask`
     /// selects is readable.
     #[inline(always)]
-    unsafe fn load<E: KvElement>(p: *const E, mask: __mmask16) -> __m512 {
+    unsafe fn load<E: KvElement>(p: *const E, mask: Mask) -> __m512 {
         unsafe {
             if E::IS_F16 {
                 _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast()))
@@ -330,35 +463,35 @@ mod attn_avx512 {
         }
     }
 
-    /// As the AVX2 `reduce`, sixteen outputs at once.
-    #[inline(always)]
+    /// Which of a vector's sixteen slots an access touches.
+    pub(super) type Mask = __mmask16;
+
+    /// All sixteen slots.
+    const ALL: Mask = 0xFFFF;
+
+    /// The first `len` slots (all sixteen from 16 on).
+    pub(super) fn mask(len: usize) -> Mask {
+        if len >= 16 { ALL } else { (1u16 << len) - 1 }
+    }
+
+    /// Writes the slots of `v` that `mask` selects to `out`.
     ///
     /// # Safety
-    /// `lane[..order.lanes()]` must be initialized.
-    unsafe fn reduce(order: SumOrder, lane: &[MaybeUninit<__m512>; 64]) -> __m512 {
-        unsafe {
-            let at = |l: usize| lane[l].assume_init();
-            let mut x = [_mm512_setzero_ps(); 16];
-            for j in 0..16 {
-                x[j] = match order {
-                    SumOrder::Sgemm => at(j),
-                    SumOrder::VecDot => _mm512_add_ps(
-                        _mm512_add_ps(at(j), at(32 + j)),
-                        _mm512_add_ps(at(16 + j), at(48 + j)),
-                    ),
-                };
-            }
-            let mut t3 = [_mm512_setzero_ps(); 8];
-            for i in 0..8 {
-                t3[i] = _mm512_add_ps(x[i + 8], x[i]);
-            }
-            let mut t6 = [_mm512_setzero_ps(); 4];
-            for i in 0..4 {
-                t6[i] = _mm512_add_ps(t3[i + 4], t3[i]);
-            }
-            _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]), _mm512_add_ps(t6[1], t6[3]))
-        }
+    /// The CPU has AVX-512 F; the selected slots of `out` are writable.
+    #[inline(always)]
+    unsafe fn store(out: *mut f32, mask: Mask, v: __m512) {
+        unsafe { _mm512_mask_storeu_ps(out, mask, v) }
     }
+
+    width_kernels!(
+        "avx512f,avx512bw,avx512vl,fma",
+        __m512,
+        _mm512_setzero_ps,
+        _mm512_add_ps,
+        _mm512_mul_ps,
+        _mm512_set1_ps,
+        _mm512_fmadd_ps
+    );
 
     /// Scores of tokens `t0..t0 + len` for `group` heads sharing the keys.
     ///
@@ -381,40 +514,15 @@ mod attn_avx512 {
         out: *mut f32,
         stride: usize,
     ) {
-        let lanes = order.lanes();
-        let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
-        // SAFETY: the caller guarantees every slot read and written exists;
-        // every lane below `lanes` of every head is written before `reduce`.
+        let mask = mask(len);
+        // SAFETY: the caller guarantees every slot read and written exists.
         unsafe {
-            let mut lane = [[MaybeUninit::<__m512>::uninit(); 64]; super::MAX_GROUP];
-            for l in 0..lanes {
-                if l >= hd {
-                    for head in lane.iter_mut().take(group) {
-                        head[l] = MaybeUninit::new(_mm512_setzero_ps());
-                    }
-                    continue;
-                }
-                let kv = load(k.add(l * width + t0), mask);
-                let mut a = [_mm512_setzero_ps(); super::MAX_GROUP];
-                for g in 0..group {
-                    a[g] = _mm512_mul_ps(_mm512_set1_ps(*q.get_unchecked(g * hd + l)), kv);
-                }
-                let mut d = l + lanes;
-                while d < hd {
-                    let kv = load(k.add(d * width + t0), mask);
-                    for g in 0..group {
-                        a[g] =
-                            _mm512_fmadd_ps(_mm512_set1_ps(*q.get_unchecked(g * hd + d)), kv, a[g]);
-                    }
-                    d += lanes;
-                }
-                for g in 0..group {
-                    lane[g][l] = MaybeUninit::new(a[g]);
-                }
-            }
-            for g in 0..group {
-                _mm512_mask_storeu_ps(out.add(g * stride + t0), mask, reduce(order, &lane[g]));
-            }
+            weighted_group(
+                (hd, group, order),
+                |g, d| *q.get_unchecked(g * hd + d),
+                |d| load(k.add(d * width + t0), mask),
+                |g, sum| store(out.add(g * stride + t0), mask, sum),
+            );
         }
     }
 
@@ -437,10 +545,36 @@ mod attn_avx512 {
         out: *mut f32,
         hd: usize,
     ) {
-        let lanes = order.lanes();
-        let n = rows.len();
         // SAFETY: the caller guarantees every row and weight read, and every
-        // output written, exists; every lane below `lanes` is written first.
+        // output written, exists.
+        unsafe {
+            weighted_group(
+                (rows.len(), group, order),
+                |g, t| *p.get_unchecked(g * p_stride + t),
+                |t| load(rows.get_unchecked(t).add(d0), ALL),
+                |g, sum| store(out.add(g * hd + d0), ALL, sum),
+            );
+        }
+    }
+
+    /// For each head `g < group`, the library's sum of `w(g, i) · x(i)` over
+    /// `i < n`, term `i` into lane `i % lanes` as [`weighted`] sums one
+    /// head's, given to `put(g, sum)`; each `x(i)` is loaded once for all
+    /// heads.
+    ///
+    /// # Safety
+    /// `group <= MAX_GROUP`; `w(g, i)` and `x(i)` are safe to call for every
+    /// `g < group` and `i < n`, and `put(g, _)` for every `g < group`.
+    #[inline(always)]
+    unsafe fn weighted_group(
+        (n, group, order): (usize, usize, SumOrder),
+        w: impl Fn(usize, usize) -> f32,
+        x: impl Fn(usize) -> __m512,
+        put: impl Fn(usize, __m512),
+    ) {
+        let lanes = order.lanes();
+        // SAFETY: every lane below `lanes` of every head is written before
+        // `reduce` reads it.
         unsafe {
             let mut lane = [[MaybeUninit::<__m512>::uninit(); 64]; super::MAX_GROUP];
             for l in 0..lanes {
@@ -450,117 +584,26 @@ mod attn_avx512 {
                     }
                     continue;
                 }
-                let row = load(rows.get_unchecked(l).add(d0), 0xFFFF);
+                let v = x(l);
                 let mut a = [_mm512_setzero_ps(); super::MAX_GROUP];
                 for g in 0..group {
-                    a[g] = _mm512_mul_ps(_mm512_set1_ps(*p.get_unchecked(g * p_stride + l)), row);
+                    a[g] = _mm512_mul_ps(_mm512_set1_ps(w(g, l)), v);
                 }
-                let mut t = l + lanes;
-                while t < n {
-                    let row = load(rows.get_unchecked(t).add(d0), 0xFFFF);
+                let mut i = l + lanes;
+                while i < n {
+                    let v = x(i);
                     for g in 0..group {
-                        a[g] = _mm512_fmadd_ps(
-                            _mm512_set1_ps(*p.get_unchecked(g * p_stride + t)),
-                            row,
-                            a[g],
-                        );
+                        a[g] = _mm512_fmadd_ps(_mm512_set1_ps(w(g, i)), v, a[g]);
                     }
-                    t += lanes;
+                    i += lanes;
                 }
                 for g in 0..group {
                     lane[g][l] = MaybeUninit::new(a[g]);
                 }
             }
             for g in 0..group {
-                _mm512_storeu_ps(out.add(g * hd + d0), reduce(order, &lane[g]));
+                put(g, reduce(order, &lane[g]));
             }
-        }
-    }
-
-    /// Scores of tokens `t0..t0 + len` (len <= 16) of the page at `k`.
-    ///
-    /// # Safety
-    /// The CPU has the features of [`available`]; `k` points to `q.len()`
-    /// rows of `width` elements, of which slots `t0..t0 + min(len, 16)` are
-    /// readable; `out` is writable for `min(len, 16)` elements.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    pub(super) unsafe fn scores16<E: KvElement>(
-        q: &[f32],
-        k: *const E,
-        width: usize,
-        t0: usize,
-        len: usize,
-        order: SumOrder,
-        out: *mut f32,
-    ) {
-        let lanes = order.lanes();
-        let mask: __mmask16 = if len >= 16 { 0xFFFF } else { (1u16 << len) - 1 };
-        // SAFETY: the caller guarantees slots t0..t0 + len of every row exist;
-        // every lane of `lane` is written before `reduce` reads it.
-        unsafe {
-            let mut lane = [MaybeUninit::<__m512>::uninit(); 64];
-            for l in q.len().min(lanes)..lanes {
-                lane[l] = MaybeUninit::new(_mm512_setzero_ps());
-            }
-            for l in 0..lanes.min(q.len()) {
-                let mut a = _mm512_mul_ps(
-                    _mm512_set1_ps(*q.get_unchecked(l)),
-                    load(k.add(l * width + t0), mask),
-                );
-                let mut d = l + lanes;
-                while d < q.len() {
-                    a = _mm512_fmadd_ps(
-                        _mm512_set1_ps(*q.get_unchecked(d)),
-                        load(k.add(d * width + t0), mask),
-                        a,
-                    );
-                    d += lanes;
-                }
-                lane[l] = MaybeUninit::new(a);
-            }
-            _mm512_mask_storeu_ps(out, mask, reduce(order, &lane));
-        }
-    }
-
-    /// Sixteen output dimensions `d0..d0 + 16` of the weighted sum of values.
-    ///
-    /// # Safety
-    /// The CPU has the features of [`available`]; `rows` holds `p.len()`
-    /// pointers, each with elements `d0..d0 + 16` readable; `out` is
-    /// writable for sixteen elements.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-    pub(super) unsafe fn values16<E: KvElement>(
-        p: &[f32],
-        rows: &[*const E],
-        d0: usize,
-        order: SumOrder,
-        out: *mut f32,
-    ) {
-        let lanes = order.lanes();
-        // SAFETY: the caller guarantees every row read exists; every lane of
-        // `lane` is written before `reduce` reads it.
-        unsafe {
-            let mut lane = [MaybeUninit::<__m512>::uninit(); 64];
-            for l in p.len().min(lanes)..lanes {
-                lane[l] = MaybeUninit::new(_mm512_setzero_ps());
-            }
-            for l in 0..lanes.min(p.len()) {
-                let mut a = _mm512_mul_ps(
-                    _mm512_set1_ps(*p.get_unchecked(l)),
-                    load(rows.get_unchecked(l).add(d0), 0xFFFF),
-                );
-                let mut t = l + lanes;
-                while t < p.len() {
-                    a = _mm512_fmadd_ps(
-                        _mm512_set1_ps(*p.get_unchecked(t)),
-                        load(rows.get_unchecked(t).add(d0), 0xFFFF),
-                        a,
-                    );
-                    t += lanes;
-                }
-                lane[l] = MaybeUninit::new(a);
-            }
-            _mm512_storeu_ps(out, reduce(order, &lane));
         }
     }
 }
@@ -571,12 +614,18 @@ mod attn_avx2 {
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
+    /// AVX2 has no masked access: every call touches all eight slots.
+    pub(super) type Mask = ();
+
+    /// All eight slots.
+    pub(super) const ALL: Mask = ();
+
     /// Eight elements from `p` as f32.
     ///
     /// # Safety
     /// The CPU has AVX2 and F16C, and eight elements from `p` are readable.
     #[inline(always)]
-    unsafe fn load<E: KvElement>(p: *const E) -> __m256 {
+    unsafe fn load<E: KvElement>(p: *const E, _: Mask) -> __m256 {
         unsafe {
             if E::IS_F16 {
                 _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
@@ -586,121 +635,24 @@ mod attn_avx2 {
         }
     }
 
-    /// Reduces the library's partial sums (`lane[l]`, eight outputs at
-    /// once) in `order`; see [`SumOrder::combine`].
+    /// Writes the eight slots of `v` to `out`.
+    ///
+    /// # Safety
+    /// The CPU has AVX; eight elements from `out` are writable.
     #[inline(always)]
-    ///
-    /// # Safety
-    /// `lane[..order.lanes()]` must be initialized.
-    unsafe fn reduce(order: SumOrder, lane: &[MaybeUninit<__m256>; 64]) -> __m256 {
-        unsafe {
-            let at = |l: usize| lane[l].assume_init();
-            let mut x = [_mm256_setzero_ps(); 16];
-            for j in 0..16 {
-                x[j] = match order {
-                    SumOrder::Sgemm => at(j),
-                    SumOrder::VecDot => _mm256_add_ps(
-                        _mm256_add_ps(at(j), at(32 + j)),
-                        _mm256_add_ps(at(16 + j), at(48 + j)),
-                    ),
-                };
-            }
-            let mut t3 = [_mm256_setzero_ps(); 8];
-            for i in 0..8 {
-                t3[i] = _mm256_add_ps(x[i + 8], x[i]);
-            }
-            let mut t6 = [_mm256_setzero_ps(); 4];
-            for i in 0..4 {
-                t6[i] = _mm256_add_ps(t3[i + 4], t3[i]);
-            }
-            _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]))
-        }
+    unsafe fn store(out: *mut f32, _: Mask, v: __m256) {
+        unsafe { _mm256_storeu_ps(out, v) }
     }
 
-    /// Eight scores, tokens `t0..t0 + 8` of the page at `k`.
-    ///
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `k` points to `q.len()` rows of
-    /// `width` elements, of which slots `t0..t0 + 8` are readable; `out` is
-    /// writable for eight elements.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn scores8<E: KvElement>(
-        q: &[f32],
-        k: *const E,
-        width: usize,
-        t0: usize,
-        order: SumOrder,
-        out: *mut f32,
-    ) {
-        let lanes = order.lanes();
-        // SAFETY: the caller guarantees rows d * width + t0 .. + 8 exist;
-        // every lane of `lane` is written before `reduce` reads it.
-        unsafe {
-            let mut lane = [MaybeUninit::<__m256>::uninit(); 64];
-            for l in q.len().min(lanes)..lanes {
-                lane[l] = MaybeUninit::new(_mm256_setzero_ps());
-            }
-            for l in 0..lanes.min(q.len()) {
-                let mut a = _mm256_mul_ps(
-                    _mm256_set1_ps(*q.get_unchecked(l)),
-                    load(k.add(l * width + t0)),
-                );
-                let mut d = l + lanes;
-                while d < q.len() {
-                    a = _mm256_fmadd_ps(
-                        _mm256_set1_ps(*q.get_unchecked(d)),
-                        load(k.add(d * width + t0)),
-                        a,
-                    );
-                    d += lanes;
-                }
-                lane[l] = MaybeUninit::new(a);
-            }
-            _mm256_storeu_ps(out, reduce(order, &lane));
-        }
-    }
-
-    /// Eight output dimensions `d0..d0 + 8` of the weighted sum of values.
-    ///
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `rows` holds `p.len()` pointers,
-    /// each with elements `d0..d0 + 8` readable; `out` is writable for eight
-    /// elements.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn values8<E: KvElement>(
-        p: &[f32],
-        rows: &[*const E],
-        d0: usize,
-        order: SumOrder,
-        out: *mut f32,
-    ) {
-        let lanes = order.lanes();
-        // SAFETY: the caller guarantees every row read exists; every lane of
-        // `lane` is written before `reduce` reads it.
-        unsafe {
-            let mut lane = [MaybeUninit::<__m256>::uninit(); 64];
-            for l in p.len().min(lanes)..lanes {
-                lane[l] = MaybeUninit::new(_mm256_setzero_ps());
-            }
-            for l in 0..lanes.min(p.len()) {
-                let mut a = _mm256_mul_ps(
-                    _mm256_set1_ps(*p.get_unchecked(l)),
-                    load(rows.get_unchecked(l).add(d0)),
-                );
-                let mut t = l + lanes;
-                while t < p.len() {
-                    a = _mm256_fmadd_ps(
-                        _mm256_set1_ps(*p.get_unchecked(t)),
-                        load(rows.get_unchecked(t).add(d0)),
-                        a,
-                    );
-                    t += lanes;
-                }
-                lane[l] = MaybeUninit::new(a);
-            }
-            _mm256_storeu_ps(out, reduce(order, &lane));
-        }
-    }
+    width_kernels!(
+        "avx2,fma,f16c",
+        __m256,
+        _mm256_setzero_ps,
+        _mm256_add_ps,
+        _mm256_mul_ps,
+        _mm256_set1_ps,
+        _mm256_fmadd_ps
+    );
 }
 
 #[cfg(test)]
@@ -815,7 +767,15 @@ mod tests {
                 let mut got = vec![0f32; width];
                 for t0 in [0, 8] {
                     unsafe {
-                        attn_avx2::scores8(&q, k.as_ptr(), width, t0, order, got[t0..].as_mut_ptr())
+                        attn_avx2::scores(
+                            &q,
+                            k.as_ptr(),
+                            width,
+                            t0,
+                            attn_avx2::ALL,
+                            order,
+                            got[t0..].as_mut_ptr(),
+                        )
                     };
                 }
                 assert_eq!(got, want, "{order:?} scores");
@@ -826,7 +786,7 @@ mod tests {
                 attention_values(&p, &[&k[..]], width, &mut want, order);
                 let mut got = vec![0f32; hd];
                 for d0 in (0..hd).step_by(8) {
-                    unsafe { attn_avx2::values8(&p, &rows, d0, order, got[d0..].as_mut_ptr()) };
+                    unsafe { attn_avx2::values(&p, &rows, d0, order, got[d0..].as_mut_ptr()) };
                 }
                 assert_eq!(got, want, "{order:?} values");
             }

@@ -136,9 +136,26 @@ pub(crate) mod avx2 {
         out: OutPtr,
         stride: usize,
     ) {
+        // SAFETY: upheld by the caller; VNNI is used only where present.
+        unsafe { weight_rows_dots_with(w, rows, a, (out, stride), vnni()) }
+    }
+
+    /// [`weight_rows_dots`] with the AVX-512 VNNI tiles or, when `vnni` is
+    /// false, the AVX2 ones (which tests also run on machines that would
+    /// take the AVX-512 path).
+    ///
+    /// # Safety
+    /// As [`weight_rows_dots`], and the CPU has AVX-512 VNNI if `vnni`.
+    pub(crate) unsafe fn weight_rows_dots_with(
+        w: &WeightsQ,
+        rows: std::ops::Range<usize>,
+        a: &ActivationsQ8,
+        (out, stride): (OutPtr, usize),
+        vnni: bool,
+    ) {
         // SAFETY (all arms): the features each kernel needs are present.
         unsafe {
-            match (w.format(), vnni()) {
+            match (w.format(), vnni) {
                 (WeightFormat::Q4_1, false) => tiles_madd::<Q41>(w, rows, a, out, stride),
                 (WeightFormat::Q4_0, false) => tiles_madd::<Q40>(w, rows, a, out, stride),
                 (WeightFormat::Q8_0, false) => tiles_madd::<Q80>(w, rows, a, out, stride),
@@ -149,27 +166,30 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// The AVX2 (no VNNI, no AVX-512) tiles, for tests on machines that
-    /// would otherwise take the AVX-512 path.
-    ///
-    /// # Safety
-    /// Requires AVX2, FMA and F16C; output contract as `super::weight_rows_dots`.
-    #[cfg(test)]
-    pub(crate) unsafe fn weight_rows_dots_avx2_only(
-        w: &WeightsQ,
-        rows: std::ops::Range<usize>,
-        a: &ActivationsQ8,
-        out: OutPtr,
-        stride: usize,
-    ) {
-        // SAFETY: upheld by the caller.
-        unsafe {
-            match w.format() {
-                WeightFormat::Q4_1 => tiles_madd::<Q41>(w, rows, a, out, stride),
-                WeightFormat::Q4_0 => tiles_madd::<Q40>(w, rows, a, out, stride),
-                WeightFormat::Q8_0 => tiles_madd::<Q80>(w, rows, a, out, stride),
-            }
+    /// Calls `two(j)` for the weight rows of `rows` in pairs (`j`, `j + 1`),
+    /// then `one(j)` for a last row left over.
+    #[inline(always)]
+    fn in_pairs(rows: std::ops::Range<usize>, mut two: impl FnMut(usize), one: impl FnOnce(usize)) {
+        let mut j = rows.start;
+        while j + 2 <= rows.end {
+            two(j);
+            j += 2;
         }
+        if j < rows.end {
+            one(j);
+        }
+    }
+
+    /// Calls `four(r)` for activation rows `r..r + 4` of `rows` while four
+    /// remain, then `one(r)` for each row left.
+    #[inline(always)]
+    fn in_fours(rows: std::ops::Range<usize>, mut four: impl FnMut(usize), one: impl FnMut(usize)) {
+        let mut r = rows.start;
+        while r + 4 <= rows.end {
+            four(r);
+            r += 4;
+        }
+        (r..rows.end).for_each(one);
     }
 
     /// How one weight block is loaded and paired with an activation block.
@@ -182,16 +202,23 @@ pub(crate) mod avx2 {
         /// The CPU has AVX2, and `QBYTES` bytes from `p` are readable.
         unsafe fn load(p: *const u8) -> __m256i;
         /// Turns (weights, activations) into (unsigned, signed) byte vectors
-        /// whose byte-wise products are the wanted products.
+        /// whose byte-wise products are the wanted products: for signed
+        /// weights (the default), `(|x|, y · sign(x))`.
         ///
         /// # Safety
         /// The CPU has AVX2 (callers are kernels compiled for it, which checked).
-        unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i);
+        #[inline(always)]
+        unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
+            unsafe { (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
+        }
         /// [`Kind::prep`] for two blocks side by side in 512 bits.
         ///
         /// # Safety
         /// The CPU has AVX-512 F/BW.
-        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i);
+        #[inline(always)]
+        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
+            unsafe { sign512(x, y) }
+        }
     }
 
     struct Q41;
@@ -212,6 +239,7 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// Unsigned weights (with a minimum): the bytes multiply as they are.
     impl Kind for Q41 {
         const HAS_MIN: bool = true;
         const QBYTES: usize = 16;
@@ -244,18 +272,6 @@ pub(crate) mod avx2 {
         unsafe fn load(p: *const u8) -> __m256i {
             unsafe { _mm256_sub_epi8(nibbles(p), _mm256_set1_epi8(8)) }
         }
-        /// # Safety
-        /// As [`Kind::prep`].
-        #[inline(always)]
-        unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
-            unsafe { (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
-        }
-        /// # Safety
-        /// As [`Kind::prep512`].
-        #[inline(always)]
-        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
-            unsafe { sign512(x, y) }
-        }
     }
 
     impl Kind for Q80 {
@@ -266,18 +282,6 @@ pub(crate) mod avx2 {
         #[inline(always)]
         unsafe fn load(p: *const u8) -> __m256i {
             unsafe { _mm256_loadu_si256(p.cast()) }
-        }
-        /// # Safety
-        /// As [`Kind::prep`].
-        #[inline(always)]
-        unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
-            unsafe { (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
-        }
-        /// # Safety
-        /// As [`Kind::prep512`].
-        #[inline(always)]
-        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
-            unsafe { sign512(x, y) }
         }
     }
 
@@ -356,34 +360,32 @@ pub(crate) mod avx2 {
                 out: OutPtr,
                 stride: usize,
             ) {
-                let n_act = a.rows();
-                // SAFETY: every call stays inside `rows` and the activation rows.
-                unsafe {
-                    let mut j = rows.start;
-                    while j + 2 <= rows.end {
-                        let mut r = 0;
-                        while r + 4 <= n_act {
-                            $tile::<K, 2, 4>(w, j, a, r, out, stride);
-                            r += 4;
-                        }
-                        while r < n_act {
-                            $tile::<K, 2, 1>(w, j, a, r, out, stride);
-                            r += 1;
-                        }
-                        j += 2;
-                    }
-                    if j < rows.end {
-                        let mut r = 0;
-                        while r + 4 <= n_act {
-                            $tile::<K, 1, 4>(w, j, a, r, out, stride);
-                            r += 4;
-                        }
-                        while r < n_act {
-                            $tile::<K, 1, 1>(w, j, a, r, out, stride);
-                            r += 1;
-                        }
-                    }
+                /// Weight rows `j..j + WR` by every activation row, four
+                /// at a time, then one.
+                ///
+                /// # Safety
+                /// As the driver's, for rows `j..j + WR`.
+                #[target_feature(enable = $features)]
+                unsafe fn rows_of<K: Kind, const WR: usize>(
+                    w: &WeightsQ,
+                    j: usize,
+                    a: &ActivationsQ8,
+                    out: OutPtr,
+                    stride: usize,
+                ) {
+                    // SAFETY: every call stays inside the activation rows.
+                    in_fours(
+                        0..a.rows(),
+                        |r| unsafe { $tile::<K, WR, 4>(w, j, a, r, out, stride) },
+                        |r| unsafe { $tile::<K, WR, 1>(w, j, a, r, out, stride) },
+                    );
                 }
+                // SAFETY: every call stays inside `rows`.
+                in_pairs(
+                    rows,
+                    |j| unsafe { rows_of::<K, 2>(w, j, a, out, stride) },
+                    |j| unsafe { rows_of::<K, 1>(w, j, a, out, stride) },
+                );
             }
 
         };
@@ -480,43 +482,39 @@ pub(crate) mod avx2 {
         out: OutPtr,
         stride: usize,
     ) {
+        // SAFETY: every call stays inside `rows`.
+        in_pairs(
+            rows,
+            |j| unsafe { row_tiles::<K, 2>(w, j, a, out, stride) },
+            |j| unsafe { row_tiles::<K, 1>(w, j, a, out, stride) },
+        );
+    }
+
+    /// `WR` weight rows from `j` by every activation row: eight rows a tile
+    /// while eight remain, then four, then one.
+    ///
+    /// # Safety
+    /// As [`tiles_512`]'s: rows `j..j + WR` of the weights exist, and their
+    /// outputs are writable for every activation row.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+    unsafe fn row_tiles<K: Kind, const WR: usize>(
+        w: &WeightsQ,
+        j: usize,
+        a: &ActivationsQ8,
+        out: OutPtr,
+        stride: usize,
+    ) {
         let n_act = a.rows();
         let full = n_act / 8 * 8;
-        // SAFETY: every call stays inside `rows` and the activation rows.
-        unsafe {
-            let mut j = rows.start;
-            while j + 2 <= rows.end {
-                let mut r = 0;
-                while r < full {
-                    tile512::<K, 2>(w, j, a, r, out, stride);
-                    r += 8;
-                }
-                while r + 4 <= n_act {
-                    tile_vnni::<K, 2, 4>(w, j, a, r, out, stride);
-                    r += 4;
-                }
-                while r < n_act {
-                    tile_vnni::<K, 2, 1>(w, j, a, r, out, stride);
-                    r += 1;
-                }
-                j += 2;
-            }
-            if j < rows.end {
-                let mut r = 0;
-                while r < full {
-                    tile512::<K, 1>(w, j, a, r, out, stride);
-                    r += 8;
-                }
-                while r + 4 <= n_act {
-                    tile_vnni::<K, 1, 4>(w, j, a, r, out, stride);
-                    r += 4;
-                }
-                while r < n_act {
-                    tile_vnni::<K, 1, 1>(w, j, a, r, out, stride);
-                    r += 1;
-                }
-            }
+        // SAFETY: every call stays inside the activation rows.
+        for r in (0..full).step_by(8) {
+            unsafe { tile512::<K, WR>(w, j, a, r, out, stride) };
         }
+        in_fours(
+            full..n_act,
+            |r| unsafe { tile_vnni::<K, WR, 4>(w, j, a, r, out, stride) },
+            |r| unsafe { tile_vnni::<K, WR, 1>(w, j, a, r, out, stride) },
+        );
     }
 
     /// `WR` weight rows from `j` by eight activation rows from `r`; each

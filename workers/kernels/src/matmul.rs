@@ -188,13 +188,8 @@ mod tests {
                     let act = ActivationsQ8::quantize(&x, rows_in, cols);
                     let mut avx2 = vec![0f32; rows_in * rows];
                     unsafe {
-                        crate::dot::avx2::weight_rows_dots_avx2_only(
-                            &w,
-                            0..rows,
-                            &act,
-                            OutPtr(avx2.as_mut_ptr()),
-                            rows,
-                        )
+                        let out = (OutPtr(avx2.as_mut_ptr()), rows);
+                        crate::dot::avx2::weight_rows_dots_with(&w, 0..rows, &act, out, false)
                     };
                     assert_eq!(
                         avx2, fast,
