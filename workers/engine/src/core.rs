@@ -1297,18 +1297,8 @@ impl EngineCore {
         source: RequestId,
         source_index: usize,
     ) -> bool {
-        let Some(si) = self
-            .running
-            .iter()
-            .position(|s| s.owner.request() == source)
-        else {
-            return false;
-        };
-        let Some(vi) = self
-            .running
-            .iter()
-            .position(|s| s.owner.request() == victim)
-        else {
+        let at = |r: RequestId| self.running.iter().position(|s| s.owner.request() == r);
+        let (Some(si), Some(vi)) = (at(source), at(victim)) else {
             return false;
         };
         if si == vi {

@@ -307,11 +307,10 @@ fn another_tenant_cannot_time_a_cached_prefix() {
             same.push(ttft(&e, 2, scoped(prefix.clone(), 1, fresh())));
         }
     }
-    let (d, p) = ks(&same, &other);
-    eprintln!(
-        "attacker: D = {d:.3}, p = {p:.3}; median TTFT victim's prefix {:.1} ms, unrelated {:.1} ms",
-        median_ms(&same),
-        median_ms(&other)
+    let (d, p) = compare(
+        "attacker",
+        ("victim's prefix", &same),
+        ("unrelated", &other),
     );
     assert!(
         p > 0.01,
@@ -330,14 +329,18 @@ fn another_tenant_cannot_time_a_cached_prefix() {
         );
         miss.push(ttft(&e, 1, scoped(unrelated(100 + i), 1, victim)));
     }
-    let (d, p) = ks(&hit, &miss);
-    eprintln!(
-        "victim's own namespace: D = {d:.3}, p = {p:.2e}; median TTFT hit {:.1} ms, miss {:.1} ms",
-        median_ms(&hit),
-        median_ms(&miss)
-    );
+    let (d, p) = compare("victim's own namespace", ("hit", &hit), ("miss", &miss));
     assert!(
         p < 0.01,
         "the cache did not make the victim's own hit faster: D = {d}, p = {p}"
     );
+}
+
+/// The Kolmogorov-Smirnov statistic and p-value of two samples of TTFT,
+/// printed with their medians under `who`.
+fn compare(who: &str, (a, xs): (&str, &[f64]), (b, ys): (&str, &[f64])) -> (f64, f64) {
+    let (d, p) = ks(xs, ys);
+    let (mx, my) = (median_ms(xs), median_ms(ys));
+    eprintln!("{who}: D = {d:.3}, p = {p:.3e}; median TTFT {a} {mx:.1} ms, {b} {my:.1} ms");
+    (d, p)
 }

@@ -135,28 +135,22 @@ impl TransferId {
     }
 }
 
-impl fmt::Display for TransferId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "xfer-{:016x}", self.0)
-    }
+/// `Display` for an id newtype: its number in `format`.
+macro_rules! display {
+    ($($id:ident => $format:literal),* $(,)?) => {
+        $(impl fmt::Display for $id {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, $format, self.0)
+            }
+        })*
+    };
 }
 
-impl fmt::Display for TenantId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tenant-{}", self.0)
-    }
-}
-
-impl fmt::Display for RequestId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "req-{}", self.0)
-    }
-}
-
-impl fmt::Display for PageId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "page-{}", self.0)
-    }
+display! {
+    TransferId => "xfer-{:016x}",
+    TenantId => "tenant-{}",
+    RequestId => "req-{}",
+    PageId => "page-{}",
 }
 
 /// A prefix-cache namespace: whose cached pages a sequence may share. The

@@ -1097,6 +1097,23 @@ pub(crate) mod tests {
         pool.limits(64)
     }
 
+    /// A fresh table of `tokens` positions for tenant `t`.
+    pub(crate) fn fresh_table(pool: &mut KvPool, t: u64, tokens: usize) -> PageTable {
+        let a = limits(pool).admit(tenant(t), tokens, 1, ()).unwrap();
+        pool.allocate(&a).unwrap()
+    }
+
+    /// A fresh table of `tokens` positions for tenant `t`, landing `transfer`.
+    pub(crate) fn receiving(
+        pool: &mut KvPool,
+        t: u64,
+        tokens: usize,
+        transfer: TransferId,
+    ) -> PageTable {
+        let a = limits(pool).admit(tenant(t), tokens, 1, ()).unwrap();
+        pool.allocate_receiving(&a, transfer).unwrap()
+    }
+
     /// Writes positions `start..start + len` of `table` in every layer, as
     /// a step of the engine does.
     pub(crate) fn fill(pool: &mut KvPool, table: &PageTable, start: usize, len: usize, x: f32) {
@@ -1144,8 +1161,7 @@ pub(crate) mod tests {
             })
         ));
         // Not enough free pages: nothing is taken.
-        let b = limits(&pool).admit(tenant(2), 9, 1, ()).unwrap();
-        let other = pool.allocate(&b).unwrap();
+        let other = fresh_table(&mut pool, 2, 9);
         assert_eq!(pool.free_pages(), 0);
         assert!(matches!(
             pool.grow(&mut table, 4),
@@ -1175,8 +1191,7 @@ pub(crate) mod tests {
             .unwrap();
         assert!(pool.reader().page(&table_a, 0, 0).is_ok());
         // B's table pointed at A's page (the incident's index bug) reads nothing.
-        let b = limits(&pool).admit(tenant(2), 1, 1, ()).unwrap();
-        let mut table_b = pool.allocate(&b).unwrap();
+        let mut table_b = fresh_table(&mut pool, 2, 1);
         let stolen = table_a.pages[0];
         table_b.pages[0] = stolen;
         let err = pool.reader().page(&table_b, 0, 0).unwrap_err();
@@ -1193,8 +1208,7 @@ pub(crate) mod tests {
         let keep = table_a.pages[0];
         pool.release(table_a);
         pool.release(table_b);
-        let a2 = limits(&pool).admit(tenant(1), 7, 1, ()).unwrap();
-        let mut table_a2 = pool.allocate(&a2).unwrap();
+        let mut table_a2 = fresh_table(&mut pool, 1, 7);
         fill(&mut pool, &table_a2, 0, 8, 5.0);
         let reused = table_a2
             .pages
@@ -1259,8 +1273,7 @@ pub(crate) mod tests {
     #[test]
     fn no_byte_of_a_previous_owner_is_readable_by_the_next() {
         let mut pool = KvPool::new(GEO, 2, false);
-        let a = limits(&pool).admit(tenant(1), 3, 1, ()).unwrap();
-        let ta = pool.allocate(&a).unwrap();
+        let ta = fresh_table(&mut pool, 1, 3);
         pool.begin_write(&ta, 0, 4).unwrap();
         for pos in 0..4 {
             for layer in 0..2 {
@@ -1293,12 +1306,10 @@ pub(crate) mod tests {
     #[test]
     fn a_begun_run_is_readable_layer_by_layer_only_once_written() {
         let mut pool = KvPool::new(GEO, 1, false);
-        let a = limits(&pool).admit(tenant(1), 1, 1, ()).unwrap();
-        let ta = pool.allocate(&a).unwrap();
+        let ta = fresh_table(&mut pool, 1, 1);
         fill(&mut pool, &ta, 0, 2, 7.0);
         pool.release(ta);
-        let b = limits(&pool).admit(tenant(2), 1, 1, ()).unwrap();
-        let tb = pool.allocate(&b).unwrap();
+        let tb = fresh_table(&mut pool, 2, 1);
         // Promising to write is not writing: nothing is readable or lendable yet.
         pool.begin_write(&tb, 0, 2).unwrap();
         assert!(pool.reader().page(&tb, 0, 0).is_err());
@@ -1318,8 +1329,7 @@ pub(crate) mod tests {
         pool.restore(lent);
         pool.release(tb);
         // A write out of the run's order zeroes what the run has not written.
-        let c = limits(&pool).admit(tenant(3), 1, 1, ()).unwrap();
-        let tc = pool.allocate(&c).unwrap();
+        let tc = fresh_table(&mut pool, 3, 1);
         pool.begin_write(&tc, 0, 1).unwrap();
         pool.write_token(&tc, 0, 1, &[3.0; 4], &[3.0; 4]).unwrap();
         assert!(pool.reader().page(&tc, 0, 1).is_ok());

@@ -22,4 +22,4 @@ pub mod usage;
 pub use decode::{DecodeOptions, DecodeWorker, SubmitError};
 pub use hello::{TransportKind, hello};
 pub use http::{ContextCheck, Role, app};
-pub use prefill::{AdminCommand, PrefillOptions, PrefillWorker};
+pub use prefill::{AdminCommand, LinkFault, PrefillOptions, PrefillWorker};

@@ -35,12 +35,29 @@ pub struct PrefillOptions {
     pub write_timeout: Duration,
     /// How pages travel.
     pub transport: crate::TransportKind,
-    /// Testing: wait this long before every frame (a deliberately slow link).
+    /// Testing: the link's deliberate fault, if any.
     #[cfg(feature = "test-hooks")]
-    page_delay: Option<Duration>,
-    /// Testing: the percent of page frames broken on purpose (chaos soak).
-    #[cfg(feature = "test-hooks")]
-    frame_faults: Option<u8>,
+    fault: Option<LinkFault>,
+}
+
+/// A fault a test build puts on its link on purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkFault {
+    /// Wait this long before every frame (a deliberately slow link).
+    Slow(Duration),
+    /// Break this percent of the page frames sent (corrupted, delayed,
+    /// dropped, duplicated or reordered), for the chaos soak.
+    Broken(u8),
+}
+
+impl LinkFault {
+    /// What the refusal in a serving build names.
+    pub fn what(self) -> &'static str {
+        match self {
+            LinkFault::Slow(_) => "a slowed link (--page-delay-ms)",
+            LinkFault::Broken(_) => "broken frames (--frame-faults-percent)",
+        }
+    }
 }
 
 impl PrefillOptions {
@@ -50,53 +67,24 @@ impl PrefillOptions {
             write_timeout,
             transport,
             #[cfg(feature = "test-hooks")]
-            page_delay: None,
-            #[cfg(feature = "test-hooks")]
-            frame_faults: None,
+            fault: None,
         }
     }
 
-    /// Testing only: break `percent` of the page frames sent (corrupted,
-    /// delayed, dropped, duplicated or reordered), for the chaos soak.
-    /// Refused in a build without the `test-hooks` feature.
+    /// Testing only: put `fault` on the link. Refused in a build without
+    /// the `test-hooks` feature.
     #[allow(clippy::needless_pass_by_ref_mut, clippy::unused_self)]
-    pub fn broken_link(
+    pub fn sabotage(
         &mut self,
-        percent: u8,
+        fault: LinkFault,
     ) -> Result<(), bulkhead_engine::hooks::HooksDisabled> {
         #[cfg(feature = "test-hooks")]
         {
-            self.frame_faults = Some(percent);
+            self.fault = Some(fault);
             Ok(())
         }
         #[cfg(not(feature = "test-hooks"))]
-        {
-            let _ = percent;
-            Err(bulkhead_engine::hooks::HooksDisabled(
-                "broken frames (--frame-faults-percent)",
-            ))
-        }
-    }
-
-    /// Testing only: wait `delay` before every frame (a deliberately slow
-    /// link). Refused in a build without the `test-hooks` feature.
-    #[allow(clippy::needless_pass_by_ref_mut, clippy::unused_self)]
-    pub fn slow_link(
-        &mut self,
-        delay: Duration,
-    ) -> Result<(), bulkhead_engine::hooks::HooksDisabled> {
-        #[cfg(feature = "test-hooks")]
-        {
-            self.page_delay = Some(delay);
-            Ok(())
-        }
-        #[cfg(not(feature = "test-hooks"))]
-        {
-            let _ = delay;
-            Err(bulkhead_engine::hooks::HooksDisabled(
-                "a slowed link (--page-delay-ms)",
-            ))
-        }
+        Err(bulkhead_engine::hooks::HooksDisabled(fault.what()))
     }
 }
 
@@ -224,18 +212,18 @@ impl PrefillWorker {
         let transport = TcpTransport::new(wr, Checksums::On, self.options.write_timeout);
         let reader = tokio::spawn(read_loop(rd, self.clone(), ctrl_tx, data_tx));
         #[cfg(feature = "test-hooks")]
-        let ctrl = match (self.options.page_delay, self.options.frame_faults) {
-            (Some(d), _) => {
+        let ctrl = match self.options.fault {
+            Some(LinkFault::Slow(d)) => {
                 let delayed = Arc::clone(&self.counters.delayed_frames);
                 let t = bulkhead_transfer::SlowTransport::new(transport, d, delayed);
                 write_loop(t, self.clone(), ctrl_rx, data_rx, admin).await
             }
-            (None, Some(p)) => {
+            Some(LinkFault::Broken(p)) => {
                 let counts = Arc::clone(&self.counters.frame_faults);
                 let t = bulkhead_transfer::ChaosTransport::new(transport, p, counts);
                 write_loop(t, self.clone(), ctrl_rx, data_rx, admin).await
             }
-            (None, None) => write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await,
+            None => write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await,
         };
         #[cfg(not(feature = "test-hooks"))]
         let ctrl = write_loop(transport, self.clone(), ctrl_rx, data_rx, admin).await;

@@ -22,13 +22,9 @@ use tower::ServiceExt;
 fn engine() -> Arc<Engine> {
     static MODEL: OnceLock<Arc<ModelFile>> = OnceLock::new();
     let model = MODEL.get_or_init(|| {
-        let path = bulkhead_engine::fetch::ensure_default_model(
-            &bulkhead_engine::fetch::Source::from_vars(
-                |k| std::env::var_os(k),
-                bulkhead_engine::fetch::Progress::Quiet,
-            ),
-        )
-        .expect("default model");
+        use bulkhead_engine::fetch::{Progress, Source, ensure_default_model};
+        let source = Source::from_vars(|k| std::env::var_os(k), Progress::Quiet);
+        let path = ensure_default_model(&source).expect("default model");
         Arc::new(ModelFile::load(&path).expect("model loads"))
     });
     let mut config = EngineConfig::with_budget(16 << 20);

@@ -233,14 +233,11 @@ impl Ledger {
 
     /// Checks one page frame.
     pub fn on_page(&mut self, h: &PageHeader, payload: &[u8]) -> PageVerdict {
-        let Some(e) = self.live.get_mut(&h.transfer) else {
+        let live = self.live.get_mut(&h.transfer);
+        let Some(e) = live.filter(|e| !matches!(e.state, State::Aborting)) else {
             self.counters.dropped_frames += 1;
             return PageVerdict::Dropped;
         };
-        if matches!(e.state, State::Aborting) {
-            self.counters.dropped_frames += 1;
-            return PageVerdict::Dropped;
-        }
         let slot = h.slot as usize;
         let fault = if slot >= e.generations.len()
             || e.generations[slot] != h.generation
@@ -269,14 +266,15 @@ impl Ledger {
 
     /// Checks the end of a transfer: every slot, the token count, the digest.
     pub fn on_done(&mut self, d: &Done) -> DoneVerdict {
-        let Some(e) = self.live.get(&d.transfer) else {
+        // A finished or aborting transfer's end is late.
+        let Some(e) = self
+            .live
+            .get(&d.transfer)
+            .filter(|e| matches!(e.state, State::Live))
+        else {
             self.counters.dropped_frames += 1;
             return DoneVerdict::Dropped;
         };
-        if matches!(e.state, State::Aborting) {
-            self.counters.dropped_frames += 1;
-            return DoneVerdict::Dropped;
-        }
         let pages: Option<Vec<(Generation, u64)>> = e
             .generations
             .iter()
@@ -316,44 +314,26 @@ impl Ledger {
     /// The peer acknowledged our abort: no write for it can follow. Returns
     /// whether the landing pages can now be released.
     pub fn on_abort_ack(&mut self, transfer: TransferId) -> bool {
-        match self.live.get(&transfer) {
-            Some(e) if matches!(e.state, State::Aborting) => {
-                self.counters.acks_received += 1;
-                self.bury(transfer);
-                true
-            }
-            _ => {
-                self.counters.dropped_frames += 1;
-                false
-            }
-        }
+        let aborting =
+            matches!(self.live.get(&transfer), Some(e) if matches!(e.state, State::Aborting));
+        self.end_if(transfer, aborting, |c| c.acks_received += 1)
     }
 
     /// The peer aborted `transfer`. Returns whether to acknowledge (exactly
     /// once) and release: the peer wrote its last frame for it before this.
     pub fn on_peer_abort(&mut self, transfer: TransferId) -> bool {
-        if self.live.contains_key(&transfer) {
-            self.counters.aborts_received += 1;
-            self.counters.acks_sent += 1;
-            self.bury(transfer);
-            true
-        } else {
-            self.counters.dropped_frames += 1;
-            false
-        }
+        let live = self.live.contains_key(&transfer);
+        self.end_if(transfer, live, |c| {
+            c.aborts_received += 1;
+            c.acks_sent += 1;
+        })
     }
 
     /// The peer refused the request at admission; nothing was written.
     pub fn on_rejected(&mut self, transfer: TransferId) -> bool {
         // Also when we were aborting it: prefill wrote nothing and will not.
-        if self.live.contains_key(&transfer) {
-            self.counters.rejected += 1;
-            self.bury(transfer);
-            true
-        } else {
-            self.counters.dropped_frames += 1;
-            false
-        }
+        let live = self.live.contains_key(&transfer);
+        self.end_if(transfer, live, |c| c.rejected += 1)
     }
 
     /// This side gave up on `transfer` (its deadline passed) and already
@@ -376,6 +356,23 @@ impl Ledger {
             self.bury(*t);
         }
         ids
+    }
+
+    /// When `ends` holds, counts the ending and buries `transfer`; else the
+    /// frame that would have ended it is dropped. Returns `ends`.
+    fn end_if(
+        &mut self,
+        transfer: TransferId,
+        ends: bool,
+        count: impl FnOnce(&mut TransferCounters),
+    ) -> bool {
+        if ends {
+            count(&mut self.counters);
+            self.bury(transfer);
+        } else {
+            self.counters.dropped_frames += 1;
+        }
+        ends
     }
 
     fn bury(&mut self, transfer: TransferId) {

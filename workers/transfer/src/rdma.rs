@@ -127,6 +127,55 @@ fn complete(cq: &ibverbs::CompletionQueue<'_>, wr_id: u64) -> std::io::Result<us
     }
 }
 
+/// Runs `body` on a thread of its own named `name`, over a queue pair on
+/// `device` (or the first one) with `bytes` of registered memory; returns
+/// once `body` signalled that it is ready, or with the error that stopped
+/// it before.
+fn spawn_on_queue_pair(
+    name: &str,
+    (device, exchange): (Option<&str>, Exchange),
+    bytes: usize,
+    body: impl FnOnce(
+        ibverbs::MemoryRegion<u8>,
+        &ibverbs::CompletionQueue<'_>,
+        ibverbs::QueuePair<'_>,
+        Ready,
+    ) -> Result<(), TransportError>
+    + Send
+    + 'static,
+) -> Result<std::thread::JoinHandle<()>, TransportError> {
+    let device = pick(device)?;
+    let (ready_tx, ready) = mpsc::channel();
+    let failed = ready_tx.clone();
+    let thread = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let r = with_queue_pair(&device, exchange, |pd, cq, qp| {
+                let mr = pd.allocate::<u8>(bytes).map_err(TransportError::Io)?;
+                body(mr, cq, qp, Ready(ready_tx))
+            });
+            if let Err(e) = r {
+                let _ = failed.send(Err(e));
+            }
+        })?;
+    match ready.recv() {
+        Ok(Ok(())) => Ok(thread),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(TransportError::Unavailable(
+            "the RDMA thread stopped".into(),
+        )),
+    }
+}
+
+/// How a queue pair's thread tells its spawner that it is ready.
+struct Ready(mpsc::Sender<Result<(), TransportError>>);
+
+impl Ready {
+    fn signal(self) {
+        let _ = self.0.send(Ok(()));
+    }
+}
+
 impl RdmaTransport {
     /// Connects the sending side on `device` (or the first one).
     pub fn connect(
@@ -134,49 +183,36 @@ impl RdmaTransport {
         exchange: Exchange,
         checksums: Checksums,
     ) -> Result<Self, TransportError> {
-        let device = pick(device)?;
         let (jobs, rx) = mpsc::channel::<Job>();
-        let (ready_tx, ready) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("bulkhead-rdma-send".into())
-            .spawn(move || {
-                let r = with_queue_pair(&device, exchange, |pd, cq, mut qp| {
-                    let mut mr = pd
-                        .allocate::<u8>(MAX_FRAME.min(64 << 20))
-                        .map_err(TransportError::Io)?;
-                    let _ = ready_tx.send(Ok(()));
-                    let mut id = 0u64;
-                    while let Ok(Job::Send(frame, done)) = rx.recv() {
-                        id += 1;
-                        let r = if frame.len() > mr.len() {
-                            Err(std::io::Error::other("frame larger than the send buffer"))
-                        } else {
-                            mr[..frame.len()].copy_from_slice(&frame);
-                            // SAFETY: `mr` is not touched again until the
-                            // completion for `id` has been polled below.
-                            #[allow(unsafe_code)]
-                            let posted = unsafe { qp.post_send(&mut mr, ..frame.len(), id) };
-                            posted.and_then(|()| complete(cq, id).map(|_| ()))
-                        };
-                        let _ = done.send(r);
-                    }
-                    Ok(())
-                });
-                if let Err(e) = r {
-                    let _ = ready_tx.send(Err(e));
+        let thread = spawn_on_queue_pair(
+            "bulkhead-rdma-send",
+            (device, exchange),
+            MAX_FRAME.min(64 << 20),
+            move |mut mr, cq, mut qp, ready| {
+                ready.signal();
+                let mut id = 0u64;
+                while let Ok(Job::Send(frame, done)) = rx.recv() {
+                    id += 1;
+                    let r = if frame.len() > mr.len() {
+                        Err(std::io::Error::other("frame larger than the send buffer"))
+                    } else {
+                        mr[..frame.len()].copy_from_slice(&frame);
+                        // SAFETY: `mr` is not touched again until the
+                        // completion for `id` has been polled below.
+                        #[allow(unsafe_code)]
+                        let posted = unsafe { qp.post_send(&mut mr, ..frame.len(), id) };
+                        posted.and_then(|()| complete(cq, id).map(|_| ()))
+                    };
+                    let _ = done.send(r);
                 }
-            })?;
-        match ready.recv() {
-            Ok(Ok(())) => Ok(RdmaTransport {
-                jobs: Some(jobs),
-                thread: Some(thread),
-                checksums,
-            }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(TransportError::Unavailable(
-                "the RDMA thread stopped".into(),
-            )),
-        }
+                Ok(())
+            },
+        )?;
+        Ok(RdmaTransport {
+            jobs: Some(jobs),
+            thread: Some(thread),
+            checksums,
+        })
     }
 
     async fn post(&mut self, frame: Vec<u8>) -> Result<(), TransportError> {
@@ -229,60 +265,43 @@ impl RdmaReceiver {
         depth: usize,
         frame_bytes: usize,
     ) -> Result<Self, TransportError> {
-        let device = pick(device)?;
         let depth = depth.clamp(1, 16);
         let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
-        let (ready_tx, ready) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("bulkhead-rdma-recv".into())
-            .spawn(move || {
-                let r = with_queue_pair(&device, exchange, |pd, cq, mut qp| {
-                    let mut mr = pd
-                        .allocate::<u8>(depth * frame_bytes)
-                        .map_err(TransportError::Io)?;
-                    for i in 0..depth {
-                        // SAFETY: buffer `i` is read only after its completion.
-                        #[allow(unsafe_code)]
-                        unsafe {
-                            qp.post_receive(
-                                &mut mr,
-                                i * frame_bytes..(i + 1) * frame_bytes,
-                                i as u64,
-                            )
-                        }
-                        .map_err(TransportError::Io)?;
+        let thread = spawn_on_queue_pair(
+            "bulkhead-rdma-recv",
+            (device, exchange),
+            depth * frame_bytes,
+            move |mut mr, cq, mut qp, ready| {
+                for i in 0..depth {
+                    // SAFETY: buffer `i` is read only after its completion.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        qp.post_receive(&mut mr, i * frame_bytes..(i + 1) * frame_bytes, i as u64)
                     }
-                    let _ = ready_tx.send(Ok(()));
-                    let mut next = 0usize;
-                    loop {
-                        let len = complete(cq, next as u64).map_err(TransportError::Io)?;
-                        let at = next * frame_bytes;
-                        let mut bytes = &mr[at..at + len.min(frame_bytes)];
-                        let msg = decode_frame(&mut bytes);
-                        if tx.send(msg).is_err() {
-                            return Ok(());
-                        }
-                        // SAFETY: as above; the frame was copied out.
-                        #[allow(unsafe_code)]
-                        unsafe { qp.post_receive(&mut mr, at..at + frame_bytes, next as u64) }
-                            .map_err(TransportError::Io)?;
-                        next = (next + 1) % depth;
-                    }
-                });
-                if let Err(e) = r {
-                    let _ = ready_tx.send(Err(e));
+                    .map_err(TransportError::Io)?;
                 }
-            })?;
-        match ready.recv() {
-            Ok(Ok(())) => Ok(RdmaReceiver {
-                frames,
-                thread: Some(thread),
-            }),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Err(TransportError::Unavailable(
-                "the RDMA thread stopped".into(),
-            )),
-        }
+                ready.signal();
+                let mut next = 0usize;
+                loop {
+                    let len = complete(cq, next as u64).map_err(TransportError::Io)?;
+                    let at = next * frame_bytes;
+                    let mut bytes = &mr[at..at + len.min(frame_bytes)];
+                    let msg = decode_frame(&mut bytes);
+                    if tx.send(msg).is_err() {
+                        return Ok(());
+                    }
+                    // SAFETY: as above; the frame was copied out.
+                    #[allow(unsafe_code)]
+                    unsafe { qp.post_receive(&mut mr, at..at + frame_bytes, next as u64) }
+                        .map_err(TransportError::Io)?;
+                    next = (next + 1) % depth;
+                }
+            },
+        )?;
+        Ok(RdmaReceiver {
+            frames,
+            thread: Some(thread),
+        })
     }
 
     /// The next frame, in order; `None` when the queue pair is gone.

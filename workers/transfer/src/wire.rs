@@ -249,8 +249,7 @@ impl Message {
             Message::Hello(h) => w.hello(h),
             Message::Prefill(p) => w.prefill(p),
             Message::Rejected { transfer, error } => {
-                w.u8(REJECTED);
-                w.u64(transfer.get());
+                w.head(REJECTED, *transfer);
                 w.admission_error(error);
             }
             Message::Page(h, payload) => {
@@ -261,33 +260,19 @@ impl Message {
                 return w.0;
             }
             Message::Done(d) => {
-                w.u8(DONE);
-                w.u64(d.transfer.get());
+                w.head(DONE, d.transfer);
                 w.u64(d.tokens);
                 w.u64(d.digest);
-                w.u32(len32(d.logits.len()));
-                for x in &d.logits {
-                    w.0.extend_from_slice(&x.to_le_bytes());
-                }
+                w.counted(&d.logits, |w, x| w.0.extend_from_slice(&x.to_le_bytes()));
                 w.0.extend_from_slice(&d.mac);
             }
-            Message::Release { transfer } => {
-                w.u8(RELEASE);
-                w.u64(transfer.get());
-            }
-            Message::Abort { transfer } => {
-                w.u8(ABORT);
-                w.u64(transfer.get());
-            }
+            Message::Release { transfer } => w.head(RELEASE, *transfer),
+            Message::Abort { transfer } => w.head(ABORT, *transfer),
             Message::Progress { transfer, computed } => {
-                w.u8(PROGRESS);
-                w.u64(transfer.get());
+                w.head(PROGRESS, *transfer);
                 w.u64(*computed);
             }
-            Message::AbortAck { transfer } => {
-                w.u8(ABORT_ACK);
-                w.u64(transfer.get());
-            }
+            Message::AbortAck { transfer } => w.head(ABORT_ACK, *transfer),
         }
         let len = len32(w.0.len() - 4);
         w.0[0..4].copy_from_slice(&len.to_le_bytes());
@@ -351,22 +336,22 @@ impl Message {
             }),
             PREFILL => Message::Prefill(c.prefill()?),
             REJECTED => Message::Rejected {
-                transfer: TransferId::new(c.u64()?),
+                transfer: c.transfer()?,
                 error: c.admission_error()?,
             },
             DONE => Message::Done(c.done()?),
             RELEASE => Message::Release {
-                transfer: TransferId::new(c.u64()?),
+                transfer: c.transfer()?,
             },
             ABORT => Message::Abort {
-                transfer: TransferId::new(c.u64()?),
+                transfer: c.transfer()?,
             },
             PROGRESS => Message::Progress {
-                transfer: TransferId::new(c.u64()?),
+                transfer: c.transfer()?,
                 computed: c.u64()?,
             },
             ABORT_ACK => Message::AbortAck {
-                transfer: TransferId::new(c.u64()?),
+                transfer: c.transfer()?,
             },
             _ => return Err(WireError::Malformed("unknown frame kind")),
         };
@@ -380,15 +365,9 @@ impl Message {
 impl Reader<'_> {
     fn prefill(&mut self) -> Result<PrefillRequest, WireError> {
         let c = self;
-        let transfer = TransferId::new(c.u64()?);
-        let tenant = c.u64()?;
-        let max_tokens = c.u64()?;
-        let n = c.count(4)?;
-        let prompt = (0..n).map(|_| c.u32()).collect::<Result<_, _>>()?;
-        let n = c.count(8)?;
-        let slots = (0..n)
-            .map(|_| c.u64().map(Generation::from_wire))
-            .collect::<Result<_, _>>()?;
+        let (transfer, tenant, max_tokens) = (c.transfer()?, c.u64()?, c.u64()?);
+        let prompt = c.counted(4, Reader::u32)?;
+        let slots = c.counted(8, |c| c.u64().map(Generation::from_wire))?;
         let n = usize::from(c.u8()?);
         let mut tp = Vec::with_capacity(n);
         for _ in 0..n {
@@ -457,20 +436,12 @@ impl Reader<'_> {
 
     fn done(&mut self) -> Result<Done, WireError> {
         let c = self;
-        let transfer = TransferId::new(c.u64()?);
-        let tokens = c.u64()?;
-        let digest = c.u64()?;
-        let n = c.count(4)?;
-        let logits = (0..n)
-            .map(|_| c.u32().map(f32::from_bits))
-            .collect::<Result<_, _>>()?;
-        let mac = c.array()?;
         Ok(Done {
-            transfer,
-            tokens,
-            digest,
-            logits,
-            mac,
+            transfer: c.transfer()?,
+            tokens: c.u64()?,
+            digest: c.u64()?,
+            logits: c.counted(4, |c| c.u32().map(f32::from_bits))?,
+            mac: c.array()?,
         })
     }
 }
@@ -507,18 +478,11 @@ impl Writer {
 
     fn prefill(&mut self, p: &PrefillRequest) {
         let w = self;
-        w.u8(PREFILL);
-        w.u64(p.transfer.get());
+        w.head(PREFILL, p.transfer);
         w.u64(p.tenant);
         w.u64(p.max_tokens);
-        w.u32(len32(p.prompt.len()));
-        for t in &p.prompt {
-            w.u32(*t);
-        }
-        w.u32(len32(p.slots.len()));
-        for g in &p.slots {
-            w.u64(g.get());
-        }
+        w.counted(&p.prompt, Writer::u32);
+        w.counted(&p.slots, |w, g| w.u64(g.get()));
         let tp = p
             .traceparent
             .as_deref()
@@ -584,6 +548,18 @@ impl Writer {
     fn u64(&mut self, x: u64) {
         self.0.extend_from_slice(&x.to_le_bytes());
     }
+    /// A control frame's kind and the transfer it is about.
+    fn head(&mut self, kind: u8, transfer: TransferId) {
+        self.u8(kind);
+        self.u64(transfer.get());
+    }
+    /// `xs`'s length as a u32, then each element as `put` writes it.
+    fn counted<T: Copy>(&mut self, xs: &[T], put: impl Fn(&mut Writer, T)) {
+        self.u32(len32(xs.len()));
+        for x in xs {
+            put(self, *x);
+        }
+    }
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -613,12 +589,20 @@ impl Reader<'_> {
         self.take()
     }
     /// A count of `elem`-byte items that must fit the rest of the frame.
-    fn count(&mut self, elem: usize) -> Result<usize, WireError> {
+    /// A u32 count of elements of `elem` bytes, then each as `read` reads it.
+    fn counted<T>(
+        &mut self,
+        elem: usize,
+        read: impl Fn(&mut Self) -> Result<T, WireError>,
+    ) -> Result<Vec<T>, WireError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(elem) > self.0.len() {
             return Err(WireError::Malformed("count past the end of the frame"));
         }
-        Ok(n)
+        (0..n).map(|_| read(self)).collect()
+    }
+    fn transfer(&mut self) -> Result<TransferId, WireError> {
+        Ok(TransferId::new(self.u64()?))
     }
 }
 
@@ -655,16 +639,17 @@ mod tests {
         let frames = vec![
             Message::Hello(Hello {
                 version: VERSION,
+                // Every field a different value: a swap cannot round-trip.
                 model: 9,
-                layers: 30,
-                kv_heads: 3,
-                head_dim: 64,
-                page_size: 16,
-                dtype_bytes: 2,
-                context_window: 8192,
-                pool_tokens: 46_592,
-                prefill_tokens: 3_100,
-                transport: TRANSPORT_TCP,
+                layers: 24,
+                kv_heads: 5,
+                head_dim: 96,
+                page_size: 32,
+                dtype_bytes: 4,
+                context_window: 4_096,
+                pool_tokens: 12_345,
+                prefill_tokens: 678,
+                transport: TRANSPORT_RDMA,
             }),
             Message::Prefill(PrefillRequest {
                 transfer: t,
@@ -732,7 +717,7 @@ mod tests {
         assert!(Message::read(&mut r).await.is_err());
 
         // A count that claims more items than the frame holds.
-        let mut bad = Message::Prefill(PrefillRequest {
+        let small = PrefillRequest {
             transfer: t,
             tenant: 1,
             max_tokens: 1,
@@ -741,25 +726,19 @@ mod tests {
             traceparent: None,
             key: [0; crate::mac::KEY_LEN],
             cache: None,
-        })
-        .encode();
+        };
+        let mut bad = Message::Prefill(small.clone()).encode();
         bad[29..33].copy_from_slice(&1000u32.to_le_bytes());
         assert!(matches!(
             Message::read(&mut bad.as_slice()).await,
             Err(WireError::Malformed(_))
         ));
         // A traceparent with a control character in it.
-        let mut ctl = Message::Prefill(PrefillRequest {
-            transfer: t,
-            tenant: 1,
-            max_tokens: 1,
-            prompt: vec![1],
-            slots: vec![],
+        let traced = PrefillRequest {
             traceparent: Some("00-ab".to_owned()),
-            key: [0; crate::mac::KEY_LEN],
-            cache: None,
-        })
-        .encode();
+            ..small
+        };
+        let mut ctl = Message::Prefill(traced).encode();
         // The traceparent's last byte: before the key and the cache byte.
         let last = ctl.len() - 2 - crate::mac::KEY_LEN;
         ctl[last] = b'\n';

@@ -339,7 +339,7 @@ impl KvPool {
 #[cfg(test)]
 mod tests {
     use crate::ids::TransferId;
-    use crate::pool::tests::{GEO, limits, tenant};
+    use crate::pool::tests::{GEO, limits, receiving, tenant};
     use crate::pool::{Home, KvDtype, KvGeometry, KvPool, LentPage, PageTag};
     use bytes::BufMut;
     use std::sync::{Arc, Mutex};
@@ -431,8 +431,7 @@ mod tests {
     fn a_landing_page_written_in_part_is_never_committed() {
         let mut pool = KvPool::new(F16, 2, false);
         let t = TransferId::new(9);
-        let a = limits(&pool).admit(tenant(1), 2, 1, ()).unwrap();
-        let table = pool.allocate_receiving(&a, t).unwrap();
+        let table = receiving(&mut pool, 1, 2, t);
         let mut lent = pool.lend_landing(&table, t, None);
         assert_eq!(lent.len(), 1);
         lent[0].put_slice(&[1, 2, 3]);
@@ -452,8 +451,7 @@ mod tests {
     fn a_page_released_while_lent_is_freed_only_when_it_comes_back() {
         let mut pool = KvPool::new(F16, 3, false);
         let t = TransferId::new(5);
-        let a = limits(&pool).admit(tenant(1), 3, 1, ()).unwrap();
-        let table = pool.allocate_receiving(&a, t).unwrap();
+        let table = receiving(&mut pool, 1, 3, t);
         let (home, returned) = collector();
         let mut lent = pool.lend_landing(&table, t, Some(&home));
         assert_eq!(lent.len(), 2);

@@ -398,7 +398,7 @@ pub(crate) fn block_key(ns: Namespace, parent: u64, block: &[u32]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::tests::{GEO, fill, limits, tenant};
+    use crate::pool::tests::{GEO, fill, fresh_table, limits, tenant};
 
     fn ns(n: u8) -> Namespace {
         Namespace::from_digest([n; 16])
@@ -417,6 +417,17 @@ mod tests {
         pool.publish_prefix(&table, prompt, prompt.len());
         pool.release(table);
         hit
+    }
+
+    /// A pool of eight pages whose cache holds the two full pages of the
+    /// prompt it returns, which tenant 1 ran in scope 1 (every value 7);
+    /// and tenant 1's admission to run it again.
+    fn cached() -> (KvPool, [u32; 5], crate::Admitted<()>) {
+        let mut pool = KvPool::new(GEO, 8, false);
+        let prompt = [1, 2, 3, 4, 5];
+        run(&mut pool, 1, scope(1), &prompt, 7.0);
+        let again = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+        (pool, prompt, again)
     }
 
     fn first(pool: &KvPool, table: &PageTable, index: usize) -> f32 {
@@ -447,10 +458,7 @@ mod tests {
 
     #[test]
     fn a_hit_reads_the_cached_bytes_and_cannot_write_or_lend_them() {
-        let mut pool = KvPool::new(GEO, 8, false);
-        let prompt = [1, 2, 3, 4, 5];
-        run(&mut pool, 1, scope(1), &prompt, 7.0);
-        let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+        let (mut pool, prompt, a) = cached();
         let (table, hit) = pool.allocate_prefixed(&a, scope(1), &prompt).unwrap();
         assert_eq!(hit.tokens, 4);
         assert_eq!(first(&pool, &table, 0), 7.0);
@@ -466,13 +474,8 @@ mod tests {
 
     #[test]
     fn reading_a_cached_page_from_another_namespace_is_a_violation() {
-        let mut pool = KvPool::new(GEO, 8, false);
-        let prompt = [1, 2, 3, 4, 5];
-        run(&mut pool, 1, scope(1), &prompt, 7.0);
-        let victim = {
-            let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
-            pool.allocate_prefixed(&a, scope(1), &prompt).unwrap().0
-        };
+        let (mut pool, prompt, own) = cached();
+        let victim = pool.allocate_prefixed(&own, scope(1), &prompt).unwrap().0;
         let a = limits(&pool).admit(tenant(2), 5, 1, ()).unwrap();
         let (mut attacker, hit) = pool.allocate_prefixed(&a, scope(2), &prompt).unwrap();
         assert_eq!(hit.tokens, 0);
@@ -560,8 +563,7 @@ mod tests {
         let prompt = [1, 2, 3, 4, 5];
         run(&mut pool, 1, scope(1), &prompt, 1.0);
         assert_eq!((pool.cached_pages(), pool.free_pages()), (2, 6));
-        let other = limits(&pool).admit(tenant(2), 7, 1, ()).unwrap();
-        let held = pool.allocate(&other).unwrap();
+        let held = fresh_table(&mut pool, 2, 7);
         assert_eq!(pool.free_pages(), 2);
         // Three pages reserved, two of them cached: it would fit, but a
         // miss would not, so neither does the hit.
@@ -572,21 +574,13 @@ mod tests {
         ));
         assert_eq!(pool.cached_pages(), 2, "nothing was taken or evicted");
         pool.release(held);
-        assert_eq!(
-            pool.allocate_prefixed(&a, scope(1), &prompt)
-                .unwrap()
-                .1
-                .tokens,
-            4
-        );
+        let (_, hit) = pool.allocate_prefixed(&a, scope(1), &prompt).unwrap();
+        assert_eq!(hit.tokens, 4);
     }
 
     #[test]
     fn a_copied_prefix_is_owned_whole_and_equal_to_the_cache() {
-        let mut pool = KvPool::new(GEO, 8, false);
-        let prompt = [1, 2, 3, 4, 5];
-        run(&mut pool, 1, scope(1), &prompt, 7.0);
-        let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+        let (mut pool, prompt, a) = cached();
         let (table, hit) = pool.allocate_prefixed_copy(&a, scope(1), &prompt).unwrap();
         assert_eq!(hit.tokens, 4);
         for i in 0..2 {
@@ -605,20 +599,14 @@ mod tests {
         );
         // Another namespace copies nothing.
         let b = limits(&pool).admit(tenant(2), 5, 1, ()).unwrap();
-        assert_eq!(
-            pool.allocate_prefixed_copy(&b, scope(2), &prompt)
-                .unwrap()
-                .1
-                .tokens,
-            0
-        );
+        let (_, hit) = pool.allocate_prefixed_copy(&b, scope(2), &prompt).unwrap();
+        assert_eq!(hit.tokens, 0);
     }
 
     #[test]
     fn a_table_without_a_scope_neither_reads_nor_publishes() {
         let mut pool = KvPool::new(GEO, 8, false);
-        let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
-        let table = pool.allocate(&a).unwrap();
+        let table = fresh_table(&mut pool, 1, 5);
         fill(&mut pool, &table, 0, 5, 1.0);
         pool.publish_prefix(&table, &[1, 2, 3, 4, 5], 5);
         assert_eq!(pool.cached_pages(), 0);
