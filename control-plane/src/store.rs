@@ -3,6 +3,20 @@
 //! one), so the caller decides what commits together: a visibility flip and
 //! its audit entry, an incident update and its component changes.
 
+/// Defines the macro `$name!(rest)`: a `SELECT` of `$columns` (every
+/// column its module's row reader reads) from `$from`, then `rest`, as one
+/// string literal. `$d` is a `$`, passed in because a macro cannot write
+/// its own inner macro's metavariables otherwise.
+macro_rules! select_macro {
+    ($d:tt $name:ident, $columns:literal, $from:literal) => {
+        macro_rules! $name {
+                                    ($d rest:literal) => {
+                                        concat!("SELECT ", $columns, " FROM ", $from, " ", $d rest)
+                                    };
+                                }
+    };
+}
+
 pub mod accounts;
 pub mod api_tokens;
 pub mod audit;
@@ -30,31 +44,24 @@ pub(crate) type Query<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArgu
 pub(crate) type Read<T> = fn(&AnyRow) -> Result<T, Error>;
 
 /// Every row `query` finds, each read by `read`.
-pub(crate) async fn all<T>(
-    conn: &mut Conn,
-    query: Query<'_>,
-    read: Read<T>,
-) -> Result<Vec<T>, Error> {
-    query
-        .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(read)
-        .collect()
+pub(crate) async fn all<T>(c: &mut Conn, query: Query<'_>, read: Read<T>) -> Result<Vec<T>, Error> {
+    let rows = query.fetch_all(&mut *c).await?;
+    rows.iter().map(read).collect()
 }
 
 /// The row `query` finds, if any, read by `read`.
 pub(crate) async fn optional<T>(
-    conn: &mut Conn,
-    query: Query<'_>,
+    c: &mut Conn,
+    q: Query<'_>,
     read: Read<T>,
 ) -> Result<Option<T>, Error> {
-    query
-        .fetch_optional(&mut *conn)
-        .await?
-        .as_ref()
-        .map(read)
-        .transpose()
+    let row = q.fetch_optional(&mut *c).await?;
+    row.as_ref().map(read).transpose()
+}
+
+/// Runs an `INSERT … RETURNING id`; the new row's id.
+pub(crate) async fn inserted(c: &mut Conn, insert: Query<'_>) -> Result<i64, Error> {
+    Ok(insert.fetch_one(&mut *c).await?.try_get("id")?)
 }
 
 /// The row `query` finds, read by `read`; `NotFound(what)` when there is none.

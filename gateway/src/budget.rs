@@ -283,11 +283,8 @@ impl Budgets {
 
     /// Counters in Redis at `url`, under keys starting with `prefix`.
     pub async fn redis(url: &str, prefix: &str) -> Result<Budgets, BudgetError> {
-        let client =
-            redis::Client::open(url).map_err(|e| BudgetError::Unavailable(e.to_string()))?;
-        let con = ConnectionManager::new(client)
-            .await
-            .map_err(|e| BudgetError::Unavailable(e.to_string()))?;
+        let unavailable = |e: redis::RedisError| BudgetError::Unavailable(e.to_string());
+        let con = crate::limits::connect(url).await.map_err(unavailable)?;
         Ok(Budgets {
             store: Store::Redis {
                 con,

@@ -162,6 +162,17 @@ impl Ctx {
             Err(GatewayError::WrongAccount)
         }
     }
+
+    /// Refuses, in `flavor`'s format, an `{account_id}` path that does not
+    /// parse or names another account than the credential's.
+    pub(crate) fn owns(
+        &self,
+        path: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+        flavor: crate::errors::Flavor,
+    ) -> Result<(), crate::errors::ApiError> {
+        let axum::extract::Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(flavor))?;
+        self.for_account(&account).map_err(|e| e.in_(flavor))
+    }
 }
 
 /// A request the worker has started answering.

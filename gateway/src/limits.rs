@@ -223,6 +223,12 @@ return redis.call('ZREM', KEYS[1], ARGV[1])
 /// The longest a request may hold a concurrency slot in Redis.
 const MAX_REQUEST_MS: u64 = 15 * 60 * 1000;
 
+/// A reconnecting connection to the Redis at `url` (the limiter's and the
+/// budgets' counters).
+pub(crate) async fn connect(url: &str) -> Result<ConnectionManager, redis::RedisError> {
+    ConnectionManager::new(redis::Client::open(url)?).await
+}
+
 impl Limiter {
     /// Counters in this process (one task owns them).
     pub fn memory(limits: Limits) -> Limiter {
@@ -236,11 +242,8 @@ impl Limiter {
 
     /// Counters in Redis at `url`, under keys starting with `prefix`.
     pub async fn redis(limits: Limits, url: &str, prefix: &str) -> Result<Limiter, LimiterError> {
-        let client =
-            redis::Client::open(url).map_err(|e| LimiterError::Unavailable(e.to_string()))?;
-        let con = ConnectionManager::new(client)
-            .await
-            .map_err(|e| LimiterError::Unavailable(e.to_string()))?;
+        let unavailable = |e: redis::RedisError| LimiterError::Unavailable(e.to_string());
+        let con = connect(url).await.map_err(unavailable)?;
         Ok(Limiter {
             limits,
             store: Store::Redis {

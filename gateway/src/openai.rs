@@ -309,8 +309,7 @@ pub(crate) async fn account_chat(
     Extension(ctx): Extension<Ctx>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
-    ctx.for_account(&account).map_err(|e| e.in_(O))?;
+    ctx.owns(path, O)?;
     let body = body.map_err(|e| crate::edge::body_refused(&e, O))?;
     chat_for(&s, &ctx, &body).await.map_err(|e| e.in_(O))
 }
@@ -579,8 +578,7 @@ pub(crate) async fn account_models(
     path: Result<Path<String>, PathRejection>,
     Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
-    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
-    ctx.for_account(&account).map_err(|e| e.in_(O))?;
+    ctx.owns(path, O)?;
     Ok(list_models(&ctx))
 }
 

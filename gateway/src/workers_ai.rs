@@ -180,8 +180,7 @@ fn own_query(
     query: AccountQuery,
     ctx: &Ctx,
 ) -> Result<HashMap<String, String>, ApiError> {
-    let Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
-    ctx.for_account(&account).map_err(|e| e.in_(W))?;
+    ctx.owns(path, W)?;
     let Query(q) = query.map_err(|_| bad("invalid query string").in_(W))?;
     Ok(q)
 }

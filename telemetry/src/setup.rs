@@ -246,6 +246,20 @@ fn exports(settings: &Settings) -> Result<(bool, bool), TelemetryError> {
     Ok((traces, metrics))
 }
 
+/// An OTLP exporter of the given type over HTTP with protobuf bodies, its
+/// endpoint and headers from the standard `OTEL_EXPORTER_OTLP_*` variables.
+/// (The span and metric exporters' builders share no trait to be generic
+/// over.)
+macro_rules! otlp_http {
+    ($exporter:ident) => {
+        $exporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))
+    };
+}
+
 /// The tracer provider, sampling as `sampler` says, with an OTLP exporter
 /// when traces go out.
 fn tracer_provider(
@@ -257,12 +271,7 @@ fn tracer_provider(
         .with_resource(resource)
         .with_sampler(sampler);
     if traces {
-        let exporter = SpanExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .build()
-            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-        tracer = tracer.with_batch_exporter(exporter);
+        tracer = tracer.with_batch_exporter(otlp_http!(SpanExporter)?);
     }
 
     Ok(tracer.build())
@@ -280,12 +289,7 @@ fn meter_provider(resource: Resource, metrics: bool) -> Result<SdkMeterProvider,
         .with_resource(resource)
         .with_reader(prometheus);
     if metrics {
-        let exporter = MetricExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .build()
-            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-        meter = meter.with_periodic_exporter(exporter);
+        meter = meter.with_periodic_exporter(otlp_http!(MetricExporter)?);
     }
     REGISTRY
         .set(registry)

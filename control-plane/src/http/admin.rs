@@ -233,13 +233,6 @@ async fn add_config(
     Ok((StatusCode::CREATED, Json(row.view(m.active_config))))
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Activate {
-    #[serde(default)]
-    reason: String,
-}
-
 async fn activate_config(
     State(s): State<AppState>,
     Admin(op): Admin,
@@ -377,12 +370,6 @@ async fn revoke_operator(
 }
 
 // === nodes ===
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NodeFilter {
-    model: Option<String>,
-}
 
 async fn list_nodes(
     State(s): State<AppState>,
@@ -637,13 +624,6 @@ async fn update_incident(
 
 // === audit ===
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AuditFilter {
-    subject: Option<String>,
-    limit: Option<u32>,
-}
-
 async fn list_audit(
     State(s): State<AppState>,
     _: Responder,
@@ -684,16 +664,6 @@ async fn report_usage(
     let recorded = usage::record(&mut tx, &op.name, &report.events).await?;
     tx.commit().await?;
     Ok(Json(recorded))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct UsageFilter {
-    account: Option<String>,
-    /// First UTC day, `YYYY-MM-DD` (default: 30 days before `until`).
-    since: Option<String>,
-    /// Last UTC day, `YYYY-MM-DD` (default: today).
-    until: Option<String>,
 }
 
 /// `GET /admin/v1/usage`: usage by account, model and UTC day. Responders
@@ -782,17 +752,6 @@ async fn revoke_api_token(
 
 // === routing (gateways) ===
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RoutingQuery {
-    /// The polling gateway's instance id.
-    gateway: String,
-    /// The version it has applied; absent on its first poll.
-    version: Option<u64>,
-    /// Longest to hold the poll open waiting for a change.
-    wait_ms: Option<u64>,
-}
-
 /// Long-poll: answers at once when the table's version differs from the
 /// caller's, else when it changes or `wait_ms` (at most a third of the
 /// lease) passes. Each poll also tells the hub which version that gateway
@@ -814,4 +773,47 @@ async fn routing(
     tx.commit().await?;
     table.planned_withdrawals = s.hub.planned();
     Ok(Json(table))
+}
+
+// What the handlers above read from query strings and bodies.
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Activate {
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeFilter {
+    model: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditFilter {
+    subject: Option<String>,
+    limit: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageFilter {
+    account: Option<String>,
+    /// First UTC day, `YYYY-MM-DD` (default: 30 days before `until`).
+    since: Option<String>,
+    /// Last UTC day, `YYYY-MM-DD` (default: today).
+    until: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RoutingQuery {
+    /// The polling gateway's instance id.
+    gateway: String,
+    /// The version it has applied; absent on its first poll.
+    version: Option<u64>,
+    /// Longest to hold the poll open waiting for a change.
+    wait_ms: Option<u64>,
 }

@@ -124,21 +124,16 @@ pub(crate) struct NodeAgent(
 impl FromRequestParts<AppState> for NodeAgent {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<NodeAgent, ApiError> {
-        let NodeToken(op) = NodeToken::from_request_parts(parts, state).await?;
-        match cert_role(parts) {
-            Some(r @ (CertRole::Prefill | CertRole::Decode | CertRole::Colocated)) => {
-                Ok(NodeAgent(
-                    op,
-                    r,
-                    bulkhead_trust::listen::caller_scope(&parts.extensions),
-                ))
-            }
-            _ => Err(needs_cert("node calls")),
-        }
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let worker = |r| {
+            matches!(
+                r,
+                CertRole::Prefill | CertRole::Decode | CertRole::Colocated
+            )
+        };
+        let (NodeToken(op), role) = agent(parts, state, worker, "node calls").await?;
+        let scope = bulkhead_trust::listen::caller_scope(&parts.extensions);
+        Ok(NodeAgent(op, role, scope))
     }
 }
 
@@ -150,14 +145,27 @@ pub(crate) struct GatewayAgent(pub(crate) Operator);
 impl FromRequestParts<AppState> for GatewayAgent {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<GatewayAgent, ApiError> {
-        let GatewayToken(op) = GatewayToken::from_request_parts(parts, state).await?;
-        match cert_role(parts) {
-            Some(CertRole::Gateway) => Ok(GatewayAgent(op)),
-            _ => Err(needs_cert("the routing table")),
-        }
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let gateway = |r| r == CertRole::Gateway;
+        let (GatewayToken(op), _) = agent(parts, state, gateway, "the routing table").await?;
+        Ok(GatewayAgent(op))
+    }
+}
+
+/// What the token extractor `T` found, with the role of the certificate the
+/// call came with when `allowed` accepts it; else refused, naming `what`.
+async fn agent<T>(
+    parts: &mut Parts,
+    state: &AppState,
+    allowed: impl Fn(CertRole) -> bool,
+    what: &'static str,
+) -> Result<(T, CertRole), ApiError>
+where
+    T: FromRequestParts<AppState, Rejection = ApiError>,
+{
+    let token = T::from_request_parts(parts, state).await?;
+    match cert_role(parts) {
+        Some(r) if allowed(r) => Ok((token, r)),
+        _ => Err(needs_cert(what)),
     }
 }

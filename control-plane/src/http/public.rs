@@ -15,52 +15,45 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// How a JSON document is written from the status snapshot.
+type Render = fn(&Snapshot) -> Value;
+
+/// Statuspage's v2 JSON documents: each path under `/api/v2/` and what it
+/// renders.
+const DOCUMENTS: [(&str, Render); 8] = [
+    ("summary.json", statuspage::summary),
+    ("status.json", statuspage::status_json),
+    ("components.json", statuspage::components_json),
+    ("incidents.json", |s| statuspage::incidents_json(s, false)),
+    ("incidents/unresolved.json", |s| {
+        statuspage::incidents_json(s, true)
+    }),
+    ("scheduled-maintenances.json", statuspage::maintenances_json),
+    (
+        "scheduled-maintenances/upcoming.json",
+        statuspage::maintenances_json,
+    ),
+    (
+        "scheduled-maintenances/active.json",
+        statuspage::maintenances_json,
+    ),
+];
+
 pub(crate) fn routes() -> Router<AppState> {
-    Router::new()
+    let mut r = Router::new()
         .route("/", get(index))
         .route("/health", get(health))
         .route("/incidents/{id}", get(incident_page))
-        .route(
-            "/api/v2/summary.json",
-            get(|s| json(s, statuspage::summary)),
-        )
-        .route(
-            "/api/v2/status.json",
-            get(|s| json(s, statuspage::status_json)),
-        )
-        .route(
-            "/api/v2/components.json",
-            get(|s| json(s, statuspage::components_json)),
-        )
-        .route(
-            "/api/v2/incidents.json",
-            get(|s| json(s, |s| statuspage::incidents_json(s, false))),
-        )
-        .route(
-            "/api/v2/incidents/unresolved.json",
-            get(|s| json(s, |s| statuspage::incidents_json(s, true))),
-        )
-        .route(
-            "/api/v2/scheduled-maintenances.json",
-            get(|s| json(s, statuspage::maintenances_json)),
-        )
-        .route(
-            "/api/v2/scheduled-maintenances/upcoming.json",
-            get(|s| json(s, statuspage::maintenances_json)),
-        )
-        .route(
-            "/api/v2/scheduled-maintenances/active.json",
-            get(|s| json(s, statuspage::maintenances_json)),
-        )
-        .route(
-            "/history.atom",
-            get(|s| text(s, "application/atom+xml; charset=utf-8", feeds::atom)),
-        )
-        .route(
-            "/history.rss",
-            get(|s| text(s, "application/rss+xml; charset=utf-8", feeds::rss)),
-        )
+        .route("/history.atom", get(|s| text(s, ATOM, feeds::atom)))
+        .route("/history.rss", get(|s| text(s, RSS, feeds::rss)));
+    for (path, render) in DOCUMENTS {
+        r = r.route(&format!("/api/v2/{path}"), get(move |s| json(s, render)));
+    }
+    r
 }
+
+const ATOM: &str = "application/atom+xml; charset=utf-8";
+const RSS: &str = "application/rss+xml; charset=utf-8";
 
 /// Liveness and readiness: 200 once the database answers, else 503 in the
 /// API's error shape (for load balancers and Kubernetes probes).
@@ -91,10 +84,7 @@ async fn snapshot(s: &AppState) -> Result<Arc<Snapshot>, ApiError> {
     Ok(snap)
 }
 
-async fn json(
-    State(s): State<AppState>,
-    render: fn(&Snapshot) -> Value,
-) -> Result<Response, ApiError> {
+async fn json(State(s): State<AppState>, render: Render) -> Result<Response, ApiError> {
     let snap = snapshot(&s).await?;
     let mut resp = axum::Json(render(&snap)).into_response();
     // Status widgets on other sites fetch these from the browser.

@@ -20,20 +20,15 @@ use std::borrow::Cow;
 
 /// `GET /history.atom`.
 pub(crate) fn atom(s: &Snapshot) -> String {
-    let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
-    let written = (|| -> std::io::Result<()> {
-        root(
-            &mut w,
-            "feed",
-            &[
-                ("xml:lang", "en-US"),
-                ("xmlns", "http://www.w3.org/2005/Atom"),
-            ],
-        )?;
-        text(&mut w, "id", &format!("tag:{},2005:/history", s.host()))?;
+    let root = [
+        ("xml:lang", "en-US"),
+        ("xmlns", "http://www.w3.org/2005/Atom"),
+    ];
+    document("feed", &root, |w| {
+        text(w, "id", &format!("tag:{},2005:/history", s.host()))?;
         let history = format!("{}/history.atom", s.url);
         empty(
-            &mut w,
+            w,
             "link",
             &[
                 ("rel", "alternate"),
@@ -42,7 +37,7 @@ pub(crate) fn atom(s: &Snapshot) -> String {
             ],
         )?;
         empty(
-            &mut w,
+            w,
             "link",
             &[
                 ("rel", "self"),
@@ -50,56 +45,46 @@ pub(crate) fn atom(s: &Snapshot) -> String {
                 ("href", &history),
             ],
         )?;
-        text(&mut w, "title", &title(s))?;
-        text(&mut w, "updated", &s.updated_at().to_string())?;
-        open(&mut w, "author", &[])?;
-        text(&mut w, "name", &s.name)?;
-        close(&mut w, "author")?;
+        text(w, "title", &title(s))?;
+        text(w, "updated", &s.updated_at().to_string())?;
+        open(w, "author", &[])?;
+        text(w, "name", &s.name)?;
+        close(w, "author")?;
         for i in &s.incidents {
-            open(&mut w, "entry", &[])?;
-            text(
-                &mut w,
-                "id",
-                &format!("tag:{},2005:Incident/{}", s.host(), i.id),
-            )?;
-            text(&mut w, "published", &i.created_at.to_string())?;
-            text(&mut w, "updated", &i.updated_at.to_string())?;
+            open(w, "entry", &[])?;
+            text(w, "id", &format!("tag:{},2005:Incident/{}", s.host(), i.id))?;
+            text(w, "published", &i.created_at.to_string())?;
+            text(w, "updated", &i.updated_at.to_string())?;
             let url = s.incident_url(i.id);
             empty(
-                &mut w,
+                w,
                 "link",
                 &[("rel", "alternate"), ("type", "text/html"), ("href", &url)],
             )?;
-            text(&mut w, "title", &i.name)?;
+            text(w, "title", &i.name)?;
             w.write_event(Event::Start(
                 BytesStart::new("content").with_attributes([("type", "html")]),
             ))?;
             w.write_event(Event::Text(BytesText::new(&content_html(i))))?;
-            close(&mut w, "content")?;
-            close(&mut w, "entry")?;
+            close(w, "content")?;
+            close(w, "entry")?;
         }
-        close(&mut w, "feed")
-    })();
-    finish(w, written)
+        Ok(())
+    })
 }
 
 /// `GET /history.rss`.
 pub(crate) fn rss(s: &Snapshot) -> String {
-    let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
-    let written = (|| -> std::io::Result<()> {
-        root(
-            &mut w,
-            "rss",
-            &[
-                ("version", "2.0"),
-                ("xmlns:dc", "http://purl.org/dc/elements/1.1/"),
-                ("xmlns:atom", "http://www.w3.org/2005/Atom"),
-            ],
-        )?;
-        open(&mut w, "channel", &[])?;
+    let root = [
+        ("version", "2.0"),
+        ("xmlns:dc", "http://purl.org/dc/elements/1.1/"),
+        ("xmlns:atom", "http://www.w3.org/2005/Atom"),
+    ];
+    document("rss", &root, |w| {
+        open(w, "channel", &[])?;
         let history = format!("{}/history.rss", s.url);
         empty(
-            &mut w,
+            w,
             "atom:link",
             &[
                 ("href", &history),
@@ -107,24 +92,23 @@ pub(crate) fn rss(s: &Snapshot) -> String {
                 ("type", "application/rss+xml"),
             ],
         )?;
-        text(&mut w, "title", &title(s))?;
-        text(&mut w, "link", &s.url)?;
-        text(&mut w, "description", "Statuspage")?;
-        text(&mut w, "pubDate", &s.updated_at().rfc822())?;
+        text(w, "title", &title(s))?;
+        text(w, "link", &s.url)?;
+        text(w, "description", "Statuspage")?;
+        text(w, "pubDate", &s.updated_at().rfc822())?;
         for i in &s.incidents {
-            open(&mut w, "item", &[])?;
-            text(&mut w, "title", &i.name)?;
-            text(&mut w, "description", &content_html(i))?;
-            text(&mut w, "pubDate", &i.created_at.rfc822())?;
+            open(w, "item", &[])?;
+            text(w, "title", &i.name)?;
+            text(w, "description", &content_html(i))?;
+            text(w, "pubDate", &i.created_at.rfc822())?;
             let url = s.incident_url(i.id);
-            text(&mut w, "link", &url)?;
-            text(&mut w, "guid", &url)?;
-            close(&mut w, "item")?;
+            text(w, "link", &url)?;
+            text(w, "guid", &url)?;
+            close(w, "item")?;
         }
-        close(&mut w, "channel")?;
-        close(&mut w, "rss")
-    })();
-    finish(w, written)
+        close(w, "channel")?;
+        Ok(())
+    })
 }
 
 /// The HTML an entry carries, before XML escaping: the postmortem, then
@@ -182,11 +166,6 @@ fn title(s: &Snapshot) -> String {
 }
 
 /// The XML declaration and the document's root element, opened.
-fn root(w: &mut Writer<Vec<u8>>, name: &str, attrs: &[(&str, &str)]) -> std::io::Result<()> {
-    w.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
-    open(w, name, attrs)
-}
-
 fn open(w: &mut Writer<Vec<u8>>, name: &str, attrs: &[(&str, &str)]) -> std::io::Result<()> {
     w.write_event(Event::Start(start_tag(name, attrs)))
 }
@@ -213,9 +192,20 @@ fn close(w: &mut Writer<Vec<u8>>, name: &str) -> std::io::Result<()> {
     w.write_event(Event::End(BytesEnd::new(name)))
 }
 
-/// The document, newline-terminated (writing to memory cannot fail; were
-/// it to, the feed would be empty, not cut).
-fn finish(w: Writer<Vec<u8>>, written: std::io::Result<()>) -> String {
+/// The XML document whose root element `name` (with `attrs`) holds what
+/// `body` writes, newline-terminated. Writing to memory cannot fail; were it
+/// to, the feed would be empty, not cut.
+fn document(
+    name: &str,
+    attrs: &[(&str, &str)],
+    body: impl FnOnce(&mut Writer<Vec<u8>>) -> std::io::Result<()>,
+) -> String {
+    let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
+    let written = w
+        .write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))
+        .and_then(|()| open(&mut w, name, attrs))
+        .and_then(|()| body(&mut w))
+        .and_then(|()| close(&mut w, name));
     if let Err(e) = written {
         tracing::error!(error = %e, "status feed could not be written");
         return String::new();

@@ -5,18 +5,13 @@ use crate::{AccountId, Error};
 use bulkhead_control_api::{AccountView, Budget, Timestamp};
 use sqlx::Row;
 
-/// `SELECT` of every column the row reader reads, from its table, then `$rest`.
-macro_rules! select_accounts {
-    ($rest:literal) => {
-        concat!(
-            "SELECT ",
-            "id, name, created_at, sentinel, daily_budget_neurons, monthly_budget_neurons, \
+// `select_...!`: every column the row reader reads.
+select_macro!(
+    $ select_accounts,
+    "id, name, created_at, sentinel, daily_budget_neurons, monthly_budget_neurons, \
          free_neurons_per_day",
-            " FROM accounts ",
-            $rest
-        )
-    };
-}
+    "accounts"
+);
 
 /// Creates a tenant account with a fresh random id.
 pub async fn create(conn: &mut Conn, name: &str, now: Timestamp) -> Result<AccountView, Error> {

@@ -19,25 +19,18 @@ pub async fn create(
 ) -> Result<ApiTokenCreated, Error> {
     super::require_text("token name", name, 100)?;
     let (token, hash) = super::new_token(TOKEN_PREFIX)?;
-    let row = sqlx::query(
+    let q = sqlx::query(
         "INSERT INTO api_tokens (account_id, name, token_sha256, created_at) VALUES ($1, $2, $3, $4) RETURNING id",
-    )
-    .bind(account.as_str())
-    .bind(name)
-    .bind(hash)
-    .bind(now.millis())
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(ApiTokenCreated {
-        meta: ApiTokenView {
-            id: row.try_get("id")?,
-            account_id: account.to_string(),
-            name: name.to_owned(),
-            created_at: now,
-            revoked_at: None,
-        },
-        token,
-    })
+    );
+    let q = q.bind(account.as_str()).bind(name).bind(hash);
+    let meta = ApiTokenView {
+        id: super::inserted(conn, q.bind(now.millis())).await?,
+        account_id: account.to_string(),
+        name: name.to_owned(),
+        created_at: now,
+        revoked_at: None,
+    };
+    Ok(ApiTokenCreated { meta, token })
 }
 
 /// An account's tokens, oldest first.

@@ -43,19 +43,14 @@ impl ConfigRow {
     }
 }
 
-/// `SELECT` of every column the row reader reads, from its table, then `$rest`.
-macro_rules! select_configs {
-    ($rest:literal) => {
-        concat!(
-            "SELECT ",
-            "version, context_window, max_output, weights_file, weights_sha256, quantization, \
+// `select_...!`: every column the row reader reads.
+select_macro!(
+    $ select_configs,
+    "version, context_window, max_output, weights_file, weights_sha256, quantization, \
      page_size, prefill_kv_bytes, decode_kv_bytes, tensor_parallel, pipeline_parallel, input_neurons_per_mtok, output_neurons_per_mtok, \
      created_by, created_at, activated_at",
-            " FROM model_configs ",
-            $rest
-        )
-    };
-}
+    "model_configs"
+);
 
 /// Stores a new version (not active yet).
 pub async fn add(

@@ -36,17 +36,12 @@ pub struct ModelRow {
     pub updated_at: Timestamp,
 }
 
-/// `SELECT` of every column the row reader reads, from its table, then `$rest`.
-macro_rules! select_models {
-    ($rest:literal) => {
-        concat!(
-            "SELECT ",
-            "id, slug, task, description, visibility, listed, component_status, active_config, created_at, updated_at",
-            " FROM models ",
-            $rest
-        )
-    };
-}
+// `select_...!`: every column the row reader reads.
+select_macro!(
+    $ select_models,
+    "id, slug, task, description, visibility, listed, component_status, active_config, created_at, updated_at",
+    "models"
+);
 
 /// Creates a model without a config (see [`configs::add`]).
 pub async fn create(conn: &mut Conn, m: &CreateModel, now: Timestamp) -> Result<ModelRow, Error> {

@@ -32,20 +32,15 @@ pub struct NodeRow {
     pub last_seen_at: Timestamp,
 }
 
-/// `SELECT` of every column the row reader reads, from its table, then `$rest`.
-macro_rules! select_nodes {
-    ($rest:literal) => {
-        concat!(
-            "SELECT ",
-            "n.id, n.model_id, m.slug, n.name, n.role, n.address, n.transfer_address, n.kv_pool_tokens, \
+// `select_...!`: every column the row reader reads.
+select_macro!(
+    $ select_nodes,
+    "n.id, n.model_id, m.slug, n.name, n.role, n.address, n.transfer_address, n.kv_pool_tokens, \
      n.weights_sha256, n.quantization, n.page_size, n.kv_budget_bytes, n.tensor_parallel, n.pipeline_parallel, \
      n.free_pages, n.total_pages, n.queue_depth, n.registered_at, n.last_seen_at, \
      n.prefill_ns_per_token, n.prefill_ns_per_pair, n.prefill_deadline_ms",
-            " FROM nodes n JOIN models m ON m.id = n.model_id ",
-            $rest
-        )
-    };
-}
+    "nodes n JOIN models m ON m.id = n.model_id"
+);
 
 /// Registers a worker, or replaces the record of one with the same name
 /// (after a restart with other weights, quantization or memory budget).

@@ -39,25 +39,18 @@ pub async fn create(
             "an operator named `{name}` exists"
         )));
     }
-    let row = sqlx::query(
+    let q = sqlx::query(
         "INSERT INTO operators (name, role, token_sha256, created_at) VALUES ($1, $2, $3, $4) RETURNING id",
-    )
-    .bind(name)
-    .bind(role.as_str())
-    .bind(hash)
-    .bind(now.millis())
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(OperatorCreated {
-        operator: OperatorView {
-            id: row.try_get("id")?,
-            name: name.to_owned(),
-            role,
-            created_at: now,
-            revoked_at: None,
-        },
-        token,
-    })
+    );
+    let q = q.bind(name).bind(role.as_str()).bind(hash);
+    let operator = OperatorView {
+        id: super::inserted(conn, q.bind(now.millis())).await?,
+        name: name.to_owned(),
+        role,
+        created_at: now,
+        revoked_at: None,
+    };
+    Ok(OperatorCreated { operator, token })
 }
 
 /// The operator a presented token belongs to, if it is valid and not revoked.
