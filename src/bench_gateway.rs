@@ -20,9 +20,7 @@
 //!   way (`redis_metering_added_p50_ms`).
 
 use anyhow::Context;
-use bulkhead_control_api::{
-    ConfigSpec, CreateModel, KvBudget, Parallelism, Properties, Role, Timestamp, Visibility,
-};
+use bulkhead_control_api::{CreateModel, Properties, Role, Timestamp, Visibility};
 use bulkhead_control_plane::{AccountId, AppState as CpState, Db, Settings, app as cp_app, store};
 use bulkhead_gateway::{AppState, Limiter, Limits, RoutingWatch, app};
 use bulkhead_trust::Role as CertRole;
@@ -419,25 +417,11 @@ async fn seed(db: &Db, weights: &std::path::Path) -> anyhow::Result<Ids> {
             now,
         )
         .await?;
-        let spec = ConfigSpec {
-            properties: Properties {
-                context_window: 2048,
-                max_output: 256,
-            },
-            weights_file: "SmolLM2-135M-Instruct.Q4_1.gguf".to_owned(),
-            weights_sha256: sha.clone(),
-            quantization: "q4_1".to_owned(),
-            page_size: 16,
-            kv_budget: KvBudget {
-                prefill_bytes: 64 << 20,
-                decode_bytes: 64 << 20,
-            },
-            parallelism: Parallelism::default(),
-            price: bulkhead_control_api::Price {
-                input_neurons_per_mtok: 330,
-                output_neurons_per_mtok: 2_460,
-            },
+        let limits = Properties {
+            context_window: 2048,
+            max_output: 256,
         };
+        let spec = crate::up::config(&sha, "q4_1", limits, 64 << 20);
         let v = store::configs::add(&mut c, &m, &spec, "bench", now).await?;
         store::configs::activate(&mut c, &m, v, "bench", "", now, Duration::from_secs(60)).await?;
     }

@@ -83,9 +83,13 @@ pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         let alone = ttft_of_a(&decode, &short, args.samples).await?;
 
         // (a) B sends long in-window prompts, `long_streams` at a time.
-        let (long_ttft, long_b) = long_prompt_flood(&decode, &short, &long, args).await?;
+        // The flood fills the prefill worker first.
+        let flood = long_prompt_flood(&decode, &long, args);
+        let a = (&decode, &short, args.samples);
+        let (long_ttft, long_b) = while_flooded(a, flood, Duration::from_secs(2)).await?;
         // (b) B opens streams that may each generate up to the window.
-        let (reserve_ttft, reserve_b) = reservation_flood(&decode, &short, window, args).await?;
+        let flood = reservation_flood(&decode, &short, window, args);
+        let (reserve_ttft, reserve_b) = while_flooded(a, flood, Duration::from_secs(5)).await?;
         let engine = Arc::clone(&decode_engine);
         let preemptions = tokio::task::spawn_blocking(move || engine.stats())
             .await?
@@ -121,14 +125,11 @@ pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
     })
 }
 
-/// Tenant A's time to first token while B sends long in-window prompts,
-/// `long_streams` at a time; and how B's requests ended.
-async fn long_prompt_flood(
-    decode: &DecodeWorker,
-    short: &Prompts,
-    long: &Prompts,
-    args: &NeighboursBenchArgs,
-) -> anyhow::Result<(Vec<f64>, Outcomes)> {
+/// B's requests until told to stop, and how each ended.
+type Flood = (JoinSet<Outcomes>, Arc<AtomicBool>);
+
+/// B sending long in-window prompts, `long_streams` at a time.
+fn long_prompt_flood(decode: &DecodeWorker, long: &Prompts, args: &NeighboursBenchArgs) -> Flood {
     let stop = Arc::new(AtomicBool::new(false));
     let mut flood = JoinSet::new();
     for s in 0..args.long_streams {
@@ -145,19 +146,16 @@ async fn long_prompt_flood(
             o
         });
     }
-    // Let the flood fill the prefill worker first.
-    let settle = Duration::from_secs(2);
-    while_flooded(decode, short, args.samples, (flood, &stop), settle).await
+    (flood, stop)
 }
 
-/// Tenant A's time to first token while B holds streams that may each
-/// generate up to the window; and how B's requests ended.
-async fn reservation_flood(
+/// B holding streams that may each generate up to the window.
+fn reservation_flood(
     decode: &DecodeWorker,
     short: &Prompts,
     window: usize,
     args: &NeighboursBenchArgs,
-) -> anyhow::Result<(Vec<f64>, Outcomes)> {
+) -> Flood {
     let stop = Arc::new(AtomicBool::new(false));
     let mut flood = JoinSet::new();
     for s in 0..args.reserve_streams {
@@ -166,18 +164,15 @@ async fn reservation_flood(
         let max = window - prompt.len();
         flood.spawn(async move { run_b(&decode, request(prompt, max), Some(stop)).await });
     }
-    let settle = Duration::from_secs(5);
-    while_flooded(decode, short, args.samples, (flood, &stop), settle).await
+    (flood, stop)
 }
 
-/// Tenant A's times to first token, `samples` of them, measured `settle`
-/// after B's `flood` began; then the flood is stopped and how its requests
-/// ended is summed.
+/// Tenant A's times to first token (`samples` of them, of `short` prompts),
+/// measured `settle` after B's `flood` began; then the flood is stopped and
+/// how its requests ended is summed.
 async fn while_flooded(
-    decode: &DecodeWorker,
-    short: &Prompts,
-    samples: usize,
-    (mut flood, stop): (JoinSet<Outcomes>, &AtomicBool),
+    (decode, short, samples): (&DecodeWorker, &Prompts, usize),
+    (mut flood, stop): Flood,
     settle: Duration,
 ) -> anyhow::Result<(Vec<f64>, Outcomes)> {
     tokio::time::sleep(settle).await;

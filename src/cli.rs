@@ -110,6 +110,22 @@ enum BenchCommand {
     Prefix(crate::bench_prefix::PrefixBenchArgs),
 }
 
+impl BenchCommand {
+    fn run(self) -> anyhow::Result<()> {
+        use BenchCommand as B;
+        match self {
+            B::Engine(args) => crate::bench::run_engine(&args),
+            B::Transfer(args) => crate::bench_transfer::run(&args),
+            B::Gateway(args) => crate::bench_gateway::run(&args),
+            B::Telemetry(args) => crate::bench_telemetry::run(&args),
+            B::Neighbours(args) => crate::bench_neighbours::run(&args),
+            B::Chaos(args) => crate::bench_chaos::run(&args),
+            B::Prefix(args) => crate::bench_prefix::run(&args),
+            B::Serving(args) => crate::bench_serving::run(&args),
+        }
+    }
+}
+
 /// Model and engine flags shared by the subcommands that run the model.
 #[derive(Debug, Args)]
 pub(crate) struct ModelArgs {
@@ -272,29 +288,6 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let _t = telemetry("bulkhead-decode")?;
             crate::serve::decode(&args)
         }
-        Command::Bench {
-            command: BenchCommand::Engine(args),
-        } => crate::bench::run_engine(&args),
-        Command::Bench {
-            command: BenchCommand::Transfer(args),
-        } => crate::bench_transfer::run(&args),
-        Command::Bench {
-            command: BenchCommand::Gateway(args),
-        } => crate::bench_gateway::run(&args),
-        Command::Bench {
-            command: BenchCommand::Telemetry(args),
-        } => crate::bench_telemetry::run(&args),
-        Command::Bench {
-            command: BenchCommand::Neighbours(args),
-        } => crate::bench_neighbours::run(&args),
-        Command::Bench {
-            command: BenchCommand::Chaos(args),
-        } => crate::bench_chaos::run(&args),
-        Command::Bench {
-            command: BenchCommand::Prefix(args),
-        } => crate::bench_prefix::run(&args),
-        Command::Bench {
-            command: BenchCommand::Serving(args),
-        } => crate::bench_serving::run(&args),
+        Command::Bench { command } => command.run(),
     }
 }

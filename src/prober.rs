@@ -184,6 +184,16 @@ struct Answer {
     body: String,
 }
 
+impl Answer {
+    /// The body as JSON, when the call succeeded.
+    fn json(&self) -> Result<Value, ProbeError> {
+        if self.status != 200 {
+            return Err(ProbeError::Refused(self.status));
+        }
+        serde_json::from_str(&self.body).map_err(|_| ProbeError::Network("bad answer"))
+    }
+}
+
 impl Prober {
     async fn round(&mut self) {
         metrics().rounds.add(1, &[]);
@@ -230,7 +240,10 @@ impl Prober {
 
     /// The public models, with their limits and active config.
     async fn models(&self) -> Result<Vec<ModelView>, ProbeError> {
-        let a = self.call_json("GET", "/v1/models", &self.a, None).await?;
+        let a = self
+            .call("GET", "/v1/models", &self.a, None)
+            .await?
+            .json()?;
         let mut out = Vec::new();
         for m in a["data"].as_array().into_iter().flatten() {
             let Some(slug) = m["id"].as_str().and_then(|s| s.parse::<ModelSlug>().ok()) else {
@@ -429,20 +442,6 @@ impl Prober {
         }
     }
 
-    async fn call_json(
-        &self,
-        method: &str,
-        path: &str,
-        who: &Sentinel,
-        body: Option<&Value>,
-    ) -> Result<Value, ProbeError> {
-        let a = self.call(method, path, who, body).await?;
-        if a.status != 200 {
-            return Err(ProbeError::Refused(a.status));
-        }
-        serde_json::from_str(&a.body).map_err(|_| ProbeError::Network("bad answer"))
-    }
-
     /// One HTTP/1.0 request to the gateway, read to its end.
     async fn call(
         &self,
@@ -459,9 +458,7 @@ impl Prober {
                 .map_err(|_| ProbeError::Network("read"))?;
             parse(&raw)
         };
-        tokio::time::timeout(Duration::from_secs(120), fut)
-            .await
-            .map_err(|_| ProbeError::Network("timeout"))?
+        within(Duration::from_secs(120), fut).await
     }
 
     /// Sends a request, reads `bytes` of the answer, and hangs up.
@@ -489,9 +486,7 @@ impl Prober {
                 body: String::from_utf8_lossy(&raw).into_owned(),
             })
         };
-        tokio::time::timeout(Duration::from_secs(60), fut)
-            .await
-            .map_err(|_| ProbeError::Network("timeout"))?
+        within(Duration::from_secs(60), fut).await
     }
 
     async fn send(
@@ -649,4 +644,14 @@ fn metrics() -> &'static Instruments {
                 .build(),
         }
     })
+}
+
+/// `fut`'s result, or a network error when it takes longer than `limit`.
+async fn within<T>(
+    limit: Duration,
+    fut: impl Future<Output = Result<T, ProbeError>>,
+) -> Result<T, ProbeError> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| ProbeError::Network("timeout"))?
 }

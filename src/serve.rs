@@ -8,8 +8,8 @@ use anyhow::Context;
 use bulkhead_control_api::NodeRole;
 use bulkhead_engine::Engine;
 use bulkhead_node::{
-    ContextCheck, DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, Role, TransportKind,
-    app, hello,
+    ContextCheck, DecodeOptions, DecodeWorker, LinkFault, PrefillOptions, PrefillWorker, Role,
+    TransportKind, app, hello,
 };
 use bulkhead_worker_api::context::KeyRing;
 use clap::Args;
@@ -347,11 +347,12 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
         Duration::from_millis(args.write_timeout_ms.max(1)),
         transport,
     );
-    if let Some(ms) = args.page_delay_ms {
-        options.slow_link(Duration::from_millis(ms))?;
-    }
-    if let Some(p) = args.frame_faults_percent {
-        options.broken_link(p)?;
+    // A slowed link wins over broken frames when both are asked for.
+    let slow = args
+        .page_delay_ms
+        .map(|ms| LinkFault::Slow(Duration::from_millis(ms)));
+    if let Some(fault) = slow.or(args.frame_faults_percent.map(LinkFault::Broken)) {
+        options.sabotage(fault)?;
     }
     let w = &args.worker;
     let identity = w.identity(CertRole::Prefill)?;

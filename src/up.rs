@@ -578,21 +578,69 @@ async fn sentinels(
 ) -> anyhow::Result<Vec<crate::prober::Sentinel>> {
     let mut out = Vec::new();
     for (i, name) in ["sentinel-a", "sentinel-b"].into_iter().enumerate() {
-        let old = previous.and_then(|p| p.sentinels.get(i)).cloned();
-        if let Some(s) = old
-            && still_valid(c, &s.token, &s.id).await?
-        {
-            out.push(s);
-            continue;
-        }
-        let account = store::accounts::create_sentinel(&mut *c, name, now).await?;
-        let token = token_for(c, &account.id, "prober", now).await?;
-        out.push(crate::prober::Sentinel {
-            id: account.id,
-            token,
-        });
+        let old = previous.and_then(|p| p.sentinels.get(i));
+        let old = old.map(|s| (s.id.as_str(), s.token.as_str()));
+        let (id, token) = account(c, old, (name, Kind::Sentinel), now).await?;
+        out.push(crate::prober::Sentinel { id, token });
     }
     Ok(out)
+}
+
+/// What an account `up` makes is for.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// The prober's (its token labelled `prober`).
+    Sentinel,
+    /// A demo tenant's (its token labelled `demo`).
+    Demo,
+}
+
+/// The id and token of `old` when its token still works; else of a new
+/// account `name` of `kind`, with a new token.
+async fn account(
+    c: &mut store::Conn,
+    old: Option<(&str, &str)>,
+    (name, kind): (&str, Kind),
+    now: Timestamp,
+) -> anyhow::Result<(String, String)> {
+    if let Some((id, token)) = old
+        && still_valid(c, token, id).await?
+    {
+        return Ok((id.to_owned(), token.to_owned()));
+    }
+    let (account, label) = match kind {
+        Kind::Sentinel => (
+            store::accounts::create_sentinel(&mut *c, name, now).await?,
+            "prober",
+        ),
+        Kind::Demo => (store::accounts::create(&mut *c, name, now).await?, "demo"),
+    };
+    let token = token_for(c, &account.id, label, now).await?;
+    Ok((account.id, token))
+}
+
+/// A config for the default model's weights (whose sha256 is given):
+/// `quantization` as its workers register it, `properties`, `budget` bytes
+/// of KV memory per role, 16-token pages, one device, `up`'s price.
+pub(crate) fn config(
+    sha256: &str,
+    quantization: &str,
+    properties: Properties,
+    budget: u64,
+) -> ConfigSpec {
+    ConfigSpec {
+        properties,
+        weights_file: fetch::FILE_NAME.to_owned(),
+        weights_sha256: sha256.to_owned(),
+        quantization: quantization.to_owned(),
+        page_size: 16,
+        kv_budget: KvBudget {
+            prefill_bytes: budget,
+            decode_bytes: budget,
+        },
+        parallelism: Parallelism::default(),
+        price: PRICE,
+    }
 }
 
 /// The served models, public, each with a config that matches what its
@@ -601,22 +649,11 @@ async fn publish_models(c: &mut store::Conn, args: &UpArgs, now: Timestamp) -> a
     let budget = args.kv_budget_mib << 20;
     for served in args.served() {
         let slug: ModelSlug = served.slug().parse()?;
-        let spec = ConfigSpec {
-            properties: Properties {
-                context_window: args.context_window,
-                max_output: args.max_output,
-            },
-            weights_file: fetch::FILE_NAME.to_owned(),
-            weights_sha256: fetch::SHA256.to_owned(),
-            quantization: served.quantization.to_owned(),
-            page_size: 16,
-            kv_budget: KvBudget {
-                prefill_bytes: budget,
-                decode_bytes: budget,
-            },
-            parallelism: Parallelism::default(),
-            price: PRICE,
+        let properties = Properties {
+            context_window: args.context_window,
+            max_output: args.max_output,
         };
+        let spec = config(fetch::SHA256, served.quantization, properties, budget);
         let model = match store::models::find_optional(&mut *c, &slug).await? {
             Some(m) => m,
             None => {
@@ -657,22 +694,11 @@ async fn demo_accounts(
 ) -> anyhow::Result<Vec<DemoAccount>> {
     let mut accounts = Vec::new();
     for name in ["alice", "bob"] {
-        let reuse = old
-            .and_then(|o| o.accounts.iter().find(|a| a.name == name))
-            .cloned();
-        if let Some(a) = reuse
-            && still_valid(c, &a.token, &a.id).await?
-        {
-            accounts.push(a);
-            continue;
-        }
-        let account = store::accounts::create(&mut *c, name, now).await?;
-        let token = token_for(c, &account.id, "demo", now).await?;
-        accounts.push(DemoAccount {
-            id: account.id,
-            name: name.to_owned(),
-            token,
-        });
+        let reuse = old.and_then(|o| o.accounts.iter().find(|a| a.name == name));
+        let reuse = reuse.map(|a| (a.id.as_str(), a.token.as_str()));
+        let (id, token) = account(c, reuse, (name, Kind::Demo), now).await?;
+        let name = name.to_owned();
+        accounts.push(DemoAccount { id, name, token });
     }
     Ok(accounts)
 }
