@@ -4,6 +4,7 @@
 
 mod support;
 
+use bulkhead_test_support::json::{items, three};
 use bulkhead_trust::Role as CertRole;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -259,13 +260,7 @@ fn responder_commands_flip_visibility_run_incidents_and_read_the_audit_log() {
         .expect("array")
         .iter()
         .filter(|e| e["action"] == "model.visibility")
-        .map(|e| {
-            (
-                e["after"].as_str().unwrap_or(""),
-                e["actor"].as_str().unwrap_or(""),
-                e["reason"].as_str().unwrap_or(""),
-            )
-        })
+        .map(|e| three(e, ["after", "actor", "reason"]))
         .collect();
     assert_eq!(
         flips,
@@ -465,10 +460,7 @@ fn a_worker_registers_its_measured_pool_and_is_unroutable_after_restarting_small
     assert_eq!(s, 204, "{v}");
     let (s, v) = call(&addr, "GET", "/admin/v1/audit", &admin, None);
     assert_eq!(s, 200, "{v}");
-    let actions: Vec<&str> = v
-        .as_array()
-        .into_iter()
-        .flatten()
+    let actions: Vec<&str> = items(&v)
         .filter(|e| e["subject"] == "colocated-0")
         .filter_map(|e| e["action"].as_str())
         .collect();

@@ -138,11 +138,8 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
     let p = prefill(&[]);
     let d = decode(&p.addr("transfer"), &[]);
     // 64 MiB of f16 pages hold 182 pages = 2,912 tokens.
-    let r = generate(
-        &d.addr("http"),
-        1,
-        &json!({"tokens": tokens(2_900), "max_tokens": 100}),
-    );
+    let request = json!({"tokens": tokens(2_900), "max_tokens": 100});
+    let r = generate(&d.addr("http"), 1, &request);
     assert_eq!(r.status, 400, "{}", r.body);
     let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(v["error"]["code"], "context_length_exceeded");
@@ -173,76 +170,46 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
         };
         s.write_all(&Message::Hello(h).encode()).await.unwrap();
         s.flush().await.unwrap();
-        let t = bulkhead_kv::TransferId::new(42);
-        let req = bulkhead_transfer::PrefillRequest {
-            transfer: t,
-            tenant: 9,
-            max_tokens: 100,
-            prompt: tokens(2_900),
-            slots: (0..2_900usize.div_ceil(16))
-                .map(|i| bulkhead_kv::Generation::from_wire(i as u64 + 1))
-                .collect(),
-            traceparent: None,
-            key: [1; bulkhead_transfer::mac::KEY_LEN],
-            cache: None,
+        // Tenant 9's request on transfer `id`, one landing slot a page.
+        let request = |id: u64, max_tokens: u64, prompt: Vec<u32>| {
+            let slots = prompt.len().div_ceil(16) as u64;
+            let req = bulkhead_transfer::PrefillRequest {
+                transfer: bulkhead_kv::TransferId::new(id),
+                tenant: 9,
+                max_tokens,
+                prompt,
+                slots: (1..=slots)
+                    .map(bulkhead_kv::Generation::from_wire)
+                    .collect(),
+                traceparent: None,
+                key: [1; bulkhead_transfer::mac::KEY_LEN],
+                cache: None,
+            };
+            Message::Prefill(req).encode()
         };
-        s.write_all(&Message::Prefill(req).encode()).await.unwrap();
+        s.write_all(&request(42, 100, tokens(2_900))).await.unwrap();
         s.flush().await.unwrap();
         let over_long = Message::read(&mut s).await.unwrap();
         // A token id outside the vocabulary is refused too, and prefill lives on.
-        let wild = bulkhead_transfer::PrefillRequest {
-            transfer: bulkhead_kv::TransferId::new(43),
-            tenant: 9,
-            max_tokens: 4,
-            prompt: vec![1, 2, 4_000_000_000],
-            slots: vec![bulkhead_kv::Generation::from_wire(1)],
-            traceparent: None,
-            key: [1; bulkhead_transfer::mac::KEY_LEN],
-            cache: None,
-        };
-        s.write_all(&Message::Prefill(wild).encode()).await.unwrap();
+        s.write_all(&request(43, 4, vec![1, 2, 4_000_000_000]))
+            .await
+            .unwrap();
         s.flush().await.unwrap();
         let wild = Message::read(&mut s).await.unwrap();
         // Reusing a transfer id (42 was refused above) closes the connection.
-        let again = bulkhead_transfer::PrefillRequest {
-            transfer: bulkhead_kv::TransferId::new(42),
-            tenant: 9,
-            max_tokens: 4,
-            prompt: vec![1, 2, 3],
-            slots: vec![bulkhead_kv::Generation::from_wire(1)],
-            traceparent: None,
-            key: [1; bulkhead_transfer::mac::KEY_LEN],
-            cache: None,
-        };
-        s.write_all(&Message::Prefill(again).encode())
-            .await
-            .unwrap();
+        s.write_all(&request(42, 4, vec![1, 2, 3])).await.unwrap();
         s.flush().await.unwrap();
         let closed = Message::read(&mut s).await.is_err();
         (over_long, wild, closed)
     });
     let (reply, wild, closed) = reply;
     assert!(closed, "a reused transfer id must close the connection");
-    assert!(
-        matches!(
-            reply,
-            Message::Rejected {
-                error: bulkhead_kv::AdmissionError::PoolCapacityExceeded { .. },
-                ..
-            }
-        ),
-        "{reply:?}"
-    );
-    assert!(
-        matches!(
-            wild,
-            Message::Rejected {
-                error: bulkhead_kv::AdmissionError::TokenOutOfRange { .. },
-                ..
-            }
-        ),
-        "{wild:?}"
-    );
+    let refusal = |m: &Message| match m {
+        Message::Rejected { error, .. } => Some(error.reason()),
+        _ => None,
+    };
+    assert_eq!(refusal(&reply), Some("pool_capacity_exceeded"), "{reply:?}");
+    assert_eq!(refusal(&wild), Some("token_out_of_range"), "{wild:?}");
     let ps = stats(&p.addr("http"));
     assert_eq!(ps["transfer"]["rejected"], 2);
     assert_eq!(ps["transfer"]["requests"], 2);
@@ -250,16 +217,43 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
     assert_baseline(&[&d.addr("http"), &p.addr("http")]);
 }
 
+/// After its peer was killed mid-transfer, the worker at `addr` is back to
+/// its baseline, counted one lost connection and finished no transfer
+/// (its `finished` counter is 0).
+fn lost_one_connection(addr: &str, finished: &str) {
+    assert_baseline(&[addr]);
+    let s = stats(addr);
+    assert_eq!(s["transfer"]["connection_losses"], 1, "{s}");
+    assert_eq!(s["transfer"][finished], 0, "{s}");
+}
+
+/// Passes every frame on as it is but the `n`-th page frame (from 1), for
+/// which it sends what `f` makes of it.
+fn on_nth_page(
+    n: usize,
+    mut f: impl FnMut(bulkhead_transfer::PageHeader, Vec<u8>) -> Vec<Message> + Send + 'static,
+) -> Tamper {
+    let mut pages = 0;
+    Box::new(move |m| match m {
+        Message::Page(h, payload) => {
+            pages += 1;
+            if pages == n {
+                f(h, payload)
+            } else {
+                vec![Message::Page(h, payload)]
+            }
+        }
+        m => vec![m],
+    })
+}
+
 /// Runs one request through a tampering proxy and checks it fails cleanly.
 fn tampered(tamper: Tamper, expect_counter: &str) {
     let p = prefill(&[]);
     let via = proxy(p.addr("transfer"), tamper);
     let d = decode(&via.addr, &[]);
-    let r = generate(
-        &d.addr("http"),
-        5,
-        &json!({"tokens": tokens(100), "max_tokens": 8}),
-    );
+    let request = json!({"tokens": tokens(100), "max_tokens": 8});
+    let r = generate(&d.addr("http"), 5, &request);
     assert!(via.injected() > 0, "the proxy injected no fault");
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.body.contains("kv_transfer_failed"), "{}", r.body);
@@ -274,31 +268,19 @@ fn tampered(tamper: Tamper, expect_counter: &str) {
     let ps = stats(&p.addr("http"));
     assert_eq!(ps["transfer"]["acks_sent"], 1);
     // A clean request afterwards works on the same pair.
-    let ok = generate(
-        &d.addr("http"),
-        5,
-        &json!({"raw": "Hello", "max_tokens": 4}),
-    );
+    let request = json!({"raw": "Hello", "max_tokens": 4});
+    let ok = generate(&d.addr("http"), 5, &request);
     assert_eq!(ok.status, 200, "{}", ok.body);
 }
 
 #[test]
 fn a_corrupted_page_frame_fails_the_transfer() {
-    let mut n = 0;
-    tampered(
-        Box::new(move |m| match m {
-            Message::Page(h, mut payload) => {
-                n += 1;
-                if n == 3 {
-                    payload[1000] ^= 0x40;
-                }
-                vec![Message::Page(h, payload)]
-            }
-            m => vec![m],
-        }),
-        // The tag is the only integrity check when serving.
-        "tag_mismatches",
-    );
+    let flip = |h, mut payload: Vec<u8>| {
+        payload[1000] ^= 0x40;
+        vec![Message::Page(h, payload)]
+    };
+    // The tag is the only integrity check when serving.
+    tampered(on_nth_page(3, flip), "tag_mismatches");
 }
 
 #[test]
@@ -332,60 +314,24 @@ fn a_page_forged_with_a_correct_checksum_fails_on_its_tag() {
 
 #[test]
 fn a_page_with_a_forged_checksum_still_cannot_land_in_another_slot() {
-    let mut n = 0;
-    tampered(
-        Box::new(move |m| match m {
-            Message::Page(mut h, payload) => {
-                n += 1;
-                if n == 2 {
-                    h.slot += 1; // aim at the next slot, generation left as is
-                }
-                vec![Message::Page(h, payload)]
-            }
-            m => vec![m],
-        }),
-        "slot_mismatches",
-    );
+    // Aimed at the next slot, its generation left as it is.
+    let aim = |mut h: bulkhead_transfer::PageHeader, payload| {
+        h.slot += 1;
+        vec![Message::Page(h, payload)]
+    };
+    tampered(on_nth_page(2, aim), "slot_mismatches");
 }
 
 #[test]
 fn a_truncated_transfer_fails() {
-    let mut n = 0;
-    tampered(
-        Box::new(move |m| match m {
-            Message::Page(h, payload) => {
-                n += 1;
-                if n == 7 {
-                    vec![]
-                } else {
-                    vec![Message::Page(h, payload)]
-                }
-            }
-            m => vec![m],
-        }),
-        "incomplete",
-    );
+    tampered(on_nth_page(7, |_, _| vec![]), "incomplete");
 }
 
 #[test]
 fn duplicate_and_late_frames_are_dropped_and_counted() {
     // Within a live transfer a slot written twice fails it...
-    let mut first: Option<Message> = None;
-    tampered(
-        Box::new(move |m| match m {
-            Message::Page(h, payload) => {
-                let m = Message::Page(h, payload);
-                if first.is_none() {
-                    first = Some(m.clone());
-                    vec![m.clone(), m]
-                } else {
-                    vec![m]
-                }
-            }
-            m => vec![m],
-        }),
-        "duplicate_pages",
-    );
+    let twice = |h, payload| vec![Message::Page(h, payload); 2];
+    tampered(on_nth_page(1, twice), "duplicate_pages");
     // ...and once it is finished, its frames are dropped by the tombstone.
     let p = prefill(&[]);
     let mut kept: Vec<Message> = Vec::new();
@@ -428,11 +374,8 @@ fn decode_aborts_mid_transfer_and_keeps_its_pages_until_prefill_drains() {
     // 8 pages at 400 ms each; decode gives up after 1 s.
     let p = prefill(&["--page-delay-ms", "400"]);
     let d = decode(&p.addr("transfer"), &["--transfer-timeout-ms", "1000"]);
-    let r = generate(
-        &d.addr("http"),
-        3,
-        &json!({"tokens": tokens(128), "max_tokens": 4}),
-    );
+    let request = json!({"tokens": tokens(128), "max_tokens": 4});
+    let r = generate(&d.addr("http"), 3, &request);
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.body.contains("timed out"), "{}", r.body);
     // The client has its answer, but prefill's write in flight is not
@@ -501,10 +444,7 @@ fn kill_9_of_decode_mid_transfer_releases_prefill_pages() {
     assert_delayed(&during);
     assert!(during["pool"]["allocated_pages"].as_u64().unwrap() > 0);
     assert_eq!(d.kill9(), Some(9), "decode was killed by SIGKILL");
-    assert_baseline(&[&p.addr("http")]);
-    let ps = stats(&p.addr("http"));
-    assert_eq!(ps["transfer"]["connection_losses"], 1);
-    assert_eq!(ps["transfer"]["completed"], 0);
+    lost_one_connection(&p.addr("http"), "completed");
 }
 
 #[test]
@@ -527,10 +467,7 @@ fn kill_9_of_prefill_mid_transfer_fails_the_request_and_frees_decode_pages() {
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.body.contains("connection"), "{}", r.body);
     assert!(!r.body.contains("\"token\""));
-    assert_baseline(&[&d.addr("http")]);
-    let ds = stats(&d.addr("http"));
-    assert_eq!(ds["transfer"]["connection_losses"], 1);
-    assert_eq!(ds["transfer"]["committed"], 0);
+    lost_one_connection(&d.addr("http"), "committed");
 }
 
 #[test]
@@ -589,11 +526,8 @@ fn logits_of_the_wrong_length_fail_the_request_even_with_a_valid_digest() {
         }),
     );
     let d = decode(&via.addr, &[]);
-    let r = generate(
-        &d.addr("http"),
-        5,
-        &json!({"tokens": tokens(40), "max_tokens": 4}),
-    );
+    let request = json!({"tokens": tokens(40), "max_tokens": 4});
+    let r = generate(&d.addr("http"), 5, &request);
     assert!(via.injected() > 0, "the proxy changed no frame");
     assert_eq!(r.status, 502, "{}", r.body);
     assert!(r.body.contains("kv_transfer_failed"), "{}", r.body);
@@ -609,11 +543,8 @@ fn a_prompt_that_cannot_be_prefilled_in_time_is_refused_at_admission_and_a_slow_
     // own door, before any page or frame.
     let p = prefill(&["--prefill-deadline-secs", "1"]);
     let d = decode(&p.addr("transfer"), &[]);
-    let r = generate(
-        &d.addr("http"),
-        1,
-        &json!({"tokens": tokens(2_000), "max_tokens": 4}),
-    );
+    let request = json!({"tokens": tokens(2_000), "max_tokens": 4});
+    let r = generate(&d.addr("http"), 1, &request);
     assert_eq!(r.status, 400, "{}", r.body);
     let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(v["error"]["code"], "prefill_too_long", "{v}");
@@ -633,11 +564,8 @@ fn a_prompt_that_cannot_be_prefilled_in_time_is_refused_at_admission_and_a_slow_
     let p = prefill(&[]);
     let d = decode(&p.addr("transfer"), &["--transfer-timeout-ms", "1000"]);
     let started = std::time::Instant::now();
-    let r = generate(
-        &d.addr("http"),
-        2,
-        &json!({"tokens": tokens(700), "max_tokens": 2, "ignore_eos": true}),
-    );
+    let request = json!({"tokens": tokens(700), "max_tokens": 2, "ignore_eos": true});
+    let r = generate(&d.addr("http"), 2, &request);
     let took = started.elapsed();
     assert_eq!(r.status, 200, "{}", r.body);
     let (t, last) = r.tokens();

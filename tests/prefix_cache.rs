@@ -15,17 +15,9 @@ fn only_the_account_that_computed_a_prefix_reuses_it_whatever_salt_is_sent() {
     let dir = data_dir("prefix");
     let _up = up(&dir, &["--colocated", "--no-prober"]);
     let creds = credentials(&dir);
-    let gw = creds["gateway_url"].as_str().expect("gateway");
-    let cp = creds["control_plane_url"].as_str().expect("control plane");
-    let admin = creds["operator_token"].as_str().expect("operator token");
-    let model = creds["model"].as_str().expect("model");
-    let tokens: Vec<&str> = creds["accounts"]
-        .as_array()
-        .expect("accounts")
-        .iter()
-        .filter_map(|a| a["token"].as_str())
-        .collect();
-    let (alice, bob) = (tokens[0], tokens[1]);
+    let (gw, cp) = (&creds.gateway_url, &creds.control_plane_url);
+    let (admin, model) = (&creds.operator_token, creds.model.as_str());
+    let (alice, bob) = (&creds.accounts[0].token, &creds.accounts[1].token);
     let nodes = get(cp, "/admin/v1/nodes", admin);
     let worker = nodes
         .as_array()

@@ -9,6 +9,7 @@
 
 mod support;
 
+use bulkhead_test_support::json::items;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -95,13 +96,9 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
         ],
     );
     let creds = credentials(&dir);
-    let cp = creds["control_plane_url"].as_str().expect("cp").to_owned();
-    let gw = creds["gateway_url"].as_str().expect("gw").to_owned();
-    let op = creds["operator_token"].as_str().expect("op").to_owned();
-    let metrics = creds["metrics"]["prober"]
-        .as_str()
-        .expect("prober metrics")
-        .to_owned();
+    let (cp, gw) = (&creds.control_plane_url, &creds.gateway_url);
+    let op = &creds.operator_token;
+    let metrics = &creds.metrics["prober"];
 
     // A prober that cannot reach the gateway counts errors, flips nothing.
     let internal: Value = serde_json::from_str(
@@ -114,11 +111,11 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
             "--gateway",
             "http://127.0.0.1:9",
             "--control-plane",
-            &cp,
+            cp,
         ])
         .args(["--rounds", "2", "--interval-secs", "1", "--state"])
         .arg(dir.join("lost-prober.json"))
-        .env("BULKHEAD_PROBER_TOKEN", &op)
+        .env("BULKHEAD_PROBER_TOKEN", op)
         .env("BULKHEAD_SENTINELS", internal["sentinels"].to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -134,7 +131,7 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
         "its errors are logged: {}",
         String::from_utf8_lossy(&lost.stderr)
     );
-    let m = get(&cp, &format!("/admin/v1/models/{MODEL_PATH}"), &op);
+    let m = get(cp, &format!("/admin/v1/models/{MODEL_PATH}"), op);
     assert_eq!(
         m["visibility"], "public",
         "a network error flipped the model: {m}"
@@ -145,7 +142,7 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
     // requests) and sends its canaries (6 or 7 more): by its end the fault
     // is in force, and the next round must find it.
     let until = Instant::now() + Duration::from_secs(120);
-    while prober_metric(&metrics, "bulkhead_prober_checks_total", "check=\"canary\"") < 1.0 {
+    while prober_metric(metrics, "bulkhead_prober_checks_total", "check=\"canary\"") < 1.0 {
         assert!(Instant::now() < until, "the prober never finished a round");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -153,7 +150,7 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
     // One interval, one round (a few seconds of model calls) and the flip.
     let limit = Duration::from_secs(interval) + Duration::from_secs(30);
     let private = loop {
-        let m = get(&cp, &format!("/admin/v1/models/{MODEL_PATH}"), &op);
+        let m = get(cp, &format!("/admin/v1/models/{MODEL_PATH}"), op);
         if m["visibility"] == "private" {
             break round_one.elapsed();
         }
@@ -164,25 +161,22 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
         std::thread::sleep(Duration::from_millis(100));
     };
     eprintln!("withdrawn {private:?} after the first round ended (probe interval {interval} s)");
-    assert!(prober_metric(&metrics, "bulkhead_prober_findings_total", "") >= 1.0);
+    assert!(prober_metric(metrics, "bulkhead_prober_findings_total", "") >= 1.0);
     // The prober counts the withdrawal once the control plane has answered
     // the flip, which may be a moment after the flip is visible here.
     let until = Instant::now() + Duration::from_secs(10);
-    while prober_metric(&metrics, "bulkhead_prober_withdrawals_total", "") < 1.0 {
+    while prober_metric(metrics, "bulkhead_prober_withdrawals_total", "") < 1.0 {
         assert!(Instant::now() < until, "the withdrawal was never counted");
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(
-        prober_metric(&metrics, "bulkhead_prober_withdrawals_total", ""),
+        prober_metric(metrics, "bulkhead_prober_withdrawals_total", ""),
         1.0
     );
 
     // The flip carries the evidence.
-    let audit = get(&cp, "/admin/v1/audit?limit=10", &op);
-    let reason = audit
-        .as_array()
-        .into_iter()
-        .flatten()
+    let audit = get(cp, "/admin/v1/audit?limit=10", op);
+    let reason = items(&audit)
         .find(|e| e["subject"] == MODEL && e["after"] == "private")
         .and_then(|e| e["reason"].as_str())
         .unwrap_or_default()
@@ -194,14 +188,10 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
     // A major incident on the status page (which may cache for a while).
     let until = Instant::now() + Duration::from_secs(60);
     loop {
-        let summary = get(&cp, "/api/v2/summary.json", "");
-        let open = summary["incidents"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|i| {
-                i["impact"] == "major" && i["name"].as_str().is_some_and(|n| n.contains(MODEL))
-            });
+        let summary = get(cp, "/api/v2/summary.json", "");
+        let open = items(&summary["incidents"]).any(|i| {
+            i["impact"] == "major" && i["name"].as_str().is_some_and(|n| n.contains(MODEL))
+        });
         if open {
             break;
         }
@@ -214,15 +204,12 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
     assert_eq!(body["check"], "golden_answer", "{body}");
 
     // No tenant is served by the model any more.
-    let a = &creds["accounts"][0];
-    let path = format!(
-        "/client/v4/accounts/{}/ai/run/{MODEL}",
-        a["id"].as_str().unwrap_or_default()
-    );
+    let a = &creds.accounts[0];
+    let path = format!("/client/v4/accounts/{}/ai/run/{MODEL}", a.id);
     let (status, text) = post(
-        &gw,
+        gw,
         &path,
-        a["token"].as_str().unwrap_or_default(),
+        &a.token,
         r#"{"prompt": "hello", "max_tokens": 4}"#,
     );
     assert_ne!(status, 200, "{text}");
@@ -230,7 +217,7 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
     // Once only: later rounds see no public model to probe.
     std::thread::sleep(Duration::from_secs(2 * interval));
     assert_eq!(
-        prober_metric(&metrics, "bulkhead_prober_withdrawals_total", ""),
+        prober_metric(metrics, "bulkhead_prober_withdrawals_total", ""),
         1.0
     );
     drop(platform);

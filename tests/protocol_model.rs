@@ -421,6 +421,17 @@ fn set_pages(s: &mut DecodeState, transfer: u64, state: PageState) {
     }
 }
 
+/// The peer ended `transfer` (refused or aborted it): its timers stop, its
+/// pages are free at once (prefill writes nothing more), its request ends
+/// as `how`, and the next one starts.
+fn end(limits: &Limits, s: &mut DecodeState, transfer: u64, how: Req, o: &mut Out<Node>) {
+    o.cancel_timer(Timer::Deadline(transfer));
+    o.cancel_timer(Timer::AckTimeout(transfer));
+    set_pages(s, transfer, PageState::Free);
+    s.requests[request_of(transfer)] = how;
+    start_next(limits, s, o);
+}
+
 /// This side aborts `transfer`: tell prefill, keep the pages until it
 /// acknowledges (or free them at once, as the mutant does).
 fn abort(mutants: Mutants, s: &mut DecodeState, transfer: u64, o: &mut Out<Node>) {
@@ -519,12 +530,7 @@ fn decode_msg(limits: &Limits, mutants: Mutants, s: &mut DecodeState, msg: Msg, 
         }
         Msg::Rejected { transfer, .. } => {
             if s.ledger.on_rejected(TransferId::new(transfer)) {
-                o.cancel_timer(Timer::Deadline(transfer));
-                o.cancel_timer(Timer::AckTimeout(transfer));
-                set_pages(s, transfer, PageState::Free);
-                let i = request_of(transfer);
-                s.requests[i] = Req::Refused;
-                start_next(limits, s, o);
+                end(limits, s, transfer, Req::Refused, o);
             }
         }
         Msg::Abort { transfer, .. } => {
@@ -536,12 +542,7 @@ fn decode_msg(limits: &Limits, mutants: Mutants, s: &mut DecodeState, msg: Msg, 
                         transfer,
                     },
                 );
-                o.cancel_timer(Timer::Deadline(transfer));
-                o.cancel_timer(Timer::AckTimeout(transfer));
-                set_pages(s, transfer, PageState::Free);
-                let i = request_of(transfer);
-                s.requests[i] = Req::Failed;
-                start_next(limits, s, o);
+                end(limits, s, transfer, Req::Failed, o);
             }
         }
         Msg::AbortAck { transfer, .. } => {

@@ -29,31 +29,25 @@ fn against_up(
     let dir = support::platform::data_dir("sdk");
     let up = support::platform::up(&dir, &["--prober-interval-secs", "3600"]);
     let creds = support::platform::credentials(&dir);
-    let gw = creds["gateway_url"].as_str().expect("gateway_url");
+    let gw = &creds.gateway_url;
     // The second account's budget is spent: nothing at all a day.
     let admin =
         support::platform::operator_token(dir.to_str().expect("UTF-8 path"), "sdk-admin", "admin");
-    let spent = &creds["accounts"][1];
+    let spent = &creds.accounts[1];
     support::platform::succeeds(
-        support::platform::bulkhead(&["budget", spent["id"].as_str().expect("id")])
+        support::platform::bulkhead(&["budget", &spent.id])
             .args(["--daily", "0", "--reason", "sdk test"])
-            .env(
-                "BULKHEAD_CONTROL_PLANE_URL",
-                creds["control_plane_url"].as_str().expect("control plane"),
-            )
+            .env("BULKHEAD_CONTROL_PLANE_URL", &creds.control_plane_url)
             .env("BULKHEAD_TOKEN", &admin),
     );
-    let token = creds["accounts"][0]["token"].as_str().expect("a token");
+    let token = &creds.accounts[0].token;
     let run = |script: &&str| {
         let mut cmd = Command::new(python);
         cmd.arg(python::script("sdk", script))
             .env("BULKHEAD_BASE_URL", format!("{gw}/v1"))
             .env("BULKHEAD_TOKEN", token)
-            .env("BULKHEAD_MODEL", creds["model"].as_str().expect("model"))
-            .env(
-                "BULKHEAD_SPENT_TOKEN",
-                spent["token"].as_str().expect("a token"),
-            )
+            .env("BULKHEAD_MODEL", &creds.model)
+            .env("BULKHEAD_SPENT_TOKEN", &spent.token)
             .envs(env.iter().copied());
         python::run_json(cmd, script)
     };

@@ -41,10 +41,8 @@ fn the_status_page_validates_and_renders_at_desktop_and_phone_widths() {
     let dir = data_dir("status-page");
     let _up = up(&dir, &["--prober-interval-secs", "3600"]);
     let creds = credentials(&dir);
-    let cp = creds["control_plane_url"].as_str().expect("control plane");
-    let status = creds["status_url"].as_str().expect("status url");
-    let admin = creds["operator_token"].as_str().expect("operator token");
-    let model = creds["model"].as_str().expect("model");
+    let (cp, status) = (&creds.control_plane_url, &creds.status_url);
+    let (admin, model) = (&creds.operator_token, creds.model.as_str());
     let models = support::platform::get(cp, "/admin/v1/models", admin);
     let description = models
         .as_array()

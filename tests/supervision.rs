@@ -9,6 +9,7 @@
 
 mod support;
 
+use bulkhead_test_support::json::items;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -117,7 +118,7 @@ impl Load {
 /// Every worker node, by name: (HTTP address, routable).
 fn workers(cp: &str, op: &str) -> Vec<(String, String, bool)> {
     let all = get(cp, "/admin/v1/nodes", op);
-    for n in all.as_array().into_iter().flatten() {
+    for n in items(&all) {
         if let Some(why) = n["unroutable_reason"].as_str() {
             eprintln!("{} is not routable: {why}", n["name"]);
         }
@@ -187,15 +188,10 @@ fn each_component_killed_under_load_comes_back_and_costs_only_its_own_requests()
         ],
     );
     let creds = credentials(&dir);
-    let gw = creds["gateway_url"].as_str().expect("gateway").to_owned();
-    let cp = creds["control_plane_url"].as_str().expect("cp").to_owned();
-    let op = creds["operator_token"].as_str().expect("op").to_owned();
-    let token = creds["accounts"][0]["token"]
-        .as_str()
-        .expect("token")
-        .to_owned();
+    let (gw, cp) = (&creds.gateway_url, &creds.control_plane_url);
+    let (op, token) = (&creds.operator_token, &creds.accounts[0].token);
     assert_eq!(
-        workers(&cp, &op).len(),
+        workers(cp, op).len(),
         4,
         "two prefill and two decode workers"
     );
@@ -206,7 +202,7 @@ fn each_component_killed_under_load_comes_back_and_costs_only_its_own_requests()
         ("gateway", "", None),
         ("control-plane", "", None),
     ] {
-        let load = Load::start(&gw, &token, 3);
+        let load = Load::start(gw, token, 3);
         std::thread::sleep(Duration::from_millis(2500));
         let pid = child_pid(u.child.id(), role, needle);
         let killed_at = Instant::now();
@@ -222,7 +218,7 @@ fn each_component_killed_under_load_comes_back_and_costs_only_its_own_requests()
         if let Some(name) = node {
             // The new process answers on the old address (it registers
             // before it listens), and the control plane routes to it.
-            let addr = workers(&cp, &op)
+            let addr = workers(cp, op)
                 .into_iter()
                 .find(|(n, _, _)| n == name)
                 .map(|(_, a, _)| a)
@@ -231,7 +227,7 @@ fn each_component_killed_under_load_comes_back_and_costs_only_its_own_requests()
                 matches!(
                     try_call(&format!("https://{addr}"), "GET", "/health", "", ""),
                     Ok((200, _))
-                ) && workers(&cp, &op).iter().any(|(n, _, r)| n == name && *r)
+                ) && workers(cp, op).iter().any(|(n, _, r)| n == name && *r)
             });
         }
         let back_at = Instant::now();
@@ -287,7 +283,7 @@ fn each_component_killed_under_load_comes_back_and_costs_only_its_own_requests()
         );
     }
     // Every pool is back at its baseline.
-    for (name, addr, _) in workers(&cp, &op) {
+    for (name, addr, _) in workers(cp, op) {
         wait_until(&format!("{name} at baseline"), 30, || at_baseline(&addr));
     }
     drop(u);

@@ -6,6 +6,7 @@
 
 mod support;
 
+use bulkhead_test_support::json::items;
 use serde_json::Value;
 use std::net::TcpStream;
 use std::process::Command;
@@ -24,10 +25,7 @@ fn up(dir: &std::path::Path) -> Up {
 /// answers recorded (or compared, on a second `up`) and canaries clean.
 fn prober_checked(dir: &std::path::Path) {
     let creds = support::platform::credentials(dir);
-    let url = creds["metrics"]["prober"]
-        .as_str()
-        .expect("the prober's metrics in credentials.json")
-        .to_owned();
+    let url = &creds.metrics["prober"];
     let until = std::time::Instant::now() + Duration::from_secs(300);
     loop {
         let (base, path) = url.split_at(url.find("/metrics").expect("a /metrics URL"));
@@ -61,13 +59,9 @@ fn text_of_tokens(n: usize) -> String {
     use std::sync::OnceLock;
     static MODEL: OnceLock<bulkhead_engine::ModelFile> = OnceLock::new();
     let model = MODEL.get_or_init(|| {
-        let path = bulkhead_engine::fetch::ensure_default_model(
-            &bulkhead_engine::fetch::Source::from_vars(
-                |k| std::env::var_os(k),
-                bulkhead_engine::fetch::Progress::Quiet,
-            ),
-        )
-        .expect("model");
+        use bulkhead_engine::fetch::{Progress, Source, ensure_default_model};
+        let source = Source::from_vars(|k| std::env::var_os(k), Progress::Quiet);
+        let path = ensure_default_model(&source).expect("model");
         bulkhead_engine::ModelFile::load(&path).expect("model loads")
     });
     let count = |t: &str| model.tokenizer().encode(t).expect("tokenizes").len();
@@ -134,10 +128,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         creds["operator_token"].as_str().unwrap_or_default(),
     );
     // Accounts created in the same millisecond list in no fixed order.
-    let mut sentinels: Vec<&str> = listed
-        .as_array()
-        .into_iter()
-        .flatten()
+    let mut sentinels: Vec<&str> = items(&listed)
         .filter(|a| a["sentinel"] == true)
         .filter_map(|a| a["name"].as_str())
         .collect();

@@ -22,14 +22,11 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     let dir = data_dir("usage");
     let up = up(&dir, &["--no-prober"]);
     let creds = credentials(&dir);
-    let gw = creds["gateway_url"].as_str().expect("gateway");
-    let cp = creds["control_plane_url"].as_str().expect("control plane");
-    let admin = creds["operator_token"].as_str().expect("operator token");
-    let model = creds["model"].as_str().expect("model");
-    let account = &creds["accounts"][0];
+    let (gw, cp) = (creds.gateway_url.as_str(), creds.control_plane_url.as_str());
+    let (admin, model) = (creds.operator_token.as_str(), creds.model.as_str());
     let (id, token) = (
-        account["id"].as_str().expect("id"),
-        account["token"].as_str().expect("token"),
+        creds.accounts[0].id.as_str(),
+        creds.accounts[0].token.as_str(),
     );
     let ledger = || -> (u64, u64, u64) {
         let rows = get(cp, &format!("/admin/v1/usage?account={id}"), admin);
@@ -105,12 +102,11 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
             .sum()
     };
     let counted = |kind: &str| -> u64 {
-        creds["metrics"]
-            .as_object()
-            .expect("metrics URLs")
+        creds
+            .metrics
             .values()
             .filter_map(|url| {
-                let base = url.as_str()?.trim_end_matches("/metrics");
+                let base = url.trim_end_matches("/metrics");
                 support::platform::try_call(base, "GET", "/metrics", "", "").ok()
             })
             .flat_map(|(_, text)| {
@@ -151,7 +147,7 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
         now
     );
     // ...but not another account's.
-    let other = creds["accounts"][1]["id"].as_str().expect("second account");
+    let other = &creds.accounts[1].id;
     let (code, _) = support::platform::try_call(
         gw,
         "GET",
@@ -217,7 +213,7 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
         cp,
         admin,
         model,
-        &creds["accounts"][1],
+        &creds.accounts[1],
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -283,13 +279,10 @@ fn budgets(
     cp: &str,
     admin: &str,
     model: &str,
-    account: &Value,
+    account: &support::platform::Account,
 ) {
     // `admin` is `up`'s operator token (a responder's): it reads.
-    let (id, token) = (
-        account["id"].as_str().expect("id"),
-        account["token"].as_str().expect("token"),
-    );
+    let (id, token) = (account.id.as_str(), account.token.as_str());
     // Budgets are set by admins (`up`'s operator is a responder).
     let admin_token = support::platform::operator_token(
         dir.to_str().expect("UTF-8 path"),

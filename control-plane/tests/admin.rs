@@ -6,6 +6,7 @@
 mod support;
 
 use axum::http::{Method, StatusCode};
+use bulkhead_test_support::json::{items, three};
 use serde_json::{Value, json};
 use sha2::Digest;
 use std::time::Duration;
@@ -147,22 +148,10 @@ backend_test!(
             assert!(reason.contains(needle), "{needle} missing from: {reason}");
         }
         // Another node operator can neither take the name over nor keep it alive.
-        let other = h
-            .post(
-                "/admin/v1/operators",
-                &h.admin,
-                Some(json!({"name": "other-fleet", "role": "node"})),
-                StatusCode::CREATED,
-            )
-            .await?;
+        let other = h.create_operator("other-fleet", "node").await?;
         let other = other["token"].as_str().unwrap_or_default().to_owned();
         let (status, err) = h
-            .call(
-                Method::POST,
-                "/admin/v1/nodes",
-                Some(&other),
-                Some(node("decode-0", "decode", 9999)),
-            )
+            .attempt("/admin/v1/nodes", &other, node("decode-0", "decode", 9999))
             .await;
         assert_eq!(
             (status, err["error"]["code"].as_str()),
@@ -223,14 +212,7 @@ backend_test!(
     |h| {
         create_model(&h, "public").await?;
         let vis = format!("/admin/v1/models/{SLUG_PATH}/visibility");
-        let v = h
-            .post(
-                &vis,
-                &h.responder,
-                Some(json!({"visibility": "private", "reason": "INC-7: stale KV pages suspected"})),
-                StatusCode::OK,
-            )
-            .await?;
+        let v = h.flip("private", "INC-7: stale KV pages suspected").await?;
         assert_eq!(v["model"]["visibility"], "private");
         let entry = &v["audit"];
         assert_eq!(entry["actor"], "rita-responder");
@@ -244,24 +226,11 @@ backend_test!(
         assert!(entry["at"].as_str().is_some_and(|t| t.ends_with('Z')));
 
         // Flipping to the state it is in changes nothing and logs nothing.
-        let v = h
-            .post(
-                &vis,
-                &h.responder,
-                Some(json!({"visibility": "private", "reason": "again"})),
-                StatusCode::OK,
-            )
-            .await?;
+        let v = h.flip("private", "again").await?;
         assert_eq!(v["audit"], Value::Null);
         // A reason is required.
-        let (status, err) = h
-            .call(
-                Method::POST,
-                &vis,
-                Some(&h.responder),
-                Some(json!({"visibility": "public", "reason": "  "})),
-            )
-            .await;
+        let body = json!({"visibility": "public", "reason": "  "});
+        let (status, err) = h.attempt(&vis, &h.responder, body).await;
         assert_eq!(
             (status, err["error"]["code"].as_str()),
             (StatusCode::BAD_REQUEST, Some("invalid_request"))
@@ -275,35 +244,14 @@ backend_test!(
         let v = h.post(&allow, &h.responder, Some(json!({"account_id": acct_id, "allowed": true, "reason": "acme verifies the fix"})), StatusCode::OK)
         .await?;
         assert_eq!(v["model"]["allowlist"], json!([acct_id]));
-        let (status, _) = h
-            .call(
-                Method::POST,
-                &allow,
-                Some(&h.responder),
-                Some(json!({"account_id": "0".repeat(32), "allowed": true, "reason": "x"})),
-            )
-            .await;
+        let body = json!({"account_id": "0".repeat(32), "allowed": true, "reason": "x"});
+        let (status, _) = h.attempt(&allow, &h.responder, body).await;
         assert_eq!(status, StatusCode::NOT_FOUND);
-        h.post(
-            &vis,
-            &h.responder,
-            Some(json!({"visibility": "public", "reason": "fixed"})),
-            StatusCode::OK,
-        )
-        .await?;
+        h.flip("public", "fixed").await?;
 
         let log = h.get("/admin/v1/audit", &h.responder).await?;
-        let actions: Vec<(&str, &str, &str)> = log
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|e| {
-                (
-                    e["action"].as_str().unwrap_or(""),
-                    e["after"].as_str().unwrap_or(""),
-                    e["actor"].as_str().unwrap_or(""),
-                )
-            })
+        let actions: Vec<(&str, &str, &str)> = items(&log)
+            .map(|e| three(e, ["action", "after", "actor"]))
             .collect();
         assert_eq!(
             actions,
@@ -314,12 +262,8 @@ backend_test!(
             ],
             "newest first"
         );
-        let by_subject = h
-            .get(
-                &format!("/admin/v1/audit?subject={SLUG_PATH}&limit=1"),
-                &h.responder,
-            )
-            .await?;
+        let path = format!("/admin/v1/audit?subject={SLUG_PATH}&limit=1");
+        let by_subject = h.get(&path, &h.responder).await?;
         assert_eq!(by_subject.as_array().map(Vec::len), Some(1));
 
         // No API path alters the log: every other method on it is refused.
@@ -399,14 +343,7 @@ backend_test!(
     unauthenticated_or_under_privileged_admin_calls_are_refused,
     |h| {
         create_model(&h, "public").await?;
-        let created = h
-            .post(
-                "/admin/v1/operators",
-                &h.admin,
-                Some(json!({"name": "leaver", "role": "admin"})),
-                StatusCode::CREATED,
-            )
-            .await?;
+        let created = h.create_operator("leaver", "admin").await?;
         let revoked = created["token"].as_str().unwrap_or_default().to_owned();
         assert!(revoked.starts_with("bho_"));
         let id = created["operator"]["id"].as_i64().unwrap_or_default();
@@ -490,14 +427,7 @@ backend_test!(
             .await?;
         drop(conn);
         let body = json!({"name": "x", "impact": "minor", "body": "b"});
-        let (status, v) = h
-            .call(
-                Method::POST,
-                "/admin/v1/incidents",
-                Some(&h.responder),
-                Some(body),
-            )
-            .await;
+        let (status, v) = h.attempt("/admin/v1/incidents", &h.responder, body).await;
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{v}");
         assert_eq!(
             v,
@@ -508,9 +438,7 @@ backend_test!(
             .execute(&mut *conn)
             .await?;
         drop(conn);
-        let (status, v) = h
-            .call(Method::GET, "/api/v2/incidents.json", None, None)
-            .await;
+        let (status, v) = h.public("/api/v2/incidents.json").await;
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(v["error"]["message"], "internal error");
         Ok(())
@@ -673,12 +601,8 @@ backend_test!(
         assert!(why.contains("3072-token context window"), "{why}");
         let b = &by["decode-blind"];
         assert_eq!(b["routable"], false, "{b}");
-        assert!(
-            b["unroutable_reason"]
-                .as_str()
-                .is_some_and(|w| w.contains("no measured prefill speed")),
-            "{b}"
-        );
+        let why = b["unroutable_reason"].as_str().unwrap_or_default();
+        assert!(why.contains("no measured prefill speed"), "{b}");
         Ok(())
     }
 );
@@ -692,14 +616,7 @@ backend_test!(
         create_model(&h, "public").await?;
         let mut body = config(2048, 256);
         body["quantization"] = json!("q4\u{0}1");
-        let (status, v) = h
-            .call(
-                Method::POST,
-                &configs_path(),
-                Some(h.admin.as_str()),
-                Some(body),
-            )
-            .await;
+        let (status, v) = h.attempt(&configs_path(), h.admin.as_str(), body).await;
         anyhow::ensure!(status == StatusCode::BAD_REQUEST, "{status} {v}");
         anyhow::ensure!(v["error"]["code"] == "invalid_request", "{v}");
         anyhow::ensure!(
@@ -710,14 +627,7 @@ backend_test!(
         );
         let mut node = node("decode-\u{0}", "decode", 2_000_000);
         node["weights_sha256"] = json!("a".repeat(64));
-        let (status, v) = h
-            .call(
-                Method::POST,
-                "/admin/v1/nodes",
-                Some(h.node.as_str()),
-                Some(node),
-            )
-            .await;
+        let (status, v) = h.attempt("/admin/v1/nodes", h.node.as_str(), node).await;
         anyhow::ensure!(status == StatusCode::BAD_REQUEST, "{status} {v}");
         let (status, v) = h
             .call(

@@ -43,12 +43,8 @@ fn event(call: &str, account: &str, prompt: u64, completion: u64) -> Value {
 }
 
 async fn micro_neurons(h: &Harness, account: &str) -> anyhow::Result<Value> {
-    let rows = h
-        .get(
-            &format!("/admin/v1/usage?account={account}&since=2026-12-01&until=2026-12-01"),
-            &h.responder,
-        )
-        .await?;
+    let path = format!("/admin/v1/usage?account={account}&since=2026-12-01&until=2026-12-01");
+    let rows = h.get(&path, &h.responder).await?;
     Ok(rows[0]["micro_neurons"].clone())
 }
 
@@ -86,9 +82,7 @@ backend_test!(
         let mut spec = config(8192, 512);
         spec["price"] =
             json!({"input_neurons_per_mtok": 2_000_000_000u64, "output_neurons_per_mtok": 0});
-        let (code, v) = h
-            .call(Method::POST, &path, Some(&h.admin), Some(spec))
-            .await;
+        let (code, v) = h.attempt(&path, &h.admin, spec).await;
         assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
         assert!(
             v["error"]["message"]

@@ -130,11 +130,11 @@ async fn admin_bodies_get_a_2xx_or_a_4xx_in_the_apis_shape() {
             .await?;
         let node_id = id_of(&n["node"]);
         let incident = json!({"name": "x", "impact": "minor", "body": "b"});
-        let (status, i) = h.call(Method::POST, "/admin/v1/incidents", Some(&h.responder), Some(incident.clone()))
+        let (status, i) = h.attempt("/admin/v1/incidents", &h.responder, incident.clone())
             .await;
         anyhow::ensure!(status.is_success(), "{status} {i}");
         let incident_id = id_of(&i);
-        let (status, a) = h.call(Method::POST, "/admin/v1/accounts", Some(&h.admin), Some(json!({"name": "acme"})))
+        let (status, a) = h.attempt("/admin/v1/accounts", &h.admin, json!({"name": "acme"}))
             .await;
         anyhow::ensure!(status.is_success(), "{status} {a}");
         let account = id_of(&a);

@@ -10,7 +10,7 @@ use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
 use sha2::Digest;
 use std::time::{Duration, Instant};
-use support::{Harness, SLUG, SLUG_PATH};
+use support::{Harness, SLUG};
 
 async fn setup(h: &Harness) -> anyhow::Result<String> {
     h.create_model(SLUG, "public").await?;
@@ -35,14 +35,7 @@ backend_test!(
         assert!(token.starts_with("bhk_") && token.len() == 68, "{token}");
         let id = t["id"].as_i64().unwrap_or_default();
         // Responders may not mint tenant tokens; gateways may not read anything else.
-        let (s, _) = h
-            .call(
-                Method::POST,
-                &path,
-                Some(&h.responder),
-                Some(json!({"name": "x"})),
-            )
-            .await;
+        let (s, _) = h.attempt(&path, &h.responder, json!({"name": "x"})).await;
         assert_eq!(s, StatusCode::FORBIDDEN);
         let (s, _) = h
             .call(Method::GET, "/admin/v1/models", Some(&h.gateway), None)
@@ -104,12 +97,8 @@ backend_test!(the_routing_long_poll_answers_when_the_table_changes, |h| {
     let v = first["version"].as_u64().unwrap_or_default();
     // Nothing changes: the poll is held for wait_ms (capped at a third of the lease).
     let started = Instant::now();
-    let same = h
-        .get(
-            &format!("/admin/v1/routing?gateway=g1&version={v}&wait_ms=300"),
-            &h.gateway,
-        )
-        .await?;
+    let path = format!("/admin/v1/routing?gateway=g1&version={v}&wait_ms=300");
+    let same = h.get(&path, &h.gateway).await?;
     assert!(started.elapsed() >= Duration::from_millis(250));
     assert_eq!(same["version"].as_u64(), Some(v));
     // A write answers a held poll at once, with the new table.
@@ -183,14 +172,7 @@ backend_test!(
         let slow = gateway_loop(&h, "slow", Duration::from_millis(400));
         tokio::time::sleep(Duration::from_millis(600)).await;
         let started = Instant::now();
-        let v = h
-            .post(
-                &format!("/admin/v1/models/{SLUG_PATH}/visibility"),
-                &h.responder,
-                Some(json!({"visibility": "private", "reason": "drill"})),
-                StatusCode::OK,
-            )
-            .await?;
+        let v = h.flip("private", "drill").await?;
         let took = started.elapsed();
         let p = &v["propagation"];
         assert_eq!(
@@ -212,14 +194,7 @@ backend_test!(
         slow.abort();
         fast.abort();
         let started = Instant::now();
-        let v = h
-            .post(
-                &format!("/admin/v1/models/{SLUG_PATH}/visibility"),
-                &h.responder,
-                Some(json!({"visibility": "public", "reason": "drill over"})),
-                StatusCode::OK,
-            )
-            .await?;
+        let v = h.flip("public", "drill over").await?;
         assert!(started.elapsed() < Duration::from_millis(3500));
         assert_eq!(v["propagation"]["applied"], 0, "{v}");
         Ok(())

@@ -7,6 +7,7 @@
 mod support;
 
 use axum::http::{Method, StatusCode};
+use bulkhead_test_support::json::{items, strings, three};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use support::{Harness, SLUG, SLUG_PATH};
@@ -55,14 +56,8 @@ async fn timeline(h: &Harness) -> anyhow::Result<Value> {
         )
         .await?;
     }
-    let (code, err) = h
-        .call(
-            Method::POST,
-            &path,
-            Some(&h.responder),
-            Some(json!({"status": "postmortem", "body": "x"})),
-        )
-        .await;
+    let body = json!({"status": "postmortem", "body": "x"});
+    let (code, err) = h.attempt(&path, &h.responder, body).await;
     assert_eq!(
         (code, err["error"]["code"].as_str()),
         (StatusCode::BAD_REQUEST, Some("invalid_request"))
@@ -70,14 +65,8 @@ async fn timeline(h: &Harness) -> anyhow::Result<Value> {
     let resolved = h.post(&path, &h.responder, Some(json!({"status": "resolved", "body": "Fixed.", "postmortem": "Two faults lined up."})), StatusCode::OK)
         .await?;
     // A closed incident takes no more updates.
-    let (code, _) = h
-        .call(
-            Method::POST,
-            &path,
-            Some(&h.responder),
-            Some(json!({"status": "identified", "body": "x"})),
-        )
-        .await;
+    let body = json!({"status": "identified", "body": "x"});
+    let (code, _) = h.attempt(&path, &h.responder, body).await;
     assert_eq!(code, StatusCode::CONFLICT);
     Ok(resolved)
 }
@@ -98,17 +87,8 @@ backend_test!(
         let log = h
             .get(&format!("/admin/v1/audit?subject={subject}"), &h.responder)
             .await?;
-        let steps: Vec<(&str, &str, &str)> = log
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|e| {
-                (
-                    e["action"].as_str().unwrap_or_default(),
-                    e["before"].as_str().unwrap_or_default(),
-                    e["after"].as_str().unwrap_or_default(),
-                )
-            })
+        let steps: Vec<(&str, &str, &str)> = items(&log)
+            .map(|e| three(e, ["action", "before", "after"]))
             .collect();
         assert_eq!(
             steps,
@@ -120,24 +100,11 @@ backend_test!(
             ],
             "{log}"
         );
-        let log = h
-            .get(
-                &format!("/admin/v1/audit?subject={SLUG_PATH}"),
-                &h.responder,
-            )
-            .await?;
-        let changes: Vec<(&str, &str, &str)> = log
-            .as_array()
-            .into_iter()
-            .flatten()
+        let path = format!("/admin/v1/audit?subject={SLUG_PATH}");
+        let log = h.get(&path, &h.responder).await?;
+        let changes: Vec<(&str, &str, &str)> = items(&log)
             .filter(|e| e["action"] == "model.component_status")
-            .map(|e| {
-                (
-                    e["reason"].as_str().unwrap_or_default(),
-                    e["before"].as_str().unwrap_or_default(),
-                    e["after"].as_str().unwrap_or_default(),
-                )
-            })
+            .map(|e| three(e, ["reason", "before", "after"]))
             .collect();
         assert_eq!(
             changes,
@@ -149,24 +116,12 @@ backend_test!(
         );
 
         // JSON: newest update first, statuses in order, component changes kept.
-        let (s, v) = h
-            .call(Method::GET, "/api/v2/incidents.json", None, None)
-            .await;
+        let (s, v) = h.public("/api/v2/incidents.json").await;
         assert_eq!(s, StatusCode::OK);
         let inc = &v["incidents"][0];
-        let statuses: Vec<&str> = inc["incident_updates"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|u| u["status"].as_str())
-            .collect();
+        let statuses: Vec<&str> = strings(&inc["incident_updates"], "status");
         assert_eq!(statuses, ORDER);
-        let times: Vec<&str> = inc["incident_updates"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|u| u["created_at"].as_str())
-            .collect();
+        let times: Vec<&str> = strings(&inc["incident_updates"], "created_at");
         assert!(times.windows(2).all(|w| w[0] >= w[1]), "{times:?}");
         let first = &inc["incident_updates"][3];
         assert_eq!(first["affected_components"][0]["name"], SLUG);
@@ -215,14 +170,12 @@ backend_test!(
                 "{path}: {body}"
             );
         }
-        let (_, status) = h.call(Method::GET, "/api/v2/status.json", None, None).await;
+        let (_, status) = h.public("/api/v2/status.json").await;
         assert_eq!(
             status["status"]["indicator"], "none",
             "a hidden incident does not move the page"
         );
-        let (_, v) = h
-            .call(Method::GET, "/api/v2/incidents.json", None, None)
-            .await;
+        let (_, v) = h.public("/api/v2/incidents.json").await;
         assert_eq!(v["incidents"].as_array().map(Vec::len), Some(1), "{v}");
 
         // Atom: one entry; its HTML lists the same updates in the same order.
@@ -348,16 +301,14 @@ backend_test!(
     open_incidents_and_components_drive_summary_status_and_unresolved,
     |h| {
         setup(&h).await?;
-        let (_, v) = h.call(Method::GET, "/api/v2/status.json", None, None).await;
+        let (_, v) = h.public("/api/v2/status.json").await;
         assert_eq!(
             v["status"],
             json!({"indicator": "none", "description": "All Systems Operational"})
         );
         let opened = h.post("/admin/v1/incidents", &h.responder, Some(json!({"name": "Degraded", "impact": "minor", "body": "Slow.", "components": [{"model": SLUG, "status": "partial_outage"}]})), StatusCode::CREATED)
         .await?;
-        let (_, v) = h
-            .call(Method::GET, "/api/v2/summary.json", None, None)
-            .await;
+        let (_, v) = h.public("/api/v2/summary.json").await;
         assert_eq!(
             v["status"]["indicator"], "major",
             "partial_outage rolls up to major: {v}"
@@ -365,9 +316,7 @@ backend_test!(
         assert_eq!(v["status"]["description"], "Partial System Outage");
         assert_eq!(v["components"][0]["status"], "partial_outage");
         assert_eq!(v["incidents"].as_array().map(Vec::len), Some(1));
-        let (_, v) = h
-            .call(Method::GET, "/api/v2/incidents/unresolved.json", None, None)
-            .await;
+        let (_, v) = h.public("/api/v2/incidents/unresolved.json").await;
         assert_eq!(v["incidents"].as_array().map(Vec::len), Some(1));
 
         let id = opened["id"].as_i64().unwrap_or_default();
@@ -378,19 +327,13 @@ backend_test!(
             StatusCode::OK,
         )
         .await?;
-        let (_, v) = h
-            .call(Method::GET, "/api/v2/summary.json", None, None)
-            .await;
+        let (_, v) = h.public("/api/v2/summary.json").await;
         assert_eq!(v["status"]["indicator"], "none");
         assert_eq!(v["components"][0]["status"], "operational");
         assert_eq!(v["incidents"], json!([]));
-        let (_, v) = h
-            .call(Method::GET, "/api/v2/incidents/unresolved.json", None, None)
-            .await;
+        let (_, v) = h.public("/api/v2/incidents/unresolved.json").await;
         assert_eq!(v["incidents"], json!([]));
-        let (_, v) = h
-            .call(Method::GET, "/api/v2/incidents.json", None, None)
-            .await;
+        let (_, v) = h.public("/api/v2/incidents.json").await;
         assert_eq!(v["incidents"][0]["status"], "resolved");
 
         // A postmortem can follow days later, once.
@@ -403,9 +346,7 @@ backend_test!(
             (v["status"].as_str(), v["postmortem_body"].as_str()),
             (Some("postmortem"), Some("What happened."))
         );
-        let (code, _) = h
-            .call(Method::POST, &path, Some(&h.responder), Some(pm))
-            .await;
+        let (code, _) = h.attempt(&path, &h.responder, pm).await;
         assert_eq!(code, StatusCode::CONFLICT);
 
         // Resolving one incident leaves a model another open incident still names.
@@ -423,9 +364,7 @@ backend_test!(
             StatusCode::OK,
         )
         .await?;
-        let (_, v) = h
-            .call(Method::GET, "/api/v2/components.json", None, None)
-            .await;
+        let (_, v) = h.public("/api/v2/components.json").await;
         assert_eq!(v["components"][0]["status"], "major_outage");
         h.post(
             &format!("/admin/v1/incidents/{}/updates", ids[1]),
@@ -434,29 +373,14 @@ backend_test!(
             StatusCode::OK,
         )
         .await?;
-        let (_, v) = h
-            .call(Method::GET, "/api/v2/components.json", None, None)
-            .await;
+        let (_, v) = h.public("/api/v2/components.json").await;
         assert_eq!(v["components"][0]["status"], "operational");
 
         // A model flipped private stays listed (the public is told about it);
         // one that was never public is never listed.
-        h.post(
-            &format!("/admin/v1/models/{SLUG_PATH}/visibility"),
-            &h.responder,
-            Some(json!({"visibility": "private", "reason": "drill"})),
-            StatusCode::OK,
-        )
-        .await?;
-        let (_, v) = h
-            .call(Method::GET, "/api/v2/components.json", None, None)
-            .await;
-        let names: Vec<&str> = v["components"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["name"].as_str())
-            .collect();
+        h.flip("private", "drill").await?;
+        let (_, v) = h.public("/api/v2/components.json").await;
+        let names: Vec<&str> = strings(&v["components"], "name");
         assert_eq!(names, vec![SLUG]);
         // Public routes write nothing.
         let (s, _) = h
@@ -538,9 +462,7 @@ backend_test!(
         ]);
         let affected = set(&["code", "name", "old_status", "new_status"]);
 
-        let (_, summary) = h
-            .call(Method::GET, "/api/v2/summary.json", None, None)
-            .await;
+        let (_, summary) = h.public("/api/v2/summary.json").await;
         assert_eq!(
             keys(&summary),
             set(&[
@@ -556,13 +478,11 @@ backend_test!(
         assert_eq!(keys(&summary["status"]), set(&["indicator", "description"]));
         assert_eq!(summary["status"]["indicator"], "critical");
         assert_eq!(summary["status"]["description"], "Major Service Outage");
-        let (_, status) = h.call(Method::GET, "/api/v2/status.json", None, None).await;
+        let (_, status) = h.public("/api/v2/status.json").await;
         assert_eq!(keys(&status), set(&["page", "status"]));
-        let (_, comps) = h
-            .call(Method::GET, "/api/v2/components.json", None, None)
-            .await;
+        let (_, comps) = h.public("/api/v2/components.json").await;
         assert_eq!(keys(&comps), set(&["page", "components"]));
-        for c in comps["components"].as_array().into_iter().flatten() {
+        for c in items(&comps["components"]) {
             assert_eq!(keys(c), component);
             assert!(
                 [
@@ -575,9 +495,7 @@ backend_test!(
                 .contains(&c["status"].as_str().unwrap_or(""))
             );
         }
-        let (_, all) = h
-            .call(Method::GET, "/api/v2/incidents.json", None, None)
-            .await;
+        let (_, all) = h.public("/api/v2/incidents.json").await;
         assert_eq!(keys(&all), set(&["page", "incidents"]));
         let incidents = all["incidents"].as_array().cloned().unwrap_or_default();
         assert_eq!(incidents.len(), 2);
@@ -598,27 +516,25 @@ backend_test!(
                 ["none", "minor", "major", "critical"]
                     .contains(&i["impact"].as_str().unwrap_or(""))
             );
-            for c in i["components"].as_array().into_iter().flatten() {
+            for c in items(&i["components"]) {
                 assert_eq!(keys(c), component);
             }
-            for u in i["incident_updates"].as_array().into_iter().flatten() {
+            for u in items(&i["incident_updates"]) {
                 assert_eq!(keys(u), update);
                 assert_eq!(u["incident_id"], i["id"]);
-                for a in u["affected_components"].as_array().into_iter().flatten() {
+                for a in items(&u["affected_components"]) {
                     assert_eq!(keys(a), affected);
                 }
             }
         }
-        let (_, unresolved) = h
-            .call(Method::GET, "/api/v2/incidents/unresolved.json", None, None)
-            .await;
+        let (_, unresolved) = h.public("/api/v2/incidents/unresolved.json").await;
         assert_eq!(unresolved["incidents"].as_array().map(Vec::len), Some(1));
         for path in [
             "/api/v2/scheduled-maintenances.json",
             "/api/v2/scheduled-maintenances/upcoming.json",
             "/api/v2/scheduled-maintenances/active.json",
         ] {
-            let (s, v) = h.call(Method::GET, path, None, None).await;
+            let (s, v) = h.public(path).await;
             assert_eq!(s, StatusCode::OK);
             assert_eq!(keys(&v), set(&["page", "scheduled_maintenances"]));
         }

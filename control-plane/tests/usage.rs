@@ -20,13 +20,8 @@ fn event(call: &str, account: &str, prompt: u64, completion: u64, at: &str) -> V
 }
 
 async fn report(h: &Harness, events: Vec<Value>) -> (StatusCode, Value) {
-    h.call(
-        Method::POST,
-        "/admin/v1/usage",
-        Some(&h.node),
-        Some(json!({"events": events})),
-    )
-    .await
+    h.attempt("/admin/v1/usage", &h.node, json!({"events": events}))
+        .await
 }
 
 backend_test!(
@@ -67,12 +62,8 @@ backend_test!(
             ])
         );
         // The gateway reads one account's, and must say which.
-        let alice = h
-            .get(
-                &format!("/admin/v1/usage?account={ALICE}&since=2026-12-01&until=2026-12-01"),
-                &h.gateway,
-            )
-            .await?;
+        let path = format!("/admin/v1/usage?account={ALICE}&since=2026-12-01&until=2026-12-01");
+        let alice = h.get(&path, &h.gateway).await?;
         assert_eq!(alice.as_array().map(Vec::len), Some(1));
         let (code, _) = h
             .call(Method::GET, "/admin/v1/usage", Some(&h.gateway), None)
@@ -103,12 +94,7 @@ backend_test!(a_bad_report_is_refused_whole_and_only_workers_report, |h| {
     assert_eq!(rows, json!([]));
     // A responder's token cannot report usage; a bad day is refused.
     let (code, _) = h
-        .call(
-            Method::POST,
-            "/admin/v1/usage",
-            Some(&h.responder),
-            Some(json!({"events": []})),
-        )
+        .attempt("/admin/v1/usage", &h.responder, json!({"events": []}))
         .await;
     assert!(
         code == StatusCode::FORBIDDEN || code == StatusCode::UNAUTHORIZED,

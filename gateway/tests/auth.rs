@@ -8,7 +8,7 @@ mod support;
 use bulkhead_gateway::{JwtConfig, JwtKeys};
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use serde_json::{Value, json};
-use support::{OPEN, bearer, call, platform};
+use support::{OPEN, bearer, call, get, platform};
 
 const SECRET: &[u8] = b"0123456789abcdef0123456789abcdef-test-only";
 const ISS: &str = "https://issuer.test";
@@ -46,31 +46,25 @@ fn sign(alg: Algorithm, kid: Option<&str>, key: &EncodingKey, claims: &Value) ->
     encode(&h, claims, key).expect("sign")
 }
 
+fn rsa_key() -> EncodingKey {
+    EncodingKey::from_rsa_pem(&key("rsa.pem")).expect("rsa")
+}
+
+fn ed_key() -> EncodingKey {
+    EncodingKey::from_ed_pem(&key("ed.pem")).expect("ed")
+}
+
 fn hs(claims: &Value) -> String {
-    sign(
-        Algorithm::HS256,
-        None,
-        &EncodingKey::from_secret(SECRET).expect("key"),
-        claims,
-    )
+    let k = EncodingKey::from_secret(SECRET).expect("key");
+    sign(Algorithm::HS256, None, &k, claims)
 }
 
 fn rs(claims: &Value) -> String {
-    sign(
-        Algorithm::RS256,
-        Some("rsa-1"),
-        &EncodingKey::from_rsa_pem(&key("rsa.pem")).expect("rsa"),
-        claims,
-    )
+    sign(Algorithm::RS256, Some("rsa-1"), &rsa_key(), claims)
 }
 
 fn ed(claims: &Value) -> String {
-    sign(
-        Algorithm::EdDSA,
-        Some("ed-1"),
-        &EncodingKey::from_ed_pem(&key("ed.pem")).expect("ed"),
-        claims,
-    )
+    sign(Algorithm::EdDSA, Some("ed-1"), &ed_key(), claims)
 }
 
 fn b64(v: &Value) -> String {
@@ -108,9 +102,9 @@ async fn good_credentials_are_accepted_and_more_than_twenty_bad_ones_refused() {
         ("EdDSA", bearer(&ed(&claims(&p.a)))),
     ];
     for (what, auth) in &good {
-        let r = call(&gw, "GET", &models_a, Some(auth), None).await;
+        let r = get(&gw, &models_a, auth).await;
         assert_eq!(r.status, 200, "{what}: {}", r.body);
-        let r = call(&gw, "GET", "/v1/models", Some(auth), None).await;
+        let r = get(&gw, "/v1/models", auth).await;
         assert_eq!(r.status, 200, "{what} on /v1: {}", r.body);
         assert!(r.body.contains(OPEN), "{what}: {}", r.body);
     }
@@ -210,7 +204,7 @@ async fn good_credentials_are_accepted_and_more_than_twenty_bad_ones_refused() {
             Some(bearer(&sign(
                 Algorithm::RS256,
                 Some("rsa-9"),
-                &EncodingKey::from_rsa_pem(&key("rsa.pem")).expect("rsa"),
+                &rsa_key(),
                 &claims(&p.a),
             ))),
             401,
@@ -230,7 +224,7 @@ async fn good_credentials_are_accepted_and_more_than_twenty_bad_ones_refused() {
             Some(bearer(&sign(
                 Algorithm::EdDSA,
                 Some("rsa-1"),
-                &EncodingKey::from_ed_pem(&key("ed.pem")).expect("ed"),
+                &ed_key(),
                 &claims(&p.a),
             ))),
             401,
@@ -313,38 +307,17 @@ async fn good_credentials_are_accepted_and_more_than_twenty_bad_ones_refused() {
     let pk = p
         .gateway(Some(keys_only), support::Platform::limiter())
         .await;
-    let r = call(&pk, "GET", "/v1/models", Some(&bearer(&confused)), None).await;
+    let r = get(&pk, "/v1/models", &bearer(&confused)).await;
     assert_eq!(r.status, 401, "{}", r.body);
-    let r = call(
-        &pk,
-        "GET",
-        "/v1/models",
-        Some(&bearer(&rs(&claims(&p.a)))),
-        None,
-    )
-    .await;
+    let r = get(&pk, "/v1/models", &bearer(&rs(&claims(&p.a)))).await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let r = call(
-        &pk,
-        "GET",
-        "/v1/models",
-        Some(&bearer(&hs(&claims(&p.a)))),
-        None,
-    )
-    .await;
+    let r = get(&pk, "/v1/models", &bearer(&hs(&claims(&p.a)))).await;
     assert_eq!(r.status, 401, "no HS256 secret configured: {}", r.body);
 
     // Without any JWT configuration, JWTs are refused and API tokens work.
     let plain = p.gateway(None, support::Platform::limiter()).await;
-    let r = call(
-        &plain,
-        "GET",
-        "/v1/models",
-        Some(&bearer(&hs(&claims(&p.a)))),
-        None,
-    )
-    .await;
+    let r = get(&plain, "/v1/models", &bearer(&hs(&claims(&p.a)))).await;
     assert_eq!(r.status, 401);
-    let r = call(&plain, "GET", "/v1/models", Some(&bearer(&p.a_token)), None).await;
+    let r = get(&plain, "/v1/models", &bearer(&p.a_token)).await;
     assert_eq!(r.status, 200);
 }

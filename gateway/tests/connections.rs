@@ -9,7 +9,7 @@ use bulkhead_gateway::ConnLimits;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
-use support::{Platform, bearer, platform, serve_on_loopback};
+use support::{Platform, bearer, platform, send_raw, serve_on_loopback};
 
 /// Reads until the server closes the connection (or `limit` passes);
 /// returns what was read and whether it closed.
@@ -74,12 +74,10 @@ async fn slow_and_surplus_connections_are_cut_off_and_others_are_served() {
         // address is served again before the next step.
         let until = Instant::now() + Duration::from_secs(3);
         loop {
-            let mut probe = TcpStream::connect(addr).expect("connect");
-            write!(
-                probe,
-                "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            )
-            .expect("write");
+            let mut probe = send_raw(
+                addr,
+                "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            );
             let (answer, _) = read_to_close(&mut probe, Duration::from_secs(2));
             if answer.starts_with("HTTP/1.1 200") || Instant::now() > until {
                 break;
@@ -87,22 +85,22 @@ async fn slow_and_surplus_connections_are_cut_off_and_others_are_served() {
             std::thread::sleep(Duration::from_millis(20));
         }
         // A body that stalls is refused in the API's shape.
-        let mut stall = TcpStream::connect(addr).expect("connect");
-        write!(
-            stall,
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"model\""
-        )
-        .expect("write");
+        let mut stall = send_raw(
+            addr,
+            &format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"model\""
+            ),
+        );
         let (answer, _) = read_to_close(&mut stall, Duration::from_secs(3));
         assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
         assert!(answer.contains("\"invalid_request_error\""), "{answer}");
         // Everyone else is served.
-        let mut ok = TcpStream::connect(addr).expect("connect");
-        write!(
-            ok,
-            "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\nConnection: close\r\n\r\n"
-        )
-        .expect("write");
+        let mut ok = send_raw(
+            addr,
+            &format!(
+                "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\nConnection: close\r\n\r\n"
+            ),
+        );
         let (answer, closed) = read_to_close(&mut ok, Duration::from_secs(5));
         assert!(closed);
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
@@ -161,12 +159,10 @@ async fn http2_with_prior_knowledge_is_served_beside_http1() {
             "a client that never finished its preface stayed connected"
         );
         // HTTP/1.1 still works on the same listener.
-        let mut ok = TcpStream::connect(addr).expect("connect");
-        write!(
-            ok,
-            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .expect("write");
+        let mut ok = send_raw(
+            addr,
+            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
         let (answer, _) = read_to_close(&mut ok, Duration::from_secs(5));
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     });

@@ -16,7 +16,7 @@ use bulkhead_gateway::ConnLimits;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
-use support::{Platform, bearer, platform, serve_on_loopback};
+use support::{Platform, bearer, platform, send_raw, serve_on_loopback};
 
 /// Connections in the flood.
 const FLOOD: usize = 200;
@@ -53,12 +53,12 @@ fn read_answer(s: &mut TcpStream) -> String {
 
 fn served(addr: SocketAddr, token: &str) -> Duration {
     let started = Instant::now();
-    let mut ok = TcpStream::connect(addr).expect("connect");
-    write!(
-        ok,
-        "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
+    let mut ok = send_raw(
+        addr,
+        &format!(
+            "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\nConnection: close\r\n\r\n"
+        ),
+    );
     let answer = read_answer(&mut ok);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     started.elapsed()

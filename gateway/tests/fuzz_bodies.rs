@@ -19,7 +19,7 @@ use bulkhead_test_support::fuzz;
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 use serde_json::{Value, json};
-use support::{OPEN, Platform, bearer, call, platform};
+use support::{OPEN, Platform, bearer, platform, post};
 
 /// Any JSON value, a few levels deep.
 fn value() -> BoxedStrategy<Value> {
@@ -162,7 +162,7 @@ fn request_bodies_get_an_answer_in_their_apis_shape() {
         let mut runner = TestRunner::new(config());
         result = result.and(runner.run(&body(valid), |b| {
             rt.block_on(async {
-                let r = call(&gw, "POST", path, Some(&auth), Some(&b)).await;
+                let r = post(&gw, path, &auth, &b).await;
                 check(r.status.as_u16(), &r.body, openai)?;
                 let n = if r.status.as_u16() == 503 {
                     &admitted
@@ -230,7 +230,7 @@ fn credentials_of_any_shape_are_refused_in_the_apis_shape() {
     let result = runner.run(&authorization(), |a| {
         rt.block_on(async {
             for (path, openai) in [("/v1/chat/completions", true), (run_path.as_str(), false)] {
-                let r = call(&gw, "POST", path, Some(&a), Some(&body)).await;
+                let r = post(&gw, path, &a, &body).await;
                 prop_assert!(
                     r.status.as_u16() == 401 || r.status.as_u16() == 400,
                     "{a:?}: {} {}",

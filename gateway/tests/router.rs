@@ -14,9 +14,10 @@
 mod support;
 
 use bulkhead_gateway::{Limiter, Limits};
+use bulkhead_test_support::json::{items, strings};
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{OPEN, OPEN_ENCODED, Platform, SECRET, bearer, call, platform};
+use support::{OPEN, OPEN_ENCODED, Platform, SECRET, bearer, call, get, platform, post};
 
 const PROMPT: &str = r#"{"prompt": "hello", "max_tokens": 8}"#;
 
@@ -29,6 +30,9 @@ fn run_path(account: &str, slug: &str) -> String {
     format!("/client/v4/accounts/{account}/ai/run/{slug}")
 }
 
+/// [`OPEN`] as the admin API's paths spell it.
+const OPEN_ADMIN: &str = "%40cf%2Ftest%2Fopen-model";
+
 fn assert_wa(v: &Value, code: u64) {
     assert_eq!(v["success"], false, "{v}");
     assert_eq!(v["result"], Value::Null, "{v}");
@@ -40,6 +44,16 @@ fn assert_wa(v: &Value, code: u64) {
             .is_some_and(|m| !m.is_empty()),
         "{v}"
     );
+}
+
+/// `v` is an error in the format of the API `wa` names: Workers AI's with
+/// `wa_code`, or OpenAI's of type `kind` with `code`.
+fn assert_api_error(v: &Value, wa: bool, wa_code: u64, (kind, code): (&str, &str)) {
+    if wa {
+        assert_wa(v, wa_code);
+    } else {
+        assert_oa(v, kind, &json!(code));
+    }
 }
 
 fn assert_oa(v: &Value, kind: &str, code: &Value) {
@@ -63,26 +77,19 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
 
     // Both slug encodings reach the same model (admitted: no worker, 503)...
     for slug in [OPEN, OPEN_ENCODED] {
-        let r = call(&gw, "POST", &run_path(&p.a, slug), Some(&a), Some(PROMPT)).await;
+        let r = post(&gw, &run_path(&p.a, slug), &a, PROMPT).await;
         assert_eq!(r.status, 503, "{slug}: {}", r.body);
         assert_wa(&r.json(), 3040);
     }
     // ...and an unknown model is 400 with code 5007 in both.
     for slug in ["@cf/test/nothing", "@cf%2Ftest%2Fnothing"] {
-        let r = call(&gw, "POST", &run_path(&p.a, slug), Some(&a), Some(PROMPT)).await;
+        let r = post(&gw, &run_path(&p.a, slug), &a, PROMPT).await;
         assert_eq!(r.status, 400, "{slug}");
         assert_wa(&r.json(), 5007);
     }
     // A private model is indistinguishable from a missing one...
-    let missing = call(
-        &gw,
-        "POST",
-        &run_path(&p.a, "@cf/test/zzzzzz-model"),
-        Some(&a),
-        Some(PROMPT),
-    )
-    .await;
-    let private = call(&gw, "POST", &run_path(&p.a, SECRET), Some(&a), Some(PROMPT)).await;
+    let missing = post(&gw, &run_path(&p.a, "@cf/test/zzzzzz-model"), &a, PROMPT).await;
+    let private = post(&gw, &run_path(&p.a, SECRET), &a, PROMPT).await;
     assert_eq!(
         (private.status, missing.status),
         (missing.status, missing.status)
@@ -96,15 +103,8 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         "/v1/chat/completions",
         &format!("/client/v4/accounts/{}/ai/v1/chat/completions", p.a),
     ] {
-        let missing = call(
-            &gw,
-            "POST",
-            route,
-            Some(&a),
-            Some(&chat("@cf/test/zzzzzz-model")),
-        )
-        .await;
-        let private = call(&gw, "POST", route, Some(&a), Some(&chat(SECRET))).await;
+        let missing = post(&gw, route, &a, &chat("@cf/test/zzzzzz-model")).await;
+        let private = post(&gw, route, &a, &chat(SECRET)).await;
         assert_eq!(
             (private.status.as_u16(), missing.status.as_u16()),
             (404, 404),
@@ -120,17 +120,17 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
             missing.body.replace("@cf/test/zzzzzz-model", "SLUG")
         );
     }
-    let r = call(&gw, "GET", &format!("/v1/models/{SECRET}"), Some(&a), None).await;
+    let r = get(&gw, &format!("/v1/models/{SECRET}"), &a).await;
     assert_eq!(r.status, 404);
     // ...while the allowlisted account gets through.
-    let r = call(&gw, "POST", &run_path(&p.b, SECRET), Some(&b), Some(PROMPT)).await;
+    let r = post(&gw, &run_path(&p.b, SECRET), &b, PROMPT).await;
     assert_eq!(r.status, 503, "{}", r.body);
-    let r = call(&gw, "GET", &format!("/v1/models/{SECRET}"), Some(&b), None).await;
+    let r = get(&gw, &format!("/v1/models/{SECRET}"), &b).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["id"], SECRET);
 
     // A token on another account's URL is 403.
-    let r = call(&gw, "POST", &run_path(&p.b, OPEN), Some(&a), Some(PROMPT)).await;
+    let r = post(&gw, &run_path(&p.b, OPEN), &a, PROMPT).await;
     assert_eq!(r.status, 403);
     assert_wa(&r.json(), 10000);
 
@@ -151,7 +151,7 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         r#"{"prompt": "x", "max_tokens": 100000}"#,
     ];
     for body in wa_bad {
-        let r = call(&gw, "POST", &run_path(&p.a, OPEN), Some(&a), Some(body)).await;
+        let r = post(&gw, &run_path(&p.a, OPEN), &a, body).await;
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         assert_wa(&r.json(), 5006);
     }
@@ -170,7 +170,7 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         "not json".to_owned(),
     ];
     for body in &oa_bad {
-        let r = call(&gw, "POST", "/v1/chat/completions", Some(&a), Some(body)).await;
+        let r = post(&gw, "/v1/chat/completions", &a, body).await;
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         assert_oa(&r.json(), "invalid_request_error", &Value::Null);
     }
@@ -195,14 +195,7 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         for (k, v) in extra.as_object().expect("object") {
             body[k] = v.clone();
         }
-        let r = call(
-            &gw,
-            "POST",
-            "/v1/chat/completions",
-            Some(&a),
-            Some(&body.to_string()),
-        )
-        .await;
+        let r = post(&gw, "/v1/chat/completions", &a, &body.to_string()).await;
         assert_eq!(r.status, 400, "{body}: {}", r.body);
         let v = r.json();
         assert_eq!(v["error"]["code"], "unsupported_parameter", "{v}");
@@ -215,16 +208,13 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
             "{v}"
         );
     }
-    let r = call(
+    let r = post(
         &gw,
-        "POST",
         &run_path(&p.a, OPEN),
-        Some(&a),
-        Some(
-            &json!({"prompt": "x", "response_format": {"type": "json_schema",
+        &a,
+        &json!({"prompt": "x", "response_format": {"type": "json_schema",
                      "json_schema": {"type": "object", "properties": {"a": {"anyOf": []}}}}})
-            .to_string(),
-        ),
+        .to_string(),
     )
     .await;
     assert_eq!(r.status, 400, "{}", r.body);
@@ -238,14 +228,7 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
     // Workers AI's `tools` follow the same rule: refused by name.
     let tools =
         json!({"prompt": "x", "tools": [{"name": "w", "description": "d", "parameters": {}}]});
-    let r = call(
-        &gw,
-        "POST",
-        &run_path(&p.a, OPEN),
-        Some(&a),
-        Some(&tools.to_string()),
-    )
-    .await;
+    let r = post(&gw, &run_path(&p.a, OPEN), &a, &tools.to_string()).await;
     assert_eq!(r.status, 400, "{}", r.body);
     assert_wa(&r.json(), 5006);
     assert!(r.body.contains("'tools'"), "{}", r.body);
@@ -253,30 +236,21 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
     let defaults = json!({"model": OPEN, "messages": msgs, "n": 1, "user": "u-1", "logprobs": false,
                           "frequency_penalty": 0, "presence_penalty": 0, "tools": null,
                           "response_format": {"type": "text"}, "stream": false});
-    let r = call(
-        &gw,
-        "POST",
-        "/v1/chat/completions",
-        Some(&a),
-        Some(&defaults.to_string()),
-    )
-    .await;
+    let r = post(&gw, "/v1/chat/completions", &a, &defaults.to_string()).await;
     assert_eq!(r.status, 503, "admitted: {}", r.body);
-    let r = call(
+    let r = post(
         &gw,
-        "POST",
         "/v1/completions",
-        Some(&a),
-        Some(&json!({"model": OPEN}).to_string()),
+        &a,
+        &json!({"model": OPEN}).to_string(),
     )
     .await;
     assert_eq!(r.status, 400);
-    let r = call(
+    let r = post(
         &gw,
-        "POST",
         "/v1/completions",
-        Some(&a),
-        Some(&json!({"model": OPEN, "prompt": "x"}).to_string()),
+        &a,
+        &json!({"model": OPEN, "prompt": "x"}).to_string(),
     )
     .await;
     assert_eq!(r.status, 503, "admitted: {}", r.body);
@@ -290,17 +264,10 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
     assert_oa(&r.json(), "authentication_error", &json!("invalid_api_key"));
 
     // Unknown routes answer in the prefix's shape.
-    let r = call(
-        &gw,
-        "GET",
-        &format!("/client/v4/accounts/{}/ai/nothing", p.a),
-        Some(&a),
-        None,
-    )
-    .await;
+    let r = get(&gw, &format!("/client/v4/accounts/{}/ai/nothing", p.a), &a).await;
     assert_eq!(r.status, 404);
     assert_wa(&r.json(), 7000);
-    let r = call(&gw, "GET", "/v1/nothing", Some(&a), None).await;
+    let r = get(&gw, "/v1/nothing", &a).await;
     assert_eq!(r.status, 404);
     assert_eq!(r.json()["error"]["type"], "invalid_request_error");
 }
@@ -310,15 +277,10 @@ async fn models_list_and_search_page_like_the_sdks_expect() {
     let p = platform().await;
     let gw = p.gateway(None, Platform::limiter()).await;
     let (a, b) = (bearer(&p.a_token), bearer(&p.b_token));
-    let r = call(&gw, "GET", "/v1/models", Some(&a), None).await;
+    let r = get(&gw, "/v1/models", &a).await;
     let v = r.json();
     assert_eq!(v["object"], "list");
-    let ids: Vec<&str> = v["data"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|m| m["id"].as_str())
-        .collect();
+    let ids: Vec<&str> = strings(&v["data"], "id");
     assert_eq!(ids, vec![OPEN], "A does not see the private model");
     let m = &v["data"][0];
     assert_eq!(
@@ -326,18 +288,11 @@ async fn models_list_and_search_page_like_the_sdks_expect() {
         (Some("model"), Some("test"))
     );
     assert!(m["created"].as_u64().is_some_and(|c| c > 1_700_000_000));
-    let r = call(&gw, "GET", "/v1/models", Some(&b), None).await;
+    let r = get(&gw, "/v1/models", &b).await;
     assert_eq!(r.json()["data"].as_array().map(Vec::len), Some(2));
 
     let search = |acct: &str, q: &str| format!("/client/v4/accounts/{acct}/ai/models/search{q}");
-    let r = call(
-        &gw,
-        "GET",
-        &search(&p.b, "?per_page=1&page=1"),
-        Some(&b),
-        None,
-    )
-    .await;
+    let r = get(&gw, &search(&p.b, "?per_page=1&page=1"), &b).await;
     let v = r.json();
     assert_eq!(v["success"], true);
     assert_eq!(v["result"].as_array().map(Vec::len), Some(1));
@@ -352,56 +307,28 @@ async fn models_list_and_search_page_like_the_sdks_expect() {
         item["properties"][0],
         json!({"property_id": "context_window", "value": "2048"})
     );
-    let r = call(
-        &gw,
-        "GET",
-        &search(&p.b, "?per_page=1&page=2"),
-        Some(&b),
-        None,
-    )
-    .await;
+    let r = get(&gw, &search(&p.b, "?per_page=1&page=2"), &b).await;
     assert_eq!(r.json()["result"][0]["name"], SECRET);
-    let r = call(
-        &gw,
-        "GET",
-        &search(&p.b, "?per_page=1&page=3"),
-        Some(&b),
-        None,
-    )
-    .await;
+    let r = get(&gw, &search(&p.b, "?per_page=1&page=3"), &b).await;
     assert_eq!(
         r.json()["result"],
         json!([]),
         "a page past the end is empty, so the SDK stops"
     );
-    let r = call(&gw, "GET", &search(&p.b, "?search=secret"), Some(&b), None).await;
+    let r = get(&gw, &search(&p.b, "?search=secret"), &b).await;
     assert_eq!(r.json()["result_info"]["total_count"], 1);
-    let r = call(
-        &gw,
-        "GET",
-        &search(&p.b, "?task=Text%20Generation"),
-        Some(&b),
-        None,
-    )
-    .await;
+    let r = get(&gw, &search(&p.b, "?task=Text%20Generation"), &b).await;
     assert_eq!(r.json()["result_info"]["total_count"], 2);
-    let r = call(
-        &gw,
-        "GET",
-        &search(&p.b, "?task=Translation"),
-        Some(&b),
-        None,
-    )
-    .await;
+    let r = get(&gw, &search(&p.b, "?task=Translation"), &b).await;
     assert_eq!(r.json()["result"], json!([]));
-    let r = call(&gw, "GET", &search(&p.a, "?search=secret"), Some(&a), None).await;
+    let r = get(&gw, &search(&p.a, "?search=secret"), &a).await;
     assert_eq!(
         r.json()["result"],
         json!([]),
         "private models do not show up in search"
     );
     for q in ["?page=0", "?per_page=1000", "?page=x"] {
-        let r = call(&gw, "GET", &search(&p.a, q), Some(&a), None).await;
+        let r = get(&gw, &search(&p.a, q), &a).await;
         assert_eq!(r.status, 400, "{q}");
         assert_wa(&r.json(), 5006);
     }
@@ -443,7 +370,7 @@ async fn per_account_limits_answer_429_with_retry_after() {
             .filter(|s| (1..=60).contains(s))
     };
     for left in ["1", "0"] {
-        let r = call(&gw, "POST", &run_path(&p.a, OPEN), Some(&a), Some(PROMPT)).await;
+        let r = post(&gw, &run_path(&p.a, OPEN), &a, PROMPT).await;
         assert_eq!(r.status, 503);
         assert_eq!(r.ratelimit["limit-requests"], "2", "{:?}", r.ratelimit);
         assert_eq!(r.ratelimit["remaining-requests"], left, "{:?}", r.ratelimit);
@@ -455,7 +382,7 @@ async fn per_account_limits_answer_429_with_retry_after() {
         );
         assert!(reset(&r).is_some(), "{:?}", r.ratelimit);
     }
-    let r = call(&gw, "POST", &run_path(&p.a, OPEN), Some(&a), Some(PROMPT)).await;
+    let r = post(&gw, &run_path(&p.a, OPEN), &a, PROMPT).await;
     assert_eq!(r.status, 429);
     assert_wa(&r.json(), 3036);
     assert_eq!(r.ratelimit["remaining-requests"], "0", "{:?}", r.ratelimit);
@@ -470,25 +397,11 @@ async fn per_account_limits_answer_429_with_retry_after() {
             .and_then(|s| s.parse::<u64>().ok())
             .is_some_and(|s| (1..=60).contains(&s))
     );
-    let r = call(
-        &gw,
-        "POST",
-        "/v1/chat/completions",
-        Some(&a),
-        Some(&chat(OPEN)),
-    )
-    .await;
+    let r = post(&gw, "/v1/chat/completions", &a, &chat(OPEN)).await;
     assert_eq!(r.status, 429);
     assert_oa(&r.json(), "rate_limit_error", &json!("rate_limit_exceeded"));
     // Another account has its own budget.
-    let r = call(
-        &gw,
-        "POST",
-        &run_path(&p.b, OPEN),
-        Some(&bearer(&p.b_token)),
-        Some(PROMPT),
-    )
-    .await;
+    let r = post(&gw, &run_path(&p.b, OPEN), &bearer(&p.b_token), PROMPT).await;
     assert_eq!(r.status, 503);
 }
 
@@ -553,7 +466,7 @@ async fn a_redis_rate_limit_holds_across_two_gateways() {
     let mut outcomes = Vec::new();
     let mut remaining = Vec::new();
     for g in [&g1, &g2, &g1, &g2, &g1] {
-        let r = call(g, "POST", &path, Some(&a), Some(PROMPT)).await;
+        let r = post(g, &path, &a, PROMPT).await;
         remaining.push(
             r.ratelimit
                 .get("remaining-requests")
@@ -608,7 +521,7 @@ async fn a_private_flip_is_acknowledged_after_both_gateways_apply_it_and_nothing
     let path = run_path(&p.a, OPEN);
     for g in [&g1, &g2] {
         assert_eq!(
-            call(g, "POST", &path, Some(&a), Some(PROMPT)).await.status,
+            post(g, &path, &a, PROMPT).await.status,
             503,
             "admitted before"
         );
@@ -616,13 +529,11 @@ async fn a_private_flip_is_acknowledged_after_both_gateways_apply_it_and_nothing
     // Let both gateways settle into their long polls.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = std::time::Instant::now();
+    let change = format!("/admin/v1/models/{OPEN_ADMIN}/visibility");
     let v = p
         .admin(
             "POST",
-            &format!(
-                "/admin/v1/models/{}/visibility",
-                OPEN.replace('@', "%40").replace('/', "%2F")
-            ),
+            &change,
             Some(json!({"visibility": "private", "reason": "drill"})),
         )
         .await;
@@ -634,38 +545,26 @@ async fn a_private_flip_is_acknowledged_after_both_gateways_apply_it_and_nothing
     let mut refused = 0;
     for i in 0..40 {
         let g = if i % 2 == 0 { &g1 } else { &g2 };
-        let r = call(g, "POST", &path, Some(&a), Some(PROMPT)).await;
+        let r = post(g, &path, &a, PROMPT).await;
         assert_eq!(r.status, 400, "request {i}: {}", r.body);
         assert_wa(&r.json(), 5007);
-        let r = call(
-            g,
-            "POST",
-            "/v1/chat/completions",
-            Some(&a),
-            Some(&chat(OPEN)),
-        )
-        .await;
+        let r = post(g, "/v1/chat/completions", &a, &chat(OPEN)).await;
         assert_eq!(r.status, 404, "request {i}");
         refused += 2;
     }
     assert_eq!(refused, 80);
     // The allowlist still lets an account in.
+    let change = format!("/admin/v1/models/{OPEN_ADMIN}/allowlist");
     let v = p
         .admin(
             "POST",
-            &format!(
-                "/admin/v1/models/{}/allowlist",
-                OPEN.replace('@', "%40").replace('/', "%2F")
-            ),
+            &change,
             Some(json!({"account_id": p.a, "allowed": true, "reason": "verifies the fix"})),
         )
         .await;
     assert_eq!(v["propagation"]["applied"], 2, "{v}");
     for g in [&g1, &g2] {
-        assert_eq!(
-            call(g, "POST", &path, Some(&a), Some(PROMPT)).await.status,
-            503
-        );
+        assert_eq!(post(g, &path, &a, PROMPT).await.status, 503);
     }
 }
 
@@ -675,36 +574,18 @@ async fn a_gateway_cut_off_from_the_control_plane_stops_admitting_within_the_lea
     let gw = p.gateway(None, Platform::limiter()).await;
     let a = bearer(&p.a_token);
     let path = run_path(&p.a, OPEN);
-    assert_eq!(
-        call(&gw, "POST", &path, Some(&a), Some(PROMPT))
-            .await
-            .status,
-        503
-    );
-    assert_eq!(
-        call(&gw, "GET", "/v1/models", Some(&a), None).await.status,
-        200
-    );
+    assert_eq!(post(&gw, &path, &a, PROMPT).await.status, 503);
+    assert_eq!(get(&gw, "/v1/models", &a).await.status, 200);
     p.stop_control_plane();
     // The lease is 3 s; the last poll may have been sent up to a second ago.
-    let started = std::time::Instant::now();
-    loop {
-        let r = call(&gw, "GET", "/v1/models", Some(&a), None).await;
-        if r.status == 503 {
-            assert_oa(&r.json(), "service_unavailable", &Value::Null);
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_millis(3600),
-            "still serving after the lease"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let poll = (Duration::from_millis(100), Duration::from_millis(3600));
+    let (r, took) = until_status(&gw, &a, 503, poll, "still serving after the lease").await;
+    assert_oa(&r.json(), "service_unavailable", &Value::Null);
     assert!(
-        started.elapsed() >= Duration::from_millis(1500),
+        took >= Duration::from_millis(1500),
         "not before the lease ran out"
     );
-    let r = call(&gw, "POST", &path, Some(&a), Some(PROMPT)).await;
+    let r = post(&gw, &path, &a, PROMPT).await;
     assert_eq!(r.status, 503);
     assert_wa(&r.json(), 3040);
     let r = call(&gw, "GET", "/health", None, None).await;
@@ -716,45 +597,44 @@ async fn a_token_revoked_while_gateways_run_stops_working_at_once() {
     let p = platform().await;
     let gw = p.gateway(None, Platform::limiter()).await;
     let a = bearer(&p.a_token);
-    assert_eq!(
-        call(&gw, "GET", "/v1/models", Some(&a), None).await.status,
-        200
-    );
+    assert_eq!(get(&gw, "/v1/models", &a).await.status, 200);
     let tokens = p
         .admin("GET", &format!("/admin/v1/accounts/{}/tokens", p.a), None)
         .await;
-    let id = tokens
-        .as_array()
-        .into_iter()
-        .flatten()
+    let id = items(&tokens)
         .find(|t| t["name"] == "main")
         .and_then(|t| t["id"].as_i64())
         .expect("token id");
-    let started = std::time::Instant::now();
-    p.admin(
-        "DELETE",
-        &format!("/admin/v1/accounts/{}/tokens/{id}", p.a),
-        None,
-    )
-    .await;
-    loop {
-        let r = call(&gw, "GET", "/v1/models", Some(&a), None).await;
-        if r.status == 401 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "the revoked token still works"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let token = format!("/admin/v1/accounts/{}/tokens/{id}", p.a);
+    p.admin("DELETE", &token, None).await;
+    let poll = (Duration::from_millis(20), Duration::from_secs(1));
+    until_status(&gw, &a, 401, poll, "the revoked token still works").await;
     // B's token is untouched.
     assert_eq!(
-        call(&gw, "GET", "/v1/models", Some(&bearer(&p.b_token)), None)
-            .await
-            .status,
+        get(&gw, "/v1/models", &bearer(&p.b_token)).await.status,
         200
     );
+}
+
+/// Polls `GET /v1/models` with `auth` every `every` until it answers
+/// `status`; fails with `what` when that takes `limit` or longer. The
+/// answer, and how long it took.
+async fn until_status(
+    gw: &axum::Router,
+    auth: &str,
+    status: u16,
+    (every, limit): (Duration, Duration),
+    what: &str,
+) -> (support::Reply, Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        let r = get(gw, "/v1/models", auth).await;
+        if r.status == status {
+            return (r, started.elapsed());
+        }
+        assert!(started.elapsed() < limit, "{what}");
+        tokio::time::sleep(every).await;
+    }
 }
 
 /// A request whose body never ends: a handler that read it would wait forever.
@@ -806,11 +686,7 @@ async fn strangers_and_oversized_bodies_are_refused_before_the_body_is_read_in_e
             .expect("request");
         let (status, v) = send(req).await;
         assert_eq!(status, 401, "{v}");
-        if wa {
-            assert_wa(&v, 10000);
-        } else {
-            assert_oa(&v, "authentication_error", &json!("invalid_api_key"));
-        }
+        assert_api_error(&v, wa, 10000, ("authentication_error", "invalid_api_key"));
         // A declared 50 MiB body: 413 from the header alone.
         let req = axum::http::Request::post(path)
             .header("authorization", &a)
@@ -820,11 +696,7 @@ async fn strangers_and_oversized_bodies_are_refused_before_the_body_is_read_in_e
             .expect("request");
         let (status, v) = send(req).await;
         assert_eq!(status, 413, "{v}");
-        if wa {
-            assert_wa(&v, 3006);
-        } else {
-            assert_oa(&v, "invalid_request_error", &json!("request_too_large"));
-        }
+        assert_api_error(&v, wa, 3006, ("invalid_request_error", "request_too_large"));
         // An undeclared body past the limit: 413 in the same shape.
         let big = format!("{{\"prompt\": \"{}\"}}", "x".repeat(3 << 20));
         let req = axum::http::Request::post(path)
@@ -846,10 +718,11 @@ async fn strangers_and_oversized_bodies_are_refused_before_the_body_is_read_in_e
             .expect("request");
         let (status, v) = send(req).await;
         assert_eq!(status, 405, "{v}");
-        if wa {
-            assert_wa(&v, 7001);
-        } else {
-            assert_oa(&v, "invalid_request_error", &json!("method_not_allowed"));
-        }
+        assert_api_error(
+            &v,
+            wa,
+            7001,
+            ("invalid_request_error", "method_not_allowed"),
+        );
     }
 }

@@ -2,7 +2,8 @@
 //! blocking, so synchronous tests can call it, over a real socket per
 //! request, plain or mutual TLS, on hyper (no hand-written HTTP parsing in
 //! any test); the child processes a test starts ([`process`]); and the
-//! JSON bodies the fuzz tests mutate ([`fuzz`]).
+//! JSON bodies the fuzz tests mutate ([`fuzz`]); and reading JSON answers
+//! ([`json`]).
 //!
 //! Tests that must write malformed or deliberately slow bytes (the
 //! gateway's flood and connection tests) keep their raw sockets: that is
@@ -10,6 +11,7 @@
 
 pub mod fuzz;
 pub mod http;
+pub mod json;
 pub mod process;
 
 pub use http::{Request, Response, Streaming};

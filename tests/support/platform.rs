@@ -80,12 +80,33 @@ pub fn until_summary(rx: &std::sync::mpsc::Receiver<String>) -> Vec<String> {
     }
 }
 
+/// What `up` wrote to a data directory's `credentials.json`, as the tests
+/// read it (`tests/up.rs` checks the file's every field itself).
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Credentials {
+    pub gateway_url: String,
+    pub control_plane_url: String,
+    pub status_url: String,
+    pub operator_token: String,
+    /// The default model's slug.
+    pub model: String,
+    /// The demo accounts.
+    pub accounts: Vec<Account>,
+    /// Each component's metrics URL.
+    pub metrics: std::collections::BTreeMap<String, String>,
+}
+
+/// A demo account with its API token.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Account {
+    pub id: String,
+    pub token: String,
+}
+
 /// `credentials.json` of a data directory.
-pub fn credentials(dir: &std::path::Path) -> Value {
-    serde_json::from_str(
-        &std::fs::read_to_string(dir.join("credentials.json")).expect("credentials.json"),
-    )
-    .expect("JSON")
+pub fn credentials(dir: &std::path::Path) -> Credentials {
+    let text = std::fs::read_to_string(dir.join("credentials.json")).expect("credentials.json");
+    serde_json::from_str(&text).expect("credentials.json as up writes it")
 }
 
 /// One request with a bearer token: status and body, or the

@@ -73,12 +73,8 @@ async fn a_port_admits_only_its_roles_from_the_platform_ca() {
 
     // The gateway, with our CA's certificate: served, and its role known.
     let gw = identity(&ours, Role::Gateway);
-    let ok = talk(
-        &gw.connector(&[Role::Decode]).expect("c"),
-        Role::Decode,
-        &addr,
-    )
-    .await;
+    let tls = gw.connector(&[Role::Decode]).expect("c");
+    let ok = talk(&tls, Role::Decode, &addr).await;
     assert_eq!(ok.as_deref(), Ok("ok"));
     assert_eq!(reached.recv().await, Some(Some(Role::Gateway)));
 
@@ -108,21 +104,13 @@ async fn a_port_admits_only_its_roles_from_the_platform_ca() {
     );
 
     // A client refuses a server of another role or another CA.
-    let r = talk(
-        &gw.connector(&[Role::Prefill]).expect("c"),
-        Role::Prefill,
-        &addr,
-    )
-    .await;
+    let tls = gw.connector(&[Role::Prefill]).expect("c");
+    let r = talk(&tls, Role::Prefill, &addr).await;
     assert!(r.as_ref().is_err_and(|e| e.contains("decode")), "{r:?}");
     let stranger = identity(&theirs, Role::Decode);
     let (addr2, _) = server(&stranger, &[Role::Gateway]).await;
-    let r = talk(
-        &gw.connector(&[Role::Decode]).expect("c"),
-        Role::Decode,
-        &addr2,
-    )
-    .await;
+    let tls = gw.connector(&[Role::Decode]).expect("c");
+    let r = talk(&tls, Role::Decode, &addr2).await;
     assert!(r.is_err(), "a server from another CA was trusted: {r:?}");
     assert!(reached.try_recv().is_err());
 }
@@ -171,39 +159,39 @@ fn presenting(files: &TlsFiles) -> std::sync::Arc<rustls::ClientConfig> {
 #[derive(Debug)]
 struct AnyServer(std::sync::Arc<rustls::crypto::CryptoProvider>);
 
-impl rustls::client::danger::ServerCertVerifier for AnyServer {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
+mod any_server {
+    use super::AnyServer;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::CertificateDer as Cert;
+    use rustls::{DigitallySignedStruct as Signed, Error, SignatureScheme, crypto};
+
+    impl ServerCertVerifier for AnyServer {
+        /// Whatever the server presents.
+        fn verify_server_cert(
+            &self,
+            _: &rustls::pki_types::CertificateDer<'_>,
+            _: &[rustls::pki_types::CertificateDer<'_>],
+            _: &rustls::pki_types::ServerName<'_>,
+            _: &[u8],
+            _: rustls::pki_types::UnixTime,
+        ) -> Result<ServerCertVerified, Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(&self, m: &[u8], c: &Cert<'_>, d: &Signed) -> Valid {
+            crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+        }
+
+        fn verify_tls13_signature(&self, m: &[u8], c: &Cert<'_>, d: &Signed) -> Valid {
+            crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.signature_verification_algorithms.supported_schemes()
+        }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &rustls::pki_types::CertificateDer<'_>,
-        d: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+    type Valid = Result<HandshakeSignatureValid, Error>;
 }
 
 #[tokio::test]
@@ -287,20 +275,12 @@ async fn a_scoped_certificate_serves_only_its_model_and_meets_only_peers_of_it()
     // ways.
     let prefill_a = scoped(Role::Prefill, a);
     let (addr_p, mut reached_p) = server(&prefill_a, &[Role::Decode]).await;
-    let ok = talk(
-        &decode_a.connector(&[Role::Prefill]).expect("c"),
-        Role::Prefill,
-        &addr_p,
-    )
-    .await;
+    let tls = decode_a.connector(&[Role::Prefill]).expect("c");
+    let ok = talk(&tls, Role::Prefill, &addr_p).await;
     assert_eq!(ok.as_deref(), Ok("ok"));
     assert!(reached_p.recv().await.is_some());
-    let r = talk(
-        &decode_b.connector(&[Role::Prefill]).expect("c"),
-        Role::Prefill,
-        &addr_p,
-    )
-    .await;
+    let tls = decode_b.connector(&[Role::Prefill]).expect("c");
+    let r = talk(&tls, Role::Prefill, &addr_p).await;
     assert!(
         r.is_err(),
         "B's decode worker met A's prefill worker: {r:?}"
@@ -308,12 +288,8 @@ async fn a_scoped_certificate_serves_only_its_model_and_meets_only_peers_of_it()
     // The server decides on its own too: B's decode certificate, presented
     // by a client that would accept any server, is refused by A's prefill
     // worker in the handshake; A's is served.
-    let r = talk(
-        &any_server_presenting(&d, Role::Decode, b),
-        Role::Prefill,
-        &addr_p,
-    )
-    .await;
+    let tls = any_server_presenting(&d, Role::Decode, b);
+    let r = talk(&tls, Role::Prefill, &addr_p).await;
     assert!(
         r.is_err(),
         "A's prefill worker served B's decode certificate: {r:?}"
@@ -323,12 +299,8 @@ async fn a_scoped_certificate_serves_only_its_model_and_meets_only_peers_of_it()
         reached_p.try_recv().is_err(),
         "B's decode certificate reached A's prefill"
     );
-    let r = talk(
-        &any_server_presenting(&d, Role::Decode, a),
-        Role::Prefill,
-        &addr_p,
-    )
-    .await;
+    let tls = any_server_presenting(&d, Role::Decode, a);
+    let r = talk(&tls, Role::Prefill, &addr_p).await;
     assert_eq!(r.as_deref(), Ok("ok"));
 }
 

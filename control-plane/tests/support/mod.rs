@@ -14,7 +14,7 @@ use axum::http::{Method, Request, StatusCode};
 use bulkhead_control_api::{Role, Timestamp};
 use bulkhead_control_plane::{AppState, Backend, Db, Settings, app, store};
 use http_body_util::BodyExt;
-use serde_json::Value;
+use serde_json::{Value, json};
 use sqlx::Connection;
 use std::future::Future;
 use std::path::PathBuf;
@@ -271,6 +271,33 @@ impl Harness {
             .to_owned();
         let bytes = resp.into_body().collect().await.expect("body").to_bytes();
         (status, ctype, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// Creates an operator as the admin; the answer (`token`, `operator`).
+    pub async fn create_operator(&self, name: &str, role: &str) -> anyhow::Result<Value> {
+        let body = json!({"name": name, "role": role});
+        let path = "/admin/v1/operators";
+        self.post(path, &self.admin, Some(body), StatusCode::CREATED)
+            .await
+    }
+
+    /// The responder flips [`SLUG`] to `visibility` for `reason`, insisting
+    /// on 200; the answer (with its `propagation`).
+    pub async fn flip(&self, visibility: &str, reason: &str) -> anyhow::Result<Value> {
+        let path = format!("/admin/v1/models/{SLUG_PATH}/visibility");
+        let body = json!({"visibility": visibility, "reason": reason});
+        self.post(&path, &self.responder, Some(body), StatusCode::OK)
+            .await
+    }
+
+    /// `GET path` of the public routes, without a token.
+    pub async fn public(&self, path: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, path, None, None).await
+    }
+
+    /// `POST path` of `body` with `token`, whatever the answer.
+    pub async fn attempt(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, path, Some(token), Some(body)).await
     }
 
     /// `GET path` with `token`, insisting on 200.

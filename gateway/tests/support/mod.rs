@@ -270,6 +270,24 @@ impl Reply {
     }
 }
 
+/// A raw connection to `addr` that has sent `request` (HTTP/1.1 as written).
+pub fn send_raw(addr: std::net::SocketAddr, request: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.write_all(request.as_bytes()).expect("write");
+    s
+}
+
+/// `GET path` with `auth` as the authorization header.
+pub async fn get(app: &Router, path: &str, auth: &str) -> Reply {
+    call(app, "GET", path, Some(auth), None).await
+}
+
+/// `POST path` of a JSON `body` with `auth` as the authorization header.
+pub async fn post(app: &Router, path: &str, auth: &str, body: &str) -> Reply {
+    call(app, "POST", path, Some(auth), Some(body)).await
+}
+
 pub async fn call(
     app: &Router,
     method: &str,
