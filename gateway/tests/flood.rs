@@ -66,13 +66,14 @@ fn served(addr: SocketAddr, token: &str) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_slow_strangers_costs_little_memory_and_no_service() {
-    let p = platform().await;
-    let router = p.gateway(None, Platform::limiter()).await;
+    // Room for the whole flood: what is measured is its cost, not a refusal.
     let limits = ConnLimits {
         max_connections: 1024,
         max_per_address: 512,
         ..ConnLimits::default()
     };
+    let p = platform().await;
+    let router = p.gateway(None, Platform::limiter()).await;
     let addr = serve_on_loopback(router, limits).await;
     let token = bearer(&p.a_token);
     let result = tokio::task::spawn_blocking(move || {

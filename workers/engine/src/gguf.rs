@@ -82,6 +82,7 @@ impl std::fmt::Debug for ModelFile {
         // Weights are hundreds of megabytes: show what identifies the model.
         f.debug_struct("ModelFile")
             .field("config", &self.config)
+            .field("fingerprint", &format_args!("{:016x}", self.fingerprint))
             .finish_non_exhaustive()
     }
 }

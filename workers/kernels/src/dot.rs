@@ -166,30 +166,20 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// Calls `two(j)` for the weight rows of `rows` in pairs (`j`, `j + 1`),
-    /// then `one(j)` for a last row left over.
+    /// Walks `rows` in blocks of `N`: `block(i)` for rows `i..i + N` while
+    /// `N` remain, then `single(i)` for each row left.
     #[inline(always)]
-    fn in_pairs(rows: std::ops::Range<usize>, mut two: impl FnMut(usize), one: impl FnOnce(usize)) {
-        let mut j = rows.start;
-        while j + 2 <= rows.end {
-            two(j);
-            j += 2;
+    fn in_blocks<const N: usize>(
+        rows: std::ops::Range<usize>,
+        mut block: impl FnMut(usize),
+        single: impl FnMut(usize),
+    ) {
+        let mut i = rows.start;
+        while i + N <= rows.end {
+            block(i);
+            i += N;
         }
-        if j < rows.end {
-            one(j);
-        }
-    }
-
-    /// Calls `four(r)` for activation rows `r..r + 4` of `rows` while four
-    /// remain, then `one(r)` for each row left.
-    #[inline(always)]
-    fn in_fours(rows: std::ops::Range<usize>, mut four: impl FnMut(usize), one: impl FnMut(usize)) {
-        let mut r = rows.start;
-        while r + 4 <= rows.end {
-            four(r);
-            r += 4;
-        }
-        (r..rows.end).for_each(one);
+        (i..rows.end).for_each(single);
     }
 
     /// How one weight block is loaded and paired with an activation block.
@@ -374,14 +364,14 @@ pub(crate) mod avx2 {
                     stride: usize,
                 ) {
                     // SAFETY: every call stays inside the activation rows.
-                    in_fours(
+                    in_blocks::<4>(
                         0..a.rows(),
                         |r| unsafe { $tile::<K, WR, 4>(w, j, a, r, out, stride) },
                         |r| unsafe { $tile::<K, WR, 1>(w, j, a, r, out, stride) },
                     );
                 }
                 // SAFETY: every call stays inside `rows`.
-                in_pairs(
+                in_blocks::<2>(
                     rows,
                     |j| unsafe { rows_of::<K, 2>(w, j, a, out, stride) },
                     |j| unsafe { rows_of::<K, 1>(w, j, a, out, stride) },
@@ -483,7 +473,7 @@ pub(crate) mod avx2 {
         stride: usize,
     ) {
         // SAFETY: every call stays inside `rows`.
-        in_pairs(
+        in_blocks::<2>(
             rows,
             |j| unsafe { row_tiles::<K, 2>(w, j, a, out, stride) },
             |j| unsafe { row_tiles::<K, 1>(w, j, a, out, stride) },
@@ -510,7 +500,7 @@ pub(crate) mod avx2 {
         for r in (0..full).step_by(8) {
             unsafe { tile512::<K, WR>(w, j, a, r, out, stride) };
         }
-        in_fours(
+        in_blocks::<4>(
             full..n_act,
             |r| unsafe { tile_vnni::<K, WR, 4>(w, j, a, r, out, stride) },
             |r| unsafe { tile_vnni::<K, WR, 1>(w, j, a, r, out, stride) },

@@ -430,6 +430,19 @@ mod tests {
         (pool, prompt, again)
     }
 
+    /// [`cached`], then tenant 1's table for the prompt again, reading the
+    /// cache (or, with `copy`, copying from it): four tokens a hit.
+    fn rerun(copy: bool) -> (KvPool, PageTable, [u32; 5]) {
+        let (mut pool, prompt, a) = cached();
+        let (table, hit) = if copy {
+            pool.allocate_prefixed_copy(&a, scope(1), &prompt).unwrap()
+        } else {
+            pool.allocate_prefixed(&a, scope(1), &prompt).unwrap()
+        };
+        assert_eq!(hit.tokens, 4);
+        (pool, table, prompt)
+    }
+
     fn first(pool: &KvPool, table: &PageTable, index: usize) -> f32 {
         match pool.reader().page(table, index, 0).unwrap().keys(0) {
             crate::KvData::F32(k) => k[0],
@@ -458,9 +471,7 @@ mod tests {
 
     #[test]
     fn a_hit_reads_the_cached_bytes_and_cannot_write_or_lend_them() {
-        let (mut pool, prompt, a) = cached();
-        let (table, hit) = pool.allocate_prefixed(&a, scope(1), &prompt).unwrap();
-        assert_eq!(hit.tokens, 4);
+        let (mut pool, table, _) = rerun(false);
         assert_eq!(first(&pool, &table, 0), 7.0);
         assert_eq!(first(&pool, &table, 1), 7.0);
         // Immutable: a write to a cached page is refused.
@@ -580,9 +591,7 @@ mod tests {
 
     #[test]
     fn a_copied_prefix_is_owned_whole_and_equal_to_the_cache() {
-        let (mut pool, prompt, a) = cached();
-        let (table, hit) = pool.allocate_prefixed_copy(&a, scope(1), &prompt).unwrap();
-        assert_eq!(hit.tokens, 4);
+        let (mut pool, table, prompt) = rerun(true);
         for i in 0..2 {
             assert!(matches!(
                 pool.tag(table.pages[i].page),
