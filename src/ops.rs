@@ -9,6 +9,10 @@
 //! plane does not know gets the nearest registered slug as a suggestion; a
 //! flip shows its progress while the gateways apply it and fails (exit 1)
 //! when not every live gateway confirmed it.
+//!
+//! `bulkhead usage` prints the ledger by UTC day, account and model, and
+//! `bulkhead budget` sets an account's daily and monthly budgets and free
+//! allowance (admins).
 
 use anyhow::anyhow;
 use bulkhead_control_api::{

@@ -1,6 +1,10 @@
 //! `bulkhead serve`, `bulkhead prefill` and `bulkhead decode`: worker
 //! processes. Configuration is parsed and the model loaded before any port
 //! is bound; each prints one `listening ...` line once it accepts.
+//!
+//! The three roles share one `WorkerArgs` (identity, metrics port,
+//! registration, model) and one `go_live` (register, start the metrics, print
+//! the listening line).
 
 use crate::cli::ModelArgs;
 use crate::register::{Announcement, RegisterArgs};

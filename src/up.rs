@@ -7,6 +7,15 @@
 //! line. A component that exits is restarted where it was, with backoff;
 //! Ctrl-C (or SIGTERM) stops every component. A second `up` reuses the
 //! data directory: same accounts, same tokens.
+//!
+//! By default it serves two models: the default file as it is (Q4_1) and
+//! converted to Q8_0 at load, each with `--prefill-workers` prefill and
+//! `--decode-workers` decode workers (colocated ones with `--colocated`); last
+//! it starts the leak prober (unless `--no-prober`). Tokens and the TLS
+//! directory reach the components in their environment, never on a command
+//! line. If this machine cannot prefill a model's configured context window
+//! within `--prefill-deadline-secs`, `up` serves a smaller window, a quarter
+//! under the longest prompt prefilled in time (in whole 256s), and says so.
 
 use anyhow::Context;
 use bulkhead_control_api::{

@@ -1,6 +1,11 @@
 //! Prefill and decode as separate OS processes over TCP: identical output
 //! to the colocated engine, and every way a transfer can go wrong leaves no
 //! page behind and decodes nothing from a page it should not.
+//!
+//! A frame-rewriting proxy between the two injects the faults; every fault test
+//! first asserts that its fault was injected (frames the proxy changed, frames
+//! the slowed link delayed, the SIGKILL that ended a worker), and every
+//! worker's `/stats` returns to its baseline after each.
 
 mod support;
 
@@ -508,14 +513,16 @@ fn logits_of_the_wrong_length_fail_the_request_even_with_a_valid_digest() {
     // A peer that recomputes the digest over truncated logits fails the
     // end's tag (it has no key); were it the prefill worker itself, the
     // engine would still refuse to sample from them.
-    let mut sums = Vec::new();
+    // Only the first transfer's end: `tampered` then runs a clean request.
+    let (mut sums, mut first) = (Vec::new(), true);
     tampered(
         Box::new(move |m| match m {
             Message::Page(h, payload) => {
                 sums.push((h.generation, h.checksum));
                 vec![Message::Page(h, payload)]
             }
-            Message::Done(mut d) => {
+            Message::Done(mut d) if first => {
+                first = false;
                 d.logits.truncate(100);
                 d.digest = bulkhead_transfer::checksum::transfer_digest(&sums, d.tokens, &d.logits);
                 vec![Message::Done(d)]

@@ -6,6 +6,9 @@
 //! - `/`, `/incidents/{id}`, `/api/v2/*.json`, `/history.atom`,
 //!   `/history.rss`: the public, read-only status page and feeds
 //!   (`http::public`, rendered by `crate::status`).
+//!
+//! Unknown routes and methods answer in the API's error format (`not_found`,
+//! `method_not_allowed`).
 
 mod admin;
 mod auth;

@@ -8,6 +8,12 @@
 //! version and waits until every gateway seen within the lease has applied
 //! it, or until the lease has run out: a gateway that has not heard from the
 //! control plane for a lease stops admitting requests on its own.
+//!
+//! A hub younger than a lease (a restarted control plane) may not know every
+//! live gateway, so it waits the lease out; a version a gateway reports that
+//! this hub never served counts as not applied. Every successful admin write
+//! publishes a version (middleware in `http`); visibility and allowlist changes
+//! also wait for it ([`Hub::publish_and_wait`]).
 
 use bulkhead_control_api::{ModelSlug, Propagation};
 use std::collections::{BTreeSet, HashMap};

@@ -2,6 +2,13 @@
 //! it registered, its model's active config and the time of its last
 //! heartbeat. Computed on every read, so a node that re-registers with a
 //! smaller pool is unroutable from that moment, with the reason spelled out.
+//!
+//! A node is routable only if it heartbeated within the TTL, its model has an
+//! active config, its measured pool holds that config's context window plus max
+//! output, it prefills the window within its deadline at the speed it
+//! registered (a node that registered no speed is unroutable), and it serves
+//! the config's weights, quantization, page size and parallelism. Every reason
+//! that fails is named.
 
 use crate::store::configs::ConfigRow;
 use crate::store::nodes::NodeRow;

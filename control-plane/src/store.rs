@@ -2,6 +2,11 @@
 //! connection or transaction (`&mut AnyConnection`; a `Transaction` derefs to
 //! one), so the caller decides what commits together: a visibility flip and
 //! its audit entry, an incident update and its component changes.
+//!
+//! Rows are read by one `fn(&AnyRow)` per row type through a few helpers here
+//! (`all`, `optional`, `one`, `inserted` for `INSERT … RETURNING id`, and
+//! `change`, which fails with not found when it touched no row); each module's
+//! `SELECT` of the columns its reader reads comes from one `select_macro!`.
 
 /// Defines the macro `$name!(rest)`: a `SELECT` of `$columns` (every
 /// column its module's row reader reads) from `$from`, then `rest`, as one

@@ -3,6 +3,10 @@
 //! table) or a JWT (HS256 with a configured secret; RS256 or EdDSA with
 //! configured public keys). Every refusal is the same [`AuthError`] to the
 //! client: it never says which check failed.
+//!
+//! A JWT is checked only with a key of the family its `alg` names (an RSA
+//! public key is never used as an HMAC secret; `none` is refused), then for
+//! `exp`, `nbf`, the configured `iss` and `aud`, and its account claim.
 
 use crate::table::Table;
 use jsonwebtoken::jwk::{AlgorithmParameters, JwkSet};

@@ -4,6 +4,12 @@
 //! stranger costs a header parse, never a buffered body. Bodies that turn
 //! out larger than declared are refused by the handlers' extractor, in the
 //! API's own shape too.
+//!
+//! The credential is checked once, here: handlers get the resulting `Ctx` as a
+//! request extension and check only that the URL's account is its account
+//! (`Ctx::owns`). A declared body over 2 MiB is refused from its
+//! `Content-Length`. On the way out the door adds the `x-ratelimit-*` headers
+//! of whatever the limiter decided.
 
 use crate::errors::{ApiError, Flavor, GatewayError};
 use crate::http::{AppState, authenticate};

@@ -3,6 +3,9 @@
 //! envelope or OpenAI's `{"error": {...}}`. No internal detail reaches a
 //! client, and a model the account may not see is reported exactly like a
 //! model that does not exist.
+//!
+//! A context-window refusal is worded as Workers AI or OpenAI words it, from
+//! the lengths the worker sends in its `Overflow`.
 
 use crate::limits::LimiterError;
 use crate::upstream::UpstreamError;

@@ -3,6 +3,10 @@
 //! `unsupported_parameter` naming it, instead of answering as if it had
 //! been applied (an agent that asked for a tool call must not get plain
 //! text). A field passes when its value asks for nothing.
+//!
+//! Values that ask for nothing: `null`, an explicit default, `user` and similar
+//! labels, and a cache salt (the platform picks cache namespaces from the
+//! authenticated account, never from the request).
 
 use crate::errors::GatewayError;
 use serde_json::{Value, json};

@@ -6,6 +6,9 @@
 //! only routable ones. A worker this gateway failed to reach is skipped for
 //! [`SHUN`] (before the control plane's TTL would notice), unless every
 //! worker of the model is shunned.
+//!
+//! A request never goes twice to the same worker; its `NodeLease` gives the
+//! in-flight count back when dropped.
 
 use bulkhead_control_api::NodeView;
 use std::collections::HashMap;

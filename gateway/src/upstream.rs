@@ -6,6 +6,13 @@
 //! [`LineStream`] closes the connection, which the worker takes as the
 //! client going away: it cancels the request (after any KV transfer in
 //! flight has finished) and its pages return to the pool.
+//!
+//! A failure another worker may not share ([`UpstreamError::retryable`]:
+//! unreachable, broken protocol, no prefill worker, a lost KV transfer) is
+//! retried by `http` on another worker, up to three in all, while no byte has
+//! reached the client. A request whose worker leaves the routing table (its
+//! heartbeat lapsed) fails at once, before its first line or mid-stream (an
+//! error event, no `[DONE]`), instead of waiting on a partitioned socket.
 
 use bulkhead_trust::connect::Connector;
 use bulkhead_trust::{Identity, Role as CertRole, TrustError};

@@ -13,6 +13,10 @@
 //! withdraws its model, and the watch reports the table applied only once
 //! those streams have ended (or [`CUT_WAIT`] passed), so the flip's
 //! acknowledgement follows the cut.
+//!
+//! Freshness counts from when the last answered poll was sent, not when
+//! its answer arrived, so a gateway stops serving within one lease of a flip
+//! even if an answer given before it arrives late and nothing follows.
 
 use crate::table::Table;
 use bulkhead_control_api::{Client, ModelSlug, RoutingTable};

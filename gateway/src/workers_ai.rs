@@ -2,6 +2,9 @@
 //! `POST run/{model}` (the slug with raw slashes or percent-encoded, as the
 //! official Python SDK sends it) and `GET models/search`. Answers use the v4
 //! envelope `{"result", "success", "errors", "messages"}`.
+//!
+//! `GET usage` serves the authenticated account's own usage, read from the
+//! control plane's ledger, and no other account's.
 
 use crate::errors::{ApiError, Flavor, GatewayError};
 use crate::http::{self, AppState, Ctx, StreamEvent};

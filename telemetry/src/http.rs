@@ -1,5 +1,13 @@
 //! The layer every component's router wears ([`instrument`]) and the
 //! Prometheus endpoint ([`metrics_router`]).
+//!
+//! A request's id is the caller's `x-request-id` on an internal hop, else its
+//! trace id. Each router says where it sits ([`Hop`]): at the edge
+//! ([`Hop::Edge`], the gateway) an incoming `traceparent` or `x-request-id` is
+//! ignored, and the control plane honours them only under `/admin/`
+//! ([`Hop::InternalUnder`]), never from status-page readers. The span, the
+//! duration metric and the log line finish when the response body ends or is
+//! dropped, so a streamed answer is measured to its end.
 
 use crate::propagate::parent_from_headers;
 use axum::Router;

@@ -10,6 +10,10 @@
 //! built-in samplers) and `OTEL_TRACES_SAMPLER_ARG` choose the sampler. Any
 //! other exporter or sampler name, or a ratio outside 0 to 1, is refused at
 //! start, not ignored.
+//!
+//! Only spans of `bulkhead*` targets at info and above become OpenTelemetry
+//! spans, whatever `RUST_LOG` says, so no dependency's span is exported (the
+//! exporter's own HTTP client included).
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig};

@@ -1,5 +1,9 @@
 //! `bulkhead up` as a child process, and bearer-token calls to its gateway,
 //! control plane and workers.
+//!
+//! What `up` wrote to `credentials.json` is read into a typed `Credentials`
+//! (addresses, the operator token, the default model's slug, the demo
+//! accounts).
 
 use bulkhead_test_support::Request;
 use serde_json::Value;

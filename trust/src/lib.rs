@@ -18,6 +18,28 @@
 //!   the peer's verified role ([`Peer`]).
 //! - [`connect`]: a connector for hyper clients that dials with this
 //!   identity and checks the server's role.
+//!
+//! Who is admitted where, and what a caller needs besides its certificate:
+//!
+//! | Port | Serves | Admits (certificate) | Then also needs |
+//! |---|---|---|---|
+//! | gateway `--listen` | tenants | none (the operator's TLS edge in front) | an API token or a JWT |
+//! | control plane `--listen` | operators, status page | none (plain HTTP behind the operator's edge) | an operator token; node and routing calls are refused here |
+//! | control plane `--internal-listen` | workers, gateways | gateway, prefill, decode, colocated | node calls: a node token and a worker certificate of the registered role; the routing table: a gateway token and the gateway certificate |
+//! | worker `--http` (decode, colocated) | the gateway, operators' tools | gateway, operator | generate: the gateway certificate and a signed tenant context; `/stats`, `/metrics`: either |
+//! | prefill `--http` | operators' tools | gateway, operator | `/admin/abort`: the operator certificate |
+//! | prefill `--listen` (transfer) | decode workers | decode | every page and end tagged under the transfer's key |
+//! | `--metrics-listen` | Prometheus, probes | none (plain HTTP) | nothing: `/metrics` only (a worker's also `/health`), no tenant data |
+//!
+//! What each check stops: a stolen node token without a worker certificate
+//! registers nothing, so the gateway never routes to it; a certificate of one
+//! role cannot register another role's node, nor one scoped to a model another
+//! model's node or a larger pool than it names; a process on a worker's host
+//! cannot generate as any tenant (no gateway certificate, no context), nor can
+//! one holding a gateway certificate replay a call, raise its limits, aim it at
+//! another model or change its tenant (the context is signed, single-use and
+//! expires in 30 s); a peer on the transfer path that rewrites a page cannot
+//! make its tag.
 
 pub mod authority;
 pub mod connect;

@@ -14,6 +14,13 @@
 //! certificate is scoped to none of the models it calls for (the gateway
 //! per request model, a decode worker for its own model); a scoped server
 //! refuses, in the handshake, a client scoped to none of its models.
+//!
+//! The control plane checks heartbeats too: a certificate keeps alive only
+//! nodes of the models it may serve. A worker refuses to start with a
+//! certificate scoped to another model than the one it loads. `up` issues every
+//! worker a certificate scoped to its model and pool (`tls/ROLE.KEY.pem`);
+//! `bulkhead tls init --model SLUG [--max-kv-tokens N]` issues them for
+//! operators.
 
 use rustls::pki_types::CertificateDer;
 

@@ -1,6 +1,11 @@
 //! Public, unauthenticated, read-only routes: the status page, one page per
 //! incident, the Statuspage v2 JSON and the Atom and RSS feeds. Nothing here
 //! writes, and nothing here names a model that was never public.
+//!
+//! The status page and feeds serve one database read for up to
+//! `status_cache` (`--status-cache-ms`, 1 s by default); one reader refreshes
+//! it while the others wait, so anonymous readers cannot starve the admin API
+//! of the database.
 
 use super::AppState;
 use super::error::ApiError;

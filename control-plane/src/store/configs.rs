@@ -1,6 +1,10 @@
 //! Config versions of a model, and activation: a version becomes active only
 //! if context window + max output fits the measured KV pool of every live
 //! node registered for the model.
+//!
+//! It must also be servable: every such node prefills the whole context window
+//! within its deadline at the speed it registered. A refusal names the node and
+//! the numbers (pool and window, or seconds and the longest prompt that fits).
 
 use super::audit::{self, NewEntry};
 use super::models::{self, ModelRow};

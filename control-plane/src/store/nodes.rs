@@ -1,6 +1,10 @@
 //! Registered workers: what each measured after loading weights, and when it
 //! was last heard from. Routability is computed from these rows on read
 //! (`crate::routability`), never stored, so it cannot go stale.
+//!
+//! Registrations, re-registrations and removals are audited. Only the operator
+//! that registered a name (or an admin) may replace it or keep it alive, and a
+//! heartbeat cannot report more pages than the registered pool holds.
 
 use super::operators::Operator;
 use super::{Conn, configs, get_enum, get_time, get_u64, models, to_i64};

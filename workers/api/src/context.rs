@@ -10,6 +10,10 @@
 //! ring ([`KeyRing`]). The gateway signs with the ring's first key; workers
 //! accept any key in theirs, so a key is rotated by adding a new one first
 //! everywhere, then dropping the old one.
+//!
+//! Gateways and workers share the ring, so a compromised worker could sign
+//! contexts for other workers: it already holds its own tenants' data, and the
+//! ring rotates.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;

@@ -11,6 +11,34 @@
 //! of the tenant holding the most is preempted: its pages go back and it
 //! waits to recompute what it had and go on. Finished, failed and
 //! cancelled sequences return their pages at once.
+//!
+//! The step budget is about `step_time` of compute (200 ms, `--step-ms`) at the
+//! speed measured at start ([`crate::PrefillSpeed`]), and at most
+//! `step_tokens`; decode never takes more than half of it from prompts, so a
+//! request waits at most about one step for its turn, whatever others queued.
+//! The first slice is `first_slice_tokens` (64) of output; the table then grows
+//! a page at a time ([`bulkhead_kv::KvPool::grow`]), never past what admission
+//! allowed. While another tenant waits, no tenant grows past
+//! `tenant_share_percent` of the pool (half, `--tenant-share-percent`): its
+//! youngest sequence is preempted instead; a tenant below its fair share (the
+//! pool over the active tenants) that cannot join takes pages back from tenants
+//! above theirs.
+//!
+//! A preempted sequence's pages go back to the pool
+//! ([`bulkhead_kv::KvPool::release_pages`]) and it waits, first among its
+//! tenant's, to recompute its prompt in chunks and replay the tokens it had
+//! generated one a step, as they were first computed: its pages then hold the
+//! same values and it goes on with exactly the tokens it would have produced.
+//! It never emits a token twice, never returns partial output as complete, and
+//! fails (4xx) only if pages were quarantined so that it can never fit. Prefill
+//! jobs (prompt pages only) and sequences landing a transfer are never
+//! preempted.
+//!
+//! A sequence's `Role` is `Generate` (optionally landing a transfer: not
+//! scheduled until committed) or `Prefill` (computes its prompt, lends the
+//! pages, hands over the last logits, and is held until released). Tables of
+//! failed transfers wait in `draining` until fenced; prefilled ones in `held`
+//! until released.
 
 use crate::GenerateRequest;
 use crate::detok::{Detokenizer, Piece};

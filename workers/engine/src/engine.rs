@@ -1,6 +1,12 @@
 //! The engine thread: one owner of the [`EngineCore`], fed by a closed enum
 //! of commands. Compute runs in the engine's own rayon pool, never on an
 //! async runtime.
+//!
+//! Admission runs in [`Engine::submit`], [`Engine::submit_landing`] and
+//! [`Engine::submit_prefill`], on the caller's thread, before anything reaches
+//! the engine thread; it also refuses token ids outside the vocabulary, whoever
+//! sent them. Lent pages come home as `Command::Returned`, in order with every
+//! other command.
 
 use crate::GenerateRequest;
 use crate::core::{

@@ -5,6 +5,13 @@
 //! Attention reaches page memory only through `PageReader::page`, which
 //! checks the page's owner tag against the reading sequence; a refused page
 //! contributes nothing and the sequence is reported as violated.
+//!
+//! [`Numerics::LlamaCpp`] (the default) reproduces llama.cpp's CPU numerics bit
+//! for bit, in the summation orders of its AVX-512 build (sgemm order for a
+//! chunk of two or more tokens, vec_dot order for one), so the same file gives
+//! the same greedy tokens on any CPU; [`Numerics::F32Reference`] keeps f32
+//! pages and is checked against candle's `quantized_llama`. Activation buffers
+//! (`Buffers`) live across steps.
 
 use crate::gguf::{ModelConfig, ModelFile};
 use bulkhead_kernels::attention::{

@@ -3,6 +3,19 @@
 //! enable it; `cargo test` does, through dev-dependencies. Code that must
 //! compile either way (the `bulkhead` binary) asks [`ENABLED`] or gets a
 //! [`HooksDisabled`] error.
+//!
+//! The hooks, across the worker crates: owner checks off
+//! (`OwnerChecks::OffForBenchmark`, through `EngineCore::set_pool_options`, so
+//! `bench engine` can measure what the checks cost), `EngineCore::pool`,
+//! `EngineCore::pages_of`, page-table fault injection
+//! (`PageTable::redirect_for_fault_injection`), the committed-page recorder
+//! (`Engine::take_committed_for_test`), wrong answers after a count
+//! (`--corrupt-answers-after`, the prober's test), a prefill worker's link
+//! faults (`PrefillOptions::sabotage` with a `LinkFault`: `SlowTransport` for
+//! `--page-delay-ms`, `ChaosTransport` for `--frame-faults-percent`) and the
+//! model checker's mutant (`Ledger::plant_mutant_commit_with_missing_frame`).
+//! `.ci/run` checks that the serving build refuses `--page-delay-ms` with this
+//! module's sentence.
 
 /// Whether this build has the test hooks.
 pub const ENABLED: bool = cfg!(feature = "test-hooks");

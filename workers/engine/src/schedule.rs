@@ -6,6 +6,17 @@
 //! Shares are of compute, not of tokens: a token deep in a long prompt
 //! attends to every token before it and costs more than one near the
 //! start ([`PrefillWork::unit`]), so a tenant's share buys fewer of them.
+//!
+//! Tenants get equal shares of the step's cost (water-filling, oldest sequence
+//! first within a tenant), and the tenant served least lately (decayed every
+//! step) first finishes its oldest prompt if the whole step can hold it: a
+//! short prompt behind long ones is computed within about one step, and a long
+//! prompt progresses by its share. No chunk leaves a one-token remainder
+//! (llama.cpp computes a prompt's last token with the others, and the sums must
+//! match). Prompt work always moves: when the shares are too small to buy any
+//! tenant two tokens (many tenants, a short step measured under load), the
+//! whole step goes to the tenant served least lately, so a step is never empty
+//! while prompts wait.
 
 use bulkhead_kv::{RequestId, TenantId};
 

@@ -8,6 +8,11 @@
 //! measured on this machine at start ([`crate::EngineCore::calibrate`]),
 //! `rho` (attention work per token pair against matrix work per token) is
 //! the model's shape times [`ATTENTION_EFFICIENCY`].
+//!
+//! The engine times a 31-token pass on a scratch pool of its own when it
+//! starts. Workers register both figures and their prefill deadline with the
+//! control plane, which routes to a worker only if it prefills the active
+//! config's whole context window within that deadline.
 
 use crate::gguf::ModelConfig;
 use std::time::Duration;

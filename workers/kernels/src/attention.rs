@@ -2,6 +2,13 @@
 //! sums of values, summed in exactly the orders llama.cpp's CPU build uses
 //! (`SumOrder`), for f16 or f32 page memory, with AVX-512 and AVX2 kernels
 //! and a scalar path that defines the result.
+//!
+//! The query heads that share one KV head are computed together
+//! ([`attention_scores_group`], [`attention_values_group`]): each key and value
+//! row is loaded once for all of them. No kernel reads a slot past the ones it
+//! is given, so the stale tail of a page is never read: AVX-512 loads are
+//! masked, and AVX2 takes whole groups of eight and leaves the rest to the
+//! scalar path.
 
 /// The summation order of one of llama.cpp's f16 dot products, as its
 /// AVX-512 build runs them. With f16-rounded inputs every product is exact

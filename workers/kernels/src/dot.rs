@@ -2,8 +2,10 @@
 //!
 //! The AVX2 versions follow ggml's `ggml_vec_dot_q4_1_q8_1`,
 //! `ggml_vec_dot_q4_0_q8_0` and `ggml_vec_dot_q8_0_q8_0`, but unpack each
-//! weight block once and use it against four activation rows (a 1 x 4 tile),
-//! which is what makes batched prefill and decode cheaper per token.
+//! weight block once and use it in tiles of two weight rows by four
+//! activation rows (by eight, two per 512-bit register, where AVX-512 VNNI
+//! is present), which is what makes batched prefill and decode cheaper per
+//! token. Every tile sums in the same order as the scalar version.
 
 use crate::quant::{ActivationsQ8, BLOCK, WeightFormat, WeightsQ};
 

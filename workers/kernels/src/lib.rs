@@ -17,6 +17,11 @@
 //! Every kernel has a portable scalar version; x86-64 machines with AVX2, FMA
 //! and F16C, or AVX-512 with VNNI, get hand-written SIMD versions chosen once
 //! at run time. All versions sum in the same order, so they agree bit for bit.
+//!
+//! This crate allows `unsafe` for the SIMD intrinsics and the disjoint-column
+//! output pointer of the parallel matmul; every `unsafe fn` states its contract
+//! under `# Safety`. Every SIMD kernel has a scalar twin that tests compare it
+//! with.
 #![allow(unsafe_code)]
 // Index loops mirror the register layouts of the SIMD kernels.
 #![allow(clippy::needless_range_loop)]

@@ -6,6 +6,13 @@
 //! [`Owner`]. So outside this crate nobody can build an owner, limits or an
 //! admission, and `KvPool::allocate` refuses an admission made for another
 //! pool.
+//!
+//! Admission refuses, before any page is touched, a request whose prompt plus
+//! `max_tokens` does not fit the context window or the pool, and a prompt
+//! longer than the worker prefills alone within its deadline at the speed it
+//! measured ([`AdmissionError::PrefillTooLong`], a 4xx naming the prompt's
+//! length and the limit). A disaggregated pair narrows every limit to the
+//! smaller of the two (the peer's arrive in its hello).
 
 use crate::ids::{Owner, TenantId};
 

@@ -9,6 +9,26 @@
 //! cover (so pages the owner fills whole are never zeroed), and each layer
 //! becomes readable once the run's slots in it are written. A landing page
 //! is clean once its transfer has overwritten every byte of it.
+//!
+//! Page memory is f16 or f32 ([`KvDtype`]), one contiguous block per page,
+//! `[layer][keys | values]`, keys dimension-major and values token-major. No
+//! `Debug` output shows it.
+//!
+//! A read whose table entry does not match the page's tag gets an
+//! [`OwnerViolation`], and the page can be quarantined
+//! ([`KvPool::quarantine`]): a free page leaves service at once, one its
+//! rightful owner still holds when that owner releases it (the refused sequence
+//! neither read nor wrote it, so the owner is unharmed). A quarantined page
+//! never returns to the free list, and a request admitted before a quarantine
+//! that can no longer fit is refused ([`AllocError::NeverFits`]) instead of
+//! blocking the queue. A refusal that involves no real page (an index past the
+//! table, a layer not yet written) names `PageId::NONE`, so nothing is
+//! quarantined for it.
+//!
+//! [`KvPool::release`] frees only the entries whose tag still matches, so a
+//! page never returns to the free list while another table may name it; pages
+//! still tagged with the owner but missing from its table (a corrupted table)
+//! are found by a sweep of the tags, so none leaks.
 
 use crate::admission::{Admitted, Limits, PoolId};
 use crate::ids::{CacheScope, Generation, Namespace, Owner, PageId, TransferId};

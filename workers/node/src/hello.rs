@@ -1,5 +1,11 @@
 //! What a worker tells its peer about itself, and whether two workers can
 //! hand KV pages to each other.
+//!
+//! Two workers are compatible when their protocol version, model
+//! fingerprint (`ModelFile::fingerprint`: the xxh3 of the model file, taken
+//! once at load; a model converted at load has another), page layout and
+//! transport agree ([`check_peer`]). A hello also announces the peer's
+//! capacity, which only ever narrows this side's limits ([`peer_limits`]).
 
 use bulkhead_engine::Engine;
 use bulkhead_kv::{Capacity, KvDtype};

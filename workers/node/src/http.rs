@@ -13,6 +13,9 @@
 //! request asks is refused before anything is allocated. Errors are
 //! `{"error": {"code", "message"}}` with a 4xx for what the caller can fix
 //! and never an internal detail.
+//!
+//! A request's first event decides its HTTP status, so a rejection that comes
+//! late (from the prefill worker's door) is still a 4xx.
 
 use crate::decode::{DecodeWorker, SubmitError};
 use crate::prefill::{AdminCommand, PrefillWorker};

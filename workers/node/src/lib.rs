@@ -6,8 +6,10 @@
 //! - [`decode`]: admits against the pair's limits, lands and verifies
 //!   transfers, generates.
 //! - [`hello`]: what workers tell each other, and compatibility.
-//! - [`http`]: `fn app(role) -> Router`.
+//! - [`http`]: `fn app(role, contexts) -> Router`.
 //! - [`metrics`]: the worker's instruments.
+//! - [`prefix`]: the prefix-cache scope of a call, from its signed context.
+//! - [`usage`]: metering every call at the source.
 
 pub mod decode;
 pub mod hello;

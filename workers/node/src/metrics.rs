@@ -3,6 +3,12 @@
 //! failures, owner-tag violations, late and duplicate frames). Counters the
 //! engine and the transfer owners already keep are read when a reader
 //! collects, never copied on the hot path.
+//!
+//! The worker's spans, made where the work happens: `POST /v1/generate`
+//! (server), `generate`, `kv.transfer` (decode, from submission to commit,
+//! rejection, abort, timeout or connection loss, recorded in
+//! `bulkhead.transfer.outcome`), `prefill`, `prefill.compute` and
+//! `kv.transfer.send` (prefill, from admission to release or abort).
 
 use crate::http::Role;
 use bulkhead_engine::{Engine, EngineStats};

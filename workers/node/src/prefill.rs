@@ -8,6 +8,13 @@
 //! is handled between two page writes and acknowledged once the write in
 //! flight is done). Source pages stay held in the engine until the decode
 //! worker releases or aborts the transfer, or the connection is gone.
+//!
+//! A transfer id used twice on one connection closes it: one request, one
+//! transfer. When a connection ends, every transfer admitted on it releases its
+//! source pages, whether the writer had opened it or not. While a prompt is
+//! computed the writer sends a `Progress` frame after every step, so the decode
+//! side's deadline never kills a live transfer. The connection is mutual TLS
+//! admitting only decode certificates.
 
 use crate::hello::{HelloCheck, check_peer};
 use bulkhead_engine::{Engine, EngineError, PrefillEvent};

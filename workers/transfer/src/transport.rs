@@ -6,6 +6,10 @@
 //! its transfer id, index and granted generation, so a page can be written
 //! only to a slot of the transfer it was granted for. The receiver maps
 //! (transfer, slot) to physical pages through its own table.
+//!
+//! [`TcpTransport`] writes block while the peer does not read (TCP
+//! backpressure), up to a write timeout. `SlowTransport`, which delays every
+//! page, exists only with the `test-hooks` feature.
 
 use crate::checksum::{Checksums, page_crc};
 use crate::mac::FrameKey;

@@ -4,6 +4,10 @@
 //! fixed little-endian body. Frames longer than [`MAX_FRAME`] or of an
 //! unknown kind are protocol errors: the connection is dropped, never
 //! resynchronised.
+//!
+//! The frames are the variants of [`Message`]. A [`PrefillRequest`] also
+//! carries the decode side's W3C `traceparent`, at most [`MAX_TRACEPARENT`]
+//! visible ASCII bytes, refused otherwise.
 
 use bulkhead_kv::{AdmissionError, CacheScope, Generation, Namespace, TransferId};
 use tokio::io::{AsyncRead, AsyncReadExt};

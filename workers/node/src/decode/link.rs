@@ -14,6 +14,14 @@
 //! A link publishes the peer's capacity only while it is connected to a
 //! compatible peer and wanted: a retired link (its prefill worker left the
 //! fleet) takes no new transfer, lets the open ones finish, then closes.
+//!
+//! A transfer's deadline (`--transfer-timeout-ms`) runs from its last sign of
+//! life: the prefill worker sends a `Progress` frame after every step, so a
+//! long prompt being computed, or waiting behind others, is never timed out. A
+//! deadline that passes fails the client at once and aborts the transfer; it
+//! never frees pages, which stay out until the abort is acknowledged or the
+//! connection is gone (closing it is the fence after an ack timeout,
+//! `--ack-timeout-ms`).
 
 use super::landing::Landing;
 use super::{DecodeOptions, LoadGuard};
