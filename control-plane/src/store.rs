@@ -12,13 +12,14 @@
 /// column its module's row reader reads) from `$from`, then `rest`, as one
 /// string literal. `$d` is a `$`, passed in because a macro cannot write
 /// its own inner macro's metavariables otherwise.
+#[rustfmt::skip] // rustfmt re-indents the inner macro on every run.
 macro_rules! select_macro {
     ($d:tt $name:ident, $columns:literal, $from:literal) => {
         macro_rules! $name {
-                                    ($d rest:literal) => {
-                                        concat!("SELECT ", $columns, " FROM ", $from, " ", $d rest)
-                                    };
-                                }
+            ($d rest:literal) => {
+                concat!("SELECT ", $columns, " FROM ", $from, " ", $d rest)
+            };
+        }
     };
 }
 

@@ -233,8 +233,9 @@ impl Ledger {
 
     /// Checks one page frame.
     pub fn on_page(&mut self, h: &PageHeader, payload: &[u8]) -> PageVerdict {
+        // A finished or aborting transfer's page is late.
         let live = self.live.get_mut(&h.transfer);
-        let Some(e) = live.filter(|e| !matches!(e.state, State::Aborting)) else {
+        let Some(e) = live.filter(|e| matches!(e.state, State::Live)) else {
             self.counters.dropped_frames += 1;
             return PageVerdict::Dropped;
         };
