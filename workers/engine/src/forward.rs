@@ -15,11 +15,9 @@
 
 use crate::gguf::{ModelConfig, ModelFile};
 use bulkhead_kernels::attention::{
-    KvElement, SumOrder, attention_scores_group, attention_values_group,
+    HeadPages, KvElement, QueryTile, Softmax, SumOrder, TileScratch, attend_tile,
 };
-use bulkhead_kernels::ops::{
-    add_assign, rms_norm, rope_pairs, round_f16_slice, silu_mul, softmax_ggml,
-};
+use bulkhead_kernels::ops::{add_assign, rms_norm, rope_pairs, round_f16_slice, silu_mul};
 use bulkhead_kernels::{Matrix, Workspace};
 use bulkhead_kv::{KvData, KvDtype, KvPool, OwnerViolation, PageTable, PageView};
 use rayon::prelude::*;
@@ -47,6 +45,8 @@ pub(crate) struct Buffers {
     o: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
+    /// Attention outputs in task order, before they go to `attn`.
+    tiles: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
     hn: Vec<f32>,
@@ -138,8 +138,8 @@ impl Rope {
 }
 
 thread_local! {
-    /// Per-thread attention scores, reused across tasks.
-    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Per-thread attention buffers, reused across tasks.
+    static SCRATCH: RefCell<TileScratch> = RefCell::new(TileScratch::default());
 }
 
 /// How the forward pass rounds.
@@ -179,6 +179,7 @@ pub(crate) fn forward(
         o,
         k,
         v,
+        tiles,
         gate,
         up,
         hn,
@@ -217,7 +218,7 @@ pub(crate) fn forward(
             kvd,
         };
         rope_and_store(&layer, rope, numerics, pool, batch, q, k, v, &mut violated);
-        for (s, e) in attention(&layer, c, numerics, pool, batch, q, attn, &violated) {
+        for (s, e) in attention(&layer, c, numerics, pool, batch, q, attn, tiles, &violated) {
             violated[s].get_or_insert(e);
         }
 
@@ -302,8 +303,30 @@ fn rope_and_store(
     }
 }
 
-/// Attention of every row over its sequence's pages, one task per (row, KV
-/// head); the violations found reading pages.
+/// Query rows of one sequence that one attention task takes together in a
+/// prefill chunk: each key and value page is read from memory once for
+/// all of them (see `bulkhead_kernels::attention`).
+const TILE_ROWS: usize = 8;
+
+/// One attention task: `rows` rows of sequence `seq` from batch row `row`,
+/// against KV head `kv_head`.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    seq: usize,
+    row: usize,
+    rows: usize,
+    kv_head: usize,
+}
+
+/// Attention of every row over its sequence's pages; the violations found
+/// reading pages.
+///
+/// Each sequence's pages for this layer are checked once, here, before any
+/// task runs: a sequence with a refused page gets no task and its rows stay
+/// zero. Tasks are tiles of up to [`TILE_ROWS`] consecutive rows of one
+/// sequence against one KV head, each computing all the query heads of
+/// that KV head. Queries are rounded to f16 in place with llama.cpp
+/// numerics (they are not read again in this layer).
 #[allow(clippy::too_many_arguments)]
 fn attention(
     layer: &Layer<'_>,
@@ -311,65 +334,156 @@ fn attention(
     numerics: Numerics,
     pool: &KvPool,
     batch: &[BatchSeq<'_>],
-    q: &[f32],
+    q: &mut [f32],
     attn: &mut [f32],
+    tiles: &mut Vec<f32>,
     violated: &[Option<OwnerViolation>],
 ) -> Vec<(usize, OwnerViolation)> {
-    let (h, hd) = (layer.h, layer.hd);
+    if numerics == Numerics::LlamaCpp {
+        // As llama.cpp's default attention on an f16 KV cache.
+        round_f16_slice(q);
+    }
     let reader = pool.reader();
-    let dtype = pool.geometry().dtype;
-    let group = c.heads / c.kv_heads;
-    #[allow(clippy::cast_precision_loss)]
-    let scale = 1.0 / (hd as f32).sqrt();
     let ps = pool.geometry().page_size;
-    // One task per (row, KV head): its `group` query heads share every
-    // key and value load.
-    attn.par_chunks_mut(group * hd)
+    let mut found = Vec::new();
+    let views: Vec<Vec<PageView<'_>>> = batch
+        .iter()
         .enumerate()
-        .filter_map(|(task, out)| {
-            let (r, kvh) = (task / c.kv_heads, task % c.kv_heads);
-            let (s, pos) = layer.rows[r];
-            out.fill(0.0);
+        .map(|(s, b)| {
             if violated[s].is_some() {
-                return None;
+                return Vec::new();
             }
-            let b = &batch[s];
-            let qv = &q[r * h + kvh * group * hd..r * h + (kvh + 1) * group * hd];
-            // llama.cpp sums attention dot products in sgemm order for a
-            // chunk of two or more tokens and in vec_dot order for one.
-            let order = if b.tokens.len() > 1 {
-                SumOrder::Sgemm
-            } else {
-                SumOrder::VecDot
-            };
-            let n_ctx = pos + 1;
-            // As llama.cpp's default (non-flash) attention on an f16 KV
-            // cache: q rounded to f16, softmax normalized in full,
-            // probabilities rounded to f16 before weighting values.
-            let mut qr = qv.to_vec();
-            let qr = &mut qr[..];
-            if numerics == Numerics::LlamaCpp {
-                round_f16_slice(qr);
-            }
-            let n_pages = n_ctx.div_ceil(ps);
-            let mut views = Vec::with_capacity(n_pages);
-            for index in 0..n_pages {
-                match reader.page(b.table, index, layer.l) {
-                    Ok(view) => views.push(view),
-                    Err(e) => return Some((s, e)),
-                }
-            }
-            match dtype {
-                KvDtype::F16 => {
-                    attend::<half::f16>(qr, hd, &views, kvh, n_ctx, ps, scale, numerics, order, out)
-                }
-                KvDtype::F32 => {
-                    attend::<f32>(qr, hd, &views, kvh, n_ctx, ps, scale, numerics, order, out)
-                }
-            }
-            None
+            let pages = (b.start + b.tokens.len()).div_ceil(ps);
+            let checked: Result<Vec<_>, _> = (0..pages)
+                .map(|index| reader.page(b.table, index, layer.l))
+                .collect();
+            checked.unwrap_or_else(|e| {
+                found.push((s, e));
+                Vec::new()
+            })
         })
-        .collect()
+        .collect();
+    let mut tasks = Vec::new();
+    let mut row = 0;
+    for (s, b) in batch.iter().enumerate() {
+        let len = b.tokens.len();
+        if !views[s].is_empty() {
+            for r in (0..len).step_by(TILE_ROWS) {
+                for kv_head in 0..c.kv_heads {
+                    tasks.push(Task {
+                        seq: s,
+                        row: row + r,
+                        rows: TILE_ROWS.min(len - r),
+                        kv_head,
+                    });
+                }
+            }
+        }
+        row += len;
+    }
+    let shape = Shape {
+        h: layer.h,
+        hd: layer.hd,
+        group: c.heads / c.kv_heads,
+        ps,
+        rows: layer.rows,
+        softmax: Softmax {
+            #[allow(clippy::cast_precision_loss)]
+            scale: 1.0 / (layer.hd as f32).sqrt(),
+            round_f16: numerics == Numerics::LlamaCpp,
+        },
+    };
+    match pool.geometry().dtype {
+        KvDtype::F16 => run_tiles::<half::f16>(&shape, batch, &views, &tasks, q, tiles),
+        KvDtype::F32 => run_tiles::<f32>(&shape, batch, &views, &tasks, q, tiles),
+    }
+    // Each task's rows to their place; rows without a task are zero.
+    attn.fill(0.0);
+    let width = shape.group * shape.hd;
+    let mut at = 0;
+    for t in &tasks {
+        for r in 0..t.rows {
+            let dst = (t.row + r) * shape.h + t.kv_head * width;
+            attn[dst..dst + width].copy_from_slice(&tiles[at..at + width]);
+            at += width;
+        }
+    }
+    found
+}
+
+/// What every attention task of a layer shares.
+struct Shape<'a> {
+    h: usize,
+    hd: usize,
+    group: usize,
+    ps: usize,
+    rows: &'a [(usize, usize)],
+    softmax: Softmax,
+}
+
+/// Runs `tasks` in parallel, task `i`'s outputs (`rows × group × hd`) to
+/// its place in `tiles`, in task order.
+fn run_tiles<E: Element>(
+    shape: &Shape<'_>,
+    batch: &[BatchSeq<'_>],
+    views: &[Vec<PageView<'_>>],
+    tasks: &[Task],
+    q: &[f32],
+    tiles: &mut Vec<f32>,
+) {
+    let width = shape.group * shape.hd;
+    let total: usize = tasks.iter().map(|t| t.rows * width).sum();
+    let tiles = take(tiles, total);
+    // Each (sequence, KV head)'s pages as slices, made once for its tasks.
+    let heads: Vec<Vec<(Vec<&[E]>, Vec<&[E]>)>> = views
+        .iter()
+        .map(|pages| {
+            if pages.is_empty() {
+                return Vec::new();
+            }
+            (0..shape.h / width)
+                .map(|kvh| {
+                    (
+                        pages.iter().map(|v| E::slice(v.keys(kvh))).collect(),
+                        pages.iter().map(|v| E::slice(v.values(kvh))).collect(),
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let mut outs = Vec::with_capacity(tasks.len());
+    let mut rest = tiles;
+    for t in tasks {
+        let (out, tail) = rest.split_at_mut(t.rows * width);
+        outs.push(out);
+        rest = tail;
+    }
+    outs.into_par_iter().zip(tasks).for_each(|(out, t)| {
+        let b = &batch[t.seq];
+        let (keys, values) = &heads[t.seq][t.kv_head];
+        // llama.cpp sums attention dot products in sgemm order for a
+        // chunk of two or more tokens and in vec_dot order for one.
+        let order = if b.tokens.len() > 1 {
+            SumOrder::Sgemm
+        } else {
+            SumOrder::VecDot
+        };
+        let tile = QueryTile {
+            q: &q[t.row * shape.h + t.kv_head * width..],
+            row_stride: shape.h,
+            rows: t.rows,
+            group: shape.group,
+            hd: shape.hd,
+            first_ctx: shape.rows[t.row].1 + 1,
+            order,
+        };
+        let pages = HeadPages {
+            keys,
+            values,
+            width: shape.ps,
+        };
+        SCRATCH.with_borrow_mut(|scratch| attend_tile(&tile, &pages, shape.softmax, scratch, out));
+    });
 }
 
 /// The output head over the last row of each sequence that wants logits
@@ -430,55 +544,6 @@ impl Element for half::f16 {
             KvData::F32(_) => &[],
         }
     }
-}
-
-/// One query head's attention over checked pages `views`: scores, softmax,
-/// weighted values into `out`. The pool's element type is `E` (fixed when
-/// the pool is created; a mismatch yields empty slices, which the kernels'
-/// shape assertions reject).
-#[allow(clippy::too_many_arguments)]
-fn attend<E: Element>(
-    q: &[f32],
-    hd: usize,
-    views: &[PageView<'_>],
-    kvh: usize,
-    n_ctx: usize,
-    ps: usize,
-    scale: f32,
-    numerics: Numerics,
-    order: SumOrder,
-    out: &mut [f32],
-) {
-    let group = q.len() / hd;
-    let stride = views.len() * ps;
-    SCRATCH.with_borrow_mut(|scores| {
-        scores.resize(group * stride, 0.0);
-        for (pi, view) in views.iter().enumerate() {
-            let m = ps.min(n_ctx - pi * ps);
-            attention_scores_group(
-                q,
-                hd,
-                E::slice(view.keys(kvh)),
-                ps,
-                &mut scores[pi * ps..],
-                stride,
-                m,
-                order,
-            );
-        }
-        for g in 0..group {
-            let sc = &mut scores[g * stride..g * stride + n_ctx];
-            for v in sc.iter_mut() {
-                *v *= scale;
-            }
-            softmax_ggml(sc);
-            if numerics == Numerics::LlamaCpp {
-                round_f16_slice(sc);
-            }
-        }
-        let values: Vec<&[E]> = views.iter().map(|v| E::slice(v.values(kvh))).collect();
-        attention_values_group(scores, stride, n_ctx, &values, ps, out, hd, order);
-    });
 }
 
 fn norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], h: usize) {

@@ -76,3 +76,44 @@ pub fn run(engine: &Engine, tenant: u64, req: GenerateRequest) -> (Vec<u32>, Str
 pub fn greedy(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
     GenerateRequest::fixed_length(prompt, max_tokens)
 }
+
+/// Every golden case's greedy tokens and text equal llama.cpp's.
+pub fn greedy_output_matches_golden() {
+    let g = golden();
+    let e = engine(256);
+    let mut failures = Vec::new();
+    for case in g["cases"].as_array().unwrap() {
+        let expected = ids(&case["greedy_ids"]);
+        let (got, _, _) = run(&e, 1, greedy(ids(&case["prompt_ids"]), expected.len()));
+        if got != expected {
+            let at = got.iter().zip(&expected).position(|(a, b)| a != b);
+            failures.push(format!(
+                "{}: first difference at {at:?}\n got {got:?}\nwant {expected:?}",
+                case["name"]
+            ));
+        }
+        // The text up to EOS, decoded as a client sees it.
+        let eos = model().tokenizer().eos();
+        let until_eos: Vec<u32> = expected.iter().copied().take_while(|t| *t != eos).collect();
+        assert_eq!(
+            model().tokenizer().decode(&until_eos, true),
+            case["greedy_text_until_eos"].as_str().unwrap()
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// One golden case gives the same tokens with pages of every size given.
+pub fn greedy_output_is_the_same_for_page_sizes(sizes: &[usize]) {
+    let g = golden();
+    let case = &g["cases"][2];
+    let expected = ids(&case["greedy_ids"]);
+    for &page_size in sizes {
+        let mut config = bulkhead_engine::EngineConfig::with_budget(64 << 20);
+        config.page_size = page_size;
+        config.threads = 2;
+        let e = bulkhead_engine::Engine::start(model(), &config).expect("engine starts");
+        let (got, _, _) = run(&e, 1, greedy(ids(&case["prompt_ids"]), expected.len()));
+        assert_eq!(got, expected, "page size {page_size}");
+    }
+}

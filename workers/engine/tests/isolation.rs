@@ -96,6 +96,53 @@ fn a_page_table_pointing_at_another_tenants_page_fails_that_request_only() {
 }
 
 #[test]
+fn a_foreign_page_behind_a_prefill_tile_is_refused_before_the_tile_reads_it() {
+    let m = model();
+    let prompt_a = m
+        .tokenizer()
+        .encode("Tenant A's secret: the vault code is 4471.")
+        .unwrap();
+    // Long enough for several chunks of several rows each: the blocked
+    // kernel's tiles read every earlier page of B for each chunk.
+    let text = "Tell me a long story about a lighthouse keeper and the ships. ".repeat(8);
+    let prompt_b = m.tokenizer().encode(&text).unwrap();
+    assert!(prompt_b.len() > 96, "{}", prompt_b.len());
+    let mut config = EngineConfig::with_budget(64 << 20);
+    config.step_tokens = 32;
+    let mut core = EngineCore::new(m, &config).expect("engine core");
+    let (a, mut rx_a) = submit(&mut core, 1, greedy(prompt_a, 24));
+    while token_ids(&drain(&mut rx_a)).is_empty() {
+        assert!(core.step());
+    }
+    let (b, mut rx_b) = submit(&mut core, 2, greedy(prompt_b, 8));
+    // B's first chunk: its first two pages are written.
+    assert!(core.step());
+    assert!(drain(&mut rx_b).is_empty(), "B is still prefilling");
+    let pages_a = core.pages_of(a.request()).unwrap();
+
+    // B's first entry now names A's first page; B's next chunk is a tile
+    // of many rows that attends over B's first pages.
+    assert!(core.redirect_page_for_fault_injection(b.request(), 0, a.request(), 0));
+    assert!(core.step());
+    let after_b = drain(&mut rx_b);
+    match after_b.as_slice() {
+        [SeqEvent::Failed(EngineError::Integrity(v))] => {
+            assert_eq!(v.page, pages_a[0]);
+            assert_eq!(v.owner, b);
+        }
+        other => panic!("expected one integrity failure and no token, got {other:?}"),
+    }
+    assert_eq!(core.counters().owner_violations, 1);
+    // A goes on to the end.
+    while core.step() {}
+    assert!(
+        drain(&mut rx_a)
+            .iter()
+            .any(|e| matches!(e, SeqEvent::Finished { .. }))
+    );
+}
+
+#[test]
 fn a_request_that_can_never_fit_after_a_quarantine_is_refused_and_the_queue_moves_on() {
     let m = model();
     let mut core = EngineCore::new(m, &EngineConfig::with_budget(8 << 20)).expect("engine core");

@@ -126,7 +126,7 @@ pub(crate) mod avx2 {
         static VNNI: OnceLock<bool> = OnceLock::new();
         *VNNI.get_or_init(|| {
             is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
-        })
+        }) && crate::cpu::simd_level() == crate::SimdLevel::Avx512
     }
 
     /// # Safety

@@ -11,12 +11,14 @@
 //! model file gives the same greedy tokens as llama.cpp.
 //!
 //! Modules: [`quant`] (weight and activation formats), [`matmul`] (the
-//! parallel quantized matmul), [`attention`] (paged attention in llama.cpp's
-//! summation orders), [`ops`] (norms, SwiGLU, softmax, RoPE, rounding).
+//! parallel quantized matmul), [`attention`] (blocked paged attention in
+//! llama.cpp's summation orders), [`ops`] (norms, SwiGLU, softmax, RoPE, rounding).
 //!
 //! Every kernel has a portable scalar version; x86-64 machines with AVX2, FMA
 //! and F16C, or AVX-512 with VNNI, get hand-written SIMD versions chosen once
 //! at run time. All versions sum in the same order, so they agree bit for bit.
+//! Test builds (feature `test-hooks`) can cap the width at run time
+//! ([`cap_simd_level`]) so an AVX-512 machine runs the AVX2 kernels too.
 //!
 //! This crate allows `unsafe` for the SIMD intrinsics and the disjoint-column
 //! output pointer of the parallel matmul; every `unsafe fn` states its contract
@@ -33,6 +35,8 @@ pub mod matmul;
 pub mod ops;
 pub mod quant;
 
-pub use cpu::simd_available;
+#[cfg(feature = "test-hooks")]
+pub use cpu::cap_simd_level;
+pub use cpu::{SimdLevel, simd_available, simd_level};
 pub use matmul::{Matrix, Workspace};
 pub use quant::{ActivationKind, ActivationsQ8, FormatError, WeightFormat, WeightsQ};
