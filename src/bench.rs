@@ -4,7 +4,7 @@
 
 use crate::cli::ModelArgs;
 use anyhow::{Context, bail};
-use bulkhead_engine::{Engine, EngineCore, GenerateRequest, ModelFile, SeqEvent};
+use bulkhead_engine::{Engine, EngineCore, GenerateRequest, ModelFile, SeqEvent, SimdLevel};
 use bulkhead_kv::TenantId;
 use clap::Args;
 use serde_json::{Value, json};
@@ -33,11 +33,24 @@ pub(crate) struct EngineBenchArgs {
     /// Skip the llama.cpp comparison even if llama-cpp-python is importable.
     #[arg(long)]
     no_llama_cpp: bool,
+    /// Run the kernels at most this wide (`avx2`, `scalar`), to measure the
+    /// AVX2 path on an AVX-512 machine (test builds: `--features test-hooks`).
+    #[arg(long, value_parser = ["avx512", "avx2", "scalar"])]
+    simd: Option<String>,
+    #[command(flatten)]
+    long: crate::bench_long::LongArgs,
     #[command(flatten)]
     model: ModelArgs,
 }
 
 pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
+    if let Some(level) = &args.simd {
+        bulkhead_engine::hooks::cap_simd(match level.as_str() {
+            "scalar" => SimdLevel::Scalar,
+            "avx2" => SimdLevel::Avx2,
+            _ => SimdLevel::Avx512,
+        })?;
+    }
     let (model, path) = args.model.load()?;
     let model = Arc::new(model);
     let config = args.model.engine_config();
@@ -53,17 +66,23 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
     let engine = Engine::start(Arc::clone(&model), &config)?;
     let mut prefill = Vec::new();
     let mut decode = [Vec::new(), Vec::new(), Vec::new()];
-    for _ in 0..rounds {
+    for round in 0..rounds {
         let t = timed_batch(&engine, std::slice::from_ref(&prefill_prompt), 1)?;
         prefill.push(per_sec(args.prefill_tokens, t.first_token));
         for (slot, b) in [1usize, 4, 16].into_iter().enumerate() {
             let ps: Vec<Vec<u32>> = (0..b).map(decode_prompt).collect();
             let t = timed_batch(&engine, &ps, args.decode_tokens)?;
-            decode[slot].push(per_sec(b * (args.decode_tokens - 1), t.decode));
+            decode[slot].push(t.decode_tok_s());
         }
+        eprintln!(
+            "round {round}: prefill {:.1} tok/s, decode {:.1} / {:.1} / {:.1} tok/s at 1 / 4 / 16 sequences",
+            prefill[round], decode[0][round], decode[1][round], decode[2][round]
+        );
     }
     drop(engine);
 
+    let llama = !args.no_llama_cpp && llama_cpp_importable();
+    let long = crate::bench_long::run(&args.long, &model, &path, &config, llama)?;
     // (owner checks on, scrub on free); switching them at run time is a
     // test hook, absent from the serving build: there these are null.
     let (owner_check_overhead, scrub_overhead) = if bulkhead_engine::hooks::ENABLED {
@@ -77,6 +96,8 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
     };
 
     let mut out = json!({
+        "kernels": format!("{:?}", bulkhead_engine::simd_level()).to_lowercase(),
+        "long_context": long,
         "model": model.config().name,
         "quantization": model.config().quantization,
         "threads": config.threads,
@@ -91,7 +112,7 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
         "owner_check_overhead": owner_check_overhead,
         "scrub_on_free_overhead": scrub_overhead,
     });
-    if !args.no_llama_cpp && llama_cpp_importable() {
+    if llama {
         let ll = llama_cpp(
             &path,
             config.threads,
@@ -195,14 +216,26 @@ fn run_core(
 }
 
 /// Timings of one batch of requests submitted together.
-struct BatchTiming {
+pub(crate) struct BatchTiming {
     /// Submission to the last sequence's first token.
-    first_token: Duration,
-    /// Last first token to last token.
-    decode: Duration,
+    pub(crate) first_token: Duration,
+    /// Tokens that arrived while every sequence was decoding: after the
+    /// last first token, up to the first sequence's last token.
+    together: usize,
+    /// How long that lasted.
+    together_time: Duration,
 }
 
-fn timed_batch(
+impl BatchTiming {
+    /// Decode throughput with every sequence of the batch decoding (a
+    /// sequence prefilled early decodes alone while the others prefill;
+    /// those tokens are not counted).
+    pub(crate) fn decode_tok_s(&self) -> f64 {
+        per_sec(self.together, self.together_time)
+    }
+}
+
+pub(crate) fn timed_batch(
     engine: &Engine,
     prompts: &[Vec<u32>],
     max_tokens: usize,
@@ -217,8 +250,8 @@ fn timed_batch(
                 .map_err(anyhow::Error::from)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut first = vec![None; handles.len()];
-    let mut last = start;
+    // Every token's arrival, per sequence.
+    let mut arrivals: Vec<Vec<Instant>> = vec![Vec::new(); handles.len()];
     let mut live = handles.len();
     // Sequences progress together; poll each in turn until all finish.
     while live > 0 {
@@ -229,25 +262,41 @@ fn timed_batch(
             };
             live += 1;
             match ev {
-                SeqEvent::Token { .. } => {
-                    let now = Instant::now();
-                    first[i].get_or_insert(now);
-                    last = last.max(now);
-                }
+                SeqEvent::Token { .. } => arrivals[i].push(Instant::now()),
                 SeqEvent::Finished { .. } => {}
                 SeqEvent::Failed(e) => bail!("benchmark request failed: {e}"),
             }
         }
     }
-    let first_all = first.iter().flatten().max().copied().unwrap_or(start);
+    let first_all = arrivals
+        .iter()
+        .filter_map(|a| a.first())
+        .max()
+        .copied()
+        .unwrap_or(start);
+    let first_done = arrivals
+        .iter()
+        .filter_map(|a| a.last())
+        .min()
+        .copied()
+        .unwrap_or(first_all);
+    let together = arrivals
+        .iter()
+        .map(|a| {
+            a.iter()
+                .filter(|t| **t > first_all && **t <= first_done)
+                .count()
+        })
+        .sum();
     Ok(BatchTiming {
         first_token: first_all - start,
-        decode: last - first_all,
+        together,
+        together_time: first_done.saturating_duration_since(first_all),
     })
 }
 
 /// Deterministic benchmark prompts: distinct texts cut to exact token counts.
-pub(crate) struct Prompts(Vec<Vec<u32>>);
+pub(crate) struct Prompts(pub(crate) Vec<Vec<u32>>);
 
 impl Prompts {
     pub(crate) fn new(model: &ModelFile, tokens: usize, count: usize) -> anyhow::Result<Self> {
@@ -301,7 +350,7 @@ impl Prompts {
     }
 }
 
-fn per_sec(tokens: usize, d: Duration) -> f64 {
+pub(crate) fn per_sec(tokens: usize, d: Duration) -> f64 {
     #[allow(clippy::cast_precision_loss)]
     let t = tokens as f64;
     t / d.as_secs_f64().max(1e-9)
@@ -317,7 +366,7 @@ fn num(v: &Value, key: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("llama.cpp result lacks {key}"))
 }
 
-fn python() -> std::ffi::OsString {
+pub(crate) fn python() -> std::ffi::OsString {
     std::env::var_os("BULKHEAD_PYTHON").unwrap_or_else(|| "python3".into())
 }
 
@@ -394,10 +443,11 @@ fn print_table(w: &mut impl Write, v: &Value) -> std::io::Result<()> {
     };
     writeln!(
         w,
-        "bulkhead bench engine: {} ({}), {} threads",
+        "bulkhead bench engine: {} ({}), {} threads, {} kernels",
         v["model"].as_str().unwrap_or(""),
         v["quantization"].as_str().unwrap_or(""),
-        v["threads"]
+        v["threads"],
+        v["kernels"].as_str().unwrap_or("")
     )?;
     writeln!(
         w,
@@ -447,5 +497,6 @@ fn print_table(w: &mut impl Write, v: &Value) -> std::io::Result<()> {
         "{:<34} {:>12}",
         "scrub-on-free overhead",
         pct("scrub_on_free_overhead")
-    )
+    )?;
+    crate::bench_long::print(w, &v["long_context"])
 }

@@ -4,6 +4,7 @@
 mod bench;
 mod bench_chaos;
 mod bench_gateway;
+mod bench_long;
 mod bench_neighbours;
 mod bench_prefix;
 mod bench_serving;

@@ -392,18 +392,27 @@ impl EngineCore {
         self.speed
     }
 
-    /// Measures this machine's prefill speed (two short passes on a
-    /// scratch pool of its own, so the serving pool is never touched; the
-    /// faster pass counts) and sets the prompt limit from it: the longest
-    /// prompt prefilled alone within the deadline. Call inside the engine's
-    /// rayon pool, before anything is admitted.
+    /// Measures this machine's prefill speed and sets the prompt limit
+    /// from it: the longest prompt prefilled alone within the deadline.
+    /// Attention is timed at depth on synthetic pages
+    /// ([`crate::speed::measure_pair_secs`]); the matrices by two short
+    /// passes on a scratch pool of the engine's own (the serving pool is
+    /// never touched; the faster pass counts), less their attention. Call
+    /// inside the engine's rayon pool, before anything is admitted.
     pub fn calibrate(&mut self) {
         const TOKENS: usize = 32;
+        let geometry = self.pool.geometry();
+        let secs_per_pair = crate::speed::measure_pair_secs(
+            &self.model.config,
+            geometry.dtype,
+            geometry.page_size,
+            (4 * crate::forward::TILE_ROWS, crate::forward::TILE_ROWS),
+            2,
+        );
         let vocab = u32::try_from(self.model.config.vocab).unwrap_or(u32::MAX);
         let tokens: Vec<u32> = (0..TOKENS as u32)
             .map(|i| (i * 7_919 + 13) % vocab)
             .collect();
-        let geometry = self.pool.geometry();
         let mut scratch = KvPool::new(geometry, TOKENS.div_ceil(geometry.page_size), false);
         let Ok(admitted) = scratch
             .limits(TOKENS)
@@ -437,9 +446,14 @@ impl EngineCore {
             }
             best = best.min(t.elapsed().as_secs_f64());
         }
-        // `self.speed` is still the nominal model: its shape, at a guessed pace.
-        let tokens_equivalent = self.speed.prompt_secs(TOKENS - 1) / self.speed.secs_per_token();
-        self.speed = PrefillSpeed::measured(&self.model.config, best / tokens_equivalent);
+        #[allow(clippy::cast_precision_loss)]
+        let (n, pairs) = (
+            (TOKENS - 1) as f64,
+            ((TOKENS - 1) * (TOKENS - 2) / 2) as f64,
+        );
+        // Never less than a tenth of the pass: the pair cost is an estimate.
+        let secs_per_token = ((best - pairs * secs_per_pair) / n).max(best / n / 10.0);
+        self.speed = PrefillSpeed::measured(secs_per_token, secs_per_pair);
         self.limits = self
             .pool
             .limits(self.model.config.context_window)

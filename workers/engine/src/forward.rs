@@ -306,7 +306,7 @@ fn rope_and_store(
 /// Query rows of one sequence that one attention task takes together in a
 /// prefill chunk: each key and value page is read from memory once for
 /// all of them (see `bulkhead_kernels::attention`).
-const TILE_ROWS: usize = 8;
+pub(crate) const TILE_ROWS: usize = 8;
 
 /// One attention task: `rows` rows of sequence `seq` from batch row `row`,
 /// against KV head `kv_head`.

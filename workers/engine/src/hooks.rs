@@ -13,7 +13,8 @@
 //! (`--corrupt-answers-after`, the prober's test), a prefill worker's link
 //! faults (`PrefillOptions::sabotage` with a `LinkFault`: `SlowTransport` for
 //! `--page-delay-ms`, `ChaosTransport` for `--frame-faults-percent`) and the
-//! model checker's mutant (`Ledger::plant_mutant_commit_with_missing_frame`).
+//! model checker's mutant (`Ledger::plant_mutant_commit_with_missing_frame`),
+//! and the kernels' width cap ([`cap_simd`], `bench engine --simd avx2`).
 //! `.ci/run` checks that the serving build refuses `--page-delay-ms` with this
 //! module's sentence.
 
@@ -26,3 +27,22 @@ pub const ENABLED: bool = cfg!(feature = "test-hooks");
     "{0} exists only in test and benchmark builds (the test-hooks feature: `cargo run --release --features test-hooks -- ...`), not in this serving build"
 )]
 pub struct HooksDisabled(pub &'static str);
+
+/// Runs every kernel at `level` or narrower from now on, whatever the CPU
+/// has (so an AVX-512 machine measures and tests the AVX2 path). Every
+/// width gives the same numbers.
+///
+/// # Errors
+/// [`HooksDisabled`] in a serving build.
+pub fn cap_simd(level: bulkhead_kernels::SimdLevel) -> Result<(), HooksDisabled> {
+    #[cfg(feature = "test-hooks")]
+    {
+        bulkhead_kernels::cap_simd_level(level);
+        Ok(())
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    {
+        let _ = level;
+        Err(HooksDisabled("capping the kernels' SIMD width"))
+    }
+}

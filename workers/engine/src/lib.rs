@@ -33,6 +33,7 @@ pub use crate::core::{
     EngineCore, EngineStats, FinishReason, Grant, LogitsError, PendingPrefill, PendingRequest,
     PrefillEvent, SeqEvent, Usage,
 };
+pub use bulkhead_kernels::{SimdLevel, simd_level};
 pub use bulkhead_kv::{CacheScope, Namespace};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle};

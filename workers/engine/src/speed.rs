@@ -4,23 +4,37 @@
 //!
 //! A prompt token costs its share of the weight matrices (the same for
 //! every token) plus attention over every token before it, so prefilling
-//! `n` tokens costs `a * (n + rho * n * (n - 1) / 2)` seconds: `a` is
-//! measured on this machine at start ([`crate::EngineCore::calibrate`]),
-//! `rho` (attention work per token pair against matrix work per token) is
-//! the model's shape times [`ATTENTION_EFFICIENCY`].
+//! `n` tokens costs `a * (n + rho * n * (n - 1) / 2)` seconds: `a` (seconds
+//! per token) and `a * rho` (seconds per token pair) are both measured on
+//! this machine when the engine starts ([`crate::EngineCore::calibrate`]).
 //!
-//! The engine times a 31-token pass on a scratch pool of its own when it
-//! starts. Workers register both figures and their prefill deadline with the
-//! control plane, which routes to a worker only if it prefills the active
-//! config's whole context window within that deadline.
+//! The pair cost is timed at depth ([`measure_pair_secs`]): the blocked
+//! attention kernel, as prefill runs it (tiles of rows, every KV head, the
+//! engine's threads), over [`CALIBRATION_DEPTH`] tokens of synthetic pages,
+//! so the figure holds where it matters, for long prompts. The token cost
+//! is a 31-token pass on a scratch pool of the engine's own, less the
+//! attention in it. Before measuring, the model's shape at the reference
+//! machine's pace stands in ([`PrefillSpeed::nominal`]). Workers register
+//! both figures and their prefill deadline with the control plane, which
+//! routes to a worker only if it prefills the active config's whole
+//! context window within that deadline.
 
 use crate::gguf::ModelConfig;
-use std::time::Duration;
+use bulkhead_kernels::attention::{
+    HeadPages, KvElement, QueryTile, Softmax, SumOrder, TileScratch, attend_tile,
+};
+use bulkhead_kv::KvDtype;
+use rayon::prelude::*;
+use std::time::{Duration, Instant};
 
 /// How much slower a multiply-add of attention runs than one of the
-/// weight matrices (measured on the reference 2-vCPU machine: 2,001
-/// tokens in 28 s and 8,001 in 307 s with the default model).
+/// weight matrices before the engine has measured its own (the reference
+/// 2-vCPU machine with the row-at-a-time kernel: 2,001 tokens in 28 s and
+/// 8,001 in 307 s with the default model).
 pub(crate) const ATTENTION_EFFICIENCY: f64 = 4.2;
+
+/// Context depth at which the attention cost is measured.
+pub(crate) const CALIBRATION_DEPTH: usize = 4_096;
 
 /// Seconds per weight multiply-add assumed until the engine has measured
 /// its own (the reference machine's figure).
@@ -48,11 +62,12 @@ impl PrefillSpeed {
         }
     }
 
-    /// The model's shape with `secs_per_token` measured here.
-    pub(crate) fn measured(config: &ModelConfig, secs_per_token: f64) -> Self {
+    /// Both costs measured here: seconds per token of matrix work and per
+    /// token pair of attention.
+    pub(crate) fn measured(secs_per_token: f64, secs_per_pair: f64) -> Self {
         PrefillSpeed {
             secs_per_token,
-            rho: rho(config),
+            rho: secs_per_pair / secs_per_token,
         }
     }
 
@@ -122,6 +137,100 @@ fn rho(c: &ModelConfig) -> f64 {
     #[allow(clippy::cast_precision_loss)]
     let pair = (2 * c.layers * c.heads * c.head_dim) as f64;
     ATTENTION_EFFICIENCY * pair / matrix_macs(c)
+}
+
+/// Seconds of attention per token pair (all layers, all heads), timed at
+/// [`CALIBRATION_DEPTH`]: `rows` consecutive query rows in tiles of
+/// `tile_rows`, every KV head, on the current rayon pool, over synthetic
+/// pages of `dtype` (the cost does not depend on the values). The best of
+/// `rounds`.
+pub(crate) fn measure_pair_secs(
+    c: &ModelConfig,
+    dtype: KvDtype,
+    page_size: usize,
+    (rows, tile_rows): (usize, usize),
+    rounds: usize,
+) -> f64 {
+    match dtype {
+        KvDtype::F16 => pair_secs::<half::f16>(c, page_size, (rows, tile_rows), rounds),
+        KvDtype::F32 => pair_secs::<f32>(c, page_size, (rows, tile_rows), rounds),
+    }
+}
+
+fn pair_secs<E: KvElement + From<u8>>(
+    c: &ModelConfig,
+    ps: usize,
+    (rows, tile_rows): (usize, usize),
+    rounds: usize,
+) -> f64 {
+    let (hd, group) = (c.head_dim, c.heads / c.kv_heads.max(1));
+    let depth = CALIBRATION_DEPTH.min(c.context_window.max(rows + 1));
+    let pages = depth.div_ceil(ps);
+    // Laid out as the pool lays out one layer of its pages: each page a
+    // block of every layer's keys and values, so a sweep touches one small
+    // run of every page block as serving does (the cost depends on where
+    // the bytes are, not on what they are).
+    let head = hd * ps;
+    let stride = c.layers.max(1) * 2 * c.kv_heads * head;
+    let mut memory = vec![E::from(0); pages * stride];
+    for page in memory.chunks_exact_mut(stride) {
+        for (i, v) in page[..2 * c.kv_heads * head].iter_mut().enumerate() {
+            *v = E::from((i % 7) as u8);
+        }
+    }
+    let block = |page: usize, at: usize| &memory[page * stride + at..page * stride + at + head];
+    let heads: Vec<(Vec<&[E]>, Vec<&[E]>)> = (0..c.kv_heads)
+        .map(|kvh| {
+            (
+                (0..pages).map(|p| block(p, kvh * head)).collect(),
+                (0..pages)
+                    .map(|p| block(p, (c.kv_heads + kvh) * head))
+                    .collect(),
+            )
+        })
+        .collect();
+    let q: Vec<f32> = (0..rows * group * hd)
+        .map(|i| ((i % 5) as f32) * 0.01)
+        .collect();
+    let tiles: Vec<(usize, usize)> = (0..c.kv_heads)
+        .flat_map(|kvh| (0..rows).step_by(tile_rows).map(move |r| (kvh, r)))
+        .collect();
+    let mut best = f64::INFINITY;
+    for _ in 0..rounds.max(1) {
+        let t = Instant::now();
+        tiles.par_iter().for_each(|&(kvh, r)| {
+            let n = tile_rows.min(rows - r);
+            let tile = QueryTile {
+                q: &q[r * group * hd..],
+                row_stride: group * hd,
+                rows: n,
+                group,
+                hd,
+                first_ctx: depth - rows + r + 1,
+                order: SumOrder::Sgemm,
+            };
+            let pages = HeadPages {
+                keys: &heads[kvh].0,
+                values: &heads[kvh].1,
+                width: ps,
+            };
+            let mut out = vec![0f32; n * group * hd];
+            let mut scratch = TileScratch::default();
+            #[allow(clippy::cast_precision_loss)]
+            let softmax = Softmax {
+                scale: 1.0 / (hd as f32).sqrt(),
+                round_f16: true,
+            };
+            attend_tile(&tile, &pages, softmax, &mut scratch, &mut out);
+        });
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    // One layer's pairs: every row against about `depth` tokens.
+    #[allow(clippy::cast_precision_loss)]
+    let pairs = (rows * depth) as f64;
+    #[allow(clippy::cast_precision_loss)]
+    let layers = c.layers as f64;
+    best * layers / pairs
 }
 
 #[cfg(test)]

@@ -36,7 +36,7 @@
 mod simd;
 
 use crate::SimdLevel;
-use crate::ops::{round_f16_slice, softmax_ggml};
+use crate::ops::attention_softmax;
 
 /// The summation order of one of llama.cpp's f16 dot products, as its
 /// AVX-512 build runs them. With f16-rounded inputs every product is exact
@@ -268,13 +268,7 @@ pub(crate) fn attend_tile_at<E: KvElement>(
     }
     for p in 0..pairs {
         let sc = &mut scores[p * stride..p * stride + tile.ctx(p)];
-        for v in sc.iter_mut() {
-            *v *= softmax.scale;
-        }
-        softmax_ggml(sc);
-        if softmax.round_f16 {
-            round_f16_slice(sc);
-        }
+        attention_softmax(sc, softmax.scale, softmax.round_f16);
     }
     let lanes = tile.order.lanes();
     if scratch.lanes.len() < pairs * lanes * hd {
@@ -282,9 +276,16 @@ pub(crate) fn attend_tile_at<E: KvElement>(
     }
     let acc = &mut scratch.lanes[..pairs * lanes * hd];
     let values = &pages.values[..n_pages];
+    // One pass when every pair goes in one kernel call (no row shares a
+    // value tile with another): the rows stream through once anyway.
+    let span_tokens = if pairs <= 3 {
+        tile.last_ctx()
+    } else {
+        VALUE_TILE
+    };
     let mut lo = 0;
     while lo < tile.last_ctx() {
-        let hi = (lo + VALUE_TILE).min(tile.last_ctx());
+        let hi = (lo + span_tokens).min(tile.last_ctx());
         let span = Span {
             lo,
             hi,

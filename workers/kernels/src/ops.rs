@@ -200,6 +200,28 @@ pub fn softmax_ggml(x: &mut [f32]) {
     }
 }
 
+/// Attention probabilities as llama.cpp computes them, in three passes
+/// instead of six: `x` scaled by `scale`, [`softmax_ggml`], then (if
+/// `round_f16`) rounded to f16, with the same result bit for bit: the
+/// maximum does not depend on order, every exponential and chunk sum is the
+/// one `softmax_ggml` computes, and the chunk sums are added in the same
+/// order.
+pub fn attention_softmax(x: &mut [f32], scale: f32, round_f16: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd_available() {
+        // SAFETY: AVX2, FMA and F16C are present.
+        unsafe { exp_avx2::attention_softmax(x, scale, round_f16) };
+        return;
+    }
+    for v in x.iter_mut() {
+        *v *= scale;
+    }
+    softmax_ggml(x);
+    if round_f16 {
+        round_f16_slice(x);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod exp_avx2 {
     use super::exp_ggml;
@@ -274,6 +296,86 @@ mod exp_avx2 {
         n
     }
 
+    /// [`super::attention_softmax`] on AVX2: scale and maximum in one
+    /// pass, exponentials and the sum of each sixteen-element chunk in a
+    /// second, the normalization and rounding in a third.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attention_softmax(x: &mut [f32], scale: f32, round_f16: bool) {
+        let n = x.len();
+        let whole = n / 8 * 8;
+        let p = x.as_mut_ptr();
+        // SAFETY: every access below is at an index below `n`.
+        unsafe {
+            let s = _mm256_set1_ps(scale);
+            // `max_ps(v, m)` keeps `m` where `v` is NaN, as `f32::max` does.
+            let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+            let mut i = 0;
+            while i < whole {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), s);
+                _mm256_storeu_ps(p.add(i), v);
+                m = _mm256_max_ps(v, m);
+                i += 8;
+            }
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+            let mut max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            for v in &mut x[whole..] {
+                *v *= scale;
+                max = f32::max(max, *v);
+            }
+            let p = x.as_mut_ptr();
+            let mx = _mm256_set1_ps(max);
+            let mut sum = 0f64;
+            let mut i = 0;
+            while i + 16 <= n {
+                let lo = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), mx));
+                let hi = exp8(_mm256_sub_ps(_mm256_loadu_ps(p.add(i + 8)), mx));
+                _mm256_storeu_ps(p.add(i), lo);
+                _mm256_storeu_ps(p.add(i + 8), hi);
+                // reduce16: t3[j] = l[j + 8] + l[j]; t6[j] = t3[j + 4] + t3[j];
+                // (t6[0] + t6[2]) + (t6[1] + t6[3]).
+                let t3 = _mm256_add_ps(hi, lo);
+                let t6 = _mm_add_ps(_mm256_extractf128_ps::<1>(t3), _mm256_castps256_ps128(t3));
+                let t = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+                let r = _mm_add_ss(t, _mm_shuffle_ps::<0b01>(t, t));
+                sum += f64::from(_mm_cvtss_f32(r));
+                i += 16;
+            }
+            if i < n {
+                let tail = &mut x[i..];
+                let done = exp_minus(tail, max);
+                for v in &mut tail[done..] {
+                    *v = exp_ggml(*v - max);
+                }
+                let mut l = [0f32; 16];
+                l[..tail.len()].copy_from_slice(tail);
+                sum += f64::from(crate::attention::reduce16(&l));
+            }
+            #[allow(clippy::cast_possible_truncation)]
+            let inv = (1.0 / sum) as f32;
+            let p = x.as_mut_ptr();
+            let iv = _mm256_set1_ps(inv);
+            let mut i = 0;
+            while i < whole {
+                let mut v = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), iv);
+                if round_f16 {
+                    v = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+                }
+                _mm256_storeu_ps(p.add(i), v);
+                i += 8;
+            }
+            for v in &mut x[whole..] {
+                *v *= inv;
+                if round_f16 {
+                    *v = half::f16::from_f32(*v).to_f32();
+                }
+            }
+        }
+    }
+
     /// `x[i] = e^(x[i] - max)` over whole chunks of eight; returns how many were done.
     ///
     /// # Safety
@@ -298,6 +400,38 @@ mod exp_avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fused_attention_softmax_equals_its_three_passes() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        for n in [1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 517] {
+            for (spread, round) in [(3.0, true), (40.0, true), (3.0, false), (300.0, true)] {
+                let x: Vec<f32> = (0..n).map(|_| next() * spread).collect();
+                let mut want = x.clone();
+                for v in &mut want {
+                    *v *= 0.125;
+                }
+                softmax_ggml(&mut want);
+                if round {
+                    round_f16_slice(&mut want);
+                }
+                let mut got = x.clone();
+                attention_softmax(&mut got, 0.125, round);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "n={n} spread={spread} round={round}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn dot_agrees_with_naive_sums() {

@@ -3,7 +3,7 @@
 //! value tiles, f16 and f32 pages, and pages of other widths.
 
 use super::*;
-use crate::ops::round_f16_slice;
+use crate::ops::{round_f16_slice, softmax_ggml};
 
 fn lcg(seed: &mut u64) -> f32 {
     *seed = seed

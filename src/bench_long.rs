@@ -1,0 +1,272 @@
+//! The long-context part of `bulkhead bench engine`: prefill seconds at
+//! about 1k, 2k, 4k and 8k tokens, and decode throughput at 1, 4 and 16
+//! streams over 2k-token contexts, with llama.cpp's figures (same file,
+//! same threads, flash attention off) measured beside them in the same run
+//! where llama-cpp-python is importable.
+
+use crate::bench::{Prompts, python, timed_batch};
+use anyhow::{Context, bail};
+use bulkhead_engine::{Engine, EngineConfig, ModelFile};
+use clap::Args;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Args)]
+pub(crate) struct LongArgs {
+    /// Prompt lengths of the long-context prefill table, comma-separated
+    /// (`--long-prefill 0` skips it).
+    #[arg(long, value_delimiter = ',', default_value = "1000,2000,4000,8000")]
+    long_prefill: Vec<usize>,
+    /// Context of the long-context decode measurements (0 skips them).
+    #[arg(long, default_value_t = 2000)]
+    long_decode_context: usize,
+    /// Tokens generated per stream in them (enough that every stream still
+    /// decodes once the last has prefilled: only that stretch is counted).
+    #[arg(long, default_value_t = 256)]
+    long_decode_tokens: usize,
+}
+
+/// Streams of the long-context decode measurements.
+const STREAMS: [usize; 3] = [1, 4, 16];
+
+/// Measures the long-context table; `llama` says whether to run llama.cpp
+/// beside it. Returns `{"prefill": [...], "decode": {...}}`.
+pub(crate) fn run(
+    args: &LongArgs,
+    model: &Arc<ModelFile>,
+    path: &Path,
+    config: &EngineConfig,
+    llama: bool,
+) -> anyhow::Result<Value> {
+    let lengths: Vec<usize> = args
+        .long_prefill
+        .iter()
+        .copied()
+        .filter(|n| *n > 1)
+        .collect();
+    let ctx = args.long_decode_context;
+    let mut config = config.clone();
+    // Room for the longest prompt or for every stream at once, and no
+    // prompt refused for its length: this measures, it does not serve.
+    let per_token =
+        model.config().layers * 2 * model.config().kv_heads * model.config().head_dim * 2;
+    let tokens = lengths
+        .iter()
+        .map(|n| n + config.first_slice_tokens)
+        .chain([16 * (ctx + args.long_decode_tokens + config.first_slice_tokens)])
+        .max()
+        .unwrap_or(0);
+    config.kv_budget_bytes = config.kv_budget_bytes.max(tokens * per_token * 5 / 4);
+    config.prefill_deadline = Duration::from_secs(3_600);
+    let engine = Engine::start(Arc::clone(model), &config)?;
+    let speed = engine.info().speed;
+    eprintln!(
+        "long context: measured {:.3} ms per token, {:.1} ns per token pair; {:.1} s estimated for {} tokens",
+        speed.secs_per_token() * 1e3,
+        speed.secs_per_pair() * 1e9,
+        speed.prompt_secs(8_000),
+        8_000
+    );
+
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let prompt = Prompts::new(model, longest.max(1), 1)?.get(0, longest.max(1));
+    let mut prefill = Vec::new();
+    for &n in &lengths {
+        let t = timed_batch(&engine, std::slice::from_ref(&prompt[..n].to_vec()), 1)?;
+        eprintln!(
+            "long context: prefill of {n} tokens in {:.2} s",
+            t.first_token.as_secs_f64()
+        );
+        prefill.push((n, t.first_token.as_secs_f64()));
+    }
+    let mut decode = json!({});
+    let streams = if ctx > 0 {
+        Prompts::new(model, ctx, 16)?
+    } else {
+        Prompts(Vec::new())
+    };
+    if ctx > 0 {
+        decode["context"] = json!(ctx);
+        for b in STREAMS {
+            let ps: Vec<Vec<u32>> = (0..b).map(|i| streams.get(i, ctx)).collect();
+            let t = timed_batch(&engine, &ps, args.long_decode_tokens)?;
+            eprintln!(
+                "long context: decode {:.1} tok/s with {b} streams of {ctx} tokens",
+                t.decode_tok_s()
+            );
+            decode[format!("tok_s_{b}")] = json!(t.decode_tok_s());
+        }
+        decode["16_over_1"] = json!(ratio(&decode["tok_s_16"], &decode["tok_s_1"]));
+    }
+    drop(engine);
+
+    let theirs = if llama {
+        let decode_prompt = if ctx > 0 {
+            streams.get(0, ctx)
+        } else {
+            Vec::new()
+        };
+        Some(llama_cpp(
+            path,
+            config.threads,
+            &prompt,
+            &lengths,
+            &decode_prompt,
+            args.long_decode_tokens,
+        )?)
+    } else {
+        None
+    };
+    let rows: Vec<Value> = prefill
+        .iter()
+        .map(|&(n, secs)| {
+            let l = theirs
+                .as_ref()
+                .and_then(|t| t["prefill_s"][n.to_string()].as_f64());
+            json!({
+                "tokens": n,
+                "bulkhead_s": secs,
+                "llama_cpp_s": l,
+                // Speed against llama.cpp's: its time over ours.
+                "speed_ratio": l.map(|l| l / secs),
+            })
+        })
+        .collect();
+    if let Some(t) = &theirs {
+        decode["llama_cpp_tok_s_1"] = t["decode_tok_s"].clone();
+        decode["llama_cpp_ratio_1"] = json!(ratio(&decode["tok_s_1"], &t["decode_tok_s"]));
+    }
+    Ok(json!({
+        "prefill": rows,
+        "decode": decode,
+        "secs_per_token": speed.secs_per_token(),
+        "secs_per_pair": speed.secs_per_pair(),
+    }))
+}
+
+fn ratio(a: &Value, b: &Value) -> Option<f64> {
+    Some(a.as_f64()? / b.as_f64()?)
+}
+
+const LLAMA_CPP_SCRIPT: &str = r#"
+import json, sys, time
+import numpy as np
+import llama_cpp
+cfg = json.loads(sys.argv[1])
+llm = llama_cpp.Llama(model_path=cfg["model"], n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
+                      n_ctx=cfg["n_ctx"], n_batch=512, n_ubatch=512, flash_attn=False, verbose=False)
+n_vocab = llm.n_vocab()
+def last_argmax():
+    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
+prefill = {}
+for n in cfg["lengths"]:
+    llm.reset()
+    t0 = time.perf_counter(); llm.eval(cfg["prompt"][:n]); prefill[str(n)] = time.perf_counter() - t0
+decode = None
+if cfg["decode_prompt"]:
+    llm.reset()
+    llm.eval(cfg["decode_prompt"])
+    tok = last_argmax()
+    t0 = time.perf_counter()
+    for _ in range(cfg["decode_tokens"] - 1):
+        llm.eval([tok]); tok = last_argmax()
+    decode = (cfg["decode_tokens"] - 1) / (time.perf_counter() - t0)
+print(json.dumps({"prefill_s": prefill, "decode_tok_s": decode}))
+"#;
+
+/// llama.cpp's prefill seconds for each prefix of `prompt` in `lengths`
+/// and its single-stream decode rate after `decode_prompt`.
+fn llama_cpp(
+    model: &Path,
+    threads: usize,
+    prompt: &[u32],
+    lengths: &[usize],
+    decode_prompt: &[u32],
+    decode_tokens: usize,
+) -> anyhow::Result<Value> {
+    let n_ctx = lengths
+        .iter()
+        .copied()
+        .chain([decode_prompt.len() + decode_tokens])
+        .max()
+        .unwrap_or(0)
+        + 16;
+    let cfg = json!({
+        "model": model, "threads": threads, "n_ctx": n_ctx, "prompt": prompt, "lengths": lengths,
+        "decode_prompt": decode_prompt, "decode_tokens": decode_tokens,
+    });
+    let out = Command::new(python())
+        .args(["-c", LLAMA_CPP_SCRIPT])
+        .arg(cfg.to_string())
+        .output()
+        .context("running llama-cpp-python")?;
+    if !out.status.success() {
+        bail!(
+            "llama-cpp-python failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let line = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(line.lines().last().unwrap_or_default())
+        .context("parsing llama-cpp-python output")
+}
+
+/// The long-context table under `bench engine`'s own.
+pub(crate) fn print(w: &mut impl std::io::Write, v: &Value) -> std::io::Result<()> {
+    let f = |x: &Value, digits: usize| {
+        x.as_f64()
+            .map_or_else(|| "-".to_owned(), |x| format!("{x:.digits$}"))
+    };
+    if let Some(rows) = v["prefill"].as_array().filter(|r| !r.is_empty()) {
+        writeln!(w)?;
+        writeln!(
+            w,
+            "{:<34} {:>12} {:>12} {:>8}  target",
+            "long-context prefill (s)", "bulkhead", "llama.cpp", "speed"
+        )?;
+        for r in rows {
+            writeln!(
+                w,
+                "{:<34} {:>12} {:>12} {:>8}  >= 1.5x",
+                format!("{} tokens", r["tokens"]),
+                f(&r["bulkhead_s"], 2),
+                f(&r["llama_cpp_s"], 2),
+                f(&r["speed_ratio"], 2)
+            )?;
+        }
+    }
+    let d = &v["decode"];
+    if d["context"].is_number() {
+        writeln!(w)?;
+        writeln!(
+            w,
+            "{:<34} {:>12} {:>12} {:>8}",
+            format!("decode tok/s, {}-token contexts", d["context"]),
+            "bulkhead",
+            "llama.cpp",
+            "ratio"
+        )?;
+        writeln!(
+            w,
+            "{:<34} {:>12} {:>12} {:>8}",
+            "1 stream",
+            f(&d["tok_s_1"], 1),
+            f(&d["llama_cpp_tok_s_1"], 1),
+            f(&d["llama_cpp_ratio_1"], 2)
+        )?;
+        writeln!(w, "{:<34} {:>12}", "4 streams", f(&d["tok_s_4"], 1))?;
+        writeln!(
+            w,
+            "{:<34} {:>12} {:>12} {:>8}  >= 3x",
+            "16 streams",
+            f(&d["tok_s_16"], 1),
+            "",
+            f(&d["16_over_1"], 2)
+        )?;
+    }
+    Ok(())
+}
