@@ -33,6 +33,10 @@ pub(crate) struct EngineBenchArgs {
     /// Skip the llama.cpp comparison even if llama-cpp-python is importable.
     #[arg(long)]
     no_llama_cpp: bool,
+    /// Skip measuring what owner checks and scrub-on-free cost (the
+    /// longest part of a test-hooks build's run).
+    #[arg(long)]
+    no_guard_costs: bool,
     /// Run the kernels at most this wide (`avx2`, `scalar`), to measure the
     /// AVX2 path on an AVX-512 machine (test builds: `--features test-hooks`).
     #[arg(long, value_parser = ["avx512", "avx2", "scalar"])]
@@ -85,7 +89,9 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
     let long = crate::bench_long::run(&args.long, &model, &path, &config, llama)?;
     // (owner checks on, scrub on free); switching them at run time is a
     // test hook, absent from the serving build: there these are null.
-    let (owner_check_overhead, scrub_overhead) = if bulkhead_engine::hooks::ENABLED {
+    let (owner_check_overhead, scrub_overhead) = if args.no_guard_costs {
+        (None, None)
+    } else if bulkhead_engine::hooks::ENABLED {
         let (checks, scrub) = guard_overheads(&model, &config, rounds, &decode_prompt)?;
         (Some(checks), Some(scrub))
     } else {
@@ -231,6 +237,10 @@ impl BatchTiming {
     /// sequence prefilled early decodes alone while the others prefill;
     /// those tokens are not counted).
     pub(crate) fn decode_tok_s(&self) -> f64 {
+        if self.together == 0 || self.together_time < Duration::from_millis(1) {
+            // Too few tokens to tell (`--decode-tokens` too small).
+            return f64::NAN;
+        }
         per_sec(self.together, self.together_time)
     }
 }

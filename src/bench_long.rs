@@ -109,14 +109,16 @@ pub(crate) fn run(
         } else {
             Vec::new()
         };
-        Some(llama_cpp(
+        let t = llama_cpp(
             path,
             config.threads,
             &prompt,
             &lengths,
             &decode_prompt,
             args.long_decode_tokens,
-        )?)
+        )?;
+        eprintln!("long context: llama.cpp {t}");
+        Some(t)
     } else {
         None
     };

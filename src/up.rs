@@ -15,7 +15,8 @@
 //! directory reach the components in their environment, never on a command
 //! line. If this machine cannot prefill a model's configured context window
 //! within `--prefill-deadline-secs`, `up` serves a smaller window, a quarter
-//! under the longest prompt prefilled in time (in whole 256s), and says so.
+//! under the longest prompt prefilled in time (in whole 256s), and says so;
+//! a window that fits is served whole, and it says that too.
 
 use anyhow::Context;
 use bulkhead_control_api::{
@@ -401,7 +402,8 @@ async fn linked(tls: &bulkhead_trust::tokio_rustls::TlsConnector, address: &str)
 
 /// A window this machine cannot prefill within the workers' deadline is
 /// not advertised: activates a config with the longest one it can, says
-/// why, and tells whether it did.
+/// why, and tells whether it did. A window that fits is served whole, and
+/// `up` says that too, with the time it takes.
 async fn reduce_window(
     client: &bulkhead_control_api::Client,
     slug: &str,
@@ -417,6 +419,13 @@ async fn reduce_window(
         return Ok(false);
     };
     if active.spec.properties.context_window <= max {
+        let window = active.spec.properties.context_window;
+        eprintln!(
+            "bulkhead up: serving the whole {window}-token context window of {slug}: about {} s to prefill \
+             here, within the {} s prefill deadline (this machine prefills up to {max} tokens in time)",
+            figures.prompt_ms(window).div_ceil(1000),
+            figures.deadline_ms / 1000,
+        );
         return Ok(false);
     }
     // A quarter kept in hand: a worker restarted while the others are busy

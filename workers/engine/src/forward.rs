@@ -365,18 +365,21 @@ fn attention(
         .collect();
     let mut tasks = Vec::new();
     let mut row = 0;
+    let threads = rayon::current_num_threads().max(1);
     for (s, b) in batch.iter().enumerate() {
         let len = b.tokens.len();
         if !views[s].is_empty() {
-            for r in (0..len).step_by(TILE_ROWS) {
+            let mut r = 0;
+            for rows in tile_sizes(len, c.kv_heads, threads) {
                 for kv_head in 0..c.kv_heads {
                     tasks.push(Task {
                         seq: s,
                         row: row + r,
-                        rows: TILE_ROWS.min(len - r),
+                        rows,
                         kv_head,
                     });
                 }
+                r += rows;
             }
         }
         row += len;
@@ -409,6 +412,22 @@ fn attention(
         }
     }
     found
+}
+
+/// How a chunk of `len` rows splits into tiles: at most [`TILE_ROWS`]
+/// rows each, as even as possible, and (where the rows allow) so many that
+/// the tasks (tiles × KV heads) keep every thread busy to the end.
+fn tile_sizes(len: usize, kv_heads: usize, threads: usize) -> Vec<usize> {
+    let mut tiles = len.div_ceil(TILE_ROWS).max(1);
+    while (tiles * kv_heads) % threads != 0 && tiles < len && tiles < 2 * len.div_ceil(TILE_ROWS) {
+        tiles += 1;
+    }
+    if (tiles * kv_heads) % threads != 0 {
+        tiles = len.div_ceil(TILE_ROWS).max(1);
+    }
+    (0..tiles)
+        .map(|i| len / tiles + usize::from(i < len % tiles))
+        .collect()
 }
 
 /// What every attention task of a layer shares.
@@ -549,5 +568,29 @@ impl Element for half::f16 {
 fn norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], h: usize) {
     for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
         rms_norm(xr, weight, eps, or);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_cover_the_chunk_evenly_and_keep_both_threads_busy() {
+        for len in 1..200 {
+            let sizes = tile_sizes(len, 3, 2);
+            assert_eq!(sizes.iter().sum::<usize>(), len, "{len}");
+            assert!(
+                sizes.iter().all(|&s| (1..=TILE_ROWS).contains(&s)),
+                "{len}: {sizes:?}"
+            );
+            let (lo, hi) = (sizes.iter().min(), sizes.iter().max());
+            assert!(hi.unwrap() - lo.unwrap() <= 1, "{len}: {sizes:?}");
+            if len > 1 {
+                assert_eq!(sizes.len() * 3 % 2, 0, "{len}: {sizes:?}");
+            }
+        }
+        assert_eq!(tile_sizes(25, 3, 2), vec![7, 6, 6, 6]);
+        assert_eq!(tile_sizes(1, 3, 2), vec![1]);
     }
 }

@@ -8,15 +8,17 @@
 //! A tile is `rows × group` (row, head) pairs. Scores go page by page: each
 //! key page (`[hd][width]`, 2 KiB for the default model) is loaded from
 //! memory once for the whole tile and every pair is computed against it
-//! from L1, several pairs per key vector load. Softmax then runs per pair
-//! over that row's own context. Values go in token tiles of
-//! [`VALUE_TILE`] tokens: within a tile, each lane's chain walks the value
-//! rows page by page, every row loaded once for several pairs and all of a
-//! head's dimensions, with one independent accumulator chain per (pair,
-//! vector); the tile's rows stay in cache for the next pairs, and the lane
-//! accumulators are kept in f32 between tiles. K and V traffic from memory
-//! so falls by the number of rows in a tile, and the f16 conversions by the
-//! pairs that share each load.
+//! from L1, several pairs (and on AVX2 two vectors of slots) per key
+//! vector load, each lane's chain in a register and stored when done.
+//! Softmax then runs per pair over that row's own context, in one fused
+//! set of passes ([`crate::ops::attention_softmax`]). Values go in token
+//! tiles of [`VALUE_TILE`] tokens: within a tile, each lane's chain walks
+//! the value rows page by page, every row loaded once for several pairs,
+//! with one independent accumulator chain per (pair, vector); the tile's
+//! rows stay in cache for the next pairs, and the lane accumulators are
+//! kept in f32 between tiles. K and V traffic from memory so falls by the
+//! number of rows in a tile, and the f16 conversions by the pairs that
+//! share each load.
 //!
 //! # Numerics
 //! Blocking shares loads and interleaves independent chains; it never
@@ -228,53 +230,27 @@ pub(crate) fn attend_tile_at<E: KvElement>(
     if scratch.scores.len() < pairs * stride {
         scratch.scores.resize(pairs * stride, 0.0);
     }
-    let scores = &mut scratch.scores[..pairs * stride];
+    let TileScratch { scores, lanes: acc } = scratch;
+    let scores = &mut scores[..pairs * stride];
     #[cfg(target_arch = "x86_64")]
     let qs: Vec<*const f32> = (0..pairs)
         .map(|p| tile.q[tile.q_at(p)..].as_ptr())
         .collect();
+    #[cfg(not(target_arch = "x86_64"))]
+    let qs: Vec<*const f32> = Vec::new();
     for (pi, keys) in pages.keys[..n_pages].iter().enumerate() {
         let m = w.min(tile.last_ctx() - pi * w);
-        #[cfg(target_arch = "x86_64")]
-        let done = {
-            let page = simd::KeyPage {
-                k: keys.as_ptr(),
-                width: w,
-                hd,
-                m,
-            };
-            let out = scores[pi * w..].as_mut_ptr();
-            // SAFETY: each query pointer has `hd` values; pair `p`'s slots
-            // `p * stride + pi * w..+ m` lie in `scores`; the key page holds
-            // `hd` rows of `w` (asserted above); kernels read slots below `m`.
-            unsafe {
-                match level {
-                    SimdLevel::Avx512 => {
-                        simd::avx512::page_scores(&qs, &page, tile.order, out, stride)
-                    }
-                    SimdLevel::Avx2 => simd::avx2::page_scores(&qs, &page, tile.order, out, stride),
-                    SimdLevel::Scalar => 0,
-                }
-            }
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let done = 0;
-        for p in 0..pairs {
-            let q = &tile.q[tile.q_at(p)..tile.q_at(p) + hd];
-            for t in done..m {
-                scores[p * stride + pi * w + t] = score(q, keys, w, t, tile.order);
-            }
-        }
+        page_scores(level, tile, &qs, keys, PageAt { pi, w, m }, scores, stride);
     }
     for p in 0..pairs {
         let sc = &mut scores[p * stride..p * stride + tile.ctx(p)];
         attention_softmax(sc, softmax.scale, softmax.round_f16);
     }
     let lanes = tile.order.lanes();
-    if scratch.lanes.len() < pairs * lanes * hd {
-        scratch.lanes.resize(pairs * lanes * hd, 0.0);
+    if acc.len() < pairs * lanes * hd {
+        acc.resize(pairs * lanes * hd, 0.0);
     }
-    let acc = &mut scratch.lanes[..pairs * lanes * hd];
+    let acc = &mut acc[..pairs * lanes * hd];
     let values = &pages.values[..n_pages];
     // One pass when every pair goes in one kernel call (no row shares a
     // value tile with another): the rows stream through once anyway.
@@ -297,6 +273,61 @@ pub(crate) fn attend_tile_at<E: KvElement>(
         lo = hi;
     }
     reduce_lanes(level, tile.order, pairs, hd, acc, out);
+}
+
+/// Where one key page sits: page `pi` of `w` slots, of which `m` count.
+#[derive(Debug, Clone, Copy)]
+struct PageAt {
+    pi: usize,
+    w: usize,
+    m: usize,
+}
+
+/// Scores of every pair against slots `0..m` of one key page, into
+/// `scores[p * stride + pi * w + t]`: the SIMD kernels for whole vectors,
+/// the scalar sum for the rest.
+fn page_scores<F: KvElement>(
+    level: SimdLevel,
+    tile: &QueryTile<'_>,
+    qs: &[*const f32],
+    keys: &[F],
+    at: PageAt,
+    scores: &mut [f32],
+    stride: usize,
+) {
+    let (hd, PageAt { pi, w, m }) = (tile.hd, at);
+    assert!(keys.len() >= hd * w && scores.len() >= (tile.pairs() - 1) * stride + pi * w + m);
+    #[cfg(target_arch = "x86_64")]
+    let done = {
+        let page = simd::KeyPage {
+            k: keys.as_ptr(),
+            width: w,
+            hd,
+            m,
+        };
+        let out = scores[pi * w..].as_mut_ptr();
+        // SAFETY: each query pointer has `hd` values; pair `p`'s slots
+        // `p * stride + pi * w..+ m` lie in `scores` (asserted); the key
+        // page holds `hd` rows of `w`; kernels read slots below `m`.
+        unsafe {
+            match level {
+                SimdLevel::Avx512 => simd::avx512::page_scores(qs, &page, tile.order, out, stride),
+                SimdLevel::Avx2 => simd::avx2::page_scores(qs, &page, tile.order, out, stride),
+                SimdLevel::Scalar => 0,
+            }
+        }
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = {
+        let _ = (level, qs);
+        0
+    };
+    for p in 0..tile.pairs() {
+        let q = &tile.q[tile.q_at(p)..tile.q_at(p) + hd];
+        for t in done..m {
+            scores[p * stride + pi * w + t] = score(q, keys, w, t, tile.order);
+        }
+    }
 }
 
 /// The tokens `lo..hi` of one value tile and the shapes around them.

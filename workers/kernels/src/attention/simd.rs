@@ -54,7 +54,8 @@ macro_rules! width_kernels {
     (
         $features:literal, $v:ty, $w:literal,
         $zero:ident, $add:ident, $mul:ident, $splat:ident, $fma:ident, $loadf:ident, $storef:ident,
-        score_pairs: $sp:literal, value_pairs: $vp:literal, value_vectors: $nv:literal
+        score_pairs: $sp:literal, score_vectors: $snt:literal,
+        value_pairs: $vp:literal, value_vectors: $nv:literal
     ) => {
         use super::{KeyPage, ValueTile};
         use crate::attention::{KvElement, SumOrder};
@@ -93,139 +94,84 @@ macro_rules! width_kernels {
             }
         }
 
-        /// `a[p] + b[p]` for every pair.
-        ///
-        /// # Safety
-        /// The CPU has this module's features.
-        #[inline(always)]
-        unsafe fn sum2<const P: usize>(a: [$v; P], b: [$v; P]) -> [$v; P] {
-            let mut s = [unsafe { $zero() }; P];
-            for p in 0..P {
-                s[p] = unsafe { $add(a[p], b[p]) };
-            }
-            s
-        }
-
-        /// Lane `l` of one score vector for each pair: `q[d] · k[d]` over
+        /// Scores of `P` pairs for `NT` vectors of slots from `t0` (the
+        /// last vector limited by `mask`): each lane's chain (dimensions
         /// `d ≡ l (mod lanes)`, ascending, the first a product; zero where
-        /// `l >= hd`.
+        /// `l >= hd`) runs in registers with every key vector loaded once
+        /// for all pairs, is stored, and the order's tree combines the
+        /// stored lanes.
         ///
         /// # Safety
-        /// As [`page_scores`]; `mask` selects only slots below `pg.m`.
-        #[inline(always)]
-        unsafe fn lane_sum<E: KvElement, const P: usize>(
-            q: &[*const f32; P],
-            pg: &KeyPage<E>,
-            t0: usize,
-            mask: Mask,
-            lanes: usize,
-            l: usize,
-        ) -> [$v; P] {
-            unsafe {
-                let mut a = [$zero(); P];
-                if l < pg.hd {
-                    let kv = load(pg.k.add(l * pg.width + t0), mask);
-                    for p in 0..P {
-                        a[p] = $mul($splat(*q[p].add(l)), kv);
-                    }
-                    let mut d = l + lanes;
-                    while d < pg.hd {
-                        let kv = load(pg.k.add(d * pg.width + t0), mask);
-                        for p in 0..P {
-                            a[p] = $fma($splat(*q[p].add(d)), kv, a[p]);
-                        }
-                        d += lanes;
-                    }
-                }
-                a
-            }
-        }
-
-        /// Input `j` (of sixteen) of the final tree: lane `j` (sgemm), or
-        /// four lanes combined as `GGML_F32x16_REDUCE` does (vec_dot).
-        ///
-        /// # Safety
-        /// As [`lane_sum`].
-        #[inline(always)]
-        unsafe fn leaf<E: KvElement, const P: usize, const VEC_DOT: bool>(
-            q: &[*const f32; P],
-            pg: &KeyPage<E>,
-            t0: usize,
-            mask: Mask,
-            j: usize,
-        ) -> [$v; P] {
-            unsafe {
-                if VEC_DOT {
-                    let a = lane_sum(q, pg, t0, mask, 64, j);
-                    let b = lane_sum(q, pg, t0, mask, 64, 32 + j);
-                    let c = lane_sum(q, pg, t0, mask, 64, 16 + j);
-                    let d = lane_sum(q, pg, t0, mask, 64, 48 + j);
-                    sum2(sum2(a, b), sum2(c, d))
-                } else {
-                    lane_sum(q, pg, t0, mask, 16, j)
-                }
-            }
-        }
-
-        /// `t6[i]` of `reduce16`'s tree, computed depth first: `(x[i + 12] + x[i + 4]) + (x[i + 8] + x[i])`.
-        ///
-        /// # Safety
-        /// As [`lane_sum`].
-        #[inline(always)]
-        unsafe fn quarter<E: KvElement, const P: usize, const VEC_DOT: bool>(
-            q: &[*const f32; P],
-            pg: &KeyPage<E>,
-            t0: usize,
-            mask: Mask,
-            i: usize,
-        ) -> [$v; P] {
-            unsafe {
-                let hi = sum2(
-                    leaf::<E, P, VEC_DOT>(q, pg, t0, mask, i + 12),
-                    leaf::<E, P, VEC_DOT>(q, pg, t0, mask, i + 4),
-                );
-                let lo = sum2(
-                    leaf::<E, P, VEC_DOT>(q, pg, t0, mask, i + 8),
-                    leaf::<E, P, VEC_DOT>(q, pg, t0, mask, i),
-                );
-                sum2(hi, lo)
-            }
-        }
-
-        /// One vector of scores (slots from `t0` that `mask` selects) for
-        /// `P` pairs; pair `p` writes `out[p].add(t0)`.
-        ///
-        /// # Safety
-        /// The CPU has this module's features; as [`page_scores`].
+        /// The CPU has this module's features; as [`page_scores`], and the
+        /// `NT` vectors from `t0` lie below `pg.m` (the last as `mask`
+        /// selects).
         #[target_feature(enable = $features)]
-        unsafe fn scores_vector<E: KvElement, const P: usize, const VEC_DOT: bool>(
+        unsafe fn scores_block<
+            E: KvElement,
+            const P: usize,
+            const NT: usize,
+            const VEC_DOT: bool,
+        >(
             pg: &KeyPage<E>,
             t0: usize,
             mask: Mask,
             q: &[*const f32; P],
             out: &[*mut f32; P],
         ) {
+            let (lanes, order) = if VEC_DOT {
+                (64, SumOrder::VecDot)
+            } else {
+                (16, SumOrder::Sgemm)
+            };
+            let part = |j: usize| if j + 1 == NT { mask } else { ALL };
+            // SAFETY: the caller guarantees every slot read and written.
             unsafe {
-                let s = sum2(
-                    sum2(
-                        quarter::<E, P, VEC_DOT>(q, pg, t0, mask, 0),
-                        quarter::<E, P, VEC_DOT>(q, pg, t0, mask, 2),
-                    ),
-                    sum2(
-                        quarter::<E, P, VEC_DOT>(q, pg, t0, mask, 1),
-                        quarter::<E, P, VEC_DOT>(q, pg, t0, mask, 3),
-                    ),
-                );
+                let mut lane = [[[MaybeUninit::<$v>::uninit(); 64]; NT]; P];
+                for l in 0..lanes {
+                    let mut a = [[$zero(); NT]; P];
+                    if l < pg.hd {
+                        let mut k = [$zero(); NT];
+                        for j in 0..NT {
+                            k[j] = load(pg.k.add(l * pg.width + t0 + j * W), part(j));
+                        }
+                        for p in 0..P {
+                            let s = $splat(*q[p].add(l));
+                            for j in 0..NT {
+                                a[p][j] = $mul(s, k[j]);
+                            }
+                        }
+                        let mut d = l + lanes;
+                        while d < pg.hd {
+                            for j in 0..NT {
+                                k[j] = load(pg.k.add(d * pg.width + t0 + j * W), part(j));
+                            }
+                            for p in 0..P {
+                                let s = $splat(*q[p].add(d));
+                                for j in 0..NT {
+                                    a[p][j] = $fma(s, k[j], a[p][j]);
+                                }
+                            }
+                            d += lanes;
+                        }
+                    }
+                    for p in 0..P {
+                        for j in 0..NT {
+                            lane[p][j][l] = MaybeUninit::new(a[p][j]);
+                        }
+                    }
+                }
                 for p in 0..P {
-                    store(out[p].add(t0), mask, s[p]);
+                    for j in 0..NT {
+                        store(out[p].add(t0 + j * W), part(j), reduce(order, &lane[p][j]));
+                    }
                 }
             }
         }
 
         /// Scores of every pair (queries `qs[p]`) against the page's slots
         /// below `pg.m`, pair `p`'s slot `t` to `out[p * stride + t]`,
-        /// several pairs per key load. Returns the slots done; the caller
-        /// computes the rest.
+        /// several pairs and vectors per key load. Returns the slots done;
+        /// the caller computes the rest.
         ///
         /// # Safety
         /// The CPU has this module's features; each `qs[p]` has `pg.hd`
@@ -242,19 +188,37 @@ macro_rules! width_kernels {
             let outs: Vec<*mut f32> = (0..qs.len())
                 .map(|p| out.wrapping_add(p * stride))
                 .collect();
+            let vec_dot = order == SumOrder::VecDot;
             let mut t0 = 0;
+            // SAFETY (every call): as this function's contract, for the
+            // pairs p0..p0 + n and vectors below `pg.m`.
+            while t0 + $snt * W <= pg.m {
+                let mut p0 = 0;
+                while p0 < qs.len() {
+                    let n = (qs.len() - p0).min($sp);
+                    let (q, o) = (&qs[p0..], &outs[p0..]);
+                    unsafe {
+                        if vec_dot {
+                            by_count!(n, scores_block::<E, $snt, true>(pg, t0, ALL; q, o; ))
+                        } else {
+                            by_count!(n, scores_block::<E, $snt, false>(pg, t0, ALL; q, o; ))
+                        }
+                    }
+                    p0 += n;
+                }
+                t0 += $snt * W;
+            }
             while t0 < pg.m && (MASKED || t0 + W <= pg.m) {
                 let mask = mask(pg.m - t0);
                 let mut p0 = 0;
                 while p0 < qs.len() {
                     let n = (qs.len() - p0).min($sp);
                     let (q, o) = (&qs[p0..], &outs[p0..]);
-                    // SAFETY: as this function's contract, for pairs p0..p0 + n.
                     unsafe {
-                        if order == SumOrder::VecDot {
-                            by_count!(n, scores_vector::<E, true>(pg, t0, mask; q, o; ))
+                        if vec_dot {
+                            by_count!(n, scores_block::<E, 1, true>(pg, t0, mask; q, o; ))
                         } else {
-                            by_count!(n, scores_vector::<E, false>(pg, t0, mask; q, o; ))
+                            by_count!(n, scores_block::<E, 1, false>(pg, t0, mask; q, o; ))
                         }
                     }
                     p0 += n;
@@ -297,6 +261,7 @@ macro_rules! width_kernels {
         ) {
             let (hd, lanes) = (vt.hd, vt.lanes);
             let hi = vt.hi.min(n.iter().copied().max().unwrap_or(0));
+            let common = vt.hi.min(n.iter().copied().min().unwrap_or(0));
             let row = |page: usize, slot: usize| unsafe {
                 (*vt.rows.get_unchecked(page)).add(slot * hd + d0)
             };
@@ -332,6 +297,17 @@ macro_rules! width_kernels {
                                 a[p][v] = $loadf(acc[p].add(l * hd + d0 + v * W));
                             }
                         }
+                    }
+                    // Every pair still sums here; past `common` some stop.
+                    while t < common {
+                        let x = load_row::<E, NV>(row(page, slot));
+                        for p in 0..P {
+                            let s = $splat(*w[p].add(t));
+                            for v in 0..NV {
+                                a[p][v] = $fma(s, x[v], a[p][v]);
+                            }
+                        }
+                        step(&mut t, &mut page, &mut slot);
                     }
                     while t < hi {
                         let x = load_row::<E, NV>(row(page, slot));
@@ -474,7 +450,8 @@ pub(super) mod avx512 {
         _mm512_loadu_ps,
         _mm512_storeu_ps,
         score_pairs: 6,
-        value_pairs: 3,
+        score_vectors: 1,
+        value_pairs: 6,
         value_vectors: 4
     );
 }
@@ -530,8 +507,9 @@ pub(super) mod avx2 {
         _mm256_fmadd_ps,
         _mm256_loadu_ps,
         _mm256_storeu_ps,
-        score_pairs: 3,
-        value_pairs: 3,
-        value_vectors: 4
+        score_pairs: 4,
+        score_vectors: 2,
+        value_pairs: 4,
+        value_vectors: 2
     );
 }

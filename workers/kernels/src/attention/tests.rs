@@ -224,3 +224,54 @@ fn the_stale_tail_of_the_last_page_is_never_read() {
         }
     }
 }
+
+/// Not a test: `cargo test --release -p bulkhead-kernels -- --ignored
+/// --nocapture tile_timing` prints what a prefill tile and a decode row
+/// cost at each width (for kernel work; `bench engine` is the benchmark).
+#[test]
+#[ignore]
+fn tile_timing() {
+    let mut seed = 5;
+    let (hd, width, group, ctx) = (64, 16, 3, 4096);
+    let c = Context::new(&mut seed, ctx, hd);
+    let (k16, v16) = c.pages(width, half::f16::from_f32);
+    let keys: Vec<&[half::f16]> = k16.iter().map(Vec::as_slice).collect();
+    let values: Vec<&[half::f16]> = v16.iter().map(Vec::as_slice).collect();
+    let pages = HeadPages {
+        keys: &keys,
+        values: &values,
+        width,
+    };
+    for (rows, order) in [(8, SumOrder::Sgemm), (1, SumOrder::VecDot)] {
+        let q: Vec<f32> = (0..rows * group * hd).map(|_| lcg(&mut seed)).collect();
+        let tile = QueryTile {
+            q: &q,
+            row_stride: group * hd,
+            rows,
+            group,
+            hd,
+            first_ctx: ctx - rows + 1,
+            order,
+        };
+        let softmax = Softmax {
+            scale: 0.125,
+            round_f16: true,
+        };
+        for level in levels() {
+            let mut scratch = TileScratch::default();
+            let mut out = vec![0f32; rows * group * hd];
+            let mut best = f64::MAX;
+            for _ in 0..20 {
+                let t = std::time::Instant::now();
+                attend_tile_at(level, &tile, &pages, softmax, &mut scratch, &mut out);
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let pairs = (rows * group * ctx) as f64;
+            println!(
+                "{level:?} rows={rows}: {:.3} ms, {:.2} ns per (pair, token)",
+                best * 1e3,
+                best * 1e9 / pairs
+            );
+        }
+    }
+}
