@@ -95,11 +95,10 @@ macro_rules! width_kernels {
         }
 
         /// Scores of `P` pairs for `NT` vectors of slots from `t0` (the
-        /// last vector limited by `mask`): each lane's chain (dimensions
-        /// `d ≡ l (mod lanes)`, ascending, the first a product; zero where
-        /// `l >= hd`) runs in registers with every key vector loaded once
-        /// for all pairs, is stored, and the order's tree combines the
-        /// stored lanes.
+        /// last vector limited by `mask`): each lane's chain runs in
+        /// registers with every key vector loaded once for all pairs; the
+        /// sixteen inputs of the order's final tree are stored, then
+        /// combined.
         ///
         /// # Safety
         /// The CPU has this module's features; as [`page_scores`], and the
@@ -118,51 +117,69 @@ macro_rules! width_kernels {
             q: &[*const f32; P],
             out: &[*mut f32; P],
         ) {
-            let (lanes, order) = if VEC_DOT {
-                (64, SumOrder::VecDot)
-            } else {
-                (16, SumOrder::Sgemm)
-            };
             let part = |j: usize| if j + 1 == NT { mask } else { ALL };
-            // SAFETY: the caller guarantees every slot read and written.
-            unsafe {
-                let mut lane = [[[MaybeUninit::<$v>::uninit(); 64]; NT]; P];
-                for l in 0..lanes {
-                    let mut a = [[$zero(); NT]; P];
-                    if l < pg.hd {
-                        let mut k = [$zero(); NT];
-                        for j in 0..NT {
-                            k[j] = load(pg.k.add(l * pg.width + t0 + j * W), part(j));
-                        }
-                        for p in 0..P {
-                            let s = $splat(*q[p].add(l));
-                            for j in 0..NT {
-                                a[p][j] = $mul(s, k[j]);
-                            }
-                        }
-                        let mut d = l + lanes;
-                        while d < pg.hd {
-                            for j in 0..NT {
-                                k[j] = load(pg.k.add(d * pg.width + t0 + j * W), part(j));
-                            }
-                            for p in 0..P {
-                                let s = $splat(*q[p].add(d));
-                                for j in 0..NT {
-                                    a[p][j] = $fma(s, k[j], a[p][j]);
-                                }
-                            }
-                            d += lanes;
-                        }
+            // The chain of lane `l` for every pair and vector: dimensions
+            // `d ≡ l (mod lanes)`, ascending, the first a product; zero
+            // where `l >= hd`.
+            // SAFETY: the caller guarantees every slot read.
+            let chain = |l: usize, lanes: usize| unsafe {
+                let mut a = [[$zero(); NT]; P];
+                if l < pg.hd {
+                    let mut k = [$zero(); NT];
+                    for j in 0..NT {
+                        k[j] = load(pg.k.add(l * pg.width + t0 + j * W), part(j));
                     }
                     for p in 0..P {
+                        let s = $splat(*q[p].add(l));
                         for j in 0..NT {
-                            lane[p][j][l] = MaybeUninit::new(a[p][j]);
+                            a[p][j] = $mul(s, k[j]);
+                        }
+                    }
+                    let mut d = l + lanes;
+                    while d < pg.hd {
+                        for j in 0..NT {
+                            k[j] = load(pg.k.add(d * pg.width + t0 + j * W), part(j));
+                        }
+                        for p in 0..P {
+                            let s = $splat(*q[p].add(d));
+                            for j in 0..NT {
+                                a[p][j] = $fma(s, k[j], a[p][j]);
+                            }
+                        }
+                        d += lanes;
+                    }
+                }
+                a
+            };
+            // SAFETY: the caller guarantees every slot read and written.
+            unsafe {
+                // The sixteen inputs of the final tree: lane `j` (sgemm),
+                // or lanes `j`, `32 + j`, `16 + j`, `48 + j` combined as
+                // `GGML_F32x16_REDUCE` does (vec_dot).
+                let mut x = [[[MaybeUninit::<$v>::uninit(); 64]; NT]; P];
+                for j in 0..16 {
+                    let v = if VEC_DOT {
+                        let (a, b) = (chain(j, 64), chain(32 + j, 64));
+                        let (c, d) = (chain(16 + j, 64), chain(48 + j, 64));
+                        let mut v = [[$zero(); NT]; P];
+                        for p in 0..P {
+                            for n in 0..NT {
+                                v[p][n] = $add($add(a[p][n], b[p][n]), $add(c[p][n], d[p][n]));
+                            }
+                        }
+                        v
+                    } else {
+                        chain(j, 16)
+                    };
+                    for p in 0..P {
+                        for n in 0..NT {
+                            x[p][n][j] = MaybeUninit::new(v[p][n]);
                         }
                     }
                 }
                 for p in 0..P {
-                    for j in 0..NT {
-                        store(out[p].add(t0 + j * W), part(j), reduce(order, &lane[p][j]));
+                    for n in 0..NT {
+                        store(out[p].add(t0 + n * W), part(n), reduce(SumOrder::Sgemm, &x[p][n]));
                     }
                 }
             }
