@@ -419,16 +419,22 @@ fn attention(
 /// the tasks (tiles × KV heads) keep every thread busy to the end.
 fn tile_sizes(len: usize, kv_heads: usize, threads: usize) -> Vec<usize> {
     let mut tiles = len.div_ceil(TILE_ROWS).max(1);
-    while (tiles * kv_heads) % threads != 0 && tiles < len && tiles < 2 * len.div_ceil(TILE_ROWS) {
+    while !(tiles * kv_heads).is_multiple_of(threads)
+        && tiles < len
+        && tiles < 2 * len.div_ceil(TILE_ROWS)
+    {
         tiles += 1;
     }
-    if (tiles * kv_heads) % threads != 0 {
+    if !(tiles * kv_heads).is_multiple_of(threads) {
         tiles = len.div_ceil(TILE_ROWS).max(1);
     }
     (0..tiles)
         .map(|i| len / tiles + usize::from(i < len % tiles))
         .collect()
 }
+
+/// One KV head's keys and values, page by page, as the kernel takes them.
+pub(crate) type HeadSlices<'a, E> = (Vec<&'a [E]>, Vec<&'a [E]>);
 
 /// What every attention task of a layer shares.
 struct Shape<'a> {
@@ -454,7 +460,7 @@ fn run_tiles<E: Element>(
     let total: usize = tasks.iter().map(|t| t.rows * width).sum();
     let tiles = take(tiles, total);
     // Each (sequence, KV head)'s pages as slices, made once for its tasks.
-    let heads: Vec<Vec<(Vec<&[E]>, Vec<&[E]>)>> = views
+    let heads: Vec<Vec<HeadSlices<'_, E>>> = views
         .iter()
         .map(|pages| {
             if pages.is_empty() {

@@ -179,7 +179,7 @@ fn pair_secs<E: KvElement + From<u8>>(
         }
     }
     let block = |page: usize, at: usize| &memory[page * stride + at..page * stride + at + head];
-    let heads: Vec<(Vec<&[E]>, Vec<&[E]>)> = (0..c.kv_heads)
+    let heads: Vec<crate::forward::HeadSlices<'_, E>> = (0..c.kv_heads)
         .map(|kvh| {
             (
                 (0..pages).map(|p| block(p, kvh * head)).collect(),
