@@ -166,17 +166,17 @@ fn pair_secs<E: KvElement + From<u8>>(
     let (hd, group) = (c.head_dim, c.heads / c.kv_heads.max(1));
     let depth = CALIBRATION_DEPTH.min(c.context_window.max(rows + 1));
     let pages = depth.div_ceil(ps);
-    // Laid out as the pool lays out one layer of its pages: each page a
-    // block of every layer's keys and values, so a sweep touches one small
-    // run of every page block as serving does (the cost depends on where
-    // the bytes are, not on what they are).
+    // Laid out as the pool lays out one layer of its pages: every page a
+    // block of its own, the layer's keys then values, so a sweep touches
+    // one short run of each page block as serving does (the cost depends
+    // on where the bytes are, not on what they are). The pool's blocks
+    // hold every layer; one layer apart is as many distinct cache lines
+    // and memory pages per sweep, at a small part of the memory.
     let head = hd * ps;
-    let stride = c.layers.max(1) * 2 * c.kv_heads * head;
+    let stride = 2 * c.kv_heads * head;
     let mut memory = vec![E::from(0); pages * stride];
-    for page in memory.chunks_exact_mut(stride) {
-        for (i, v) in page[..2 * c.kv_heads * head].iter_mut().enumerate() {
-            *v = E::from((i % 7) as u8);
-        }
+    for (i, v) in memory.iter_mut().enumerate() {
+        *v = E::from((i % 7) as u8);
     }
     let block = |page: usize, at: usize| &memory[page * stride + at..page * stride + at + head];
     let heads: Vec<crate::forward::HeadSlices<'_, E>> = (0..c.kv_heads)
