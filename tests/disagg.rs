@@ -562,7 +562,8 @@ fn a_prompt_that_cannot_be_prefilled_in_time_is_refused_at_admission_and_a_slow_
     let p = prefill(&[]);
     let d = decode(&p.addr("transfer"), &["--transfer-timeout-ms", "1000"]);
     let started = std::time::Instant::now();
-    let request = json!({"tokens": tokens(700), "max_tokens": 2, "ignore_eos": true});
+    // Long enough that the blocked attention kernel still takes seconds.
+    let request = json!({"tokens": tokens(2_500), "max_tokens": 2, "ignore_eos": true});
     let r = generate(&d.addr("http"), 2, &request);
     let took = started.elapsed();
     assert_eq!(r.status, 200, "{}", r.body);
