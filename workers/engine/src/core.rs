@@ -407,7 +407,9 @@ impl EngineCore {
             geometry.dtype,
             geometry.page_size,
             (4 * crate::forward::TILE_ROWS, crate::forward::TILE_ROWS),
-            2,
+            // A few milliseconds each: the best of several rides out a
+            // moment of contention on a shared machine.
+            7,
         );
         let vocab = u32::try_from(self.model.config.vocab).unwrap_or(u32::MAX);
         let tokens: Vec<u32> = (0..TOKENS as u32)
