@@ -376,7 +376,7 @@ fn num(v: &Value, key: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("llama.cpp result lacks {key}"))
 }
 
-pub(crate) fn python() -> std::ffi::OsString {
+fn python() -> std::ffi::OsString {
     std::env::var_os("BULKHEAD_PYTHON").unwrap_or_else(|| "python3".into())
 }
 
@@ -426,8 +426,14 @@ fn llama_cpp(
         "model": model, "threads": threads, "prefill": prefill, "decode_prompt": decode_prompt,
         "decode_tokens": decode_tokens, "rounds": rounds,
     });
+    run_llama_cpp(LLAMA_CPP_SCRIPT, &cfg)
+}
+
+/// Runs a llama-cpp-python `script` with `cfg` as its argument; the JSON
+/// object its last line prints.
+pub(crate) fn run_llama_cpp(script: &str, cfg: &Value) -> anyhow::Result<Value> {
     let out = Command::new(python())
-        .args(["-c", LLAMA_CPP_SCRIPT])
+        .args(["-c", script])
         .arg(cfg.to_string())
         .output()
         .context("running llama-cpp-python")?;

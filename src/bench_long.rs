@@ -4,13 +4,11 @@
 //! same threads, flash attention off) measured beside them in the same run
 //! where llama-cpp-python is importable.
 
-use crate::bench::{Prompts, python, timed_batch};
-use anyhow::{Context, bail};
+use crate::bench::{Prompts, run_llama_cpp, timed_batch};
 use bulkhead_engine::{Engine, EngineConfig, ModelFile};
 use clap::Args;
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -201,20 +199,7 @@ fn llama_cpp(
         "model": model, "threads": threads, "n_ctx": n_ctx, "prompt": prompt, "lengths": lengths,
         "decode_prompt": decode_prompt, "decode_tokens": decode_tokens,
     });
-    let out = Command::new(python())
-        .args(["-c", LLAMA_CPP_SCRIPT])
-        .arg(cfg.to_string())
-        .output()
-        .context("running llama-cpp-python")?;
-    if !out.status.success() {
-        bail!(
-            "llama-cpp-python failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let line = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(line.lines().last().unwrap_or_default())
-        .context("parsing llama-cpp-python output")
+    run_llama_cpp(LLAMA_CPP_SCRIPT, &cfg)
 }
 
 /// The long-context table under `bench engine`'s own.

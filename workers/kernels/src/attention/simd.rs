@@ -185,6 +185,37 @@ macro_rules! width_kernels {
             }
         }
 
+        /// Every pair's scores for `NT` vectors of slots from `t0`, up to
+        /// `score_pairs` pairs a kernel call.
+        ///
+        /// # Safety
+        /// As [`page_scores`], for the `NT` vectors from `t0` (the last
+        /// as `mask` selects).
+        #[inline(always)]
+        unsafe fn score_vectors<E: KvElement, const NT: usize>(
+            qs: &[*const f32],
+            outs: &[*mut f32],
+            pg: &KeyPage<E>,
+            t0: usize,
+            mask: Mask,
+            vec_dot: bool,
+        ) {
+            let mut p0 = 0;
+            while p0 < qs.len() {
+                let n = (qs.len() - p0).min($sp);
+                let (q, o) = (&qs[p0..], &outs[p0..]);
+                // SAFETY: as this function's contract, for pairs p0..p0 + n.
+                unsafe {
+                    if vec_dot {
+                        by_count!(n, scores_block::<E, NT, true>(pg, t0, mask; q, o; ))
+                    } else {
+                        by_count!(n, scores_block::<E, NT, false>(pg, t0, mask; q, o; ))
+                    }
+                }
+                p0 += n;
+            }
+        }
+
         /// Scores of every pair (queries `qs[p]`) against the page's slots
         /// below `pg.m`, pair `p`'s slot `t` to `out[p * stride + t]`,
         /// several pairs and vectors per key load. Returns the slots done;
@@ -207,39 +238,14 @@ macro_rules! width_kernels {
                 .collect();
             let vec_dot = order == SumOrder::VecDot;
             let mut t0 = 0;
-            // SAFETY (every call): as this function's contract, for the
-            // pairs p0..p0 + n and vectors below `pg.m`.
+            // SAFETY (both loops): as this function's contract, for the
+            // vectors below `pg.m`.
             while t0 + $snt * W <= pg.m {
-                let mut p0 = 0;
-                while p0 < qs.len() {
-                    let n = (qs.len() - p0).min($sp);
-                    let (q, o) = (&qs[p0..], &outs[p0..]);
-                    unsafe {
-                        if vec_dot {
-                            by_count!(n, scores_block::<E, $snt, true>(pg, t0, ALL; q, o; ))
-                        } else {
-                            by_count!(n, scores_block::<E, $snt, false>(pg, t0, ALL; q, o; ))
-                        }
-                    }
-                    p0 += n;
-                }
+                unsafe { score_vectors::<E, $snt>(qs, &outs, pg, t0, ALL, vec_dot) };
                 t0 += $snt * W;
             }
             while t0 < pg.m && (MASKED || t0 + W <= pg.m) {
-                let mask = mask(pg.m - t0);
-                let mut p0 = 0;
-                while p0 < qs.len() {
-                    let n = (qs.len() - p0).min($sp);
-                    let (q, o) = (&qs[p0..], &outs[p0..]);
-                    unsafe {
-                        if vec_dot {
-                            by_count!(n, scores_block::<E, 1, true>(pg, t0, mask; q, o; ))
-                        } else {
-                            by_count!(n, scores_block::<E, 1, false>(pg, t0, mask; q, o; ))
-                        }
-                    }
-                    p0 += n;
-                }
+                unsafe { score_vectors::<E, 1>(qs, &outs, pg, t0, mask(pg.m - t0), vec_dot) };
                 t0 += W;
             }
             t0.min(pg.m)

@@ -139,39 +139,59 @@ fn check(case: (usize, usize, usize, usize, usize), order: SumOrder, seed: &mut 
     let want = plain(&ctx, &tile, softmax);
     let (k16, v16) = ctx.pages(width, half::f16::from_f32);
     let (k32, v32) = ctx.pages(width, |x| x);
+    let what =
+        format!("{order:?} rows={rows} first_ctx={first_ctx} group={group} hd={hd} width={width}");
     for level in levels() {
         let mut scratch = TileScratch::default();
-        let mut got = vec![0f32; want.len()];
-        let keys: Vec<&[half::f16]> = k16.iter().map(Vec::as_slice).collect();
-        let values: Vec<&[half::f16]> = v16.iter().map(Vec::as_slice).collect();
-        let pages = HeadPages {
-            keys: &keys,
-            values: &values,
-            width,
-        };
-        attend_tile_at(level, &tile, &pages, softmax, &mut scratch, &mut got);
-        assert!(
-            got.iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{level:?} {order:?} f16 rows={rows} first_ctx={first_ctx} group={group} hd={hd} width={width}"
+        // The same scratch for both element types: nothing carries over.
+        attend_and_compare(
+            level,
+            &tile,
+            (&k16, &v16, width),
+            softmax,
+            &mut scratch,
+            &want,
+            &what,
         );
-        let keys: Vec<&[f32]> = k32.iter().map(Vec::as_slice).collect();
-        let values: Vec<&[f32]> = v32.iter().map(Vec::as_slice).collect();
-        let pages = HeadPages {
-            keys: &keys,
-            values: &values,
-            width,
-        };
-        // The same scratch again: nothing carries over between tiles.
-        attend_tile_at(level, &tile, &pages, softmax, &mut scratch, &mut got);
-        assert!(
-            got.iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{level:?} {order:?} f32 rows={rows} first_ctx={first_ctx} group={group} hd={hd} width={width}"
+        attend_and_compare(
+            level,
+            &tile,
+            (&k32, &v32, width),
+            softmax,
+            &mut scratch,
+            &want,
+            &what,
         );
     }
+}
+
+/// Attention of `tile` over pages `(keys, values, width)` at `level` is
+/// `want`, bit for bit.
+fn attend_and_compare<E: KvElement>(
+    level: SimdLevel,
+    tile: &QueryTile<'_>,
+    (k, v, width): (&[Vec<E>], &[Vec<E>], usize),
+    softmax: Softmax,
+    scratch: &mut TileScratch,
+    want: &[f32],
+    what: &str,
+) {
+    let keys: Vec<&[E]> = k.iter().map(Vec::as_slice).collect();
+    let values: Vec<&[E]> = v.iter().map(Vec::as_slice).collect();
+    let pages = HeadPages {
+        keys: &keys,
+        values: &values,
+        width,
+    };
+    let mut got = vec![0f32; want.len()];
+    attend_tile_at(level, tile, &pages, softmax, scratch, &mut got);
+    assert!(
+        got.iter()
+            .zip(want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{level:?} f16={} {what}",
+        E::IS_F16
+    );
 }
 
 #[test]
