@@ -218,6 +218,19 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The context window of `model`'s active config: the one `up` serves.
+fn served_window(cp: &str, admin: &str, model: &str) -> u64 {
+    let path = format!(
+        "/admin/v1/models/{}/configs",
+        model.replace('@', "%40").replace('/', "%2F")
+    );
+    get(cp, &path, admin)
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["active"] == true))
+        .and_then(|c| c["context_window"].as_u64())
+        .expect("an active config with a window")
+}
+
 /// SIGKILLs `up`'s gateway; its pid.
 fn kill_gateway(up: u32) -> u32 {
     let pid = child_pid(up, "gateway", "");
@@ -297,7 +310,13 @@ fn budgets(
         );
         assert!(text.contains(&format!("daily {daily} neurons")), "{text}");
     };
-    set("1");
+    // The budget covers one reservation of the served window (whose size
+    // `up` sets from this machine's speed): the prompt the worker refuses
+    // below must reach the worker, not be refused by the budget first.
+    let window = served_window(cp, admin, model);
+    let daily = (window * 330 + 4 * 2460).div_ceil(1_000_000);
+    let budget = daily * 1_000_000;
+    set(&daily.to_string());
     let audit = get(cp, "/admin/v1/audit?limit=5", admin);
     assert!(
         audit
@@ -306,7 +325,9 @@ fn budgets(
             .iter()
             .any(|e| e["action"] == "account.budget"
                 && e["subject"] == id
-                && e["after"].as_str().is_some_and(|a| a.contains("daily=1 "))),
+                && e["after"]
+                    .as_str()
+                    .is_some_and(|a| a.contains(&format!("daily={daily} ")))),
         "{audit}"
     );
     // The gateway applies the change with the next routing table.
@@ -314,9 +335,9 @@ fn budgets(
     let body = json!({"model": model, "max_tokens": 4, "temperature": 0,
         "messages": [{"role": "user", "content": "Hi"}]})
     .to_string();
-    // A prompt the worker refuses reserves the whole window's cost
-    // (770,160 micro-neurons here) and must give it all back: kept, it
-    // would leave room for a dozen answers, not the budget's worth.
+    // A prompt the worker refuses reserves the whole window's cost (most
+    // of the budget) and must give it all back: kept, it would leave room
+    // for a few answers, not the budget's worth.
     let long = json!({"model": model, "max_tokens": 4,
         "messages": [{"role": "user", "content": "word ".repeat(20_000)}]})
     .to_string();
@@ -337,18 +358,18 @@ fn budgets(
             v["usage"]["completion_tokens"].as_u64().expect("usage"),
         );
         answered += 1;
-        assert!(answered < 200, "a budget of 1 neuron never refused");
+        assert!(
+            answered < 200 * daily,
+            "a budget of {daily} neurons never refused"
+        );
     };
     // What was answered fits the budget, and the refused request's
     // reservation (its prompt bound: 2 bytes, 2 messages' worth of
     // template, the system prompt; 4 output tokens) did not.
     let reservation = (2 + 4 + 16 * 2 + 64) * 330 + 4 * 2460;
+    assert!(spent <= budget, "spent {spent} micro-neurons of {budget}");
     assert!(
-        spent <= 1_000_000,
-        "spent {spent} micro-neurons of 1,000,000"
-    );
-    assert!(
-        spent + reservation > 1_000_000,
+        spent + reservation > budget,
         "refused with {spent} spent, room for another reservation of {reservation}"
     );
     let (head, text) = refusal;
@@ -356,7 +377,10 @@ fn budgets(
     assert_eq!(v["error"]["type"], "insufficient_quota", "{v}");
     assert_eq!(v["error"]["code"], "insufficient_quota", "{v}");
     let message = v["error"]["message"].as_str().unwrap_or("");
-    assert!(message.contains("daily budget of 1 neurons"), "{message}");
+    assert!(
+        message.contains(&format!("daily budget of {daily} neurons")),
+        "{message}"
+    );
     let header = |name: &str| {
         head.lines()
             .find_map(|l| {
