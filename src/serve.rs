@@ -301,7 +301,7 @@ fn metrics(
     http: &TcpListener,
 ) -> anyhow::Result<()> {
     let node = register.node_name(kind, &register.advertised(http.local_addr()?));
-    bulkhead_node::metrics::register(role, &node);
+    bulkhead_node::gauges::register(role, &node);
     Ok(())
 }
 

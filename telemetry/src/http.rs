@@ -81,7 +81,7 @@ impl RequestId {
 /// `http.server.active_requests`, and a log line. Routes in `quiet` (route
 /// templates such as `/health`, the routing long-poll, heartbeats) log at
 /// debug unless they fail, and are not traced unless
-/// `BULKHEAD_TRACE_POLLS=true` ([`trace_polls`]): a poll every few seconds
+/// `BULKHEAD_TRACE_POLLS=true` ([`trace_polls`](crate::trace_polls)): a poll every few seconds
 /// per component would bury the traces of tenants' requests.
 pub fn instrument(router: Router, hop: Hop, quiet: &'static [&'static str]) -> Router {
     let meter = crate::meter();
@@ -230,7 +230,7 @@ async fn track(State(l): State<Arc<HttpLayer>>, mut req: Request, next: Next) ->
             )
         };
     }
-    let span = if quiet && !trace_polls() {
+    let span = if quiet && !crate::setup::trace_polls() {
         server_span!(tracing::Level::DEBUG)
     } else {
         server_span!(tracing::Level::INFO)
@@ -321,19 +321,6 @@ fn response_attrs(
         attrs.push(KeyValue::new("error.type", status.as_u16().to_string()));
     }
     attrs
-}
-
-static TRACE_POLLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether routine polls (routing long-polls, heartbeats, health checks,
-/// scrapes) are traced: as [`Settings::trace_polls`](crate::Settings) said
-/// at set-up; not before.
-pub fn trace_polls() -> bool {
-    TRACE_POLLS.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-pub(crate) fn set_trace_polls(on: bool) {
-    TRACE_POLLS.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The method as OpenTelemetry names it (`_OTHER` for anything unknown,

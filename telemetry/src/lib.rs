@@ -23,11 +23,9 @@ mod propagate;
 mod setup;
 
 pub use declared::declare_histogram;
-pub use http::{
-    Hop, REQUEST_ID_HEADER, RequestId, instrument, metrics_app, metrics_router, trace_polls,
-};
+pub use http::{Hop, REQUEST_ID_HEADER, RequestId, instrument, metrics_app, metrics_router};
 pub use propagate::{inject_headers, parent_from, set_remote_parent, traceparent, traceparent_of};
-pub use setup::{Settings, Telemetry, TelemetryError, init, init_with_logs};
+pub use setup::{Settings, Telemetry, TelemetryError, init, init_with_logs, trace_polls};
 
 /// A count as a span attribute. `tracing-opentelemetry` exports `i64`,
 /// `f64`, `bool` and strings as themselves but any other integer (`u64`,

@@ -104,6 +104,15 @@ pub(crate) fn registry() -> Option<&'static prometheus::Registry> {
 
 static REGISTRY: OnceLock<prometheus::Registry> = OnceLock::new();
 
+static TRACE_POLLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether routine polls (routing long-polls, heartbeats, health checks,
+/// scrapes) are traced: as [`Settings::trace_polls`] said at set-up; not
+/// before.
+pub fn trace_polls() -> bool {
+    TRACE_POLLS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// What the environment says about telemetry: the OpenTelemetry SDK's
 /// variables and Bulkhead's own, read once by the binary (this crate reads
 /// no environment itself).
@@ -184,7 +193,7 @@ pub fn init_with_logs(
     {
         return Err(TelemetryError::Protocol(p.clone()));
     }
-    crate::http::set_trace_polls(settings.trace_polls);
+    TRACE_POLLS.store(settings.trace_polls, std::sync::atomic::Ordering::Relaxed);
     let resource = Resource::builder()
         .with_service_name(service)
         .with_attributes([

@@ -9,11 +9,11 @@
 //! other command.
 
 use crate::GenerateRequest;
+use crate::config::EngineConfig;
 use crate::core::{
     EngineCore, EngineStats, Grant, PendingPrefill, PendingRequest, PrefillEvent, SeqEvent,
 };
 use crate::error::{ConfigError, TransferFault};
-use crate::forward::Numerics;
 use crate::gguf::{ModelConfig, ModelFile};
 use crate::speed::PrefillSpeed;
 use crate::tokenizer::Tokenizer;
@@ -27,70 +27,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tokio::sync::oneshot;
-
-/// How an engine is set up. No `Default`: callers state the budget.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Bytes of KV memory; the pool gets as many whole pages as fit.
-    pub kv_budget_bytes: usize,
-    /// Tokens per KV page.
-    pub page_size: usize,
-    /// Zero pages when they are freed (costs time; off by default).
-    pub scrub_on_free: bool,
-    /// Tokens one step may process at most (prefill chunk budget).
-    pub step_tokens: usize,
-    /// About how long one step may take: the prefill budget of a step is
-    /// what the measured speed computes in this time, so a request that
-    /// arrives waits at most about one step for its turn.
-    pub step_time: Duration,
-    /// The longest a prompt may take to prefill alone at the measured
-    /// speed; longer prompts are refused at admission
-    /// ([`bulkhead_kv::AdmissionError::PrefillTooLong`]).
-    pub prefill_deadline: Duration,
-    /// Output tokens reserved with the prompt; the rest of `max_tokens` is
-    /// taken page by page as the sequence generates.
-    pub first_slice_tokens: usize,
-    /// The share of the pool (percent) one tenant may hold while another
-    /// tenant waits for pages.
-    pub tenant_share_percent: usize,
-    /// Compute threads.
-    pub threads: usize,
-    /// Rounding of the forward pass; `LlamaCpp` by default.
-    pub numerics: Numerics,
-    /// Keep full prompt pages after a request for later prompts of the
-    /// same namespace that start with them (requests carry their scope,
-    /// [`crate::GenerateRequest::cache`]); on by default.
-    pub prefix_cache: bool,
-    /// Tests only (the `test-hooks` feature; refused otherwise): every
-    /// request after this many picks the runner-up of each greedy choice,
-    /// a worker whose answers went wrong, for the leak prober to catch.
-    pub corrupt_answers_after: Option<u64>,
-}
-
-impl EngineConfig {
-    /// The serving defaults for a KV budget of `kv_budget_bytes`: 16-token
-    /// pages, no scrubbing, steps of about 200 ms and at most 512 tokens, a
-    /// 60 s prefill deadline, 64 output tokens reserved with the prompt, a
-    /// tenant holding at most half the pool while others wait, one thread
-    /// per core, llama.cpp numerics, the prefix cache on. Owner checks are
-    /// always on.
-    pub fn with_budget(kv_budget_bytes: usize) -> Self {
-        EngineConfig {
-            kv_budget_bytes,
-            page_size: 16,
-            scrub_on_free: false,
-            step_tokens: 512,
-            step_time: Duration::from_millis(200),
-            prefill_deadline: Duration::from_secs(60),
-            first_slice_tokens: 64,
-            tenant_share_percent: 50,
-            threads: std::thread::available_parallelism().map_or(1, usize::from),
-            numerics: Numerics::LlamaCpp,
-            prefix_cache: true,
-            corrupt_answers_after: None,
-        }
-    }
-}
 
 /// What an engine can serve, measured after loading.
 #[derive(Debug, Clone)]

@@ -11,7 +11,6 @@ use crate::tokenizer::Tokenizer;
 use bulkhead_kernels::{Matrix, WeightFormat, WeightsQ};
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, Value};
-use std::collections::HashMap;
 use std::io::Cursor;
 use std::path::Path;
 
@@ -378,6 +377,3 @@ impl GgufFile<'_> {
         })
     }
 }
-
-/// Metadata map type, shared with the tokenizer builder.
-pub(crate) type Metadata = HashMap<String, Value>;

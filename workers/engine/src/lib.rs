@@ -16,6 +16,7 @@
 //! becomes a sequence.
 
 mod chat;
+mod config;
 mod core;
 mod detok;
 mod engine;
@@ -36,7 +37,8 @@ pub use crate::core::{
 pub use bulkhead_kernels::{SimdLevel, simd_level};
 pub use bulkhead_kv::{CacheScope, Namespace};
 pub use chat::{ChatMessage, ChatTemplate};
-pub use engine::{Engine, EngineConfig, EngineInfo, RequestHandle};
+pub use config::EngineConfig;
+pub use engine::{Engine, EngineInfo, RequestHandle};
 pub use error::{ConfigError, EngineError, LoadError, TransferFault};
 pub use forward::Numerics;
 pub use gguf::{ModelConfig, ModelFile};

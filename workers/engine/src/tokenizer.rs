@@ -6,12 +6,16 @@
 //! (token types 3 and 4) matched as a special token.
 
 use crate::error::LoadError;
-use crate::gguf::Metadata;
+use candle_core::quantized::gguf_file::Value;
+use std::collections::HashMap;
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, PreTokenizerWrapper};
+
+/// A GGUF file's metadata, as the loader reads it.
+pub(crate) type Metadata = HashMap<String, Value>;
 
 /// A text could not be encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

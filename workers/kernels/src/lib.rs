@@ -34,6 +34,7 @@ mod dot;
 pub mod matmul;
 pub mod ops;
 pub mod quant;
+mod sum_order;
 
 #[cfg(feature = "test-hooks")]
 pub use cpu::cap_simd_level;

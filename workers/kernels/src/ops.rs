@@ -3,7 +3,7 @@
 //! Bodies are plain Rust written so LLVM vectorizes them; on x86-64 each is
 //! compiled a second time with AVX2 + FMA enabled and chosen at run time.
 
-use crate::attention::reduce16;
+use crate::sum_order::reduce16;
 
 /// Declares `pub fn $name` that dispatches to an AVX2 build of `$body` when available.
 macro_rules! multiversion {
@@ -352,7 +352,7 @@ mod exp_avx2 {
                 }
                 let mut l = [0f32; 16];
                 l[..tail.len()].copy_from_slice(tail);
-                sum += f64::from(crate::attention::reduce16(&l));
+                sum += f64::from(crate::sum_order::reduce16(&l));
             }
             #[allow(clippy::cast_possible_truncation)]
             let inv = (1.0 / sum) as f32;

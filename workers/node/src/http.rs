@@ -17,8 +17,9 @@
 //! A request's first event decides its HTTP status, so a rejection that comes
 //! late (from the prefill worker's door) is still a 4xx.
 
-use crate::decode::{DecodeWorker, SubmitError};
-use crate::prefill::{AdminCommand, PrefillWorker};
+use crate::decode::SubmitError;
+use crate::prefill::AdminCommand;
+use crate::role::Role;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
@@ -41,17 +42,6 @@ use std::sync::atomic::Ordering;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
-
-/// What serves a worker's API.
-#[derive(Debug, Clone)]
-pub enum Role {
-    /// Prefill and decode in one engine.
-    Colocated(Arc<Engine>),
-    /// Decode, with prompts prefilled by a prefill worker.
-    Decode(DecodeWorker),
-    /// Prefill only: no generate endpoint.
-    Prefill(PrefillWorker),
-}
 
 /// The router of a worker in `role`; generate calls are checked by
 /// `contexts`.

@@ -7,11 +7,14 @@
 //!   transfers, generates.
 //! - [`hello`]: what workers tell each other, and compatibility.
 //! - [`http`]: `fn app(role, contexts) -> Router`.
-//! - [`metrics`]: the worker's instruments.
+//! - [`metrics`]: the worker's counters, moved where the work happens.
+//! - [`gauges`]: the instruments read from the engine and the transfer
+//!   owners when a reader collects, registered for the worker's role.
 //! - [`prefix`]: the prefix-cache scope of a call, from its signed context.
 //! - [`usage`]: metering every call at the source.
 
 pub mod decode;
+pub mod gauges;
 pub mod hello;
 pub mod http;
 pub mod metrics;
@@ -19,9 +22,11 @@ pub mod prefill;
 pub mod prefix;
 #[cfg(feature = "rdma")]
 mod rdma;
+mod role;
 pub mod usage;
 
 pub use decode::{DecodeOptions, DecodeWorker, SubmitError};
 pub use hello::{TransportKind, hello};
-pub use http::{ContextCheck, Role, app};
+pub use http::{ContextCheck, app};
 pub use prefill::{AdminCommand, LinkFault, PrefillOptions, PrefillWorker};
+pub use role::Role;

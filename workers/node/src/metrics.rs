@@ -1,8 +1,9 @@
-//! The worker's instruments: KV pool pages, admission rejections by reason,
-//! transfers and their bytes, and the isolation guards' counters (checksum
-//! failures, owner-tag violations, late and duplicate frames). Counters the
-//! engine and the transfer owners already keep are read when a reader
-//! collects, never copied on the hot path.
+//! The worker's counters, moved where the work happens: admission
+//! rejections by reason, refused contexts and metered tokens. KV pool
+//! gauges, transfers and the isolation guards' counters (checksum failures,
+//! owner-tag violations, late and duplicate frames) are kept by the engine
+//! and the transfer owners and read when a reader collects ([`crate::gauges`]),
+//! never copied on the hot path.
 //!
 //! The worker's spans, made where the work happens: `POST /v1/generate`
 //! (server), `generate`, `kv.transfer` (decode, from submission to commit,
@@ -10,14 +11,10 @@
 //! `bulkhead.transfer.outcome`), `prefill`, `prefill.compute` and
 //! `kv.transfer.send` (prefill, from admission to release or abort).
 
-use crate::http::Role;
-use bulkhead_engine::{Engine, EngineStats};
 use bulkhead_kv::AdmissionError;
 use bulkhead_telemetry::KeyValue;
 use bulkhead_telemetry::metrics::Counter;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
 
 /// Counts a request refused at admission because of `reason` (see
 /// [`AdmissionError::reason`]; `grant_mismatch` for a prefill request whose
@@ -29,7 +26,7 @@ pub(crate) fn admission_rejected(reason: &'static str) {
 /// Counts the tokens a served call used, per model and kind (`input`,
 /// `output`): the metering's own totals, by model only (accounts are in
 /// the ledger, not in label sets).
-pub(crate) fn usage_recorded(r: &crate::usage::UsageRecord) {
+pub(crate) fn usage_recorded(model: &str, prompt_tokens: u64, completion_tokens: u64) {
     static C: OnceLock<Counter<u64>> = OnceLock::new();
     let c = C.get_or_init(|| {
         bulkhead_telemetry::meter()
@@ -38,11 +35,11 @@ pub(crate) fn usage_recorded(r: &crate::usage::UsageRecord) {
             .with_unit("{token}")
             .build()
     });
-    for (kind, n) in [("input", r.prompt_tokens), ("output", r.completion_tokens)] {
+    for (kind, n) in [("input", prompt_tokens), ("output", completion_tokens)] {
         c.add(
             n,
             &[
-                KeyValue::new("gen_ai.request.model", r.model.clone()),
+                KeyValue::new("gen_ai.request.model", model.to_owned()),
                 KeyValue::new("gen_ai.token.type", kind),
             ],
         );
@@ -63,7 +60,7 @@ pub(crate) fn context_refused(reason: &'static str) {
     .add(1, &rejection_attrs(reason));
 }
 
-/// This worker's `node` and `role`, set once by [`register`].
+/// This worker's `node` and `role`, set once by [`set_base`].
 static BASE: OnceLock<Vec<KeyValue>> = OnceLock::new();
 
 fn rejection_attrs(reason: &'static str) -> Vec<KeyValue> {
@@ -83,18 +80,12 @@ fn rejections() -> &'static Counter<u64> {
     })
 }
 
-/// Registers the observed instruments of a worker serving `role`, named
-/// `node`. Call once per process, after telemetry is set up.
-pub fn register(role: &Role, node: &str) {
-    let m = bulkhead_telemetry::meter();
-    let role_name = match role {
-        Role::Colocated(_) => "colocated",
-        Role::Decode(_) => "decode",
-        Role::Prefill(_) => "prefill",
-    };
+/// Sets this worker's `node` and `role` labels (once per process) and
+/// shows every rejection reason at zero; the labels, for other instruments.
+pub(crate) fn set_base(node: &str, role: &'static str) -> Vec<KeyValue> {
     let base = vec![
         KeyValue::new("node", node.to_owned()),
-        KeyValue::new("role", role_name),
+        KeyValue::new("role", role),
     ];
     let _ = BASE.set(base.clone());
     for reason in AdmissionError::REASONS
@@ -103,295 +94,5 @@ pub fn register(role: &Role, node: &str) {
     {
         rejections().add(0, &rejection_attrs(reason));
     }
-    let engine = match role {
-        Role::Colocated(e) => Arc::clone(e),
-        Role::Decode(d) => Arc::clone(d.engine()),
-        Role::Prefill(p) => Arc::clone(p.engine()),
-    };
-    let stats = Arc::new(StatsCache::new(engine));
-    for g in GAUGES {
-        let (stats, attrs) = (Arc::clone(&stats), base.clone());
-        m.u64_observable_gauge(g.name)
-            .with_description(g.description)
-            .with_unit(g.unit)
-            .with_callback(move |o| {
-                if let Some(s) = stats.get() {
-                    o.observe((g.read)(&s), &attrs);
-                }
-            })
-            .build();
-    }
-    {
-        let (stats, attrs) = (Arc::clone(&stats), base.clone());
-        m.u64_observable_counter("bulkhead.kv.owner_violations")
-            .with_description("Reads of a KV page refused because its owner tag did not match")
-            .with_unit("{read}")
-            .with_callback(move |o| {
-                if let Some(s) = stats.get() {
-                    o.observe(s.pool.owner_violations, &attrs);
-                }
-            })
-            .build();
-    }
-    {
-        let (stats, attrs) = (Arc::clone(&stats), base.clone());
-        m.u64_observable_counter("bulkhead.kv.prefix.hit_tokens")
-            .with_description("Prompt tokens read from the prefix cache instead of computed")
-            .with_unit("{token}")
-            .with_callback(move |o| {
-                if let Some(s) = stats.get() {
-                    o.observe(s.pool.prefix_hit_tokens, &attrs);
-                }
-            })
-            .build();
-    }
-    match role {
-        Role::Decode(d) => decode_transfers(&m, d.clone(), &base),
-        Role::Prefill(p) => prefill_transfers(&m, p.clone(), &base),
-        Role::Colocated(_) => {}
-    }
-}
-
-/// A gauge read from the engine's stats.
-struct Gauge {
-    name: &'static str,
-    description: &'static str,
-    unit: &'static str,
-    read: Read<EngineStats>,
-}
-
-const GAUGES: [Gauge; 8] = [
-    Gauge {
-        name: "bulkhead.kv.pool.capacity",
-        description: "KV pages in the pool",
-        unit: "{page}",
-        read: |s| s.pool.total_pages as u64,
-    },
-    Gauge {
-        name: "bulkhead.kv.pool.pages.free",
-        description: "KV pages free",
-        unit: "{page}",
-        read: |s| s.pool.free_pages as u64,
-    },
-    Gauge {
-        name: "bulkhead.kv.pool.pages.allocated",
-        description: "KV pages owned by a request",
-        unit: "{page}",
-        read: |s| s.pool.allocated_pages as u64,
-    },
-    Gauge {
-        name: "bulkhead.kv.pool.pages.quarantined",
-        description: "KV pages held back until in-flight writes drain",
-        unit: "{page}",
-        read: |s| s.pool.quarantined_pages as u64,
-    },
-    Gauge {
-        name: "bulkhead.kv.pool.pages.receiving",
-        description: "KV pages lent to a transfer that is landing",
-        unit: "{page}",
-        read: |s| s.pool.receiving_pages as u64,
-    },
-    Gauge {
-        name: "bulkhead.kv.pool.pages.cached",
-        description: "KV pages kept in the prefix cache (each once, however many requests share it)",
-        unit: "{page}",
-        read: |s| s.pool.cached_pages as u64,
-    },
-    Gauge {
-        name: "bulkhead.engine.requests.running",
-        description: "Sequences running",
-        unit: "{request}",
-        read: |s| s.running as u64,
-    },
-    Gauge {
-        name: "bulkhead.engine.requests.waiting",
-        description: "Requests waiting for pages",
-        unit: "{request}",
-        read: |s| s.waiting as u64,
-    },
-];
-
-/// One engine round trip serves every instrument of one collection.
-#[derive(Debug)]
-struct StatsCache {
-    engine: Arc<Engine>,
-    last: Mutex<Option<(Instant, EngineStats)>>,
-}
-
-impl StatsCache {
-    fn new(engine: Arc<Engine>) -> Self {
-        StatsCache {
-            engine,
-            last: Mutex::new(None),
-        }
-    }
-
-    fn get(&self) -> Option<EngineStats> {
-        let mut last = self.last.lock().ok()?;
-        if let Some((at, s)) = *last
-            && at.elapsed() < Duration::from_millis(250)
-        {
-            return Some(s);
-        }
-        let s = self.engine.stats()?;
-        *last = Some((Instant::now(), s));
-        Some(s)
-    }
-}
-
-type Read<T> = fn(&T) -> u64;
-
-fn observed<T: Send + Sync + 'static>(
-    m: &bulkhead_telemetry::metrics::Meter,
-    source: &Arc<dyn Fn() -> T + Send + Sync>,
-    name: &'static str,
-    description: &'static str,
-    unit: &'static str,
-    series: Vec<(Vec<KeyValue>, Read<T>)>,
-) {
-    let source = Arc::clone(source);
-    m.u64_observable_counter(name)
-        .with_description(description)
-        .with_unit(unit)
-        .with_callback(move |o| {
-            let v = source();
-            for (attrs, read) in &series {
-                o.observe(read(&v), attrs);
-            }
-        })
-        .build();
-}
-
-fn with(base: &[KeyValue], k: &'static str, v: &'static str) -> Vec<KeyValue> {
-    let mut a = base.to_vec();
-    a.push(KeyValue::new(k, v));
-    a
-}
-
-fn decode_transfers(
-    m: &bulkhead_telemetry::metrics::Meter,
-    d: crate::DecodeWorker,
-    base: &[KeyValue],
-) {
-    use bulkhead_transfer::TransferCounters as C;
-    let page = d.page_bytes() as u64;
-    let src: Arc<dyn Fn() -> C + Send + Sync> = Arc::new(move || d.counters());
-    let b = base.to_vec();
-    observed(
-        m,
-        &src,
-        "bulkhead.kv.transfers.started",
-        "KV transfers opened",
-        "{transfer}",
-        vec![(b.clone(), |c: &C| c.started)],
-    );
-    observed(
-        m,
-        &src,
-        "bulkhead.kv.transfers.completed",
-        "KV transfers verified and committed",
-        "{transfer}",
-        vec![(b.clone(), |c: &C| c.committed)],
-    );
-    observed(
-        m,
-        &src,
-        "bulkhead.kv.transfers.failed",
-        "KV transfers that did not commit, by reason",
-        "{transfer}",
-        vec![
-            (with(&b, "reason", "check"), |c: &C| c.failed),
-            (with(&b, "reason", "incomplete"), |c: &C| c.incomplete),
-            (with(&b, "reason", "timeout"), |c: &C| c.timeouts),
-            (with(&b, "reason", "connection_lost"), |c: &C| {
-                c.connection_losses
-            }),
-            (with(&b, "reason", "rejected"), |c: &C| c.rejected),
-        ],
-    );
-    let bytes = with(&b, "direction", "received");
-    let src2 = Arc::clone(&src);
-    m.u64_observable_counter("bulkhead.kv.transfer.size")
-        .with_description("KV page bytes moved between prefill and decode")
-        .with_unit("By")
-        .with_callback(move |o| o.observe(src2().pages_received * page, &bytes))
-        .build();
-    observed(
-        m,
-        &src,
-        "bulkhead.kv.transfer.checksum_failures",
-        "Page frames whose CRC did not match, in a benchmark without tags (the transfer fails)",
-        "{frame}",
-        vec![(b.clone(), |c: &C| c.checksum_mismatches)],
-    );
-    observed(
-        m,
-        &src,
-        "bulkhead.kv.transfer.tag_mismatches",
-        "Transfer frames whose tag the transfer's key did not make: corrupted or forged (the transfer fails)",
-        "{frame}",
-        vec![(b.clone(), |c: &C| c.tag_mismatches)],
-    );
-    observed(
-        m,
-        &src,
-        "bulkhead.kv.transfer.frames.dropped",
-        "Transfer frames refused: late (for a finished, aborting or unknown transfer), duplicate, or misaddressed",
-        "{frame}",
-        vec![
-            (with(&b, "kind", "late"), |c: &C| c.dropped_frames),
-            (with(&b, "kind", "duplicate"), |c: &C| c.duplicate_pages),
-            (with(&b, "kind", "misaddressed"), |c: &C| c.slot_mismatches),
-        ],
-    );
-}
-
-fn prefill_transfers(
-    m: &bulkhead_telemetry::metrics::Meter,
-    p: crate::PrefillWorker,
-    base: &[KeyValue],
-) {
-    let page = p.page_bytes() as u64;
-    let g = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let (p1, p2, p3, p4) = (p.clone(), p.clone(), p.clone(), p);
-    let b = base.to_vec();
-    let attrs = b.clone();
-    m.u64_observable_counter("bulkhead.kv.transfers.started")
-        .with_description("KV transfers opened")
-        .with_unit("{transfer}")
-        .with_callback(move |o| {
-            let c = p1.counters();
-            o.observe(g(&c.requests).saturating_sub(g(&c.rejected)), &attrs);
-        })
-        .build();
-    let attrs = b.clone();
-    m.u64_observable_counter("bulkhead.kv.transfers.completed")
-        .with_description("KV transfers verified and committed")
-        .with_unit("{transfer}")
-        .with_callback(move |o| o.observe(g(&p2.counters().released), &attrs))
-        .build();
-    let attrs = with(&b, "direction", "sent");
-    m.u64_observable_counter("bulkhead.kv.transfer.size")
-        .with_description("KV page bytes moved between prefill and decode")
-        .with_unit("By")
-        .with_callback(move |o| o.observe(g(&p3.counters().pages_sent) * page, &attrs))
-        .build();
-    let late = with(&b, "kind", "late");
-    let faults = std::sync::Arc::clone(&p4.counters().frame_faults);
-    m.u64_observable_counter("bulkhead.kv.transfer.frames.dropped")
-        .with_description("Transfer frames refused: late (for a finished, aborting or unknown transfer), duplicate, or misaddressed")
-        .with_unit("{frame}")
-        .with_callback(move |o| o.observe(g(&p4.counters().dropped_frames), &late))
-        .build();
-    if cfg!(feature = "test-hooks") {
-        m.u64_observable_counter("bulkhead.kv.transfer.chaos.injected")
-            .with_description("Page frames broken on purpose by a test build's chaos link, by kind")
-            .with_unit("{frame}")
-            .with_callback(move |o| {
-                for (kind, n) in faults.by_kind() {
-                    o.observe(n, &with(&b, "kind", kind));
-                }
-            })
-            .build();
-    }
+    base
 }

@@ -41,7 +41,7 @@ impl UsageSink {
     }
 
     pub(crate) fn record(&self, r: UsageRecord) {
-        crate::metrics::usage_recorded(&r);
+        crate::metrics::usage_recorded(&r.model, r.prompt_tokens, r.completion_tokens);
         let _ = self.0.send(r);
     }
 }

@@ -1,0 +1,315 @@
+//! One step of continuous batching: the plan (every decoding sequence's
+//! next token, then prefill chunks shared fairly across tenants within the
+//! step's budget), the forward pass, and what its output does to each
+//! sequence; growing decoding sequences a page at a time, preempting when
+//! the pool or a tenant's share says so, and reaping what ended.
+
+use super::*;
+
+impl EngineCore {
+    /// Runs one step. Returns whether any work was done. Call inside the
+    /// engine's rayon pool.
+    pub fn step(&mut self) -> bool {
+        self.join_waiting();
+        let stalled = self.grow_decoding();
+        if !self.running.iter().any(Sequence::runnable) {
+            return false;
+        }
+        let plan = self.plan(&stalled);
+        if plan.is_empty() {
+            return false;
+        }
+        let batch: Vec<BatchSeq<'_>> = plan
+            .iter()
+            .map(|&(i, start, len)| {
+                let s = &self.running[i];
+                BatchSeq {
+                    table: &s.table,
+                    start,
+                    tokens: &s.tokens[start..start + len],
+                    want_logits: start + len == s.tokens.len(),
+                }
+            })
+            .collect();
+        let model = &self.model;
+        let out = forward(
+            model,
+            &self.rope,
+            self.numerics,
+            &mut self.pool,
+            &batch,
+            &mut self.buffers,
+        );
+        drop(batch);
+
+        self.apply(&plan, out);
+        self.reap();
+        true
+    }
+
+    /// This step's work: decode tokens first, then prefill chunks, within a
+    /// budget of about `step_time` of compute at the measured speed, shared
+    /// fairly across tenants by cost (`schedule::fair_chunks`). Each entry
+    /// is (sequence, start, length).
+    pub(super) fn plan(&mut self, stalled: &[RequestId]) -> Vec<(usize, usize, usize)> {
+        let ps = self.pool.geometry().page_size;
+        let budget = self
+            .speed
+            .units_in(self.step_time)
+            .clamp(2 * UNIT as usize, self.step_tokens * UNIT as usize);
+        let mut decode_units = 0;
+        let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
+        for (i, s) in self.running.iter().enumerate() {
+            if s.runnable()
+                && s.decoding()
+                && plan.len() < self.step_tokens
+                && s.table.len() * ps >= s.tokens.len()
+                && !stalled.contains(&s.owner.request())
+            {
+                plan.push((i, s.computed, 1));
+                decode_units += self.speed.unit_at(s.computed);
+            }
+        }
+        let prefilling: Vec<usize> = (0..self.running.len())
+            .filter(|&i| {
+                let s = &self.running[i];
+                s.runnable() && s.computed < s.prompt_len
+            })
+            .collect();
+        let work: Vec<PrefillWork> = prefilling
+            .iter()
+            .map(|&i| {
+                let s = &self.running[i];
+                PrefillWork {
+                    tenant: s.owner.tenant(),
+                    request: s.owner.request(),
+                    remaining: s.prompt_len - s.computed,
+                    unit: self.speed.unit_at(s.computed),
+                }
+            })
+            .collect();
+        // Decode never takes more than half the step from prompts, and every
+        // prompt can always move by two tokens.
+        let deepest = work.iter().map(|w| w.unit).max().unwrap_or(0);
+        let prefill_budget = budget
+            .saturating_sub(decode_units)
+            .max(budget / 2)
+            .max(2 * deepest);
+        // The tenant with prompt work that was served least lately.
+        let least = work
+            .iter()
+            .map(|w| w.tenant)
+            .min_by_key(|t| self.served.get(t).copied().unwrap_or(0));
+        let chunks = fair_chunks(
+            &work,
+            prefill_budget,
+            self.step_tokens.saturating_sub(plan.len()),
+            self.prefill_turn,
+            least,
+        );
+        for v in self.served.values_mut() {
+            *v -= *v / 8;
+        }
+        self.served.retain(|_, v| *v > 0);
+        for (w, len) in work.iter().zip(&chunks) {
+            *self.served.entry(w.tenant).or_default() += len * w.unit;
+        }
+        self.prefill_turn = self.prefill_turn.wrapping_add(1);
+        for (&i, len) in prefilling.iter().zip(chunks) {
+            if len > 0 {
+                plan.push((i, self.running[i].computed, len));
+            }
+        }
+        plan
+    }
+
+    /// What a forward pass of `plan` gave: violations quarantined and
+    /// failed, progress counted and pages lent, tokens sampled, prefilled
+    /// sequences held for their decode side.
+    pub(super) fn apply(
+        &mut self,
+        plan: &[(usize, usize, usize)],
+        out: crate::forward::ForwardOutput,
+    ) {
+        for (b, violation) in out.violations {
+            self.pool.quarantine(&violation);
+            self.running[plan[b].0].fail(EngineError::Integrity(violation));
+        }
+        for &(i, _, len) in plan {
+            let seq = &mut self.running[i];
+            seq.computed += len;
+            if let Role::Prefill { events, .. } = &seq.role
+                && !seq.done
+                && seq.computed < seq.prompt_len
+            {
+                let _ = events.send(PrefillEvent::Progress {
+                    computed: seq.computed,
+                });
+            }
+            seq.lend_pages(&mut self.pool, self.home.as_ref());
+        }
+        let tokenizer = self.model.tokenizer();
+        let vocab = self.model.config.vocab;
+        for (b, logits) in out.logits.iter().zip(self.buffers.logits.chunks_mut(vocab)) {
+            let seq = &mut self.running[plan[*b].0];
+            if !seq.done {
+                seq.accept(logits, tokenizer);
+            }
+        }
+        // Prefilled sequences move to `held` until the decode side acks.
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            if !s.done && matches!(s.role, Role::Prefill { .. }) && s.computed == s.prompt_len {
+                let seq = self.running.swap_remove(i);
+                if let Role::Prefill { transfer, .. } = seq.role
+                    && let Some((old, _)) = self.held.insert(transfer, (seq.table, seq.tokens))
+                {
+                    self.pool.release(old);
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Runs `tokens` through the model on pages of this pool (admitted,
+    /// allocated and released like any request) and returns the logits of
+    /// the last position. Used to score text and to test the forward pass.
+    pub fn last_logits(
+        &mut self,
+        tenant: TenantId,
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, LogitsError> {
+        let admitted = self.limits.admit(tenant, tokens.len(), 1, ())?;
+        let table = self.pool.allocate(&admitted)?;
+        let model = Arc::clone(&self.model);
+        let mut start = 0;
+        let mut result = Err(LogitsError::Empty);
+        while start < tokens.len() {
+            let len = (tokens.len() - start).min(self.step_tokens);
+            let batch = [BatchSeq {
+                table: &table,
+                start,
+                tokens: &tokens[start..start + len],
+                want_logits: start + len == tokens.len(),
+            }];
+            let out = forward(
+                &model,
+                &self.rope,
+                self.numerics,
+                &mut self.pool,
+                &batch,
+                &mut self.buffers,
+            );
+            if let Some((_, v)) = out.violations.into_iter().next() {
+                self.pool.quarantine(&v);
+                result = Err(LogitsError::Engine(EngineError::Integrity(v)));
+                break;
+            }
+            if !out.logits.is_empty() {
+                result = Ok(self.buffers.logits[..model.config.vocab].to_vec());
+            }
+            start += len;
+        }
+        self.pool.release(table);
+        result
+    }
+
+    /// Gives every decoding sequence the page its next token needs. When
+    /// none is free, or its tenant holds more than its cap while another
+    /// tenant waits, a sequence is preempted: of the tenant holding the
+    /// most pages (of this tenant, in the second case), its youngest. Returns
+    /// the requests that found no page this step (nothing preemptable).
+    pub(super) fn grow_decoding(&mut self) -> Vec<RequestId> {
+        let ps = self.pool.geometry().page_size;
+        let mut stalled = Vec::new();
+        loop {
+            let Some(i) = self.running.iter().position(|s| {
+                s.runnable()
+                    && s.decoding()
+                    && s.table.len() * ps < s.tokens.len()
+                    && !stalled.contains(&s.owner.request())
+            }) else {
+                return stalled;
+            };
+            let owner = self.running[i].owner;
+            let tenant = owner.tenant();
+            let need = self.running[i].tokens.len().div_ceil(ps);
+            let held = self.held_pages();
+            let others_wait = self.waiting.iter().any(|w| w.owner().tenant() != tenant);
+            if others_wait && held.get(&tenant).copied().unwrap_or(0) >= self.tenant_cap() {
+                // Over its cap while another tenant waits: it gives back
+                // instead of taking (its youngest, possibly this one).
+                if self.preempt_one(|t, _| t == tenant) {
+                    continue;
+                }
+            }
+            let grown = self.pool.grow(&mut self.running[i].table, need);
+            match grown {
+                Ok(()) => {}
+                Err(AllocError::Exhausted(_)) => {
+                    if !self.preempt_one(|_, _| true) {
+                        stalled.push(owner.request());
+                    }
+                }
+                Err(_) => {
+                    let limit = self.pool.capacity_tokens();
+                    let seq = &mut self.running[i];
+                    let error = seq.never_fits(limit);
+                    seq.fail(error);
+                    self.reap();
+                }
+            }
+        }
+    }
+
+    /// Preempts the youngest preemptable sequence of the tenant holding the
+    /// most pages among those `eligible(tenant, pages held)` accepts; its
+    /// pages go back to the pool and it waits to resume. `false` if there
+    /// is none.
+    pub(super) fn preempt_one(&mut self, eligible: impl Fn(TenantId, usize) -> bool) -> bool {
+        let held = self.held_pages();
+        let victim = self
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.preemptable())
+            .filter(|(_, s)| {
+                let t = s.owner.tenant();
+                eligible(t, held.get(&t).copied().unwrap_or(0))
+            })
+            .max_by_key(|(_, s)| {
+                let t = s.owner.tenant();
+                (held.get(&t).copied().unwrap_or(0), s.owner.request())
+            })
+            .map(|(i, _)| i);
+        let Some(i) = victim else {
+            return false;
+        };
+        let mut seq = self.running.swap_remove(i);
+        self.pool.release_pages(&mut seq.table);
+        seq.computed = 0;
+        self.preemptions += 1;
+        self.waiting.push_back(Waiting::Resume(Box::new(seq)));
+        true
+    }
+
+    /// Removes finished sequences and returns their pages.
+    pub(super) fn reap(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].done {
+                let seq = self.running.swap_remove(i);
+                if !seq.failed {
+                    // Only a table allocated with a cache scope publishes.
+                    self.pool
+                        .publish_prefix(&seq.table, &seq.tokens, seq.computed);
+                }
+                self.pool.release(seq.table);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
