@@ -11,17 +11,16 @@
 //! `Content-Length`. On the way out the door adds the `x-ratelimit-*` headers
 //! of whatever the limiter decided.
 
+use crate::bounds::MAX_BODY_BYTES;
 use crate::errors::{ApiError, Flavor, GatewayError};
-use crate::http::{AppState, authenticate};
 use crate::limits::Quota;
+use crate::pipeline::authenticate;
+use crate::state::AppState;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-
-/// The largest request body the gateway reads (2 MiB).
-pub(crate) const MAX_BODY_BYTES: usize = 2 << 20;
 
 /// Which API's shape a path answers in.
 pub(crate) fn flavor_of(path: &str) -> Flavor {
@@ -33,7 +32,7 @@ pub(crate) fn flavor_of(path: &str) -> Flavor {
 }
 
 /// Refuses strangers and declared over-large bodies before the handler runs.
-/// The request's [`crate::http::Ctx`] goes to the handler as an extension.
+/// The request's [`crate::pipeline::Ctx`] goes to the handler as an extension.
 pub(crate) async fn guard(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path == "/health" {

@@ -260,11 +260,11 @@ impl GatewayError {
             GatewayError::MethodNotAllowed => "this route does not take that method".to_owned(),
             GatewayError::TooLarge => format!(
                 "the request body is larger than {} bytes",
-                crate::edge::MAX_BODY_BYTES
+                crate::bounds::MAX_BODY_BYTES
             ),
             GatewayError::HeadersTooLarge => format!(
                 "the request's headers are larger than {} bytes",
-                crate::serve::MAX_HEADER_BYTES
+                crate::bounds::MAX_HEADER_BYTES
             ),
             GatewayError::BadHead => "the request line or a header is malformed".to_owned(),
         }

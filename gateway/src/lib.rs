@@ -25,6 +25,7 @@
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_macros))]
 
 pub mod auth;
+mod bounds;
 mod budget;
 mod edge;
 mod errors;
@@ -34,7 +35,9 @@ pub mod metrics;
 mod openai;
 mod params;
 mod pick;
+mod pipeline;
 mod serve;
+mod state;
 mod table;
 mod upstream;
 mod watch;
@@ -42,9 +45,10 @@ mod workers_ai;
 
 pub use auth::{JwtConfig, JwtKeys, Principal};
 pub use budget::{BudgetError, Budgets, Period, Reservation};
-pub use http::{AppState, app};
+pub use http::app;
 pub use limits::{Limiter, LimiterError, Limits, Quota};
 pub use serve::{ConnLimits, serve};
+pub use state::AppState;
 pub use table::Table;
 pub use upstream::Upstream;
 pub use watch::{RoutingWatch, Snapshot, WatchError};

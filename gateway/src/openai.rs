@@ -5,7 +5,8 @@
 //! `stream_options.include_usage` honoured.
 
 use crate::errors::{ApiError, Flavor, GatewayError};
-use crate::http::{self, AppState, Ctx, StreamEvent};
+use crate::pipeline::{self, Ctx, StreamEvent};
+use crate::state::AppState;
 use axum::Extension;
 use axum::Json;
 use axum::body::Bytes;
@@ -161,7 +162,7 @@ impl Common {
         }
         b.seed = match self.seed {
             Some(s) => s as u64,
-            None => crate::http::random_seed(),
+            None => crate::pipeline::random_seed(),
         };
         b.stop = match &self.stop {
             None | Some(Value::Null) => Vec::new(),
@@ -254,7 +255,7 @@ fn seeds(first: u64, fixed: bool, n: usize) -> Vec<u64> {
             if fixed || i == 0 {
                 first.wrapping_add(i)
             } else {
-                crate::http::random_seed()
+                crate::pipeline::random_seed()
             }
         })
         .collect()
@@ -269,13 +270,13 @@ async fn collect_n(
     worker: &GenerateBody,
     fixed_seed: bool,
     n: usize,
-) -> Result<Vec<http::Collected>, GatewayError> {
+) -> Result<Vec<pipeline::Collected>, GatewayError> {
     let runs = seeds(worker.seed, fixed_seed, n).into_iter().map(|seed| {
         let body = GenerateBody {
             seed,
             ..worker.clone()
         };
-        async move { http::collect(http::start(s, ctx, model, body).await?).await }
+        async move { pipeline::collect(pipeline::start(s, ctx, model, body).await?).await }
     });
     futures_util::future::join_all(runs)
         .await
@@ -285,7 +286,7 @@ async fn collect_n(
 
 /// One request's usage over its choices: the prompt once, every choice's
 /// output.
-fn usage_of(choices: &[http::Collected]) -> Usage {
+fn usage_of(choices: &[pipeline::Collected]) -> Usage {
     Usage {
         prompt_tokens: choices.first().map_or(0, |c| c.usage.prompt_tokens),
         completion_tokens: choices.iter().map(|c| c.usage.completion_tokens).sum(),
@@ -315,9 +316,9 @@ pub(crate) async fn account_chat(
 }
 
 async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, GatewayError> {
-    let req: ChatBody = http::parse_json(body)?;
+    let req: ChatBody = pipeline::parse_json(body)?;
     let slug = req.common.model()?;
-    let model = http::model(ctx, slug)?;
+    let model = pipeline::model(ctx, slug)?;
     let messages = req
         .messages
         .as_ref()
@@ -334,7 +335,7 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
     let created = now_secs();
     let name = model.slug.to_string();
     if req.common.stream {
-        let g = http::start(s, ctx, model, worker).await?;
+        let g = pipeline::start(s, ctx, model, worker).await?;
         let mut chunks = ChatChunks {
             id,
             created,
@@ -343,7 +344,7 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
             include_usage: req.common.include_usage(),
             first: true,
         };
-        return Ok(http::sse(g, move |ev| chunks.render(ev)));
+        return Ok(pipeline::sse(g, move |ev| chunks.render(ev)));
     }
     let with_logprobs = worker.logprobs.is_some();
     let done = collect_n(s, ctx, model, &worker, req.common.seed.is_some(), n).await?;
@@ -365,7 +366,7 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
         "created": created,
         "model": name,
         "choices": choices,
-        "usage": http::usage_json(usage_of(&done))
+        "usage": pipeline::usage_json(usage_of(&done))
     }))
     .into_response())
 }
@@ -449,14 +450,14 @@ impl ChatChunks {
             } => {
                 let mut end = self.chunk(json!({}), Value::Null, json!(finish_reason));
                 if !self.include_usage {
-                    end["usage"] = http::usage_json(usage);
+                    end["usage"] = pipeline::usage_json(usage);
                 }
                 out.push(end.to_string());
                 if self.include_usage {
                     out.push(
                         json!({"id": self.id, "object": "chat.completion.chunk",
                                "created": self.created, "model": self.name, "choices": [],
-                               "usage": http::usage_json(usage)})
+                               "usage": pipeline::usage_json(usage)})
                         .to_string(),
                     );
                 }
@@ -478,9 +479,9 @@ pub(crate) async fn completions(
 }
 
 async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, GatewayError> {
-    let req: CompletionBody = http::parse_json(body)?;
+    let req: CompletionBody = pipeline::parse_json(body)?;
     let slug = req.common.model()?;
-    let model = http::model(ctx, slug)?;
+    let model = pipeline::model(ctx, slug)?;
     let prompt = match &req.prompt {
         Some(Value::String(p)) if !p.is_empty() => p.clone(),
         Some(Value::Array(a)) if a.len() == 1 && a[0].as_str().is_some_and(|p| !p.is_empty()) => {
@@ -499,9 +500,9 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
     let created = now_secs();
     let name = model.slug.to_string();
     if req.common.stream {
-        let g = http::start(s, ctx, model, worker).await?;
+        let g = pipeline::start(s, ctx, model, worker).await?;
         let include_usage = req.common.include_usage();
-        return Ok(http::sse(g, move |ev| {
+        return Ok(pipeline::sse(g, move |ev| {
             let chunk = |text: &str, finish: Value| {
                 json!({"id": id, "object": "text_completion", "created": created, "model": name,
                        "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}]})
@@ -514,13 +515,13 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
                 } => {
                     let mut end = chunk("", json!(finish_reason));
                     if !include_usage {
-                        end["usage"] = http::usage_json(usage);
+                        end["usage"] = pipeline::usage_json(usage);
                     }
                     let mut out = vec![end.to_string()];
                     if include_usage {
                         out.push(
                             json!({"id": id, "object": "text_completion", "created": created, "model": name,
-                                   "choices": [], "usage": http::usage_json(usage)})
+                                   "choices": [], "usage": pipeline::usage_json(usage)})
                             .to_string(),
                         );
                     }
@@ -542,7 +543,7 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
         "created": created,
         "model": name,
         "choices": choices,
-        "usage": http::usage_json(usage_of(&done))
+        "usage": pipeline::usage_json(usage_of(&done))
     }))
     .into_response())
 }
@@ -588,6 +589,6 @@ pub(crate) async fn model(
     Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
     let Path(slug) = path.map_err(|_| GatewayError::NoRoute.in_(O))?;
-    let m = http::model(&ctx, &slug).map_err(|e| e.in_(O))?;
+    let m = pipeline::model(&ctx, &slug).map_err(|e| e.in_(O))?;
     Ok(Json(model_json(m)).into_response())
 }

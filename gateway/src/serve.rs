@@ -17,6 +17,7 @@
 
 mod head_errors;
 
+use crate::bounds::MAX_HEADER_BYTES;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -50,9 +51,6 @@ impl Default for ConnLimits {
         }
     }
 }
-
-/// Largest buffer for a request's headers (hyper's minimum is 8 KiB).
-pub(crate) const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// Requests open at once on one HTTP/2 connection.
 const MAX_STREAMS: u32 = 256;

@@ -7,7 +7,8 @@
 //! control plane's ledger, and no other account's.
 
 use crate::errors::{ApiError, Flavor, GatewayError};
-use crate::http::{self, AppState, Ctx, StreamEvent};
+use crate::pipeline::{self, Ctx, StreamEvent};
+use crate::state::AppState;
 use axum::Extension;
 use axum::Json;
 use axum::body::Bytes;
@@ -112,7 +113,7 @@ impl RunBody {
                 .ok_or_else(|| bad("top_k must be between 1 and 50"))?;
         }
         // Without a seed every request samples differently, as users expect.
-        b.seed = crate::http::random_seed();
+        b.seed = crate::pipeline::random_seed();
         if let Some(s) = self.seed {
             b.seed = u64::try_from(s)
                 .ok()
@@ -138,24 +139,24 @@ pub(crate) async fn run(
 ) -> Result<Response, ApiError> {
     let Path((account, slug)) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
     ctx.for_account(&account).map_err(|e| e.in_(W))?;
-    let model = http::model(&ctx, &slug).map_err(|e| e.in_(W))?;
+    let model = pipeline::model(&ctx, &slug).map_err(|e| e.in_(W))?;
     let body = body.map_err(|e| crate::edge::body_refused(&e, W))?;
-    let req: RunBody = http::parse_json(&body).map_err(|e| e.in_(W))?;
+    let req: RunBody = pipeline::parse_json(&body).map_err(|e| e.in_(W))?;
     let worker = req.to_worker().map_err(|e| e.in_(W))?;
     let json_mode = worker.response_format.is_some();
-    let g = http::start(&s, &ctx, model, worker)
+    let g = pipeline::start(&s, &ctx, model, worker)
         .await
         .map_err(|e| e.in_(W))?;
     if req.stream {
-        return Ok(http::sse(g, |ev| match ev {
+        return Ok(pipeline::sse(g, |ev| match ev {
             StreamEvent::Text(t, _) => vec![json!({"response": t}).to_string()],
             StreamEvent::Finished { usage, .. } => {
-                vec![json!({"response": "", "usage": http::usage_json(usage)}).to_string()]
+                vec![json!({"response": "", "usage": pipeline::usage_json(usage)}).to_string()]
             }
             StreamEvent::Failed(e) => vec![e.stream_event(W).to_string()],
         }));
     }
-    let done = http::collect(g).await.map_err(|e| e.in_(W))?;
+    let done = pipeline::collect(g).await.map_err(|e| e.in_(W))?;
     // In JSON mode Workers AI answers with the value itself; output cut
     // short by max_tokens stays text.
     let response = match serde_json::from_str::<Value>(&done.text) {
@@ -163,7 +164,7 @@ pub(crate) async fn run(
         _ => Value::String(done.text),
     };
     Ok(Json(json!({
-        "result": {"response": response, "usage": http::usage_json(done.usage)},
+        "result": {"response": response, "usage": pipeline::usage_json(done.usage)},
         "success": true,
         "errors": [],
         "messages": []

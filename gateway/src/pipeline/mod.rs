@@ -1,0 +1,463 @@
+//! The path every generating request takes, whichever API it came by:
+//! routing table fresh enough, bearer token valid, account matches the
+//! URL, model visible to the account, limits admit it and its maximum cost
+//! is reserved, a routable worker picked by load, the worker's first line
+//! decides the status; then the answer is collected ([`collect()`]) or
+//! streamed ([`sse()`]) and what it cost is settled ([`ends`]).
+
+mod collect;
+mod ends;
+mod sse;
+
+pub(crate) use collect::{Collected, collect};
+use ends::{Ends, Held};
+pub(crate) use sse::{StreamEvent, sse};
+
+use crate::auth::{self, Principal};
+use crate::budget::Reservation;
+use crate::errors::GatewayError;
+use crate::limits::{LimiterError, Permit, Quota};
+use crate::metrics::{self, GenAiTimer};
+use crate::pick::NodeLease;
+use crate::state::AppState;
+use crate::upstream::{LineStream, UpstreamError};
+use crate::watch::{Snapshot, WatchError};
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use bulkhead_control_api::{Price, RoutedModel, Timestamp};
+use bulkhead_worker_api::context::TenantContext;
+use bulkhead_worker_api::{GenerateBody, Line, TokenLogprobs, Usage};
+use std::convert::Infallible;
+use std::sync::{Arc, OnceLock};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument;
+
+/// An authenticated request against one routing table. The door
+/// (`edge::guard`) makes it from the headers before any handler runs and
+/// hands it to the handler as a request extension.
+#[derive(Debug, Clone)]
+pub(crate) struct Ctx {
+    pub(crate) snap: Arc<Snapshot>,
+    pub(crate) principal: Principal,
+    /// The account's standing once the limiter decided on this request;
+    /// the door turns it into `x-ratelimit-*` headers on the response.
+    pub(crate) quota: Arc<OnceLock<Quota>>,
+}
+
+/// Authenticates the request from its headers against the current table.
+pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Ctx, GatewayError> {
+    let snap = state.watch.current().map_err(|e| match e {
+        WatchError::NotReady => GatewayError::Unavailable("the gateway is starting"),
+        WatchError::Stale => {
+            GatewayError::Unavailable("the gateway lost contact with the control plane")
+        }
+    })?;
+    let header = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let token = auth::bearer(header).map_err(|_| GatewayError::Unauthenticated)?;
+    let principal = auth::authenticate(token, &snap.table, state.jwt.as_deref())
+        .map_err(|_| GatewayError::Unauthenticated)?;
+    Ok(Ctx {
+        snap,
+        principal,
+        quota: Arc::default(),
+    })
+}
+
+impl Ctx {
+    /// Refuses a credential used on another account's URL.
+    pub(crate) fn for_account(&self, url_account: &str) -> Result<(), GatewayError> {
+        if url_account == self.principal.account_id {
+            Ok(())
+        } else {
+            Err(GatewayError::WrongAccount)
+        }
+    }
+
+    /// Refuses, in `flavor`'s format, an `{account_id}` path that does not
+    /// parse or names another account than the credential's.
+    pub(crate) fn owns(
+        &self,
+        path: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+        flavor: crate::errors::Flavor,
+    ) -> Result<(), crate::errors::ApiError> {
+        let axum::extract::Path(account) = path.map_err(|_| GatewayError::NoRoute.in_(flavor))?;
+        self.for_account(&account).map_err(|e| e.in_(flavor))
+    }
+}
+
+/// A request the worker has started answering.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    first: Line,
+    rest: LineStream,
+    /// The permit, the node lease and the flip tracker (counted until the
+    /// answer ends: a flip that withdraws the model is acknowledged only
+    /// after).
+    held: Held,
+    /// The timer and the request's reserved cost, settled when it ends.
+    ends: Ends,
+}
+
+/// A request's reservation against its account's budgets and the price it
+/// settles at.
+#[derive(Debug)]
+pub(crate) struct Bill {
+    reservation: Reservation,
+    price: Price,
+    model: String,
+}
+
+impl Bill {
+    /// The request ended with this usage: that is its cost.
+    pub(crate) fn settle(self, usage: Usage) {
+        let cost = self
+            .price
+            .micro_neurons(usage.prompt_tokens as u64, usage.completion_tokens as u64);
+        metrics::neurons(&self.model, cost);
+        self.reservation.settle(cost);
+    }
+
+    /// The worker refused the request before computing anything: it costs
+    /// nothing.
+    pub(crate) fn refused(self) {
+        self.reservation.settle(0);
+    }
+}
+
+/// The visible model `slug`, or not found.
+pub(crate) fn model<'a>(ctx: &'a Ctx, slug: &str) -> Result<&'a RoutedModel, GatewayError> {
+    ctx.snap
+        .table
+        .visible(&ctx.principal.account_id, slug)
+        .ok_or_else(|| GatewayError::ModelNotFound(slug.chars().take(200).collect()))
+}
+
+/// Workers tried for one request before its error goes to the client.
+const MAX_ATTEMPTS: usize = 3;
+
+/// Limits, worker choice and the call; the first line has arrived.
+pub(crate) async fn start(
+    state: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
+    mut body: GenerateBody,
+) -> Result<Generation, GatewayError> {
+    if let Some(p) = model.properties
+        && body.max_tokens as u64 > p.max_output
+    {
+        return Err(GatewayError::BadInput(format!(
+            "max_tokens {} exceeds this model's maximum output of {} tokens",
+            body.max_tokens, p.max_output
+        )));
+    }
+    if body.max_tokens == 0 {
+        return Err(GatewayError::BadInput(
+            "max_tokens must be at least 1".to_owned(),
+        ));
+    }
+    // The worker also holds the request to the model's configured window.
+    body.context_limit = model
+        .properties
+        .and_then(|p| usize::try_from(p.context_window).ok());
+    let body = &body;
+    let operation = if body.raw.is_some() {
+        "text_completion"
+    } else {
+        "chat"
+    };
+    let timer = GenAiTimer::start(model.slug.as_str(), operation);
+    // Budget and limits are independent stores: asked at once, so a
+    // deployment with both in Redis pays one round trip, not two.
+    let (reservation, permit) =
+        tokio::join!(reserve(state, ctx, model, body), admit(state, ctx, body));
+    let (reservation, permit) = match (reservation, permit) {
+        (Ok(r), Ok(p)) => (r, p),
+        (Err(e), _) => {
+            // Over budget (a permit taken meanwhile is released here).
+            if let GatewayError::OverBudget { period, .. } = &e {
+                metrics::budget_refused(*period);
+            }
+            timer.failed(e.kind());
+            return Err(e);
+        }
+        (Ok(r), Err(e)) => {
+            r.settle(0);
+            timer.failed(e.kind());
+            return Err(e);
+        }
+    };
+    let bill = Bill {
+        reservation,
+        price: model.price,
+        model: model.slug.to_string(),
+    };
+    match call(state, ctx, model, body, timer, operation, permit).await {
+        Ok((first, rest, permit, lease, timer, tracked)) => {
+            let (held, ends) = ((permit, lease, tracked), Ends::new(timer, bill));
+            Ok(Generation {
+                first,
+                rest,
+                held,
+                ends,
+            })
+        }
+        Err(e) => {
+            // Refused or failed before the worker computed anything.
+            bill.refused();
+            Err(e)
+        }
+    }
+}
+
+/// Admits the request against the account's limits; the door shows the
+/// account's standing either way.
+async fn admit(state: &AppState, ctx: &Ctx, body: &GenerateBody) -> Result<Permit, GatewayError> {
+    match state
+        .limiter
+        .admit(&ctx.principal.account_id, estimate(body))
+        .await
+    {
+        Ok(p) => {
+            let _ = ctx.quota.set(p.quota());
+            Ok(p)
+        }
+        Err(e) => {
+            if let LimiterError::Limited { quota, .. } = &e {
+                let _ = ctx.quota.set(*quota);
+            }
+            let e = GatewayError::from(e);
+            if let GatewayError::RateLimited { what, .. } = &e {
+                metrics::rate_limited(what);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Reserves the request's maximum cost against the account's budgets.
+async fn reserve(
+    state: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
+    body: &GenerateBody,
+) -> Result<Reservation, GatewayError> {
+    let Some(budget) = ctx
+        .snap
+        .table
+        .account(&ctx.principal.account_id)
+        .map(|a| a.budget)
+    else {
+        return Ok(Reservation::none());
+    };
+    let prompt =
+        max_prompt_tokens(body).min(model.properties.map_or(u64::MAX, |p| p.context_window));
+    let cost = model.price.micro_neurons(prompt, body.max_tokens as u64);
+    Ok(state
+        .budgets
+        .reserve(&ctx.principal.account_id, &budget, cost, Timestamp::now())
+        .await?)
+}
+
+/// The most prompt tokens a request can have: its token ids, or one token
+/// per byte of text (a byte-level BPE never does worse) plus the chat
+/// template's tokens around each message and the default system prompt.
+fn max_prompt_tokens(body: &GenerateBody) -> u64 {
+    if let Some(t) = &body.tokens {
+        return t.len() as u64;
+    }
+    let messages = body.messages.as_deref().unwrap_or_default();
+    let roles: usize = messages.iter().map(|m| m.role.len()).sum();
+    (text_bytes(body) + roles + 16 * (messages.len() + 1) + 64) as u64
+}
+
+/// Bytes of the request's text: prompt, raw text and message contents.
+fn text_bytes(body: &GenerateBody) -> usize {
+    body.prompt.as_ref().map_or(0, String::len)
+        + body.raw.as_ref().map_or(0, String::len)
+        + body
+            .messages
+            .as_ref()
+            .map_or(0, |m| m.iter().map(|m| m.content.len()).sum())
+}
+
+/// What [`call`] hands back: the first line, the rest, and what is held
+/// until the answer ends.
+type Called = (
+    Line,
+    LineStream,
+    Permit,
+    NodeLease,
+    GenAiTimer,
+    crate::watch::Tracked,
+);
+
+/// Worker choice and the call, up to the worker's first line.
+async fn call(
+    state: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
+    body: &GenerateBody,
+    mut timer: GenAiTimer,
+    operation: &'static str,
+    permit: Permit,
+) -> Result<Called, GatewayError> {
+    let tracked = state.watch.track(&model.slug, &ctx.principal.account_id);
+    // Nothing has reached the client before the first line: a worker that
+    // cannot be reached, or fails the request before its first token for a
+    // reason another worker may not share, is skipped and the next tried.
+    let workers = ctx.snap.table.workers(&model.slug);
+    let mut tried = Vec::new();
+    let mut last: Option<UpstreamError> = None;
+    let (first, rest, lease) = loop {
+        let Some((node, lease)) = state.picker.pick(workers, &tried) else {
+            // Every worker was tried: the last one's error is the answer.
+            let e = last.take().map_or(
+                GatewayError::Unavailable("no worker serves this model now"),
+                GatewayError::from,
+            );
+            timer.failed(e.kind());
+            return Err(e);
+        };
+        tried.push(node.id);
+        let called = attempt(state, ctx, model, body, operation, node, tried.len()).await;
+        match called {
+            Ok((first, rest)) => break (first, rest, lease),
+            Err(e) => {
+                if e == UpstreamError::Unreachable {
+                    state.picker.unreachable(node.id);
+                }
+                if e.retryable() && tried.len() < MAX_ATTEMPTS {
+                    tracing::warn!(
+                        target: "bulkhead::gateway",
+                        node = node.registration.name.as_str(),
+                        error = ?e,
+                        "worker failed before the first byte; trying another"
+                    );
+                    metrics::retried();
+                    last = Some(e);
+                    continue;
+                }
+                let e = GatewayError::from(e);
+                timer.failed(e.kind());
+                return Err(e);
+            }
+        }
+    };
+    if matches!(first, Line::Token { .. }) {
+        timer.first_token();
+    }
+    Ok((first, rest, permit, lease, timer, tracked))
+}
+
+/// One call to `node`, numbered `n` among this request's attempts, up to
+/// its first line. A worker that leaves the routing table (its heartbeat
+/// lapsed: a partition that TCP alone would notice only after minutes)
+/// fails the request, before its first line or after; so does a flip that
+/// withdraws the model from this account.
+async fn attempt(
+    state: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
+    body: &GenerateBody,
+    operation: &'static str,
+    node: &bulkhead_control_api::NodeView,
+    n: usize,
+) -> Result<(Line, LineStream), UpstreamError> {
+    let span = tracing::info_span!(
+        target: "bulkhead::gateway",
+        "upstream.generate",
+        otel.kind = "client",
+        gen_ai.operation.name = operation,
+        gen_ai.request.model = model.slug.as_str(),
+        bulkhead.node = node.registration.name.as_str(),
+        bulkhead.routing.version = bulkhead_telemetry::int(ctx.snap.table.version()),
+        bulkhead.attempt = bulkhead_telemetry::int(n),
+    );
+    let cut = || {
+        let left = state.watch.node_left(model.slug.clone(), node.id);
+        let withdrawn = state
+            .watch
+            .withdrawn(model.slug.clone(), ctx.principal.account_id.clone());
+        async move {
+            // A withdrawal may also take the model's workers out of the
+            // table: it is the reason to report.
+            tokio::select! {
+                biased;
+                () = withdrawn => UpstreamError::Withdrawn,
+                () = left => UpstreamError::Unreachable,
+            }
+        }
+    };
+    // What this gateway vouches for, for this call alone.
+    let statement = TenantContext::new(
+        &ctx.principal.account_id,
+        ctx.principal.tenant,
+        call_id(),
+        model.slug.as_str(),
+        model.config_version,
+        body.max_tokens as u64,
+        body.context_limit.map(|c| c as u64),
+        std::time::SystemTime::now(),
+    );
+    let (first, mut rest) = tokio::select! {
+        r = state
+            .upstream
+            .generate(&node.registration.address, &statement, body)
+            .instrument(span) => r,
+        e = cut() => Err(e),
+    }?;
+    rest.cut_when(cut());
+    Ok((first, rest))
+}
+
+/// A worker call's id: the request's id (when it has one) and 64 random
+/// bits, so no two calls share one even when a client repeats its
+/// `x-request-id` (a worker serves each id once).
+fn call_id() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    let nonce = u64::from_le_bytes(b);
+    match bulkhead_telemetry::RequestId::current() {
+        Some(id) => format!("{}.{nonce:016x}", id.0),
+        None => format!("{nonce:016x}"),
+    }
+}
+
+/// Tokens a request may use, for the tokens-per-minute limit: about four
+/// characters per prompt token, plus `max_tokens`.
+fn estimate(body: &GenerateBody) -> u64 {
+    let chars = text_bytes(body) + body.tokens.as_ref().map_or(0, |t| t.len() * 4);
+    (chars / 4 + body.max_tokens) as u64
+}
+
+/// A request's usage as both APIs write it.
+pub(crate) fn usage_json(u: Usage) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens
+    })
+}
+
+/// A fresh sampling seed for a request that did not fix one.
+pub(crate) fn random_seed() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b)
+}
+
+/// A JSON body parsed leniently about unknown fields but strictly about
+/// types; errors are `BadInput` with serde's message.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, GatewayError> {
+    if bytes.is_empty() {
+        return Err(GatewayError::BadInput(
+            "the request body is empty; send JSON".to_owned(),
+        ));
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| GatewayError::BadInput(format!("invalid JSON body: {e}")))
+}
