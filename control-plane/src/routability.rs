@@ -10,10 +10,28 @@
 //! the config's weights, quantization, page size and parallelism. Every reason
 //! that fails is named.
 
-use crate::store::configs::ConfigRow;
-use crate::store::nodes::NodeRow;
-use bulkhead_control_api::{PrefillFigures, Properties, Timestamp};
+use crate::ConfigVersion;
+use bulkhead_control_api::{ConfigSpec, PrefillFigures, Properties, RegisterNode, Timestamp};
 use std::time::Duration;
+
+/// What the verdict on a node reads of it: what it registered and when it
+/// was last seen.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeFacts<'a> {
+    /// Its last registration.
+    pub(crate) registration: &'a RegisterNode,
+    /// Its last registration or heartbeat.
+    pub(crate) last_seen_at: Timestamp,
+}
+
+/// The config a node is held to: its model's active one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ActiveConfig<'a> {
+    /// Its version, named in the reasons.
+    pub(crate) version: ConfigVersion,
+    /// Its content.
+    pub(crate) spec: &'a ConfigSpec,
+}
 
 /// The verdict on one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,27 +66,30 @@ pub(crate) fn prefill_shortfall(prefill: Option<&PrefillFigures>, window: u64) -
     })
 }
 
-/// Whether `node` was seen within `ttl` of `now`.
-pub(crate) fn is_live(node: &NodeRow, now: Timestamp, ttl: Duration) -> bool {
+/// Whether a node last seen at `last_seen_at` was seen within `ttl` of
+/// `now`.
+pub(crate) fn is_live(last_seen_at: Timestamp, now: Timestamp, ttl: Duration) -> bool {
     let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
-    now.millis().saturating_sub(node.last_seen_at.millis()) <= ttl_ms
+    now.millis().saturating_sub(last_seen_at.millis()) <= ttl_ms
 }
 
+/// The verdict on `node`, held to `active`, at `now` with heartbeats due
+/// within `ttl`.
 pub(crate) fn evaluate(
-    node: &NodeRow,
-    active: Option<&ConfigRow>,
+    node: NodeFacts<'_>,
+    active: Option<ActiveConfig<'_>>,
     now: Timestamp,
     ttl: Duration,
 ) -> Routability {
     let mut reasons = Vec::new();
-    if !is_live(node, now, ttl) {
+    if !is_live(node.last_seen_at, now, ttl) {
         let silent = now.millis().saturating_sub(node.last_seen_at.millis()) / 1000;
         reasons.push(format!(
             "no heartbeat for {silent} s (limit {} s)",
             ttl.as_secs()
         ));
     }
-    let r = &node.registration;
+    let r = node.registration;
     match active {
         None => reasons.push("its model has no active config".to_owned()),
         Some(c) => {

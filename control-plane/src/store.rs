@@ -33,6 +33,7 @@ pub mod nodes;
 pub mod operators;
 pub mod routing;
 pub mod usage;
+pub mod views;
 
 use crate::Error;
 use bulkhead_control_api::Timestamp;

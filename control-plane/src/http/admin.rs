@@ -7,7 +7,7 @@ use super::auth::{Admin, Caller, GatewayAgent, NodeAgent, Responder};
 use super::error::{ApiError, AppJson, AppPath, AppQuery, OptionalJson};
 use crate::store::usage;
 use crate::store::{
-    accounts, api_tokens, audit, configs, incidents, models, nodes, operators, routing,
+    accounts, api_tokens, audit, configs, incidents, models, nodes, operators, routing, views,
 };
 use crate::{ConfigVersion, IncidentId, NodeId, OperatorId};
 use axum::Json;
@@ -79,7 +79,7 @@ async fn list_models(State(s): State<AppState>, _: Responder) -> ApiResult<Vec<M
     let mut conn = s.db.pool().acquire().await?;
     let mut out = Vec::new();
     for m in models::list(&mut conn).await? {
-        out.push(models::view(&mut conn, &m).await?);
+        out.push(views::model(&mut conn, &m).await?);
     }
     Ok(Json(out))
 }
@@ -92,7 +92,7 @@ async fn get_model(
     let slug = slug(&raw)?;
     let mut conn = s.db.pool().acquire().await?;
     let m = models::find(&mut conn, &slug).await?;
-    Ok(Json(models::view(&mut conn, &m).await?))
+    Ok(Json(views::model(&mut conn, &m).await?))
 }
 
 async fn create_model(
@@ -117,7 +117,7 @@ async fn create_model(
         .await?;
         m = models::find(&mut tx, &req.slug).await?;
     }
-    let view = models::view(&mut tx, &m).await?;
+    let view = views::model(&mut tx, &m).await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(view)))
 }
@@ -138,7 +138,7 @@ async fn set_visibility(
     };
     let audit = models::set_visibility(&mut tx, &slug, req.visibility, why).await?;
     let m = models::find(&mut tx, &slug).await?;
-    let model = models::view(&mut tx, &m).await?;
+    let model = views::model(&mut tx, &m).await?;
     tx.commit().await?;
     // Streams of a model made private end with it unless the responder
     // planned the flip.
@@ -188,7 +188,7 @@ async fn set_allowlist(
     };
     let audit = models::set_allowed(&mut tx, &slug, (&account, req.allowed), why).await?;
     let m = models::find(&mut tx, &slug).await?;
-    let model = models::view(&mut tx, &m).await?;
+    let model = views::model(&mut tx, &m).await?;
     tx.commit().await?;
     // A visibility change is acknowledged only once every live gateway
     // enforces it (or has stopped admitting requests: see `Hub`).
@@ -383,7 +383,7 @@ async fn list_nodes(
     };
     let rows = nodes::list(&mut conn, model).await?;
     Ok(Json(
-        nodes::views(&mut conn, rows, Timestamp::now(), s.settings.node_ttl).await?,
+        views::nodes(&mut conn, rows, Timestamp::now(), s.settings.node_ttl).await?,
     ))
 }
 
@@ -395,13 +395,13 @@ async fn node_status(
 ) -> Result<NodeStatus, ApiError> {
     let row = nodes::get(conn, id).await?;
     let model = row.model_id;
-    let node = nodes::views(conn, vec![row], now, s.settings.node_ttl)
+    let node = views::nodes(conn, vec![row], now, s.settings.node_ttl)
         .await?
         .pop()
         .ok_or_else(|| ApiError::from(crate::Error::NotFound(format!("node {id}"))))?;
     let prefill_peers = if node.registration.role == NodeRole::Decode {
         let fleet = nodes::list(conn, Some(model)).await?;
-        nodes::views(conn, fleet, now, s.settings.node_ttl)
+        views::nodes(conn, fleet, now, s.settings.node_ttl)
             .await?
             .into_iter()
             .filter(|n| n.routable && n.registration.role == NodeRole::Prefill)

@@ -147,7 +147,7 @@ pub async fn activate(
     let p = config.spec.properties;
     for node in nodes::list(conn, Some(model.id)).await? {
         let r = &node.registration;
-        if !is_live(&node, now, node_ttl) {
+        if !is_live(node.last_seen_at, now, node_ttl) {
             continue;
         }
         if let Some(why) = prefill_shortfall(r.prefill.as_ref(), p.context_window) {

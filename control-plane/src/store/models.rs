@@ -3,10 +3,10 @@
 //! entry in the caller's transaction.
 
 use super::audit::{self, NewEntry};
-use super::{Conn, configs, get_enum, get_time};
+use super::{Conn, get_enum, get_time};
 use crate::{AccountId, ConfigVersion, Error, ModelId};
 use bulkhead_control_api::{
-    AuditEntry, ComponentStatus, CreateModel, ModelSlug, ModelView, Timestamp, Visibility,
+    AuditEntry, ComponentStatus, CreateModel, ModelSlug, Timestamp, Visibility,
 };
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -107,27 +107,6 @@ pub async fn allowlist(conn: &mut Conn, id: ModelId) -> Result<Vec<String>, Erro
     .fetch_all(&mut *conn)
     .await?;
     rows.iter().map(|r| Ok(r.try_get("account_id")?)).collect()
-}
-
-/// The admin API's view of a model: allowlist and active limits included.
-pub async fn view(conn: &mut Conn, m: &ModelRow) -> Result<ModelView, Error> {
-    let allowlist = allowlist(conn, m.id).await?;
-    let properties = match m.active_config {
-        Some(v) => Some(configs::get(conn, m, v).await?.spec.properties),
-        None => None,
-    };
-    Ok(ModelView {
-        slug: m.slug.clone(),
-        task: m.task.clone(),
-        description: m.description.clone(),
-        visibility: m.visibility,
-        allowlist,
-        properties,
-        active_config: m.active_config.map(ConfigVersion::get),
-        component_status: m.component_status,
-        created_at: m.created_at,
-        updated_at: m.updated_at,
-    })
 }
 
 /// Who makes a change to a model's visibility, why, and when.

@@ -1,23 +1,19 @@
 //! Registered workers: what each measured after loading weights, and when it
 //! was last heard from. Routability is computed from these rows on read
-//! (`crate::routability`), never stored, so it cannot go stale.
+//! ([`super::views`]), never stored, so it cannot go stale.
 //!
 //! Registrations, re-registrations and removals are audited. Only the operator
 //! that registered a name (or an admin) may replace it or keep it alive, and a
 //! heartbeat cannot report more pages than the registered pool holds.
 
 use super::operators::Operator;
-use super::{Conn, configs, get_enum, get_time, get_u64, models, to_i64};
-use crate::routability::{self, Routability};
+use super::{Conn, get_enum, get_time, get_u64, models, to_i64};
 use crate::{Error, ModelId, NodeId};
 use bulkhead_control_api::{
-    Heartbeat, ModelSlug, NodeLoad, NodeView, Parallelism, PrefillFigures, RegisterNode, Role,
-    Timestamp,
+    Heartbeat, ModelSlug, NodeLoad, Parallelism, PrefillFigures, RegisterNode, Role, Timestamp,
 };
 use sqlx::Row;
 use sqlx::any::AnyRow;
-use std::collections::HashMap;
-use std::time::Duration;
 
 /// A registered worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -165,38 +161,6 @@ pub async fn list(conn: &mut Conn, model: Option<ModelId>) -> Result<Vec<NodeRow
 pub async fn remove(conn: &mut Conn, id: NodeId) -> Result<(), Error> {
     let q = sqlx::query("DELETE FROM nodes WHERE id = $1").bind(id.get());
     super::change(conn, q, || format!("node {id}")).await
-}
-
-/// The admin API's views of `rows`, each with its routability now.
-pub async fn views(
-    conn: &mut Conn,
-    rows: Vec<NodeRow>,
-    now: Timestamp,
-    ttl: Duration,
-) -> Result<Vec<NodeView>, Error> {
-    let mut active = HashMap::new();
-    let mut out = Vec::with_capacity(rows.len());
-    for node in rows {
-        if let std::collections::hash_map::Entry::Vacant(slot) = active.entry(node.model_id) {
-            let model = models::get(conn, node.model_id).await?;
-            slot.insert(configs::active(conn, &model).await?);
-        }
-        let config = active.get(&node.model_id).and_then(Option::as_ref);
-        let (routable, unroutable_reason) = match routability::evaluate(&node, config, now, ttl) {
-            Routability::Routable => (true, None),
-            Routability::Unroutable(why) => (false, Some(why)),
-        };
-        out.push(NodeView {
-            id: node.id.get(),
-            registration: node.registration,
-            load: node.load,
-            registered_at: node.registered_at,
-            last_seen_at: node.last_seen_at,
-            routable,
-            unroutable_reason,
-        });
-    }
-    Ok(out)
 }
 
 fn node_row(r: &AnyRow) -> Result<NodeRow, Error> {

@@ -2,7 +2,7 @@
 //! nodes with routability, accounts with their tenant numbers, and live
 //! token hashes, read in one transaction.
 
-use super::{Conn, accounts, api_tokens, configs, models, nodes};
+use super::{Conn, accounts, api_tokens, configs, models, nodes, views};
 use crate::{AccountId, Error};
 use bulkhead_control_api::{RoutedAccount, RoutedModel, RoutingTable, Timestamp};
 use std::time::Duration;
@@ -43,7 +43,7 @@ pub async fn table(
         });
     }
     let rows = nodes::list(conn, None).await?;
-    let nodes = nodes::views(conn, rows, Timestamp::now(), node_ttl).await?;
+    let nodes = views::nodes(conn, rows, Timestamp::now(), node_ttl).await?;
     let accounts = accounts::list(conn)
         .await?
         .into_iter()
