@@ -1,7 +1,7 @@
 //! `bulkhead generate`: one request through the same engine and KV pool the
 //! workers use, streamed to stdout.
 
-use crate::cli::ModelArgs;
+use crate::config::ModelArgs;
 use anyhow::{Context, bail};
 use bulkhead_engine::{ChatMessage, Engine, GenerateRequest, SamplingParams, SeqEvent};
 use bulkhead_kv::TenantId;

@@ -5,7 +5,7 @@
 //! one run.
 
 use crate::bench::Prompts;
-use crate::cli::ModelArgs;
+use crate::config::ModelArgs;
 use anyhow::{Context, bail};
 use bulkhead_engine::{Engine, GenerateRequest, ModelFile, SeqEvent};
 use bulkhead_kv::{Generation, KvDtype, KvGeometry, KvPool, PageTable, TenantId, TransferId};
@@ -600,7 +600,7 @@ pub(crate) async fn in_process_pair(
             ack_timeout: Duration::from_secs(10),
             transport: tcp,
             identity: identity(CertRole::Decode)?,
-            model: crate::register::DEFAULT_SLUG.to_owned(),
+            model: crate::platform::register::DEFAULT_SLUG.to_owned(),
         },
     );
     if !decode.ready(Duration::from_secs(10)).await {

@@ -10,7 +10,7 @@
 //! over-long prompt, no request past its deadline, every pool back at its
 //! baseline, no owner violation. Only test builds have the frame faults.
 
-use crate::prober::{visible, words};
+use crate::platform::prober::{visible, words};
 use anyhow::Context;
 use clap::Args;
 use serde_json::{Value, json};
@@ -414,7 +414,7 @@ fn metric(url: &str, name: &str) -> f64 {
 
 /// `bulkhead up` for the soak, stopped when dropped.
 struct Platform {
-    up: crate::up_child::UpChild,
+    up: crate::platform::up::child::UpChild,
     gateway: String,
     control_plane: String,
     /// Component name to its /metrics URL.
@@ -426,7 +426,7 @@ struct Platform {
 impl Platform {
     fn start(frame_faults: u8, logs: bool) -> anyhow::Result<Platform> {
         let (window, faults) = (WINDOW.to_string(), frame_faults.to_string());
-        let up = crate::up_child::UpChild::start(
+        let up = crate::platform::up::child::UpChild::start(
             "bench-chaos",
             &[
                 "--port",

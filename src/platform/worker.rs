@@ -6,8 +6,8 @@
 //! registration, model) and one `go_live` (register, start the metrics, print
 //! the listening line).
 
-use crate::cli::ModelArgs;
-use crate::register::{Announcement, RegisterArgs};
+use crate::config::ModelArgs;
+use crate::platform::register::{Announcement, RegisterArgs};
 use anyhow::Context;
 use bulkhead_control_api::NodeRole;
 use bulkhead_engine::Engine;
@@ -33,46 +33,13 @@ fn worker_api(http: TcpListener, identity: &Identity) -> anyhow::Result<TlsListe
     Ok(TlsListener::new(http, acceptor)?)
 }
 
-/// Where Prometheus scrapes this worker without a certificate.
-#[derive(Debug, Args)]
-pub(crate) struct MetricsArgs {
-    /// Plain-HTTP address of `GET /metrics` and `GET /health` alone, for
-    /// Prometheus and probes (off when absent; the worker API's port serves
-    /// them too, to an operator certificate).
-    #[arg(long)]
-    metrics_listen: Option<String>,
-}
-
-impl MetricsArgs {
-    /// Binds and serves the metrics port, if asked; returns ` metrics=ADDR`
-    /// for the listening line.
-    pub(crate) async fn start(&self) -> anyhow::Result<String> {
-        // Probes (a kubelet has no client certificate) read /health here.
-        let ops = bulkhead_telemetry::metrics_app()
-            .route("/health", axum::routing::get(|| async { "ok\n" }));
-        metrics_port(self.metrics_listen.as_deref(), ops).await
-    }
-}
-
-/// Binds `addr` (when given) and serves `app` there, the Prometheus port;
-/// returns ` metrics=ADDR` for the listening line (empty without one).
-pub(crate) async fn metrics_port(addr: Option<&str>, app: axum::Router) -> anyhow::Result<String> {
-    let Some(addr) = addr else {
-        return Ok(String::new());
-    };
-    let l = bind(addr).await?;
-    let bound = l.local_addr()?;
-    tokio::spawn(async move { axum::serve(crate::nodelay(l), app).await });
-    Ok(format!(" metrics={bound}"))
-}
-
 /// Serves `router` on `listener`, each request knowing its caller's role.
 async fn serve_api(listener: TlsListener, router: axum::Router) -> std::io::Result<()> {
     axum::serve(
         listener,
         router.into_make_service_with_connect_info::<Peer>(),
     )
-    .with_graceful_shutdown(crate::control_plane::shutdown())
+    .with_graceful_shutdown(crate::process::shutdown())
     .await
 }
 
@@ -83,7 +50,7 @@ pub(crate) struct WorkerArgs {
     #[command(flatten)]
     tls: TlsArgs,
     #[command(flatten)]
-    metrics_listen: MetricsArgs,
+    metrics_listen: crate::process::MetricsArgs,
     #[command(flatten)]
     register: RegisterArgs,
     #[command(flatten)]
@@ -262,7 +229,7 @@ impl UsageReporter {
     /// the records are counted in metrics only.
     fn start(self) {
         if let Some((rx, client)) = self.0 {
-            tokio::spawn(crate::usage_report::run(rx, client));
+            tokio::spawn(crate::platform::usage_report::run(rx, client));
         }
     }
 }
@@ -305,12 +272,6 @@ fn metrics(
     Ok(())
 }
 
-async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))
-}
-
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let w = &args.worker;
     let identity = w.identity(CertRole::Colocated)?;
@@ -328,7 +289,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     }
     runtime()?.block_on(async {
         usage.start();
-        let http = bind(&args.http).await?;
+        let http = crate::process::bind(&args.http).await?;
         let role = Role::Colocated(Arc::clone(&engine));
         let live = Live {
             role: NodeRole::Colocated,
@@ -364,8 +325,8 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
     let hello = hello(&engine, &options.transport);
     let worker = PrefillWorker::new(Arc::clone(&engine), hello, options);
     runtime()?.block_on(async {
-        let listen = bind(&args.listen).await?;
-        let http = bind(&args.http).await?;
+        let listen = crate::process::bind(&args.listen).await?;
+        let http = crate::process::bind(&args.http).await?;
         let role = Role::Prefill(worker.clone());
         let live = Live {
             role: NodeRole::Prefill,
@@ -386,7 +347,7 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
         let listen = TlsListener::new(listen, identity.acceptor(&[CertRole::Decode])?)?;
         tokio::select! {
             r = worker.serve(listen) => r?,
-            () = crate::control_plane::shutdown() => {}
+            () = crate::process::shutdown() => {}
         }
         Ok(())
     })
@@ -419,7 +380,7 @@ pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         usage.start();
         let worker = DecodeWorker::start(Arc::clone(&engine), hello, options);
-        let http = bind(&args.http).await?;
+        let http = crate::process::bind(&args.http).await?;
         if !discover && !worker.ready(Duration::from_secs(30)).await {
             anyhow::bail!(
                 "no compatible prefill worker answered at {} within 30 s",

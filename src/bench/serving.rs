@@ -31,7 +31,7 @@ pub(crate) struct ServingBenchArgs {
     #[arg(long, env = "BULKHEAD_BENCH_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// Model name sent in each request.
-    #[arg(long, default_value = crate::register::DEFAULT_SLUG)]
+    #[arg(long, default_value = crate::platform::register::DEFAULT_SLUG)]
     model: String,
     /// Clients, each sending its next request when the last one ends.
     #[arg(long, default_value_t = 4)]
@@ -343,7 +343,7 @@ async fn one(
 
 /// A platform started with `bulkhead up`, stopped when dropped.
 struct Platform {
-    _up: crate::up_child::UpChild,
+    _up: crate::platform::up::child::UpChild,
     gateway: String,
     token: String,
     describe: String,
@@ -369,7 +369,7 @@ impl Platform {
         if let Some(t) = &threads {
             a.extend_from_slice(&["--threads", t]);
         }
-        let up = crate::up_child::UpChild::start("bench-serving", &a, false)?;
+        let up = crate::platform::up::child::UpChild::start("bench-serving", &a, false)?;
         let creds = up.read("credentials.json")?;
         let kind = if args.colocated {
             "colocated worker(s)"

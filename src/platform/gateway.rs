@@ -190,7 +190,7 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    let metrics = crate::serve::metrics_port(
+    let metrics = crate::process::metrics_port(
         args.metrics_listen.as_deref(),
         bulkhead_telemetry::metrics_app(),
     )
@@ -213,7 +213,7 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
         listener,
         app(AppState::new(watch, jwt, limiter, upstream).with_budgets(budgets)),
         conn,
-        crate::control_plane::shutdown(),
+        crate::process::shutdown(),
     )
     .await?;
     Ok(())

@@ -71,7 +71,7 @@ impl Drop for KillOnDrop {
 }
 
 pub(crate) fn run(args: &GatewayBenchArgs) -> anyhow::Result<()> {
-    let weights = bulkhead_engine::fetch::ensure_default_model(&crate::cli::model_source(true))?;
+    let weights = bulkhead_engine::fetch::ensure_default_model(&crate::config::model_source(true))?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -341,7 +341,7 @@ impl ControlPlane {
         let inside = router
             .clone()
             .into_make_service_with_connect_info::<bulkhead_trust::Peer>();
-        tokio::spawn(async move { axum::serve(crate::nodelay(cp), router).await });
+        tokio::spawn(async move { axum::serve(crate::process::nodelay(cp), router).await });
         tokio::spawn(async move { axum::serve(internal, inside).await });
         Ok(ControlPlane {
             db,
@@ -421,7 +421,7 @@ async fn seed(db: &Db, weights: &std::path::Path) -> anyhow::Result<Ids> {
             context_window: 2048,
             max_output: 256,
         };
-        let spec = crate::up::config(&sha, "q4_1", limits, 64 << 20);
+        let spec = crate::platform::up::config(&sha, "q4_1", limits, 64 << 20);
         let v = store::configs::add(&mut c, &m, &spec, "bench", now).await?;
         store::configs::activate(&mut c, &m, v, "bench", "", now, Duration::from_secs(60)).await?;
     }
@@ -514,7 +514,7 @@ async fn start_gateways(
             state = state.with_budgets(bulkhead_gateway::Budgets::redis(url, &prefix).await?);
         }
         let router = app(state);
-        tokio::spawn(async move { axum::serve(crate::nodelay(l), router).await });
+        tokio::spawn(async move { axum::serve(crate::process::nodelay(l), router).await });
     }
     Ok(gateways)
 }
@@ -774,7 +774,7 @@ async fn protection_cost(
     );
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let plain_addr = l.local_addr()?;
-    tokio::spawn(async move { axum::serve(crate::nodelay(l), plain_app).await });
+    tokio::spawn(async move { axum::serve(crate::process::nodelay(l), plain_app).await });
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let l = bulkhead_trust::TlsListener::new(l, worker.acceptor(&[CertRole::Gateway])?)?;
     let tls_addr = l.local_addr();

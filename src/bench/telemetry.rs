@@ -38,7 +38,7 @@ pub(crate) fn run(args: &TelemetryBenchArgs) -> anyhow::Result<()> {
         "bulkhead-bench",
         "bench",
         "warn",
-        &crate::cli::telemetry_settings(),
+        &crate::config::telemetry_settings(),
     )
     .context("setting up telemetry")?;
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -175,7 +175,7 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
         status_cache: Duration::from_millis(flags.status_cache_ms),
         gateway_lease: Duration::from_secs(flags.gateway_lease_secs.max(1)),
     };
-    let metrics = crate::serve::metrics_port(
+    let metrics = crate::process::metrics_port(
         flags.metrics_listen.as_deref(),
         bulkhead_telemetry::metrics_app(),
     )
@@ -191,11 +191,11 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
         .into_make_service_with_connect_info::<bulkhead_trust::Peer>();
     tokio::spawn(async move {
         axum::serve(internal, inside)
-            .with_graceful_shutdown(shutdown())
+            .with_graceful_shutdown(crate::process::shutdown())
             .await
     });
-    axum::serve(crate::nodelay(listener), router)
-        .with_graceful_shutdown(shutdown())
+    axum::serve(crate::process::nodelay(listener), router)
+        .with_graceful_shutdown(crate::process::shutdown())
         .await?;
     db.close().await;
     Ok(())
@@ -213,25 +213,4 @@ fn announce(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-pub(crate) async fn shutdown() {
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }

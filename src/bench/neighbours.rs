@@ -8,8 +8,8 @@
 //! requests ended: answered, refused at admission, or failed after waiting.
 
 use crate::bench::Prompts;
-use crate::bench_transfer::in_process_pair;
-use crate::cli::ModelArgs;
+use crate::bench::transfer::in_process_pair;
+use crate::config::ModelArgs;
 use anyhow::bail;
 use bulkhead_engine::{Engine, EngineError, GenerateRequest, SeqEvent};
 use bulkhead_kv::TenantId;

@@ -18,6 +18,8 @@
 //! under the longest prompt prefilled in time (in whole 256s), and says so;
 //! a window that fits is served whole, and it says that too.
 
+pub(crate) mod child;
+
 use anyhow::Context;
 use bulkhead_control_api::{
     ConfigSpec, ConfigView, CreateModel, KvBudget, ModelSlug, NodeView, Parallelism, Properties,
@@ -140,7 +142,7 @@ const SERVED: [Served; 2] = [
 
 impl Served {
     fn slug(self) -> String {
-        format!("{}{}", crate::register::DEFAULT_SLUG, self.suffix)
+        format!("{}{}", crate::platform::register::DEFAULT_SLUG, self.suffix)
     }
 
     /// The node name of its `i`-th (from 1) worker of `role`.
@@ -205,7 +207,7 @@ struct Internal {
     node: String,
     /// The leak prober's sentinel accounts.
     #[serde(default)]
-    sentinels: Vec<crate::prober::Sentinel>,
+    sentinels: Vec<crate::platform::prober::Sentinel>,
 }
 
 /// The request the printed curl line sends. SmolLM2's chat template adds a
@@ -228,7 +230,7 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
         std::net::TcpListener::bind(("127.0.0.1", args.port))
             .with_context(|| format!("port {} is taken (choose another with --port)", args.port))?;
     }
-    let weights = fetch::ensure_default_model(&crate::cli::model_source(true))
+    let weights = fetch::ensure_default_model(&crate::config::model_source(true))
         .context("fetching the default model")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -554,10 +556,10 @@ async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)>
             internal_url: String::new(),
             status_url: String::new(),
             operator_token,
-            model: args
-                .served()
-                .first()
-                .map_or_else(|| crate::register::DEFAULT_SLUG.to_owned(), |m| m.slug()),
+            model: args.served().first().map_or_else(
+                || crate::platform::register::DEFAULT_SLUG.to_owned(),
+                |m| m.slug(),
+            ),
             models: args.served().iter().map(|m| m.slug()).collect(),
             accounts,
             metrics: Default::default(),
@@ -593,13 +595,13 @@ async fn sentinels(
     c: &mut store::Conn,
     previous: Option<&Internal>,
     now: Timestamp,
-) -> anyhow::Result<Vec<crate::prober::Sentinel>> {
+) -> anyhow::Result<Vec<crate::platform::prober::Sentinel>> {
     let mut out = Vec::new();
     for (i, name) in ["sentinel-a", "sentinel-b"].into_iter().enumerate() {
         let old = previous.and_then(|p| p.sentinels.get(i));
         let old = old.map(|s| (s.id.as_str(), s.token.as_str()));
         let (id, token) = account(c, old, (name, Kind::Sentinel), now).await?;
-        out.push(crate::prober::Sentinel { id, token });
+        out.push(crate::platform::prober::Sentinel { id, token });
     }
     Ok(out)
 }

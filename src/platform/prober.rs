@@ -58,7 +58,7 @@ pub(crate) struct ProberArgs {
     #[arg(long, default_value_t = 0)]
     rounds: u64,
     #[command(flatten)]
-    metrics: crate::serve::MetricsArgs,
+    metrics: crate::process::MetricsArgs,
 }
 
 /// A sentinel account: `BULKHEAD_SENTINELS` holds a JSON list of them.
@@ -127,7 +127,7 @@ pub(crate) fn run(args: &ProberArgs) -> anyhow::Result<()> {
             }
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(args.interval_secs.max(1))) => {}
-                () = crate::control_plane::shutdown() => return Ok(()),
+                () = crate::process::shutdown() => return Ok(()),
             }
         }
     })

@@ -9,7 +9,7 @@
 //! measured on both too (the same short prompt, tokens/s after the first),
 //! so a cache that slowed decoding would show.
 
-use crate::cli::ModelArgs;
+use crate::config::ModelArgs;
 use anyhow::{Context, bail};
 use bulkhead_engine::{
     CacheScope, ChatMessage, Engine, GenerateRequest, Namespace, SamplingParams, SeqEvent,

@@ -1,0 +1,11 @@
+//! The platform's long-running processes: the worker roles, the gateway,
+//! the control plane and the leak prober, what workers register and report,
+//! and `up`, which starts and supervises them all on one machine.
+
+pub(crate) mod control_plane;
+pub(crate) mod gateway;
+pub(crate) mod prober;
+pub(crate) mod register;
+pub(crate) mod up;
+mod usage_report;
+pub(crate) mod worker;
