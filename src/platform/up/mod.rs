@@ -20,12 +20,14 @@
 
 mod bootstrap;
 pub(crate) mod child;
+mod console;
 mod credentials;
 mod supervision;
 mod window;
 
 pub(crate) use bootstrap::config;
 use bootstrap::*;
+use console::Console;
 use credentials::*;
 use supervision::*;
 use window::*;
@@ -97,6 +99,11 @@ pub(crate) struct UpArgs {
     /// An HTTP URL the prober POSTs each finding to.
     #[arg(long)]
     prober_webhook: Option<String>,
+    /// Stream every component's log lines to the terminal (as `RUST_LOG`
+    /// does); otherwise they go to `DATA_DIR/logs/` and the terminal gets
+    /// state changes, warnings and a summary a minute.
+    #[arg(long)]
+    verbose: bool,
     /// Testing only: each decode or colocated worker answers wrong after
     /// this many requests. Refused unless built with the test hooks.
     #[arg(long, hide = true)]
@@ -219,7 +226,10 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     bulkhead_trust::authority::init_dir(&tls, &bulkhead_trust::Role::ALL)
         .context("creating the platform's TLS identities")?;
     bulkhead_worker_api::context::KeyRing::create(&tls.join(crate::tls::CONTEXT_KEYS))?;
-    let mut components = Components::default();
+    let verbose = args.verbose || crate::config::telemetry_settings().log_filter.is_some();
+    let console = Console::start(&args.data_dir, verbose)
+        .with_context(|| format!("creating {}", args.data_dir.join("logs").display()))?;
+    let mut components = Components::new(console);
     let started = start(args, &weights, &internal, &mut creds, &mut components)
         .and_then(|()| rt.block_on(check_routable(args, &creds, &internal)))
         .and_then(|()| start_prober(args, &internal, &mut creds, &mut components));

@@ -5,10 +5,12 @@
 
 use super::*;
 
-/// The child processes, stopped in reverse order.
-#[derive(Debug, Default)]
+/// The child processes, stopped in reverse order, and where their output
+/// goes.
+#[derive(Debug)]
 pub(super) struct Components {
     pub(super) running: Vec<Running>,
+    pub(super) console: Console,
 }
 
 /// A started component and how to start it again.
@@ -39,6 +41,14 @@ pub(super) fn bound_key(flag: &str, line: &str) -> &'static str {
 }
 
 impl Components {
+    /// No component yet; their output to `console`.
+    pub(super) fn new(console: Console) -> Components {
+        Components {
+            running: Vec::new(),
+            console,
+        }
+    }
+
     /// Starts `bulkhead <args>` and waits for its `listening` line (the rest
     /// of its output is passed through), with secrets and identities in the
     /// child's environment (never on its command line, which every local
@@ -70,23 +80,28 @@ impl Components {
             started: std::time::Instant::now(),
             backoff: Duration::from_secs(1),
         });
-        // Its log lines, prefixed with its name.
-        let tag = name.clone();
+        // Its log lines, to the console (its file, and the terminal where
+        // a person should see them). Never stops draining: a component
+        // blocked on a full pipe would stop serving.
+        let (console, tag) = (self.console.clone(), name.clone());
         std::thread::spawn(move || {
-            // Never stops draining, even if our own stderr is gone: a
-            // component blocked on a full pipe would stop serving.
             for l in lossy_lines(BufReader::new(stderr)) {
-                let _ = writeln!(std::io::stderr().lock(), "[{tag}] {l}");
+                console.line(&tag, true, l);
             }
         });
         let mut lines = lossy_lines(BufReader::new(stdout));
         let line = match lines.next() {
             Some(l) if l.contains("listening") => l,
-            _ => anyhow::bail!("the {name} did not start (see its messages above)"),
+            _ => anyhow::bail!(
+                "the {name} did not start (see its messages above, or {})",
+                self.console.log_path(&name).display()
+            ),
         };
+        let console = self.console.clone();
+        self.console.line(&name, false, line.clone());
         std::thread::spawn(move || {
             for l in lines {
-                let _ = writeln!(std::io::stdout().lock(), "[{name}] {l}");
+                console.line(&name, false, l);
             }
         });
         // Pin what it bound, for a restart.
@@ -406,7 +421,9 @@ impl WorkerSpawn<'_> {
             ("BULKHEAD_TLS_CERT", path(&files.cert)?),
             ("BULKHEAD_TLS_KEY", path(&files.key)?),
         ];
-        let line = c.spawn_with(&format!("{} worker", &node_name["up-".len()..]), &a, env)?;
+        let name = format!("{} worker", &node_name["up-".len()..]);
+        c.console.serves(&name, &slug);
+        let line = c.spawn_with(&name, &a, env)?;
         let key = node_name.trim_start_matches("up-").to_owned();
         creds
             .metrics
