@@ -1,6 +1,8 @@
 //! Configuration the subcommands share, read once: the model and engine
 //! flags, where the default model comes from, and the telemetry settings,
-//! from this process's arguments and environment.
+//! from this process's arguments and environment. Besides the flags' own
+//! `env = ...` fallbacks (read by the argument parser), this file is the
+//! one place the binary reads its environment (`tests/layout.rs` checks).
 
 use anyhow::Context;
 use bulkhead_engine::fetch;
@@ -105,4 +107,16 @@ pub(crate) fn model_source(show: bool) -> fetch::Source {
 /// the one place the binary reads them.
 pub(crate) fn telemetry_settings() -> bulkhead_telemetry::Settings {
     bulkhead_telemetry::Settings::from_vars(|k| std::env::var(k).ok())
+}
+
+/// The Python that benchmarks run llama-cpp-python with
+/// (`BULKHEAD_PYTHON`, default `python3`).
+pub(crate) fn python() -> std::ffi::OsString {
+    std::env::var_os("BULKHEAD_PYTHON").unwrap_or_else(|| "python3".into())
+}
+
+/// A secret a component takes from its environment only (never from its
+/// command line, which every local user can read): `name`'s value.
+pub(crate) fn secret(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }

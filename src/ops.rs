@@ -202,7 +202,7 @@ impl Connection {
     /// Where the token came from, for a refusal's message.
     fn token_source(&self) -> String {
         match &self.token {
-            Some(t) if std::env::var("BULKHEAD_TOKEN").ok().as_ref() == Some(t) => {
+            Some(t) if crate::config::secret("BULKHEAD_TOKEN").as_ref() == Some(t) => {
                 "the environment (BULKHEAD_TOKEN)".to_owned()
             }
             Some(_) => "--token".to_owned(),

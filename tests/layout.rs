@@ -499,3 +499,44 @@ fn the_scanner_finds_the_cycles_it_is_given_and_no_others() {
         assert_eq!(got, *want, "{files:?}");
     }
 }
+
+/// The binary reads its environment in one place: `src/config.rs` (and
+/// through its flags' `env = ...` fallbacks, which the argument parser
+/// reads). Library crates may not read it at all (`clippy.toml`).
+#[test]
+fn the_binary_reads_its_environment_only_in_its_configuration() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let readers: Vec<String> = modules(&src)
+        .into_iter()
+        .filter(|(m, text)| {
+            m != "config" && {
+                let code = code_only(text);
+                ["env::var(", "env::var_os(", "env::vars("]
+                    .iter()
+                    .any(|call| code.contains(call))
+            }
+        })
+        .map(|(m, _)| m)
+        .collect();
+    assert!(
+        readers.is_empty(),
+        "files of src/ that read the environment: {readers:?}"
+    );
+}
+
+/// Prints each crate's file graph (`cargo test --test layout -- --ignored
+/// --nocapture`): what a newcomer reads to see which file builds on which.
+#[test]
+#[ignore = "prints the graphs; checks nothing"]
+fn print_the_file_graphs() {
+    for src in crate_sources() {
+        println!("{}", src.display());
+        for (m, to) in graph(&modules(&src)) {
+            if !to.is_empty() {
+                let to: Vec<&str> = to.iter().map(String::as_str).collect();
+                let m = if m.is_empty() { "(root)" } else { m.as_str() };
+                println!("  {m} → {}", to.join(", "));
+            }
+        }
+    }
+}

@@ -18,8 +18,7 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
 use prost::Message;
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -31,29 +30,20 @@ const MODEL: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 
 /// What the collector received: each OTLP request's path and raw body.
 #[derive(Clone, Default)]
-struct Received(Arc<Mutex<Vec<Export>>>);
-
-/// One OTLP request: its path and raw body.
-type Export = (String, Vec<u8>);
+struct Received(support::sink::Received);
 
 impl Received {
     fn bodies(&self, path: &str) -> Vec<Vec<u8>> {
         self.0
-            .lock()
-            .unwrap()
-            .iter()
+            .all()
+            .into_iter()
             .filter(|(p, _)| p == path)
-            .map(|(_, b)| b.clone())
+            .map(|(_, b)| b)
             .collect()
     }
 
     fn all_bytes(&self) -> Vec<Vec<u8>> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(_, b)| b.clone())
-            .collect()
+        self.0.all().into_iter().map(|(_, b)| b).collect()
     }
 
     /// Every span received so far.
@@ -152,51 +142,12 @@ fn hex(b: &[u8]) -> String {
     hex::encode(b)
 }
 
-/// A minimal OTLP/HTTP receiver: one request per connection, answered 200
-/// with an empty (valid) protobuf response.
+/// An OTLP/HTTP receiver: every export answered 200 with an empty (valid)
+/// protobuf response.
 fn collector() -> (String, Received) {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind collector");
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let received = Received::default();
-    let r = received.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(conn) = conn else { continue };
-            let r = r.clone();
-            std::thread::spawn(move || serve_one(conn, &r));
-        }
-    });
-    (url, received)
-}
-
-fn serve_one(mut conn: TcpStream, r: &Received) {
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
-    let mut line = String::new();
-    if reader.read_line(&mut line).is_err() {
-        return;
-    }
-    let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
-    let mut len = 0usize;
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h).is_err() || h == "\r\n" || h.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = h.split_once(':')
-            && k.eq_ignore_ascii_case("content-length")
-        {
-            len = v.trim().parse().unwrap_or(0);
-        }
-    }
-    let mut body = vec![0; len];
-    if reader.read_exact(&mut body).is_err() {
-        return;
-    }
-    r.0.lock().unwrap().push((path, body));
-    let _ = conn.write_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-    );
+    let (url, received) =
+        support::sink::start(axum::http::StatusCode::OK, "application/x-protobuf");
+    (url, Received(received))
 }
 
 // ----------------------------------------------------------------- platform

@@ -11,53 +11,12 @@ mod support;
 
 use bulkhead_test_support::json::items;
 use serde_json::Value;
-use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::platform::{credentials, get, post, try_call, up};
 
 const MODEL: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 const MODEL_PATH: &str = "%40cf%2Fhuggingfacetb%2Fsmollm2-135m-instruct";
-
-/// A one-shot HTTP sink for the webhook: the first request's body.
-fn webhook() -> (String, std::thread::JoinHandle<String>) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("http://{}/hook", l.local_addr().expect("addr"));
-    let h = std::thread::spawn(move || {
-        let (mut s, _) = l.accept().expect("the prober calls the webhook");
-        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 4096];
-        // Read the head and the body it announces.
-        loop {
-            let n = s.read(&mut buf).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            raw.extend_from_slice(&buf[..n]);
-            let text = String::from_utf8_lossy(&raw);
-            if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                let len = head
-                    .lines()
-                    .find_map(|l| {
-                        let (k, v) = l.split_once(':')?;
-                        k.eq_ignore_ascii_case("content-length")
-                            .then(|| v.trim().parse::<usize>().ok())?
-                    })
-                    .unwrap_or(0);
-                if body.len() >= len {
-                    break;
-                }
-            }
-        }
-        let _ = s.write_all(b"HTTP/1.0 204 No Content\r\n\r\n");
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        text.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default()
-    });
-    (url, h)
-}
 
 /// The sum of the samples of metric `name` whose line contains `label`.
 fn prober_metric(url: &str, name: &str, label: &str) -> f64 {
@@ -74,7 +33,8 @@ fn prober_metric(url: &str, name: &str, label: &str) -> f64 {
 #[test]
 fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident() {
     let dir = support::platform::data_dir("prober");
-    let (hook, hooked) = webhook();
+    let (hook, hooked) = support::sink::start(axum::http::StatusCode::NO_CONTENT, "text/plain");
+    let hook = format!("{hook}/hook");
     let interval = 2;
     let platform = up(
         &dir,
@@ -199,7 +159,10 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
         std::thread::sleep(Duration::from_millis(500));
     }
     // The webhook got the finding.
-    let body: Value = serde_json::from_str(&hooked.join().expect("webhook")).expect("JSON");
+    let body = hooked
+        .first_within(Duration::from_secs(10))
+        .expect("the prober called the webhook");
+    let body: Value = serde_json::from_slice(&body).expect("JSON");
     assert_eq!(body["model"], MODEL, "{body}");
     assert_eq!(body["check"], "golden_answer", "{body}");
 

@@ -231,30 +231,14 @@ fn num(v: &Value, key: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("llama.cpp result lacks {key}"))
 }
 
+/// The short table's llama.cpp side (after [`super::LLAMA_CPP_PRELUDE`]).
 const LLAMA_CPP_SCRIPT: &str = r#"
-import ctypes, json, sys, time
-import numpy as np
-import llama_cpp
-cfg = json.loads(sys.argv[1])
-llm = llama_cpp.Llama(model_path=cfg["model"], n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
-                      n_ctx=2048, n_batch=512, n_ubatch=512, verbose=False)
-n_vocab = llm.n_vocab()
-def last_argmax():
-    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-    return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
 prefill, decode = [], []
 for _ in range(cfg["rounds"]):
     llm.reset()
     t0 = time.perf_counter(); llm.eval(cfg["prefill"]); t1 = time.perf_counter()
     prefill.append(len(cfg["prefill"]) / (t1 - t0))
-    llm.reset()
-    llm.eval(cfg["decode_prompt"])
-    tok = last_argmax()
-    t0 = time.perf_counter()
-    for _ in range(cfg["decode_tokens"] - 1):
-        llm.eval([tok]); tok = last_argmax()
-    t1 = time.perf_counter()
-    decode.append((cfg["decode_tokens"] - 1) / (t1 - t0))
+    decode.append(decode_rate(cfg["decode_prompt"], cfg["decode_tokens"]))
 print(json.dumps({"prefill_tok_s": max(prefill), "decode_tok_s": max(decode)}))
 "#;
 
@@ -267,7 +251,7 @@ fn llama_cpp(
     rounds: usize,
 ) -> anyhow::Result<Value> {
     let cfg = json!({
-        "model": model, "threads": threads, "prefill": prefill, "decode_prompt": decode_prompt,
+        "model": model, "threads": threads, "n_ctx": 2048, "prefill": prefill, "decode_prompt": decode_prompt,
         "decode_tokens": decode_tokens, "rounds": rounds,
     });
     run_llama_cpp(LLAMA_CPP_SCRIPT, &cfg)

@@ -151,30 +151,16 @@ fn ratio(a: &Value, b: &Value) -> Option<f64> {
     Some(a.as_f64()? / b.as_f64()?)
 }
 
+/// The long-context table's llama.cpp side (after
+/// [`super::LLAMA_CPP_PRELUDE`]).
 const LLAMA_CPP_SCRIPT: &str = r#"
-import json, sys, time
-import numpy as np
-import llama_cpp
-cfg = json.loads(sys.argv[1])
-llm = llama_cpp.Llama(model_path=cfg["model"], n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
-                      n_ctx=cfg["n_ctx"], n_batch=512, n_ubatch=512, flash_attn=False, verbose=False)
-n_vocab = llm.n_vocab()
-def last_argmax():
-    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-    return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
 prefill = {}
 for n in cfg["lengths"]:
     llm.reset()
     t0 = time.perf_counter(); llm.eval(cfg["prompt"][:n]); prefill[str(n)] = time.perf_counter() - t0
 decode = None
 if cfg["decode_prompt"]:
-    llm.reset()
-    llm.eval(cfg["decode_prompt"])
-    tok = last_argmax()
-    t0 = time.perf_counter()
-    for _ in range(cfg["decode_tokens"] - 1):
-        llm.eval([tok]); tok = last_argmax()
-    decode = (cfg["decode_tokens"] - 1) / (time.perf_counter() - t0)
+    decode = decode_rate(cfg["decode_prompt"], cfg["decode_tokens"])
 print(json.dumps({"prefill_s": prefill, "decode_tok_s": decode}))
 "#;
 

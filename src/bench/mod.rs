@@ -76,18 +76,16 @@ pub(crate) fn timed_batch(
             }
         }
     }
-    let first_all = arrivals
-        .iter()
-        .filter_map(|a| a.first())
-        .max()
-        .copied()
-        .unwrap_or(start);
-    let first_done = arrivals
-        .iter()
-        .filter_map(|a| a.last())
-        .min()
-        .copied()
-        .unwrap_or(first_all);
+    // Every sequence decodes from the last first token (`first_all`) to
+    // the first last token (`first_done`).
+    let (mut first_all, mut first_done) = (start, None::<Instant>);
+    for a in &arrivals {
+        if let (Some(&first), Some(&last)) = (a.first(), a.last()) {
+            first_all = first_all.max(first);
+            first_done = Some(first_done.map_or(last, |d| d.min(last)));
+        }
+    }
+    let first_done = first_done.unwrap_or(first_all);
     let together = arrivals
         .iter()
         .map(|a| {
@@ -164,23 +162,46 @@ pub(crate) fn per_sec(tokens: usize, d: Duration) -> f64 {
     t / d.as_secs_f64().max(1e-9)
 }
 
-fn python() -> std::ffi::OsString {
-    std::env::var_os("BULKHEAD_PYTHON").unwrap_or_else(|| "python3".into())
-}
-
 /// Whether llama-cpp-python imports in the benchmark's Python.
 pub(crate) fn llama_cpp_importable() -> bool {
-    Command::new(python())
+    Command::new(crate::config::python())
         .args(["-c", "import llama_cpp"])
         .output()
         .is_ok_and(|o| o.status.success())
 }
 
-/// Runs a llama-cpp-python `script` with `cfg` as its argument; the JSON
+/// What every llama-cpp-python script starts with: `cfg` (the JSON
+/// argument: `model`, `threads`, `n_ctx`), the model loaded with flash
+/// attention off, greedy argmax over the last logits, and `decode_rate`:
+/// tokens per second of a greedy decode after a prompt, from a fresh
+/// context.
+pub(crate) const LLAMA_CPP_PRELUDE: &str = r#"
+import json, sys, time
+import numpy as np
+import llama_cpp
+cfg = json.loads(sys.argv[1])
+llm = llama_cpp.Llama(model_path=cfg["model"], n_threads=cfg["threads"], n_threads_batch=cfg["threads"],
+                      n_ctx=cfg["n_ctx"], n_batch=512, n_ubatch=512, flash_attn=False, verbose=False)
+n_vocab = llm.n_vocab()
+def last_argmax():
+    ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
+def decode_rate(prompt, tokens):
+    llm.reset()
+    llm.eval(prompt)
+    tok = last_argmax()
+    t0 = time.perf_counter()
+    for _ in range(tokens - 1):
+        llm.eval([tok]); tok = last_argmax()
+    return (tokens - 1) / (time.perf_counter() - t0)
+"#;
+
+/// Runs a llama-cpp-python `script` (after [`LLAMA_CPP_PRELUDE`]) with
+/// `cfg` as its argument; the JSON
 /// object its last line prints.
 pub(crate) fn run_llama_cpp(script: &str, cfg: &Value) -> anyhow::Result<Value> {
-    let out = Command::new(python())
-        .args(["-c", script])
+    let out = Command::new(crate::config::python())
+        .args(["-c", &format!("{LLAMA_CPP_PRELUDE}{script}")])
         .arg(cfg.to_string())
         .output()
         .context("running llama-cpp-python")?;

@@ -78,10 +78,10 @@ const GOLDEN: [&str; 2] = ["The capital of France is", "1, 2, 3, 4, 5,"];
 const GOLDEN_TOKENS: u64 = 12;
 
 pub(crate) fn run(args: &ProberArgs) -> anyhow::Result<()> {
-    let responder = std::env::var(RESPONDER_ENV)
+    let responder = crate::config::secret(RESPONDER_ENV)
         .with_context(|| format!("{RESPONDER_ENV} must hold a responder's token"))?;
     let sentinels: Vec<Sentinel> = serde_json::from_str(
-        &std::env::var(SENTINELS_ENV)
+        &crate::config::secret(SENTINELS_ENV)
             .with_context(|| format!("{SENTINELS_ENV} must list the sentinel accounts"))?,
     )
     .with_context(|| format!("{SENTINELS_ENV} is not a JSON list of {{id, token}}"))?;
