@@ -378,23 +378,28 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
         || linked("d1") == 2 && linked("d2") == 2,
     );
 
-    // 1. Requests flow across hosts: both gateways, both decode and both
-    // prefill workers serve.
-    for n in 0..8 {
-        let gw = if n % 2 == 0 { "g1" } else { "g2" };
-        assert_eq!(chat(&net, gw, &tenant, n), Ok(true), "request {n} via {gw}");
-    }
-    for (host, port, key) in [
-        ("d1", 8082, "started"),
-        ("d2", 8082, "started"),
-        ("p1", 9101, "requests"),
-        ("p2", 9101, "requests"),
-    ] {
-        let n = stats(host, port)["transfer"][key].as_u64().unwrap_or(0);
-        assert!(n >= 1, "{host} served nothing");
-    }
+    // Each behaviour a named check over the one fleet; every check runs.
+    let mut checks = support::Checks::default();
+    checks.run(
+        "requests flow across hosts: both gateways, both decode and both prefill workers serve",
+        || {
+            for n in 0..8 {
+                let gw = if n % 2 == 0 { "g1" } else { "g2" };
+                assert_eq!(chat(&net, gw, &tenant, n), Ok(true), "request {n} via {gw}");
+            }
+            for (host, port, key) in [
+                ("d1", 8082, "started"),
+                ("d2", 8082, "started"),
+                ("p1", 9101, "requests"),
+                ("p2", 9101, "requests"),
+            ] {
+                let n = stats(host, port)["transfer"][key].as_u64().unwrap_or(0);
+                assert!(n >= 1, "{host} served nothing");
+            }
+        },
+    );
 
-    // 2. A decode host cut off under load; then 3. a prefill host.
+    // A decode host cut off under load; then a prefill host.
     let cut = |host: &str, name: &str, settled: &dyn Fn() -> bool, survivor: (&str, u16, &str)| {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let clients: Vec<_> = (0..2)
@@ -440,16 +445,25 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
         }
         assert!(served() >= before + 4, "{host} took the new requests");
     };
-    cut("d1", "decode-1", &|| true, ("d2", 8082, "started"));
-    cut(
-        "p1",
-        "prefill-1",
-        &|| linked("d2") == 1,
-        ("p2", 9101, "requests"),
+    checks.run(
+        "a decode host cut off fails only its own requests and the other takes the new ones",
+        || {
+            cut("d1", "decode-1", &|| true, ("d2", 8082, "started"));
+        },
+    );
+    checks.run(
+        "a prefill host cut off fails only its own requests and the other takes the new ones",
+        || {
+            cut(
+                "p1",
+                "prefill-1",
+                &|| linked("d2") == 1,
+                ("p2", 9101, "requests"),
+            );
+        },
     );
 
-    // 4. A private flip is acknowledged once both gateways applied it, and
-    // both refuse the model from that moment.
+    checks.run("a private flip is acknowledged once both gateways applied it and both refuse the model", || {
     let slug = SLUG.replace('@', "%40").replace('/', "%2F");
     let change = json_of(
         call(
@@ -475,6 +489,8 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
             call(&net, "POST", &url, "/v1/chat/completions", &tenant, &body).expect("answered");
         assert_eq!(status, 404, "{gw} still serves the private model: {text}");
     }
+    });
     drop(workers);
     let _ = std::fs::remove_dir_all(&dir);
+    checks.finish();
 }

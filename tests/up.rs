@@ -3,6 +3,10 @@
 //! and a disaggregated prefill/decode pair, responders' commands working
 //! from the credentials it wrote, a clean stop on SIGTERM, and a second `up`
 //! reusing the same accounts and tokens.
+//!
+//! One platform is started for all of it (the expensive part); each
+//! behaviour is a named check in [`CHECKS`], run in turn whatever an
+//! earlier one did, and the test fails naming every check that failed.
 
 mod support;
 
@@ -96,17 +100,174 @@ fn stop(mut u: Up, urls: &[&String]) {
     }
 }
 
+/// The first `up` and what its checks read.
+struct Ctx {
+    dir: std::path::PathBuf,
+    first: Up,
+    creds: Value,
+    accounts: Vec<Value>,
+    gw: String,
+    model: String,
+    /// Workers AI's run path of the default model for the first account.
+    path: String,
+    /// The body of the printed curl line.
+    body: String,
+}
+
+impl Ctx {
+    fn start(dir: std::path::PathBuf) -> Ctx {
+        let first = up(&dir);
+        let creds: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("credentials.json")).expect("credentials.json"),
+        )
+        .expect("JSON");
+        let accounts = creds["accounts"].as_array().expect("accounts").clone();
+        let gw = creds["gateway_url"].as_str().unwrap_or_default().to_owned();
+        let model = creds["model"].as_str().unwrap_or_default().to_owned();
+        let path = format!(
+            "/client/v4/accounts/{}/ai/run/{model}",
+            accounts[0]["id"].as_str().unwrap_or_default()
+        );
+        let body = first
+            .lines
+            .iter()
+            .find_map(|l| l.split("-d '").nth(1)?.strip_suffix('\''))
+            .expect("the printed curl line has a body")
+            .to_owned();
+        Ctx {
+            dir,
+            first,
+            creds,
+            accounts,
+            gw,
+            model,
+            path,
+            body,
+        }
+    }
+
+    /// A responder command (`up`'s operator token) against `url`.
+    fn responder(&self, args: &[&str], url: &str) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+            .args(args)
+            .env("BULKHEAD_CONTROL_PLANE_URL", url)
+            .env(
+                "BULKHEAD_TOKEN",
+                self.creds["operator_token"].as_str().unwrap_or_default(),
+            )
+            .output()
+            .expect("bulkhead runs")
+    }
+}
+
+/// One check of the first `up`.
+type Check = fn(&Ctx);
+
+/// Every check of the first `up`, by name, in the order they run (the
+/// later ones restart a worker and stop a gateway for a moment).
+const CHECKS: &[(&str, Check)] = &[
+    (
+        "credentials_name_every_url_token_and_the_sentinels",
+        credentials_name_every_url_token_and_the_sentinels,
+    ),
+    (
+        "worker_certificates_are_scoped_to_their_model_and_pool",
+        worker_certificates_are_scoped_to_their_model_and_pool,
+    ),
+    (
+        "the_credential_files_are_private",
+        the_credential_files_are_private,
+    ),
+    (
+        "a_second_up_on_the_same_directory_is_refused_while_one_runs",
+        a_second_up_on_the_same_directory_is_refused_while_one_runs,
+    ),
+    (
+        "no_command_line_holds_a_secret",
+        no_command_line_holds_a_secret,
+    ),
+    (
+        "the_printed_curl_line_gets_a_sensible_answer",
+        the_printed_curl_line_gets_a_sensible_answer,
+    ),
+    (
+        "tenant_port_status_page_and_metrics_speak_http2_in_clear_text",
+        tenant_port_status_page_and_metrics_speak_http2_in_clear_text,
+    ),
+    (
+        "each_model_has_its_own_workers_and_a_flip_hides_only_one",
+        each_model_has_its_own_workers_and_a_flip_hides_only_one,
+    ),
+    (
+        "a_prompt_at_the_full_window_is_served_and_one_token_more_refused",
+        a_prompt_at_the_full_window_is_served_and_one_token_more_refused,
+    ),
+    (
+        "another_account_cannot_use_a_url_and_responders_read_credentials",
+        another_account_cannot_use_a_url_and_responders_read_credentials,
+    ),
+    (
+        "a_killed_decode_worker_is_restarted_and_the_platform_serves_again",
+        a_killed_decode_worker_is_restarted_and_the_platform_serves_again,
+    ),
+    (
+        "responder_commands_pointed_at_the_gateway_say_so",
+        responder_commands_pointed_at_the_gateway_say_so,
+    ),
+    (
+        "a_flip_a_stopped_gateway_never_applies_fails_saying_so",
+        a_flip_a_stopped_gateway_never_applies_fails_saying_so,
+    ),
+];
+
 #[test]
 fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     let dir = std::env::temp_dir().join(format!("bulkhead-up-{}-{nanos}", std::process::id()));
-    let first = up(&dir);
-    let creds: Value = serde_json::from_str(
+    let c = Ctx::start(dir.clone());
+    let mut checks = support::Checks::default();
+    for (name, check) in CHECKS {
+        checks.run(name, || check(&c));
+    }
+    let Ctx {
+        first,
+        creds,
+        accounts,
+        gw,
+        path,
+        body,
+        ..
+    } = c;
+    let cp = creds["control_plane_url"].as_str().unwrap_or_default();
+    stop(first, &[&gw, &cp.to_owned()]);
+
+    // A second `up` keeps the accounts and their tokens.
+    let second = up(&dir);
+    let again: Value = serde_json::from_str(
         &std::fs::read_to_string(dir.join("credentials.json")).expect("credentials.json"),
     )
     .expect("JSON");
+    assert_eq!(again["accounts"], Value::Array(accounts.clone()));
+    assert_eq!(again["operator_token"], creds["operator_token"]);
+    let gw = again["gateway_url"].as_str().unwrap_or_default().to_owned();
+    let token = accounts[0]["token"].as_str().unwrap_or_default();
+    let (status, text) = post(&gw, &path, token, &body);
+    assert_eq!(status, 200, "{text}");
+    let cp = again["control_plane_url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    stop(second, &[&gw, &cp]);
+    let _ = std::fs::remove_dir_all(&dir);
+    checks.finish();
+}
+
+/// `credentials.json` names every URL and token; the prober's two accounts
+/// are marked as sentinels, the tenants' not.
+fn credentials_name_every_url_token_and_the_sentinels(c: &Ctx) {
+    let creds = &c.creds;
     for key in [
         "gateway_url",
         "control_plane_url",
@@ -134,6 +295,12 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         .collect();
     sentinels.sort_unstable();
     assert_eq!(sentinels, ["sentinel-a", "sentinel-b"], "{listed}");
+}
+
+/// Every worker's certificate is scoped to its model and its pool.
+fn worker_certificates_are_scoped_to_their_model_and_pool(c: &Ctx) {
+    let dir = &c.dir;
+    let creds = &c.creds;
     // Every worker's certificate is scoped to its model and its pool.
     let tls = dir.join("tls");
     for model in creds["models"].as_array().expect("models") {
@@ -152,6 +319,11 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
             assert_eq!(id.scope().max_kv_tokens, Some(23_296), "{role} for {slug}");
         }
     }
+}
+
+/// The files holding tokens are readable by their owner only.
+fn the_credential_files_are_private(c: &Ctx) {
+    let dir = &c.dir;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -163,10 +335,15 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
             assert_eq!(mode & 0o077, 0, "{f} is readable by others: {mode:o}");
         }
     }
+}
+
+/// A second `up` on the same data directory is refused while one runs.
+fn a_second_up_on_the_same_directory_is_refused_while_one_runs(c: &Ctx) {
+    let dir = &c.dir;
     // A second `up` on the same data directory is refused while this one runs.
     let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
         .args(["up", "--port", "0", "--data-dir"])
-        .arg(&dir)
+        .arg(dir)
         .output()
         .expect("second up");
     assert!(!out.status.success());
@@ -175,6 +352,14 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// No component's command line (readable by every local user) holds a
+/// secret.
+fn no_command_line_holds_a_secret(c: &Ctx) {
+    let dir = &c.dir;
+    let creds = &c.creds;
+    let first = &c.first;
     // No component's command line (readable by every local user) holds a
     // secret: up passes the internal tokens in the environment.
     let internal: Value = serde_json::from_str(
@@ -217,10 +402,14 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
             assert!(!cmdline.contains(s), "a token on the command line of {pid}");
         }
     }
-    let gw = creds["gateway_url"].as_str().unwrap_or_default().to_owned();
-    let model = creds["model"].as_str().unwrap_or_default().to_owned();
-    assert_eq!(model, "@cf/huggingfacetb/smollm2-135m-instruct");
+}
 
+/// The printed curl line, as a user pastes it, gets a sensible answer.
+fn the_printed_curl_line_gets_a_sensible_answer(c: &Ctx) {
+    let first = &c.first;
+    let gw = &c.gw;
+    let model = &c.model;
+    let accounts = &c.accounts;
     // The printed curl line, as a user pastes it, gets a sensible answer.
     let curl: String = first
         .lines
@@ -242,7 +431,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         curl.contains(&path) && curl.contains(a["token"].as_str().unwrap_or("?")),
         "{curl}"
     );
-    let (status, text) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), body);
+    let (status, text) = post(gw, &path, a["token"].as_str().unwrap_or_default(), body);
     assert_eq!(status, 200, "{text}");
     let v: Value = serde_json::from_str(&text).expect("JSON");
     assert!(
@@ -251,7 +440,16 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
             .is_some_and(|r| r.contains("Paris")),
         "{v}"
     );
+}
 
+/// HTTP/2 in clear text with prior knowledge on the tenant port, the status
+/// page and `/metrics`.
+fn tenant_port_status_page_and_metrics_speak_http2_in_clear_text(c: &Ctx) {
+    let creds = &c.creds;
+    let gw = &c.gw;
+    let a = &c.accounts[0];
+    let path = &c.path;
+    let body = c.body.as_str();
     // HTTP/2 in clear text with prior knowledge, as curl speaks it: the
     // tenant port, the status page and /metrics.
     let h2 = |url: &str, extra: &[&str]| -> (String, String) {
@@ -304,7 +502,19 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         text.contains("http_server_request_duration_seconds"),
         "{text}"
     );
+}
 
+/// Two models on their own workers; a private flip hides one and leaves the
+/// other serving.
+fn each_model_has_its_own_workers_and_a_flip_hides_only_one(c: &Ctx) {
+    let dir = &c.dir;
+    let creds = &c.creds;
+    let accounts = &c.accounts;
+    let gw = &c.gw;
+    let model = &c.model;
+    let a = &c.accounts[0];
+    let path = &c.path;
+    let body = c.body.as_str();
     // Two models, each on its own workers: a request by slug reaches only
     // that model's decode worker; flipping one private leaves the other
     // serving; both listings show each account what it may see.
@@ -337,7 +547,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         a["id"].as_str().unwrap_or_default()
     );
     let token = a["token"].as_str().unwrap_or_default();
-    let (status, text) = post(&gw, &q8_path, token, body);
+    let (status, text) = post(gw, &q8_path, token, body);
     assert_eq!(status, 200, "{text}");
     let v: Value = serde_json::from_str(&text).expect("JSON");
     assert!(
@@ -352,7 +562,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         "the -q8 request went to the -q8 decode worker only"
     );
     let listed = |tok: &str| -> (Vec<String>, Vec<String>) {
-        let openai = get(&gw, "/v1/models", tok)["data"]
+        let openai = get(gw, "/v1/models", tok)["data"]
             .as_array()
             .map(|d| {
                 d.iter()
@@ -367,7 +577,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
             .unwrap_or_default()
             .to_owned();
         let search = get(
-            &gw,
+            gw,
             &format!("/client/v4/accounts/{acct}/ai/models/search"),
             tok,
         )["result"]
@@ -380,7 +590,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
             .unwrap_or_default();
         (openai, search)
     };
-    for acct in &accounts {
+    for acct in accounts {
         let (openai, search) = listed(acct["token"].as_str().unwrap_or_default());
         for m in &models {
             assert!(
@@ -393,23 +603,23 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         succeeds(
             bulkhead(&["model", visibility, &q8, "--reason", "two-model test"])
                 .arg("--data-dir")
-                .arg(&dir),
+                .arg(dir),
         );
     };
     flip("private");
-    let (status, text) = post(&gw, &q8_path, token, body);
+    let (status, text) = post(gw, &q8_path, token, body);
     // Workers AI's own answer for a model that does not exist.
     assert_eq!(status, 400, "{text}");
     assert!(
         text.contains("5007") && text.contains("No such model"),
         "a private model is as if it did not exist: {text}"
     );
-    let (status, text) = post(&gw, &path, token, body);
+    let (status, text) = post(gw, path, token, body);
     assert_eq!(status, 200, "the other model keeps serving: {text}");
-    for acct in &accounts {
+    for acct in accounts {
         let (openai, search) = listed(acct["token"].as_str().unwrap_or_default());
         assert!(
-            openai.contains(&model) && search.contains(&model),
+            openai.contains(model) && search.contains(model),
             "{openai:?} {search:?}"
         );
         assert!(
@@ -418,9 +628,17 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         );
     }
     flip("public");
-    let (status, text) = post(&gw, &q8_path, token, body);
+    let (status, text) = post(gw, &q8_path, token, body);
     assert_eq!(status, 200, "{text}");
+}
 
+/// A prompt at the full served window succeeds; one token over is a 4xx at
+/// once.
+fn a_prompt_at_the_full_window_is_served_and_one_token_more_refused(c: &Ctx) {
+    let creds = &c.creds;
+    let gw = &c.gw;
+    let a = &c.accounts[0];
+    let path = &c.path;
     // A prompt at the full context window of up's config succeeds: `up`
     // serves the window this machine prefills within the deadline.
     let cp = creds["control_plane_url"].as_str().unwrap_or_default();
@@ -445,7 +663,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
     })
     .to_string();
     let started = std::time::Instant::now();
-    let (status, text) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), &full);
+    let (status, text) = post(gw, path, a["token"].as_str().unwrap_or_default(), &full);
     assert_eq!(status, 200, "{}", &text[..text.len().min(500)]);
     let v: Value = serde_json::from_str(&text).expect("JSON");
     assert_eq!(
@@ -465,19 +683,38 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         "max_tokens": max_tokens,
     })
     .to_string();
-    let (status, text) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), &over);
+    let (status, text) = post(gw, path, a["token"].as_str().unwrap_or_default(), &over);
     assert_eq!(status, 413, "{text}");
+}
 
+/// B cannot use A's URL; the responder commands work from
+/// `credentials.json`.
+fn another_account_cannot_use_a_url_and_responders_read_credentials(c: &Ctx) {
+    let dir = &c.dir;
+    let accounts = &c.accounts;
+    let gw = &c.gw;
+    let path = &c.path;
+    let body = c.body.as_str();
     // B cannot use A's URL; the responder commands work from credentials.json.
     let (status, _) = post(
-        &gw,
-        &path,
+        gw,
+        path,
         accounts[1]["token"].as_str().unwrap_or_default(),
         body,
     );
     assert_eq!(status, 403);
-    let listed = succeeds(bulkhead(&["model", "list", "--data-dir"]).arg(&dir));
+    let listed = succeeds(bulkhead(&["model", "list", "--data-dir"]).arg(dir));
     assert!(listed.contains("public"), "{listed}");
+}
+
+/// A worker that dies is restarted where it was, and the platform answers
+/// again.
+fn a_killed_decode_worker_is_restarted_and_the_platform_serves_again(c: &Ctx) {
+    let first = &c.first;
+    let gw = &c.gw;
+    let a = &c.accounts[0];
+    let path = &c.path;
+    let body = c.body.as_str();
     // A worker that dies is restarted where it was; the platform keeps
     // serving and answers again once it is back.
     let decode_pid = child_pid(first.child.id(), "decode", "--node-name up-decode ");
@@ -488,7 +725,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
     assert!(killed.success(), "the decode worker was killed");
     let until = std::time::Instant::now() + Duration::from_secs(120);
     loop {
-        let (status, _) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), body);
+        let (status, _) = post(gw, path, a["token"].as_str().unwrap_or_default(), body);
         if status == 200 {
             break;
         }
@@ -503,25 +740,26 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         decode_pid,
         "a new decode worker"
     );
-    let cp = creds["control_plane_url"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+}
 
+/// Responder commands pointed at the gateway say so.
+fn responder_commands_pointed_at_the_gateway_say_so(c: &Ctx) {
+    let gw = &c.gw;
+    let responder = |args: &[&str], url: &str| c.responder(args, url);
     // Responder commands pointed at the gateway say so.
-    let op = creds["operator_token"].as_str().unwrap_or_default();
-    let responder = |args: &[&str], url: &str| {
-        Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-            .args(args)
-            .env("BULKHEAD_CONTROL_PLANE_URL", url)
-            .env("BULKHEAD_TOKEN", op)
-            .output()
-            .expect("bulkhead runs")
-    };
-    let out = responder(&["model", "list"], &gw);
+    let out = responder(&["model", "list"], gw);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("answered like a Bulkhead gateway"), "{err}");
+}
+
+/// A flip that a live gateway does not apply fails, saying how many applied
+/// and that the other fenced itself.
+fn a_flip_a_stopped_gateway_never_applies_fails_saying_so(c: &Ctx) {
+    let first = &c.first;
+    let cp = c.creds["control_plane_url"].as_str().unwrap_or_default();
+    let q8 = format!("{}-q8", c.model);
+    let responder = |args: &[&str], url: &str| c.responder(args, url);
     // A flip that a live gateway does not apply (stopped right after a
     // poll) shows its progress and fails, saying how many applied.
     let gateway_pid = child_pid(first.child.id(), "gateway", "gateway");
@@ -533,7 +771,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         assert!(ok.success(), "kill {sig}");
     };
     signal("-STOP");
-    let out = responder(&["model", "private", &q8, "--reason", "gateway test"], &cp);
+    let out = responder(&["model", "private", &q8, "--reason", "gateway test"], cp);
     signal("-CONT");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -557,7 +795,7 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
     );
     let out = responder(
         &["model", "public", &q8, "--reason", "gateway test over"],
-        &cp,
+        cp,
     );
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -566,23 +804,4 @@ fn up_starts_the_platform_and_a_second_up_reuses_its_data() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(said.contains("applied by all 1 gateways"), "{said}");
-    stop(first, &[&gw, &cp]);
-
-    // A second `up` keeps the accounts and their tokens.
-    let second = up(&dir);
-    let again: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join("credentials.json")).expect("credentials.json"),
-    )
-    .expect("JSON");
-    assert_eq!(again["accounts"], Value::Array(accounts.clone()));
-    assert_eq!(again["operator_token"], creds["operator_token"]);
-    let gw = again["gateway_url"].as_str().unwrap_or_default().to_owned();
-    let (status, text) = post(&gw, &path, a["token"].as_str().unwrap_or_default(), body);
-    assert_eq!(status, 200, "{text}");
-    let cp = again["control_plane_url"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    stop(second, &[&gw, &cp]);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,6 +6,7 @@
 
 pub mod platform;
 pub mod python;
+pub mod sink;
 
 #[allow(unused_imports)]
 pub use bulkhead_test_support::{Request, Streaming};
@@ -355,6 +356,44 @@ impl Proxy {
     }
 }
 
+/// Named checks over one shared set-up (a platform is expensive to start):
+/// each runs whatever an earlier one did, and [`Checks::finish`] fails
+/// naming every check that failed, so one failure hides no other.
+#[derive(Debug, Default)]
+pub struct Checks {
+    failed: Vec<String>,
+}
+
+impl Checks {
+    /// Runs `check`, named `name` (its panic is reported, then recorded).
+    pub fn run(&mut self, name: &str, check: impl FnOnce()) {
+        eprintln!("check: {name}");
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(check)).is_err() {
+            self.failed.push(name.to_owned());
+        }
+    }
+
+    /// Fails naming every check that failed.
+    pub fn finish(self) {
+        assert!(self.failed.is_empty(), "failed checks: {:?}", self.failed);
+    }
+}
+
+/// Runs the future `task` makes on a current-thread runtime of its own, on
+/// a thread of its own (servers the tests start beside the platform).
+pub fn on_own_runtime<F>(task: impl FnOnce() -> F + Send + 'static)
+where
+    F: std::future::Future<Output = ()>,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(task());
+    });
+}
+
 /// A frame-level proxy between a decode worker and a real prefill worker,
 /// recording and rewriting what prefill sends.
 pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
@@ -363,63 +402,55 @@ pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
     let injected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let recorded = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let (inj, rec) = (injected.clone(), recorded.clone());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            // It terminates TLS both ways with the test CA's certificates:
-            // a prefill worker's to decode, a decode worker's to prefill (a
-            // compromised host holding valid certificates).
-            listener.set_nonblocking(true).expect("nonblocking");
-            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            let acceptor = identity(CertRole::Prefill)
-                .acceptor(&[CertRole::Decode])
-                .expect("acceptor");
-            let mut listener =
-                bulkhead_trust::TlsListener::new(listener, acceptor).expect("listener");
-            let connector = identity(CertRole::Decode)
-                .connector(&[CertRole::Prefill])
-                .expect("connector");
-            let mut tamper = Some(tamper);
-            loop {
-                let (down, _) = listener.accept().await;
-                let Ok(up) =
-                    bulkhead_trust::connect::dial(&connector, CertRole::Prefill, &prefill_addr)
-                        .await
-                else {
-                    return;
-                };
-                let (mut dr, mut dw) = tokio::io::split(down);
-                let (mut ur, mut uw) = tokio::io::split(up);
-                tokio::spawn(async move {
-                    use tokio::io::AsyncWriteExt;
-                    while let Ok(m) = Message::read(&mut dr).await {
-                        if uw.write_all(&m.encode()).await.is_err() || uw.flush().await.is_err() {
-                            return;
-                        }
+    on_own_runtime(move || async move {
+        // It terminates TLS both ways with the test CA's certificates:
+        // a prefill worker's to decode, a decode worker's to prefill (a
+        // compromised host holding valid certificates).
+        listener.set_nonblocking(true).expect("nonblocking");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        let acceptor = identity(CertRole::Prefill)
+            .acceptor(&[CertRole::Decode])
+            .expect("acceptor");
+        let mut listener = bulkhead_trust::TlsListener::new(listener, acceptor).expect("listener");
+        let connector = identity(CertRole::Decode)
+            .connector(&[CertRole::Prefill])
+            .expect("connector");
+        let mut tamper = Some(tamper);
+        loop {
+            let (down, _) = listener.accept().await;
+            let Ok(up) =
+                bulkhead_trust::connect::dial(&connector, CertRole::Prefill, &prefill_addr).await
+            else {
+                return;
+            };
+            let (mut dr, mut dw) = tokio::io::split(down);
+            let (mut ur, mut uw) = tokio::io::split(up);
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                while let Ok(m) = Message::read(&mut dr).await {
+                    if uw.write_all(&m.encode()).await.is_err() || uw.flush().await.is_err() {
+                        return;
                     }
-                });
-                let mut t = tamper.take().unwrap_or_else(|| Box::new(|m| vec![m]));
-                let (inj, rec) = (inj.clone(), rec.clone());
-                tokio::spawn(async move {
-                    use tokio::io::AsyncWriteExt;
-                    while let Ok(m) = Message::read(&mut ur).await {
-                        let original = m.encode();
-                        rec.lock().expect("recording").push(m.clone());
-                        let out = t(m);
-                        let sent: Vec<u8> = out.iter().flat_map(Message::encode).collect();
-                        if sent != original {
-                            inj.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        }
-                        if dw.write_all(&sent).await.is_err() || dw.flush().await.is_err() {
-                            return;
-                        }
+                }
+            });
+            let mut t = tamper.take().unwrap_or_else(|| Box::new(|m| vec![m]));
+            let (inj, rec) = (inj.clone(), rec.clone());
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                while let Ok(m) = Message::read(&mut ur).await {
+                    let original = m.encode();
+                    rec.lock().expect("recording").push(m.clone());
+                    let out = t(m);
+                    let sent: Vec<u8> = out.iter().flat_map(Message::encode).collect();
+                    if sent != original {
+                        inj.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
-                });
-            }
-        });
+                    if dw.write_all(&sent).await.is_err() || dw.flush().await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
     });
     Proxy {
         addr,
