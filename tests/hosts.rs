@@ -380,24 +380,21 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
 
     // Each behaviour a named check over the one fleet; every check runs.
     let mut checks = support::Checks::default();
-    checks.run(
-        "requests flow across hosts: both gateways, both decode and both prefill workers serve",
-        || {
-            for n in 0..8 {
-                let gw = if n % 2 == 0 { "g1" } else { "g2" };
-                assert_eq!(chat(&net, gw, &tenant, n), Ok(true), "request {n} via {gw}");
-            }
-            for (host, port, key) in [
-                ("d1", 8082, "started"),
-                ("d2", 8082, "started"),
-                ("p1", 9101, "requests"),
-                ("p2", 9101, "requests"),
-            ] {
-                let n = stats(host, port)["transfer"][key].as_u64().unwrap_or(0);
-                assert!(n >= 1, "{host} served nothing");
-            }
-        },
-    );
+    checks.run("requests flow across every host", || {
+        for n in 0..8 {
+            let gw = if n % 2 == 0 { "g1" } else { "g2" };
+            assert_eq!(chat(&net, gw, &tenant, n), Ok(true), "request {n} via {gw}");
+        }
+        for (host, port, key) in [
+            ("d1", 8082, "started"),
+            ("d2", 8082, "started"),
+            ("p1", 9101, "requests"),
+            ("p2", 9101, "requests"),
+        ] {
+            let n = stats(host, port)["transfer"][key].as_u64().unwrap_or(0);
+            assert!(n >= 1, "{host} served nothing");
+        }
+    });
 
     // A decode host cut off under load; then a prefill host.
     let cut = |host: &str, name: &str, settled: &dyn Fn() -> bool, survivor: (&str, u16, &str)| {
@@ -445,50 +442,44 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
         }
         assert!(served() >= before + 4, "{host} took the new requests");
     };
-    checks.run(
-        "a decode host cut off fails only its own requests and the other takes the new ones",
-        || {
-            cut("d1", "decode-1", &|| true, ("d2", 8082, "started"));
-        },
-    );
-    checks.run(
-        "a prefill host cut off fails only its own requests and the other takes the new ones",
-        || {
-            cut(
-                "p1",
-                "prefill-1",
-                &|| linked("d2") == 1,
-                ("p2", 9101, "requests"),
-            );
-        },
-    );
+    checks.run("a decode host cut off fails only its own requests", || {
+        cut("d1", "decode-1", &|| true, ("d2", 8082, "started"));
+    });
+    checks.run("a prefill host cut off fails only its own requests", || {
+        cut(
+            "p1",
+            "prefill-1",
+            &|| linked("d2") == 1,
+            ("p2", 9101, "requests"),
+        );
+    });
 
-    checks.run("a private flip is acknowledged once both gateways applied it and both refuse the model", || {
-    let slug = SLUG.replace('@', "%40").replace('/', "%2F");
-    let change = json_of(
-        call(
-            &net,
-            "POST",
-            &cp_url,
-            &format!("/admin/v1/models/{slug}/visibility"),
-            &admin,
-            r#"{"visibility": "private", "reason": "multi-host test"}"#,
-        ),
-        200,
-    );
-    let p = &change["propagation"];
-    assert_eq!(
-        (p["gateways"].as_u64(), p["applied"].as_u64()),
-        (Some(2), Some(2)),
-        "{change}"
-    );
-    for gw in ["g1", "g2"] {
-        let url = format!("http://{}:8787", addr(gw));
-        let body = json!({"model": SLUG, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
-        let (status, text) =
-            call(&net, "POST", &url, "/v1/chat/completions", &tenant, &body).expect("answered");
-        assert_eq!(status, 404, "{gw} still serves the private model: {text}");
-    }
+    checks.run("a flip is acknowledged once both gateways applied it", || {
+        let slug = SLUG.replace('@', "%40").replace('/', "%2F");
+        let change = json_of(
+            call(
+                &net,
+                "POST",
+                &cp_url,
+                &format!("/admin/v1/models/{slug}/visibility"),
+                &admin,
+                r#"{"visibility": "private", "reason": "multi-host test"}"#,
+            ),
+            200,
+        );
+        let p = &change["propagation"];
+        assert_eq!(
+            (p["gateways"].as_u64(), p["applied"].as_u64()),
+            (Some(2), Some(2)),
+            "{change}"
+        );
+        for gw in ["g1", "g2"] {
+            let url = format!("http://{}:8787", addr(gw));
+            let body = json!({"model": SLUG, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).to_string();
+            let (status, text) =
+                call(&net, "POST", &url, "/v1/chat/completions", &tenant, &body).expect("answered");
+            assert_eq!(status, 404, "{gw} still serves the private model: {text}");
+        }
     });
     drop(workers);
     let _ = std::fs::remove_dir_all(&dir);

@@ -299,8 +299,7 @@ fn credentials_name_every_url_token_and_the_sentinels(c: &Ctx) {
 
 /// Every worker's certificate is scoped to its model and its pool.
 fn worker_certificates_are_scoped_to_their_model_and_pool(c: &Ctx) {
-    let dir = &c.dir;
-    let creds = &c.creds;
+    let (dir, creds) = (&c.dir, &c.creds);
     // Every worker's certificate is scoped to its model and its pool.
     let tls = dir.join("tls");
     for model in creds["models"].as_array().expect("models") {
@@ -357,9 +356,7 @@ fn a_second_up_on_the_same_directory_is_refused_while_one_runs(c: &Ctx) {
 /// No component's command line (readable by every local user) holds a
 /// secret.
 fn no_command_line_holds_a_secret(c: &Ctx) {
-    let dir = &c.dir;
-    let creds = &c.creds;
-    let first = &c.first;
+    let (dir, creds, first) = (&c.dir, &c.creds, &c.first);
     // No component's command line (readable by every local user) holds a
     // secret: up passes the internal tokens in the environment.
     let internal: Value = serde_json::from_str(
@@ -406,10 +403,7 @@ fn no_command_line_holds_a_secret(c: &Ctx) {
 
 /// The printed curl line, as a user pastes it, gets a sensible answer.
 fn the_printed_curl_line_gets_a_sensible_answer(c: &Ctx) {
-    let first = &c.first;
-    let gw = &c.gw;
-    let model = &c.model;
-    let accounts = &c.accounts;
+    let (first, gw, model, accounts) = (&c.first, &c.gw, &c.model, &c.accounts);
     // The printed curl line, as a user pastes it, gets a sensible answer.
     let curl: String = first
         .lines
@@ -445,11 +439,7 @@ fn the_printed_curl_line_gets_a_sensible_answer(c: &Ctx) {
 /// HTTP/2 in clear text with prior knowledge on the tenant port, the status
 /// page and `/metrics`.
 fn tenant_port_status_page_and_metrics_speak_http2_in_clear_text(c: &Ctx) {
-    let creds = &c.creds;
-    let gw = &c.gw;
-    let a = &c.accounts[0];
-    let path = &c.path;
-    let body = c.body.as_str();
+    let (creds, gw, a, path, body) = (&c.creds, &c.gw, &c.accounts[0], &c.path, c.body.as_str());
     // HTTP/2 in clear text with prior knowledge, as curl speaks it: the
     // tenant port, the status page and /metrics.
     let h2 = |url: &str, extra: &[&str]| -> (String, String) {
@@ -507,14 +497,16 @@ fn tenant_port_status_page_and_metrics_speak_http2_in_clear_text(c: &Ctx) {
 /// Two models on their own workers; a private flip hides one and leaves the
 /// other serving.
 fn each_model_has_its_own_workers_and_a_flip_hides_only_one(c: &Ctx) {
-    let dir = &c.dir;
-    let creds = &c.creds;
-    let accounts = &c.accounts;
-    let gw = &c.gw;
-    let model = &c.model;
-    let a = &c.accounts[0];
-    let path = &c.path;
-    let body = c.body.as_str();
+    let (dir, creds, accounts, gw, model, a, path, body) = (
+        &c.dir,
+        &c.creds,
+        &c.accounts,
+        &c.gw,
+        &c.model,
+        &c.accounts[0],
+        &c.path,
+        c.body.as_str(),
+    );
     // Two models, each on its own workers: a request by slug reaches only
     // that model's decode worker; flipping one private leaves the other
     // serving; both listings show each account what it may see.
@@ -635,10 +627,7 @@ fn each_model_has_its_own_workers_and_a_flip_hides_only_one(c: &Ctx) {
 /// A prompt at the full served window succeeds; one token over is a 4xx at
 /// once.
 fn a_prompt_at_the_full_window_is_served_and_one_token_more_refused(c: &Ctx) {
-    let creds = &c.creds;
-    let gw = &c.gw;
-    let a = &c.accounts[0];
-    let path = &c.path;
+    let (creds, gw, a, path) = (&c.creds, &c.gw, &c.accounts[0], &c.path);
     // A prompt at the full context window of up's config succeeds: `up`
     // serves the window this machine prefills within the deadline.
     let cp = creds["control_plane_url"].as_str().unwrap_or_default();
@@ -690,11 +679,7 @@ fn a_prompt_at_the_full_window_is_served_and_one_token_more_refused(c: &Ctx) {
 /// B cannot use A's URL; the responder commands work from
 /// `credentials.json`.
 fn another_account_cannot_use_a_url_and_responders_read_credentials(c: &Ctx) {
-    let dir = &c.dir;
-    let accounts = &c.accounts;
-    let gw = &c.gw;
-    let path = &c.path;
-    let body = c.body.as_str();
+    let (dir, accounts, gw, path, body) = (&c.dir, &c.accounts, &c.gw, &c.path, c.body.as_str());
     // B cannot use A's URL; the responder commands work from credentials.json.
     let (status, _) = post(
         gw,
@@ -710,11 +695,7 @@ fn another_account_cannot_use_a_url_and_responders_read_credentials(c: &Ctx) {
 /// A worker that dies is restarted where it was, and the platform answers
 /// again.
 fn a_killed_decode_worker_is_restarted_and_the_platform_serves_again(c: &Ctx) {
-    let first = &c.first;
-    let gw = &c.gw;
-    let a = &c.accounts[0];
-    let path = &c.path;
-    let body = c.body.as_str();
+    let (first, gw, a, path, body) = (&c.first, &c.gw, &c.accounts[0], &c.path, c.body.as_str());
     // A worker that dies is restarted where it was; the platform keeps
     // serving and answers again once it is back.
     let decode_pid = child_pid(first.child.id(), "decode", "--node-name up-decode ");
@@ -744,8 +725,7 @@ fn a_killed_decode_worker_is_restarted_and_the_platform_serves_again(c: &Ctx) {
 
 /// Responder commands pointed at the gateway say so.
 fn responder_commands_pointed_at_the_gateway_say_so(c: &Ctx) {
-    let gw = &c.gw;
-    let responder = |args: &[&str], url: &str| c.responder(args, url);
+    let (gw, responder) = (&c.gw, |args: &[&str], url: &str| c.responder(args, url));
     // Responder commands pointed at the gateway say so.
     let out = responder(&["model", "list"], gw);
     assert!(!out.status.success());
@@ -756,10 +736,12 @@ fn responder_commands_pointed_at_the_gateway_say_so(c: &Ctx) {
 /// A flip that a live gateway does not apply fails, saying how many applied
 /// and that the other fenced itself.
 fn a_flip_a_stopped_gateway_never_applies_fails_saying_so(c: &Ctx) {
-    let first = &c.first;
-    let cp = c.creds["control_plane_url"].as_str().unwrap_or_default();
-    let q8 = format!("{}-q8", c.model);
-    let responder = |args: &[&str], url: &str| c.responder(args, url);
+    let (first, cp, q8, responder) = (
+        &c.first,
+        c.creds["control_plane_url"].as_str().unwrap_or_default(),
+        format!("{}-q8", c.model),
+        |args: &[&str], url: &str| c.responder(args, url),
+    );
     // A flip that a live gateway does not apply (stopped right after a
     // poll) shows its progress and fails, saying how many applied.
     let gateway_pid = child_pid(first.child.id(), "gateway", "gateway");

@@ -41,181 +41,192 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
                 )
             })
     };
-    let before = ledger();
-
-    // Answered requests: the API's own usage is the worker's count.
-    let (mut prompt, mut completion) = (0, 0);
-    for (i, max) in [3u64, 9, 17].iter().enumerate() {
-        let body = json!({"model": model, "max_tokens": max, "temperature": 0,
-            "messages": [{"role": "user", "content": format!("Count to {i}.")}]});
-        let (code, text) = post(gw, "/v1/chat/completions", token, &body.to_string());
-        assert_eq!(code, 200, "{text}");
-        let v: Value = serde_json::from_str(&text).expect("JSON");
-        prompt += v["usage"]["prompt_tokens"].as_u64().expect("usage");
-        completion += v["usage"]["completion_tokens"].as_u64().expect("usage");
-    }
-    // Refused at admission: costs nothing.
-    let long = "word ".repeat(20_000);
-    let body =
-        json!({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": long}]});
-    let (code, _) = post(gw, "/v1/chat/completions", token, &body.to_string());
-    assert_eq!(code, 400);
-    // A stream dropped after its first tokens.
-    let body = json!({"model": model, "max_tokens": 200, "stream": true, "temperature": 0,
+    // The stream the checks below drop and cut.
+    let stream = json!({"model": model, "max_tokens": 200, "stream": true, "temperature": 0,
         "messages": [{"role": "user", "content": "Tell me a long story about the sea."}]})
     .to_string();
-    drop(stream_until(gw, token, &body, 4));
+    let mut checks = support::Checks::default();
+    checks.run("answers and a dropped stream billed, a refusal not", || {
+        let before = ledger();
+        // Answered requests: the API's own usage is the worker's count.
+        let (mut prompt, mut completion) = (0, 0);
+        for (i, max) in [3u64, 9, 17].iter().enumerate() {
+            let body = json!({"model": model, "max_tokens": max, "temperature": 0,
+                "messages": [{"role": "user", "content": format!("Count to {i}.")}]});
+            let (code, text) = post(gw, "/v1/chat/completions", token, &body.to_string());
+            assert_eq!(code, 200, "{text}");
+            let v: Value = serde_json::from_str(&text).expect("JSON");
+            prompt += v["usage"]["prompt_tokens"].as_u64().expect("usage");
+            completion += v["usage"]["completion_tokens"].as_u64().expect("usage");
+        }
+        // Refused at admission: costs nothing.
+        let long = "word ".repeat(20_000);
+        let body =
+            json!({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": long}]});
+        let (code, _) = post(gw, "/v1/chat/completions", token, &body.to_string());
+        assert_eq!(code, 400);
+        // A stream dropped after its first tokens.
+        drop(stream_until(gw, token, &stream, 4));
 
-    // The workers report within a second or so; wait for all four calls.
-    let until = Instant::now() + Duration::from_secs(30);
-    let mut now = ledger();
-    while now.0 < before.0 + 4 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(200));
-        now = ledger();
-    }
-    let (requests, p, c) = (now.0 - before.0, now.1 - before.1, now.2 - before.2);
-    assert_eq!(
-        requests, 4,
-        "three answers and the dropped stream, not the refusal"
-    );
-    let dropped_prompt = p - prompt;
-    let dropped_output = c - completion;
-    assert!(
-        dropped_prompt > 5,
-        "the dropped stream's prompt is billed: {dropped_prompt}"
-    );
-    assert!(
-        (3..200).contains(&dropped_output),
-        "the dropped stream is billed what was computed: {dropped_output}"
-    );
-    std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(ledger(), now, "nothing is counted twice");
-    // The ledger matches the workers' own counts exactly: their metering
-    // metric, summed over every component of the platform.
-    let all = get(cp, "/admin/v1/usage", admin);
-    let ledger_all = |key: &str| -> u64 {
-        all.as_array()
-            .expect("rows")
-            .iter()
-            .filter(|r| r["model"] == model)
-            .filter_map(|r| r[key].as_u64())
-            .sum()
-    };
-    let counted = |kind: &str| -> u64 {
-        creds
-            .metrics
-            .values()
-            .filter_map(|url| {
-                let base = url.trim_end_matches("/metrics");
-                support::platform::try_call(base, "GET", "/metrics", "", "").ok()
-            })
-            .flat_map(|(_, text)| {
-                text.lines()
-                    .filter(|l| {
-                        l.starts_with("bulkhead_usage_tokens_total{")
-                            && l.contains(&format!("gen_ai_request_model=\"{model}\""))
-                            && l.contains(&format!("gen_ai_token_type=\"{kind}\""))
-                    })
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .collect::<Vec<_>>()
-            })
-            .sum::<f64>() as u64
-    };
-    assert_eq!(
-        (ledger_all("prompt_tokens"), ledger_all("completion_tokens")),
-        (counted("input"), counted("output")),
-        "the ledger against the workers' bulkhead.usage.tokens"
-    );
-
-    // The tenant reads the same through the gateway, Workers AI style...
-    let mine = get(gw, &format!("/client/v4/accounts/{id}/ai/usage"), token);
-    assert_eq!(mine["success"], true, "{mine}");
-    let total = |key: &str| -> u64 {
-        mine["result"]
-            .as_array()
-            .expect("rows")
-            .iter()
-            .filter_map(|r| r[key].as_u64())
-            .sum()
-    };
-    assert_eq!(
-        (
-            total("requests"),
-            total("prompt_tokens"),
-            total("completion_tokens")
-        ),
-        now
-    );
-    // ...but not another account's.
-    let other = &creds.accounts[1].id;
-    let (code, _) = support::platform::try_call(
-        gw,
-        "GET",
-        &format!("/client/v4/accounts/{other}/ai/usage"),
-        token,
-        "",
-    )
-    .expect("answer");
-    assert_eq!(code, 403);
-    // Operators read it with `bulkhead usage`.
-    let out = succeeds(bulkhead(&["usage", "--json", "--account", id, "--data-dir"]).arg(&dir));
-    let rows: Value = serde_json::from_str(&out).expect("JSON");
-    assert_eq!(
-        rows,
-        get(cp, &format!("/admin/v1/usage?account={id}"), admin)
-    );
-    // Every row is priced exactly at the model's price per token.
-    for r in rows.as_array().expect("rows") {
-        let (p, c) = (
-            r["prompt_tokens"].as_u64().expect("prompt"),
-            r["completion_tokens"].as_u64().expect("output"),
+        // The workers report within a second or so; wait for all four calls.
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut now = ledger();
+        while now.0 < before.0 + 4 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(200));
+            now = ledger();
+        }
+        let (requests, p, c) = (now.0 - before.0, now.1 - before.1, now.2 - before.2);
+        assert_eq!(
+            requests, 4,
+            "three answers and the dropped stream, not the refusal"
         );
-        assert_eq!(r["micro_neurons"].as_u64(), Some(cost(p, c)), "{r}");
-    }
-    let billed: f64 = mine["result_info"]["days"]
-        .as_array()
-        .expect("days")
-        .iter()
-        .map(|d| d["neurons"].as_f64().unwrap_or(0.0))
-        .sum();
-    assert!(
-        (billed * 1e6 - cost(now.1, now.2) as f64).abs() < 1.0,
-        "the tenant's days add up to the ledger: {mine}"
-    );
+        let dropped_prompt = p - prompt;
+        let dropped_output = c - completion;
+        assert!(
+            dropped_prompt > 5,
+            "the dropped stream's prompt is billed: {dropped_prompt}"
+        );
+        assert!(
+            (3..200).contains(&dropped_output),
+            "the dropped stream is billed what was computed: {dropped_output}"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(ledger(), now, "nothing is counted twice");
+    });
+    checks.run("the ledger equals the workers' own counts", || {
+        // The ledger matches the workers' own counts exactly: their metering
+        // metric, summed over every component of the platform.
+        let all = get(cp, "/admin/v1/usage", admin);
+        let ledger_all = |key: &str| -> u64 {
+            all.as_array()
+                .expect("rows")
+                .iter()
+                .filter(|r| r["model"] == model)
+                .filter_map(|r| r[key].as_u64())
+                .sum()
+        };
+        let counted = |kind: &str| -> u64 {
+            creds
+                .metrics
+                .values()
+                .filter_map(|url| {
+                    let base = url.trim_end_matches("/metrics");
+                    support::platform::try_call(base, "GET", "/metrics", "", "").ok()
+                })
+                .flat_map(|(_, text)| {
+                    text.lines()
+                        .filter(|l| {
+                            l.starts_with("bulkhead_usage_tokens_total{")
+                                && l.contains(&format!("gen_ai_request_model=\"{model}\""))
+                                && l.contains(&format!("gen_ai_token_type=\"{kind}\""))
+                        })
+                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                        .collect::<Vec<_>>()
+                })
+                .sum::<f64>() as u64
+        };
+        assert_eq!(
+            (ledger_all("prompt_tokens"), ledger_all("completion_tokens")),
+            (counted("input"), counted("output")),
+            "the ledger against the workers' bulkhead.usage.tokens"
+        );
+    });
+    checks.run("tenants and operators read the ledger, priced", || {
+        let now = ledger();
 
-    // A gateway killed mid-stream loses nothing: the worker bills what it
-    // computed, and `up` brings the gateway back on its address.
-    let before_kill = ledger();
-    let s = stream_until(gw, token, &body, 4);
-    let pid = kill_gateway(up.child.id());
-    drop(s);
-    let until = Instant::now() + Duration::from_secs(30);
-    let mut after = ledger();
-    while after.0 < before_kill.0 + 1 && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(200));
-        after = ledger();
-    }
-    assert_eq!(
-        after.0,
-        before_kill.0 + 1,
-        "the killed gateway's stream is in the ledger"
-    );
-    assert!(
-        after.2 - before_kill.2 >= 3,
-        "billed what was computed: {after:?} after {before_kill:?}"
-    );
-    gateway_back(up.child.id(), pid, gw);
-
-    budgets(
-        &dir,
-        up.child.id(),
-        gw,
-        cp,
-        admin,
-        model,
-        &creds.accounts[1],
-    );
+        // The tenant reads the same through the gateway, Workers AI style...
+        let mine = get(gw, &format!("/client/v4/accounts/{id}/ai/usage"), token);
+        assert_eq!(mine["success"], true, "{mine}");
+        let total = |key: &str| -> u64 {
+            mine["result"]
+                .as_array()
+                .expect("rows")
+                .iter()
+                .filter_map(|r| r[key].as_u64())
+                .sum()
+        };
+        assert_eq!(
+            (
+                total("requests"),
+                total("prompt_tokens"),
+                total("completion_tokens")
+            ),
+            now
+        );
+        // ...but not another account's.
+        let other = &creds.accounts[1].id;
+        let (code, _) = support::platform::try_call(
+            gw,
+            "GET",
+            &format!("/client/v4/accounts/{other}/ai/usage"),
+            token,
+            "",
+        )
+        .expect("answer");
+        assert_eq!(code, 403);
+        // Operators read it with `bulkhead usage`.
+        let out = succeeds(bulkhead(&["usage", "--json", "--account", id, "--data-dir"]).arg(&dir));
+        let rows: Value = serde_json::from_str(&out).expect("JSON");
+        assert_eq!(
+            rows,
+            get(cp, &format!("/admin/v1/usage?account={id}"), admin)
+        );
+        // Every row is priced exactly at the model's price per token.
+        for r in rows.as_array().expect("rows") {
+            let (p, c) = (
+                r["prompt_tokens"].as_u64().expect("prompt"),
+                r["completion_tokens"].as_u64().expect("output"),
+            );
+            assert_eq!(r["micro_neurons"].as_u64(), Some(cost(p, c)), "{r}");
+        }
+        let billed: f64 = mine["result_info"]["days"]
+            .as_array()
+            .expect("days")
+            .iter()
+            .map(|d| d["neurons"].as_f64().unwrap_or(0.0))
+            .sum();
+        assert!(
+            (billed * 1e6 - cost(now.1, now.2) as f64).abs() < 1.0,
+            "the tenant's days add up to the ledger: {mine}"
+        );
+    });
+    checks.run("a gateway killed mid-stream loses no usage", || {
+        // The worker bills what it computed, and `up` brings the gateway back
+        // on its address.
+        let before_kill = ledger();
+        let s = stream_until(gw, token, &stream, 4);
+        let pid = kill_gateway(up.child.id());
+        drop(s);
+        let until = Instant::now() + Duration::from_secs(30);
+        let mut after = ledger();
+        while after.0 < before_kill.0 + 1 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(200));
+            after = ledger();
+        }
+        assert_eq!(
+            after.0,
+            before_kill.0 + 1,
+            "the killed gateway's stream is in the ledger"
+        );
+        assert!(
+            after.2 - before_kill.2 >= 3,
+            "billed what was computed: {after:?} after {before_kill:?}"
+        );
+        gateway_back(up.child.id(), pid, gw);
+    });
+    checks.run("a budget refuses once spent, at no cost", || {
+        budgets(
+            &dir,
+            up.child.id(),
+            gw,
+            cp,
+            admin,
+            model,
+            &creds.accounts[1],
+        );
+    });
     let _ = std::fs::remove_dir_all(&dir);
+    checks.finish();
 }
 
 /// The context window of `model`'s active config: the one `up` serves.

@@ -500,7 +500,7 @@ pub(crate) mod avx2 {
         let full = n_act / 8 * 8;
         // SAFETY: every call stays inside the activation rows.
         for r in (0..full).step_by(8) {
-            unsafe { tile512::<K, WR>(w, j, a, r, out, stride) };
+            unsafe { tile512::<K, WR>((w, j), (a, r), (out, stride)) };
         }
         in_blocks::<4>(
             full..n_act,
@@ -518,12 +518,9 @@ pub(crate) mod avx2 {
     /// the activations exist, and their outputs are writable.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
     unsafe fn tile512<K: Kind, const WR: usize>(
-        w: &WeightsQ,
-        j: usize,
-        a: &ActivationsQ8,
-        r: usize,
-        out: OutPtr,
-        stride: usize,
+        (w, j): (&WeightsQ, usize),
+        (a, r): (&ActivationsQ8, usize),
+        (out, stride): (OutPtr, usize),
     ) {
         const PAIRS: usize = 4;
         let nb = w.blocks_per_row();

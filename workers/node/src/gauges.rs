@@ -26,42 +26,26 @@ pub fn register(role: &Role, node: &str) {
         Role::Prefill(p) => Arc::clone(p.engine()),
     };
     let stats = Arc::new(StatsCache::new(engine));
-    for g in GAUGES {
-        let (stats, attrs) = (Arc::clone(&stats), base.clone());
-        m.u64_observable_gauge(g.name)
-            .with_description(g.description)
-            .with_unit(g.unit)
-            .with_callback(move |o| {
-                if let Some(s) = stats.get() {
-                    o.observe((g.read)(&s), &attrs);
-                }
-            })
-            .build();
+    // Each instrument reads the engine's stats (one round trip per
+    // collection, whatever reads them).
+    macro_rules! observe {
+        ($kind:ident, $table:expr) => {
+            for g in $table {
+                let (stats, attrs) = (Arc::clone(&stats), base.clone());
+                m.$kind(g.name)
+                    .with_description(g.description)
+                    .with_unit(g.unit)
+                    .with_callback(move |o| {
+                        if let Some(s) = stats.get() {
+                            o.observe((g.read)(&s), &attrs);
+                        }
+                    })
+                    .build();
+            }
+        };
     }
-    {
-        let (stats, attrs) = (Arc::clone(&stats), base.clone());
-        m.u64_observable_counter("bulkhead.kv.owner_violations")
-            .with_description("Reads of a KV page refused because its owner tag did not match")
-            .with_unit("{read}")
-            .with_callback(move |o| {
-                if let Some(s) = stats.get() {
-                    o.observe(s.pool.owner_violations, &attrs);
-                }
-            })
-            .build();
-    }
-    {
-        let (stats, attrs) = (Arc::clone(&stats), base.clone());
-        m.u64_observable_counter("bulkhead.kv.prefix.hit_tokens")
-            .with_description("Prompt tokens read from the prefix cache instead of computed")
-            .with_unit("{token}")
-            .with_callback(move |o| {
-                if let Some(s) = stats.get() {
-                    o.observe(s.pool.prefix_hit_tokens, &attrs);
-                }
-            })
-            .build();
-    }
+    observe!(u64_observable_gauge, GAUGES);
+    observe!(u64_observable_counter, COUNTERS);
     match role {
         Role::Decode(d) => decode_transfers(&m, d.clone(), &base),
         Role::Prefill(p) => prefill_transfers(&m, p.clone(), &base),
@@ -87,6 +71,13 @@ const GAUGES: [Gauge; 8] = [
     gauge("bulkhead.kv.pool.pages.cached", "KV pages kept in the prefix cache (each once, however many requests share it)", "{page}", |s| s.pool.cached_pages as u64),
     gauge("bulkhead.engine.requests.running", "Sequences running", "{request}", |s| s.running as u64),
     gauge("bulkhead.engine.requests.waiting", "Requests waiting for pages", "{request}", |s| s.waiting as u64),
+];
+
+/// The guards' counters kept by the pool, read the same way.
+#[rustfmt::skip]
+const COUNTERS: [Gauge; 2] = [
+    gauge("bulkhead.kv.owner_violations", "Reads of a KV page refused because its owner tag did not match", "{read}", |s| s.pool.owner_violations),
+    gauge("bulkhead.kv.prefix.hit_tokens", "Prompt tokens read from the prefix cache instead of computed", "{token}", |s| s.pool.prefix_hit_tokens),
 ];
 
 /// A [`Gauge`] (a `const fn`, so the table keeps one line per gauge).
