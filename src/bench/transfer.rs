@@ -13,7 +13,7 @@ use bulkhead_node::decode::landing::Landing;
 use bulkhead_node::{DecodeOptions, DecodeWorker, PrefillOptions, PrefillWorker, hello};
 use bulkhead_transfer::checksum::transfer_digest;
 use bulkhead_transfer::{
-    Checksums, Done, DoneVerdict, FrameKey, Grant, Head, Ledger, Message, PageVerdict,
+    Checksums, Done, DoneVerdict, FrameKey, Grant, Head, Ledger, Message, PageVerdict, TagWidth,
     TcpTransport, Transport,
 };
 use bulkhead_trust::Role as CertRole;
@@ -35,6 +35,11 @@ pub(crate) struct TransferBenchArgs {
     /// Prompt tokens of the time-to-first-token comparison.
     #[arg(long, default_value_t = 500)]
     prompt_tokens: usize,
+    /// Hash page tags at most this wide (`pclmulqdq`, `vpclmulqdq-256`),
+    /// to measure a narrower CPU's path on a wider one (test builds:
+    /// `--features test-hooks`).
+    #[arg(long, value_parser = ["portable", "pclmulqdq", "vpclmulqdq-256", "vpclmulqdq-512"])]
+    tag_width: Option<String>,
     /// Repetitions; medians are reported.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
@@ -43,6 +48,9 @@ pub(crate) struct TransferBenchArgs {
 }
 
 pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
+    if let Some(w) = &args.tag_width {
+        cap_tag_width(w)?;
+    }
     let model = Arc::new(args.model.load()?.0);
     let c = model.config();
     let geometry = KvGeometry {
@@ -100,6 +108,7 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
     let ttft_pages = (args.prompt_tokens + 1).div_ceil(geometry.page_size);
     let guard_ttft_s = stale_guard_cost(geometry, window, ttft_pages, args.prompt_tokens, rounds)?;
     let v = json!({
+        "tag_width": TagWidth::detected().name(),
         "pages": pages,
         "bytes": bytes,
         "raw_gb_s": gbps(raw_s),
@@ -131,15 +140,36 @@ pub(crate) fn run(args: &TransferBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Caps the page tags' hash at the width named `name`.
+fn cap_tag_width(name: &str) -> anyhow::Result<()> {
+    #[cfg(feature = "test-hooks")]
+    {
+        let width = [
+            TagWidth::Portable,
+            TagWidth::Clmul128,
+            TagWidth::Vpclmul256,
+            TagWidth::Vpclmul512,
+        ]
+        .into_iter()
+        .find(|w| w.name() == name)
+        .ok_or_else(|| anyhow::anyhow!("no tag width {name}"))?;
+        TagWidth::cap(width);
+        Ok(())
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    anyhow::bail!("--tag-width {name} is only in test and benchmark builds (--features test-hooks)")
+}
+
 /// The figures of [`run`] as sentences.
 fn print_text(out: &mut impl Write, v: &serde_json::Value, rounds: usize) -> std::io::Result<()> {
     let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     let raw = f("raw_gb_s");
     writeln!(
         out,
-        "KV transfer, {} pages ({:.1} MB) over loopback TCP, median of {rounds}:",
+        "KV transfer, {} pages ({:.1} MB) over loopback TCP, median of {rounds}; page tags hashed with {}:",
         v["pages"],
-        f("bytes") / 1e6
+        f("bytes") / 1e6,
+        v["tag_width"].as_str().unwrap_or("?")
     )?;
     writeln!(
         out,

@@ -39,6 +39,7 @@ pub use chaos::ChaosTransport;
 pub use checksum::Checksums;
 pub use ledger::{DoneVerdict, Fault, Ledger, PageVerdict, TransferCounters};
 pub use mac::FrameKey;
+pub use polyhash::Width as TagWidth;
 #[cfg(feature = "test-hooks")]
 pub use transport::SlowTransport;
 pub use transport::{Grant, Slot, TcpTransport, Transport, TransportError, Written};

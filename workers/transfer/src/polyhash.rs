@@ -1,28 +1,116 @@
-//! POLYVAL (RFC 8452), the universal hash under every page tag.
+//! POLYVAL (RFC 8452), the universal hash under every page tag, at the
+//! widest carry-less multiply the CPU has ([`Width`]).
 //!
-//! Where the CPU has AVX-512 and VPCLMULQDQ, 32 blocks (512 bytes) are
-//! multiplied by H^32..H^1 four to a register and reduced once, about 25
-//! GB/s a core on this machine (CRC-32C: 28; keyed BLAKE3: 6.7; the
-//! `polyval` crate: 2.0). Elsewhere the `polyval` crate computes the same
-//! function; a test holds the two equal on random keys and lengths.
+//! Every x86 path hashes 32 blocks (512 bytes) at a time with aggregated
+//! reduction: block j of a chunk is multiplied by H^(32-j), the products
+//! summed unreduced, and the sum reduced once per chunk (the running state
+//! joins the first block). With AVX-512 and VPCLMULQDQ four blocks go to a
+//! register (about 25 GB/s a core where measured); with VPCLMULQDQ on
+//! 256-bit registers (AVX2 machines that have it) two; with PCLMULQDQ alone
+//! (every x86-64 CPU since 2010) one. The `polyval` crate computes the same
+//! function elsewhere; a test holds every width this CPU has equal to it on
+//! random keys and lengths.
 #![allow(unsafe_code)]
 
 const BLOCK: usize = 16;
 const CHUNK_BLOCKS: usize = 32;
 const CHUNK: usize = CHUNK_BLOCKS * BLOCK;
 
+/// The carry-less multiply a key hashes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Width {
+    /// The `polyval` crate (no x86 carry-less multiply).
+    Portable,
+    /// PCLMULQDQ on 128-bit registers: one block per multiply.
+    Clmul128,
+    /// VPCLMULQDQ on 256-bit registers: two blocks per multiply.
+    Vpclmul256,
+    /// VPCLMULQDQ on 512-bit registers (AVX-512): four blocks per multiply.
+    Vpclmul512,
+}
+
+/// The widest keys made from now on may use (test and bench builds: a
+/// benchmark measures the narrower paths on a wider CPU).
+#[cfg(feature = "test-hooks")]
+static CAP: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
+
+impl Width {
+    /// The widest this CPU has (under the cap a test build may set).
+    pub fn detected() -> Width {
+        [Width::Vpclmul512, Width::Vpclmul256, Width::Clmul128]
+            .into_iter()
+            .filter(|w| w.allowed())
+            .find(|w| w.available())
+            .unwrap_or(Width::Portable)
+    }
+
+    /// Test and bench builds: keys made from now on hash at most this wide.
+    #[cfg(feature = "test-hooks")]
+    pub fn cap(width: Width) {
+        CAP.store(width as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn allowed(self) -> bool {
+        #[cfg(feature = "test-hooks")]
+        return (self as u8) <= CAP.load(std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(feature = "test-hooks"))]
+        true
+    }
+
+    /// Whether this CPU runs it.
+    pub fn available(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let clmul = has!("pclmulqdq") && has!("sse2");
+            match self {
+                Width::Portable => true,
+                Width::Clmul128 => clmul,
+                Width::Vpclmul256 => clmul && has!("avx2") && has!("vpclmulqdq"),
+                Width::Vpclmul512 => clmul && has!("avx2") && has!("avx512f") && has!("vpclmulqdq"),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Width::Portable
+        }
+    }
+
+    /// Its name, as benchmarks print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Width::Portable => "portable",
+            Width::Clmul128 => "pclmulqdq",
+            Width::Vpclmul256 => "vpclmulqdq-256",
+            Width::Vpclmul512 => "vpclmulqdq-512",
+        }
+    }
+}
+
 #[derive(Clone)]
-/// A POLYVAL key, with its first 32 powers where the wide path runs.
+/// A POLYVAL key, with its first 32 powers where an x86 path runs.
 pub(crate) struct Key {
     h: [u8; 16],
+    width: Width,
     /// `powers[j]` = H^(32 - j), so block j of a chunk multiplies `powers[j]`.
     powers: Option<Box<[[u8; 16]; CHUNK_BLOCKS]>>,
 }
 
 impl Key {
-    /// The key H (not printed anywhere).
+    /// The key H (not printed anywhere), hashing at this CPU's widest.
     pub(crate) fn new(h: [u8; 16]) -> Key {
-        let powers = wide_available().then(|| {
+        Key::with_width(h, Width::detected())
+    }
+
+    /// The key H hashing at `width`, or the widest this CPU has below it.
+    pub(crate) fn with_width(h: [u8; 16], width: Width) -> Key {
+        let width = if width.available() {
+            width
+        } else {
+            Width::detected().min(width)
+        };
+        let powers = (width != Width::Portable).then(|| {
             let mut p = Box::new([[0u8; 16]; CHUNK_BLOCKS]);
             let mut x = h;
             for j in (0..CHUNK_BLOCKS).rev() {
@@ -31,16 +119,22 @@ impl Key {
             }
             p
         });
-        Key { h, powers }
+        Key { h, width, powers }
     }
 
     /// POLYVAL_H of `data` zero-padded to whole blocks, then `last`.
     pub(crate) fn hash(&self, data: &[u8], last: [u8; 16]) -> [u8; 16] {
         #[cfg(target_arch = "x86_64")]
         if let Some(p) = &self.powers {
-            // SAFETY: `powers` exists only where `wide_available` saw the
-            // CPU features the function enables.
-            return unsafe { x86::hash(&self.h, p, data, last) };
+            // SAFETY (each arm): `width` was checked available on this CPU
+            // when the key was made, and each function enables no more.
+            return unsafe {
+                match self.width {
+                    Width::Vpclmul512 => x86::hash512(&self.h, p, data, last),
+                    Width::Vpclmul256 => x86::hash256(&self.h, p, data, last),
+                    Width::Clmul128 | Width::Portable => x86::hash128(&self.h, p, data, last),
+                }
+            };
         }
         portable(&self.h, data, last)
     }
@@ -52,17 +146,6 @@ fn portable(h: &[u8; 16], data: &[u8], last: [u8; 16]) -> [u8; 16] {
     p.update_padded(data);
     p.update(&[last.into()]);
     p.finalize().into()
-}
-
-fn wide_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("vpclmulqdq")
-            && std::arch::is_x86_feature_detected!("pclmulqdq")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// dot(a, b) = a·b·x⁻¹²⁸, POLYVAL's multiplication.
@@ -82,13 +165,12 @@ mod x86 {
     /// The CPU has AVX-512 F, VPCLMULQDQ, PCLMULQDQ, SSE2 and AVX2 (the
     /// caller checked).
     #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse2,avx2")]
-    pub(super) unsafe fn hash(
+    pub(super) unsafe fn hash512(
         h: &[u8; 16],
         powers: &[[u8; 16]; CHUNK_BLOCKS],
         data: &[u8],
         last: [u8; 16],
     ) -> [u8; 16] {
-        let hk = load128(h);
         let mut keys = [_mm512_setzero_si512(); CHUNK_BLOCKS / 4];
         for (i, k) in keys.iter_mut().enumerate() {
             // SAFETY: four powers, 64 bytes, in bounds.
@@ -115,9 +197,95 @@ mod x86 {
                     0x96,
                 );
             }
-            s = reduce(fold(lo), fold(mid), fold(hi));
+            s = reduce(fold512(lo), fold512(mid), fold512(hi));
         }
-        let rest = chunks.remainder();
+        finish(s, load128(h), chunks.remainder(), last)
+    }
+
+    /// # Safety
+    /// The CPU has VPCLMULQDQ, PCLMULQDQ, SSE2 and AVX2 (the caller
+    /// checked).
+    #[target_feature(enable = "vpclmulqdq,pclmulqdq,sse2,avx2")]
+    pub(super) unsafe fn hash256(
+        h: &[u8; 16],
+        powers: &[[u8; 16]; CHUNK_BLOCKS],
+        data: &[u8],
+        last: [u8; 16],
+    ) -> [u8; 16] {
+        let mut s = _mm_setzero_si128();
+        let mut chunks = data.chunks_exact(CHUNK);
+        for c in &mut chunks {
+            let mut lo = _mm256_setzero_si256();
+            let mut mid = _mm256_setzero_si256();
+            let mut hi = _mm256_setzero_si256();
+            for i in 0..CHUNK_BLOCKS / 2 {
+                // SAFETY: 32 bytes at 32·i of a 512-byte chunk, and two
+                // powers (32 bytes) from 2·i of 32.
+                let (mut d, k) = unsafe {
+                    (
+                        _mm256_loadu_si256(c.as_ptr().add(32 * i).cast()),
+                        _mm256_loadu_si256(powers[2 * i].as_ptr().cast()),
+                    )
+                };
+                if i == 0 {
+                    d = _mm256_xor_si256(d, _mm256_inserti128_si256(_mm256_setzero_si256(), s, 0));
+                }
+                lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(d, k, 0x00));
+                hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(d, k, 0x11));
+                mid = _mm256_xor_si256(
+                    mid,
+                    _mm256_xor_si256(
+                        _mm256_clmulepi64_epi128(d, k, 0x01),
+                        _mm256_clmulepi64_epi128(d, k, 0x10),
+                    ),
+                );
+            }
+            s = reduce(fold256(lo), fold256(mid), fold256(hi));
+        }
+        finish(s, load128(h), chunks.remainder(), last)
+    }
+
+    /// # Safety
+    /// The CPU has PCLMULQDQ and SSE2 (the caller checked).
+    #[target_feature(enable = "pclmulqdq,sse2")]
+    pub(super) unsafe fn hash128(
+        h: &[u8; 16],
+        powers: &[[u8; 16]; CHUNK_BLOCKS],
+        data: &[u8],
+        last: [u8; 16],
+    ) -> [u8; 16] {
+        let mut s = _mm_setzero_si128();
+        let mut chunks = data.chunks_exact(CHUNK);
+        for c in &mut chunks {
+            let mut lo = _mm_setzero_si128();
+            let mut mid = _mm_setzero_si128();
+            let mut hi = _mm_setzero_si128();
+            for (j, k) in powers.iter().enumerate() {
+                let mut d = load128(&c[BLOCK * j..]);
+                if j == 0 {
+                    d = _mm_xor_si128(d, s);
+                }
+                let k = load128(k);
+                lo = _mm_xor_si128(lo, _mm_clmulepi64_si128(d, k, 0x00));
+                hi = _mm_xor_si128(hi, _mm_clmulepi64_si128(d, k, 0x11));
+                mid = _mm_xor_si128(
+                    mid,
+                    _mm_xor_si128(
+                        _mm_clmulepi64_si128(d, k, 0x01),
+                        _mm_clmulepi64_si128(d, k, 0x10),
+                    ),
+                );
+            }
+            s = reduce(lo, mid, hi);
+        }
+        finish(s, load128(h), chunks.remainder(), last)
+    }
+
+    /// The blocks after the last whole chunk, one multiply each, the
+    /// zero-padded tail, then `last`; the hash.
+    #[inline]
+    #[target_feature(enable = "pclmulqdq,sse2")]
+    fn finish(mut s: __m128i, hk: __m128i, rest: &[u8], last: [u8; 16]) -> [u8; 16] {
         let mut blocks = rest.chunks_exact(BLOCK);
         for b in &mut blocks {
             s = mul(_mm_xor_si128(s, load128(b)), hk);
@@ -145,8 +313,16 @@ mod x86 {
 
     #[inline]
     #[target_feature(enable = "avx512f,avx2")]
-    fn fold(x: __m512i) -> __m128i {
-        let y = _mm256_xor_si256(_mm512_castsi512_si256(x), _mm512_extracti64x4_epi64(x, 1));
+    fn fold512(x: __m512i) -> __m128i {
+        fold256(_mm256_xor_si256(
+            _mm512_castsi512_si256(x),
+            _mm512_extracti64x4_epi64(x, 1),
+        ))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn fold256(y: __m256i) -> __m128i {
         _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1))
     }
 
@@ -192,29 +368,55 @@ mod tests {
             .collect()
     }
 
+    const WIDTHS: [Width; 4] = [
+        Width::Portable,
+        Width::Clmul128,
+        Width::Vpclmul256,
+        Width::Vpclmul512,
+    ];
+
     #[test]
-    fn the_wide_path_computes_the_polyval_crates_function() {
+    fn every_width_this_cpu_has_computes_the_polyval_crates_function() {
         let mut seed = 7;
-        for len in [0, 1, 15, 16, 17, 511, 512, 513, 1000, 4096, 5000, 376_832] {
-            let h: [u8; 16] = bytes(&mut seed, 16).try_into().expect("16 bytes");
-            let data = bytes(&mut seed, len);
-            let last = [len as u8; 16];
-            let key = Key::new(h);
-            assert_eq!(key.hash(&data, last), portable(&h, &data, last), "{len}");
+        for width in WIDTHS.into_iter().filter(|w| w.available()) {
+            for len in [0, 1, 15, 16, 17, 511, 512, 513, 1000, 4096, 5000, 376_832] {
+                let h: [u8; 16] = bytes(&mut seed, 16).try_into().expect("16 bytes");
+                let data = bytes(&mut seed, len);
+                let last = [len as u8; 16];
+                let key = Key::with_width(h, width);
+                assert_eq!(key.width, width, "{width:?} runs where available");
+                assert_eq!(
+                    key.hash(&data, last),
+                    portable(&h, &data, last),
+                    "{width:?}, {len} bytes"
+                );
+            }
         }
     }
 
     #[test]
-    fn the_wide_path_runs_where_the_cpu_has_it() {
-        // The equality test above proves something only where the wide
-        // path runs: it must run wherever the CPU says it can.
-        let key = Key::new([1; 16]);
-        assert_eq!(key.powers.is_some(), wide_available());
+    fn each_width_runs_where_the_cpu_has_it() {
+        // The equality test above proves something only where a path
+        // runs: each must run wherever the CPU says it can, and a key asks
+        // for no more than the CPU has.
         if let Ok(cpu) = std::fs::read_to_string("/proc/cpuinfo") {
             let has = |f: &str| cpu.split_whitespace().any(|w| w == f);
-            if cfg!(target_arch = "x86_64") && has("avx512f") && has("vpclmulqdq") {
-                assert!(wide_available());
+            if cfg!(target_arch = "x86_64") {
+                assert_eq!(Width::Clmul128.available(), has("pclmulqdq"));
+                assert_eq!(
+                    Width::Vpclmul256.available(),
+                    has("pclmulqdq") && has("avx2") && has("vpclmulqdq")
+                );
+                assert_eq!(
+                    Width::Vpclmul512.available(),
+                    has("pclmulqdq") && has("avx2") && has("avx512f") && has("vpclmulqdq")
+                );
             }
         }
+        for width in WIDTHS {
+            let key = Key::with_width([1; 16], width);
+            assert!(key.width <= width && key.width.available(), "{width:?}");
+        }
+        assert!(Key::new([1; 16]).width == Width::detected());
     }
 }
