@@ -139,14 +139,18 @@ impl Key {
         if let Some(p) = &self.powers {
             // SAFETY (each arm): `width` was checked available on this CPU
             // when the key was made, and each function enables no more.
+            let job = x86::Job {
+                h: &self.h,
+                powers: p,
+                data,
+                last,
+            };
             return unsafe {
-                match self.width {
-                    Width::Vpclmul512 => x86::hash512(&self.h, p, data, last),
-                    Width::Vpclmul256 => x86::hash256(&self.h, p, data, last),
-                    Width::Clmul128 | Width::Portable => match &self.folded {
-                        Some(f) => x86::hash128(&self.h, (p, f), data, last),
-                        None => portable(&self.h, data, last),
-                    },
+                match (self.width, &self.folded) {
+                    (Width::Vpclmul512, _) => x86::hash512(job),
+                    (Width::Vpclmul256, _) => x86::hash256(job),
+                    (_, Some(f)) => x86::hash128(job, f),
+                    (_, None) => portable(&self.h, data, last),
                 }
             };
         }
@@ -185,24 +189,27 @@ mod x86 {
     use super::{BLOCK, CHUNK, CHUNK_BLOCKS};
     use std::arch::x86_64::*;
 
+    /// One hash: the key, its powers, the data and the last block.
+    #[derive(Clone, Copy)]
+    pub(super) struct Job<'a> {
+        pub(super) h: &'a [u8; 16],
+        pub(super) powers: &'a [[u8; 16]; CHUNK_BLOCKS],
+        pub(super) data: &'a [u8],
+        pub(super) last: [u8; 16],
+    }
+
     /// # Safety
     /// The CPU has AVX-512 F, VPCLMULQDQ, PCLMULQDQ, SSE2 and AVX2 (the
     /// caller checked).
     #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse2,avx2")]
-    pub(super) unsafe fn hash512(
-        h: &[u8; 16],
-        powers: &[[u8; 16]; CHUNK_BLOCKS],
-        data: &[u8],
-        last: [u8; 16],
-    ) -> [u8; 16] {
+    pub(super) unsafe fn hash512(job: Job<'_>) -> [u8; 16] {
+        let powers = job.powers;
         let mut keys = [_mm512_setzero_si512(); CHUNK_BLOCKS / 4];
         for (i, k) in keys.iter_mut().enumerate() {
             // SAFETY: four powers, 64 bytes, in bounds.
             *k = unsafe { _mm512_loadu_si512(powers[4 * i].as_ptr().cast()) };
         }
-        let mut s = _mm_setzero_si128();
-        let mut chunks = data.chunks_exact(CHUNK);
-        for c in &mut chunks {
+        drive(job, |c, s| {
             let mut lo = _mm512_setzero_si512();
             let mut mid = _mm512_setzero_si512();
             let mut hi = _mm512_setzero_si512();
@@ -221,24 +228,17 @@ mod x86 {
                     0x96,
                 );
             }
-            s = reduce(fold512(lo), fold512(mid), fold512(hi));
-        }
-        finish(s, load128(h), chunks.remainder(), last)
+            reduce(fold512(lo), fold512(mid), fold512(hi))
+        })
     }
 
     /// # Safety
     /// The CPU has VPCLMULQDQ, PCLMULQDQ, SSE2 and AVX2 (the caller
     /// checked).
     #[target_feature(enable = "vpclmulqdq,pclmulqdq,sse2,avx2")]
-    pub(super) unsafe fn hash256(
-        h: &[u8; 16],
-        powers: &[[u8; 16]; CHUNK_BLOCKS],
-        data: &[u8],
-        last: [u8; 16],
-    ) -> [u8; 16] {
-        let mut s = _mm_setzero_si128();
-        let mut chunks = data.chunks_exact(CHUNK);
-        for c in &mut chunks {
+    pub(super) unsafe fn hash256(job: Job<'_>) -> [u8; 16] {
+        let powers = job.powers;
+        drive(job, |c, s| {
             let mut lo = _mm256_setzero_si256();
             let mut mid = _mm256_setzero_si256();
             let mut hi = _mm256_setzero_si256();
@@ -264,9 +264,8 @@ mod x86 {
                     ),
                 );
             }
-            s = reduce(fold256(lo), fold256(mid), fold256(hi));
-        }
-        finish(s, load128(h), chunks.remainder(), last)
+            reduce(fold256(lo), fold256(mid), fold256(hi))
+        })
     }
 
     /// Three carry-less multiplies a block (Karatsuba): the middle term
@@ -276,15 +275,9 @@ mod x86 {
     /// # Safety
     /// The CPU has PCLMULQDQ and SSE2 (the caller checked).
     #[target_feature(enable = "pclmulqdq,sse2")]
-    pub(super) unsafe fn hash128(
-        h: &[u8; 16],
-        (powers, folded): (&[[u8; 16]; CHUNK_BLOCKS], &[[u8; 16]; CHUNK_BLOCKS]),
-        data: &[u8],
-        last: [u8; 16],
-    ) -> [u8; 16] {
-        let mut s = _mm_setzero_si128();
-        let mut chunks = data.chunks_exact(CHUNK);
-        for c in &mut chunks {
+    pub(super) unsafe fn hash128(job: Job<'_>, folded: &[[u8; 16]; CHUNK_BLOCKS]) -> [u8; 16] {
+        let powers = job.powers;
+        drive(job, |c, s| {
             let mut lo = _mm_setzero_si128();
             let mut cross = _mm_setzero_si128();
             let mut hi = _mm_setzero_si128();
@@ -300,9 +293,26 @@ mod x86 {
                 cross = _mm_xor_si128(cross, _mm_clmulepi64_si128(df, kf, 0x00));
             }
             let mid = _mm_xor_si128(cross, _mm_xor_si128(lo, hi));
-            s = reduce(lo, mid, hi);
+            reduce(lo, mid, hi)
+        })
+    }
+
+    /// POLYVAL_H of `data`, then `last`: each whole chunk through `chunk`
+    /// (given the running state, which joins its first block; one
+    /// reduction), the rest through [`finish`]. Inlined into each width's
+    /// function, whose target features `chunk` runs with.
+    #[inline(always)]
+    fn drive(job: Job<'_>, mut chunk: impl FnMut(&[u8], __m128i) -> __m128i) -> [u8; 16] {
+        // SAFETY: only called from the width functions, whose callers
+        // checked the CPU has SSE2 and PCLMULQDQ.
+        unsafe {
+            let mut s = _mm_setzero_si128();
+            let mut chunks = job.data.chunks_exact(CHUNK);
+            for c in &mut chunks {
+                s = chunk(c, s);
+            }
+            finish(s, load128(job.h), chunks.remainder(), job.last)
         }
-        finish(s, load128(h), chunks.remainder(), last)
     }
 
     /// The blocks after the last whole chunk, one multiply each, the
