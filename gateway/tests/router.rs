@@ -405,6 +405,68 @@ async fn per_account_limits_answer_429_with_retry_after() {
     assert_eq!(r.status, 503);
 }
 
+/// A request the budget refuses moves no rate-limit counter: after any
+/// number of budget refusals, the first admitted request finds the
+/// account's per-minute requests untouched.
+#[tokio::test]
+async fn a_budget_refusal_moves_no_rate_limit_counter() {
+    let p = platform().await;
+    let budget = |daily: u64| json!({"daily_neurons": daily, "free_neurons_per_day": 0, "reason": "router test"});
+    // No request fits a daily budget of nothing.
+    p.admin(
+        "PUT",
+        &format!("/admin/v1/accounts/{}/budget", p.a),
+        Some(budget(0)),
+    )
+    .await;
+    let limits = Limits {
+        requests_per_minute: 2,
+        tokens_per_minute: 1_000_000,
+        concurrency: 10,
+    };
+    let gw = p.gateway(None, Limiter::memory(limits)).await;
+    let (a, path) = (bearer(&p.a_token), run_path(&p.a, OPEN));
+    for _ in 0..5 {
+        let r = post(&gw, &path, &a, PROMPT).await;
+        assert_eq!(r.status, 429);
+        let v = r.json();
+        assert!(
+            v["errors"][0]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("budget")),
+            "refused by the budget: {v}"
+        );
+        assert!(
+            r.ratelimit.is_empty(),
+            "the limiter never saw it: {:?}",
+            r.ratelimit
+        );
+    }
+    // A budget that fits: the first admitted request (no worker runs here,
+    // so 503) is the first the limiter counts.
+    p.admin(
+        "PUT",
+        &format!("/admin/v1/accounts/{}/budget", p.a),
+        Some(budget(1_000_000)),
+    )
+    .await;
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    let admitted = loop {
+        let r = post(&gw, &path, &a, PROMPT).await;
+        if r.status == 503 {
+            break r;
+        }
+        assert_eq!(r.status, 429, "{}", r.json());
+        assert!(std::time::Instant::now() < until, "the budget never rose");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        admitted.ratelimit["remaining-requests"], "1",
+        "budget refusals took no request of the minute: {:?}",
+        admitted.ratelimit
+    );
+}
+
 fn redis_url() -> Option<String> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let reachable = url

@@ -170,22 +170,23 @@ pub(crate) async fn start(
         "chat"
     };
     let timer = GenAiTimer::start(model.slug.as_str(), operation);
-    // Budget and limits are independent stores: asked at once, so a
-    // deployment with both in Redis pays one round trip, not two.
-    let (reservation, permit) =
-        tokio::join!(reserve(state, ctx, model, body), admit(state, ctx, body));
-    let (reservation, permit) = match (reservation, permit) {
-        (Ok(r), Ok(p)) => (r, p),
-        (Err(e), _) => {
-            // Over budget (a permit taken meanwhile is released here).
+    // The budget first: a request it refuses moves no rate-limit counter
+    // (the limiter counts what it admits). A request the limits then
+    // refuse gives its whole reservation back.
+    let reservation = match reserve(state, ctx, model, body).await {
+        Ok(r) => r,
+        Err(e) => {
             if let GatewayError::OverBudget { period, .. } = &e {
                 metrics::budget_refused(*period);
             }
             timer.failed(e.kind());
             return Err(e);
         }
-        (Ok(r), Err(e)) => {
-            r.settle(0);
+    };
+    let permit = match admit(state, ctx, body).await {
+        Ok(p) => p,
+        Err(e) => {
+            reservation.settle(0);
             timer.failed(e.kind());
             return Err(e);
         }

@@ -8,7 +8,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bulkhead_control_api::{
-    Client, ConfigSpec, CreateModel, Credentials, KvBudget, Parallelism, Properties, Role,
+    Client, ConfigSpec, CreateModel, Credentials, KvBudget, Parallelism, Price, Properties, Role,
     Timestamp, Visibility,
 };
 use bulkhead_control_plane::{AccountId, AppState as CpState, Db, Settings, app as cp_app, store};
@@ -63,7 +63,11 @@ fn spec(context_window: u64, max_output: u64) -> ConfigSpec {
             decode_bytes: 1 << 30,
         },
         parallelism: Parallelism::default(),
-        price: Default::default(),
+        // Priced as `up` prices its models, so a budget can refuse.
+        price: Price {
+            input_neurons_per_mtok: 330,
+            output_neurons_per_mtok: 2460,
+        },
     }
 }
 
@@ -246,6 +250,10 @@ impl Platform {
         match (method, body) {
             ("GET", _) => client.get(path).await.expect("GET"),
             ("DELETE", _) => client.delete(path).await.expect("DELETE"),
+            ("PUT", body) => client
+                .put(path, &body.unwrap_or(Value::Null))
+                .await
+                .expect("PUT"),
             (_, body) => client
                 .post(path, &body.unwrap_or(Value::Null))
                 .await
