@@ -95,8 +95,8 @@ pub(crate) struct Key {
     width: Width,
     /// `powers[j]` = H^(32 - j), so block j of a chunk multiplies `powers[j]`.
     powers: Option<Box<[[u8; 16]; CHUNK_BLOCKS]>>,
-    /// For the 128- and 256-bit paths' Karatsuba products: each power's
-    /// two 64-bit halves XORed, in the low half.
+    /// For the 128-bit path's Karatsuba products: each power's two 64-bit
+    /// halves XORed, in the low half.
     folded: Option<Box<[[u8; 16]; CHUNK_BLOCKS]>>,
 }
 
@@ -122,7 +122,7 @@ impl Key {
             }
             p
         });
-        let folded = matches!(width, Width::Clmul128 | Width::Vpclmul256)
+        let folded = (width == Width::Clmul128)
             .then(|| powers.as_ref().map(|p| Box::new(p.map(fold_halves))))
             .flatten();
         Key {
@@ -148,9 +148,9 @@ impl Key {
             return unsafe {
                 match (self.width, &self.folded) {
                     (Width::Vpclmul512, _) => x86::hash512(job),
-                    (Width::Vpclmul256, Some(f)) => x86::hash256(job, f),
-                    (Width::Clmul128, Some(f)) => x86::hash128(job, f),
-                    _ => portable(&self.h, data, last),
+                    (Width::Vpclmul256, _) => x86::hash256(job),
+                    (_, Some(f)) => x86::hash128(job, f),
+                    (_, None) => portable(&self.h, data, last),
                 }
             };
         }
@@ -232,41 +232,39 @@ mod x86 {
         })
     }
 
-    /// Two blocks a register, three multiplies each (Karatsuba, as
-    /// [`hash128`]).
-    ///
     /// # Safety
     /// The CPU has VPCLMULQDQ, PCLMULQDQ, SSE2 and AVX2 (the caller
     /// checked).
     #[target_feature(enable = "vpclmulqdq,pclmulqdq,sse2,avx2")]
-    pub(super) unsafe fn hash256(job: Job<'_>, folded: &[[u8; 16]; CHUNK_BLOCKS]) -> [u8; 16] {
+    pub(super) unsafe fn hash256(job: Job<'_>) -> [u8; 16] {
         let powers = job.powers;
         drive(job, |c, s| {
             let mut lo = _mm256_setzero_si256();
-            let mut cross = _mm256_setzero_si256();
+            let mut mid = _mm256_setzero_si256();
             let mut hi = _mm256_setzero_si256();
             for i in 0..CHUNK_BLOCKS / 2 {
                 // SAFETY: 32 bytes at 32·i of a 512-byte chunk, and two
-                // powers (and their folded halves, 32 bytes each) from 2·i
-                // of 32.
-                let (mut d, k, kf) = unsafe {
+                // powers (32 bytes) from 2·i of 32.
+                let (mut d, k) = unsafe {
                     (
                         _mm256_loadu_si256(c.as_ptr().add(32 * i).cast()),
                         _mm256_loadu_si256(powers[2 * i].as_ptr().cast()),
-                        _mm256_loadu_si256(folded[2 * i].as_ptr().cast()),
                     )
                 };
                 if i == 0 {
                     d = _mm256_xor_si256(d, _mm256_inserti128_si256(_mm256_setzero_si256(), s, 0));
                 }
-                let df = _mm256_xor_si256(d, _mm256_shuffle_epi32(d, 0x4e));
                 lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(d, k, 0x00));
                 hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(d, k, 0x11));
-                cross = _mm256_xor_si256(cross, _mm256_clmulepi64_epi128(df, kf, 0x00));
+                mid = _mm256_xor_si256(
+                    mid,
+                    _mm256_xor_si256(
+                        _mm256_clmulepi64_epi128(d, k, 0x01),
+                        _mm256_clmulepi64_epi128(d, k, 0x10),
+                    ),
+                );
             }
-            let (lo, hi) = (fold256(lo), fold256(hi));
-            let mid = _mm_xor_si128(fold256(cross), _mm_xor_si128(lo, hi));
-            reduce(lo, mid, hi)
+            reduce(fold256(lo), fold256(mid), fold256(hi))
         })
     }
 
