@@ -58,6 +58,24 @@ impl Table {
         self.version
     }
 
+    /// The models whose visibility this table changes against `before`
+    /// (a model `before` did not have counts as changed), by slug.
+    pub fn visibility_changes(&self, before: &Table) -> Vec<(&ModelSlug, Visibility)> {
+        let mut changed: Vec<(&ModelSlug, Visibility)> = self
+            .models
+            .iter()
+            .filter(|(slug, m)| {
+                before
+                    .models
+                    .get(*slug)
+                    .is_none_or(|b| b.visibility != m.visibility)
+            })
+            .map(|(slug, m)| (slug, m.visibility))
+            .collect();
+        changed.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        changed
+    }
+
     /// The account a token hash belongs to.
     pub fn token_account(&self, sha256: &str) -> Option<&RoutedAccount> {
         self.accounts.get(self.tokens.get(sha256)?)
@@ -94,5 +112,62 @@ impl Table {
     /// Routable workers that generate for `slug`.
     pub fn workers(&self, slug: &ModelSlug) -> &[NodeView] {
         self.workers.get(slug).map_or(&[], Vec::as_slice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(version: u64, models: &[(&str, Visibility)]) -> Table {
+        Table::new(RoutingTable {
+            version,
+            lease_ms: 6000,
+            models: models
+                .iter()
+                .map(|(slug, visibility)| RoutedModel {
+                    slug: slug.parse().expect("slug"),
+                    task: "Text Generation".to_owned(),
+                    description: String::new(),
+                    visibility: *visibility,
+                    allowlist: Vec::new(),
+                    properties: None,
+                    config_version: None,
+                    price: Default::default(),
+                    created_at: bulkhead_control_api::Timestamp::now(),
+                })
+                .collect(),
+            nodes: Vec::new(),
+            accounts: Vec::new(),
+            tokens: Vec::new(),
+            planned_withdrawals: Vec::new(),
+        })
+    }
+
+    #[test]
+    fn a_flip_and_a_new_model_are_visibility_changes_and_nothing_else_is() {
+        use Visibility::{Private, Public};
+        let before = table(1, &[("@cf/a/one", Public), ("@cf/a/two", Public)]);
+        let after = table(
+            2,
+            &[
+                ("@cf/a/one", Public),
+                ("@cf/a/two", Private),
+                ("@cf/a/three", Private),
+            ],
+        );
+        let changes: Vec<(String, Visibility)> = after
+            .visibility_changes(&before)
+            .into_iter()
+            .map(|(s, v)| (s.to_string(), v))
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                ("@cf/a/three".to_owned(), Private),
+                ("@cf/a/two".to_owned(), Private)
+            ]
+        );
+        assert!(after.visibility_changes(&after).is_empty());
     }
 }

@@ -210,6 +210,7 @@ async fn poll(
     let mut wait_ms = 0u64;
     let mut backoff = Duration::from_millis(100);
     let mut failing = false;
+    let mut previous: Option<Arc<Snapshot>> = None;
     loop {
         let path =
             format!("/admin/v1/routing?gateway={instance}&version={applied}&wait_ms={wait_ms}");
@@ -254,6 +255,19 @@ async fn poll(
                     table: Table::new(t),
                     lease,
                 });
+                // A flip is a state change operators read in the log.
+                if let Some(before) = &previous {
+                    for (slug, visibility) in snap.table.visibility_changes(&before.table) {
+                        tracing::info!(
+                            target: "bulkhead::gateway",
+                            model = %slug,
+                            %visibility,
+                            version = applied,
+                            "model visibility applied"
+                        );
+                    }
+                }
+                previous = Some(Arc::clone(&snap));
                 if tx.send(Some(Arc::clone(&snap))).is_err() {
                     return; // every handle is gone
                 }
