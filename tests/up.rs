@@ -787,3 +787,26 @@ fn a_flip_a_stopped_gateway_never_applies_fails_saying_so(c: &Ctx) {
     );
     assert!(said.contains("applied by all 1 gateways"), "{said}");
 }
+
+/// The runner the checks above rely on: a failing check stops no other,
+/// and the end names each that failed.
+#[test]
+fn checks_run_every_check_and_name_each_failure() {
+    let mut checks = support::Checks::default();
+    let mut ran = Vec::new();
+    checks.run("the first fails", || panic!("on purpose"));
+    checks.run("the second runs", || ran.push(2));
+    checks.run("the third fails", || assert_eq!(1 + 1, 3));
+    assert_eq!(ran, [2], "a failure stopped no later check");
+    let end = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| checks.finish()));
+    let message = end
+        .expect_err("finish fails when a check failed")
+        .downcast::<String>()
+        .expect("a message");
+    assert!(
+        message.contains("the first fails")
+            && message.contains("the third fails")
+            && !message.contains("the second runs"),
+        "{message}"
+    );
+}
