@@ -229,6 +229,72 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     checks.finish();
 }
 
+/// A call that fails before its first token is billed nothing: `up` with
+/// every prefill worker breaking its page frames (a test build's fault),
+/// so each transfer fails and the decode worker's first event is the
+/// failure; the gateway answers an error, and the ledger and the workers'
+/// metering stay empty. Without the rule, each attempt billed its prompt.
+#[test]
+fn a_call_that_fails_before_its_first_token_is_billed_nothing() {
+    let dir = data_dir("usage-faults");
+    let up = up(
+        &dir,
+        &[
+            "--no-prober",
+            "--models",
+            "q4_1",
+            "--frame-faults-percent",
+            "100",
+        ],
+    );
+    let creds = credentials(&dir);
+    let (gw, cp) = (creds.gateway_url.as_str(), creds.control_plane_url.as_str());
+    let (admin, model) = (creds.operator_token.as_str(), creds.model.as_str());
+    let (id, token) = (
+        creds.accounts[0].id.as_str(),
+        creds.accounts[0].token.as_str(),
+    );
+    // About 30 pages a prompt: every frame breaks one way or another, and
+    // some break fatally (a forged tag, a dropped page).
+    let body = json!({"model": model, "max_tokens": 4, "temperature": 0,
+        "messages": [{"role": "user", "content": "the sea ".repeat(200)}]})
+    .to_string();
+    for _ in 0..3 {
+        let (code, text) = post(gw, "/v1/chat/completions", token, &body);
+        assert!(
+            code >= 500,
+            "the broken transfer failed the call: {code} {text}"
+        );
+    }
+    // The fault was injected: the prefill worker counted broken frames.
+    let injected: f64 = creds
+        .metrics
+        .iter()
+        .filter(|(name, _)| name.contains("prefill"))
+        .filter_map(|(_, url)| {
+            let base = url.trim_end_matches("/metrics");
+            support::platform::try_call(base, "GET", "/metrics", "", "").ok()
+        })
+        .flat_map(|(_, text)| {
+            text.lines()
+                .filter(|l| l.starts_with("bulkhead_kv_transfer_chaos_injected"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum();
+    assert!(injected > 0.0, "no frame was broken");
+    // Reports arrive within a second or so: give them three.
+    std::thread::sleep(Duration::from_secs(3));
+    let rows = get(cp, &format!("/admin/v1/usage?account={id}"), admin);
+    assert_eq!(
+        rows.as_array().map(Vec::len),
+        Some(0),
+        "a call that answered nothing is billed nothing: {rows}"
+    );
+    drop(up);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The context window of `model`'s active config: the one `up` serves.
 fn served_window(cp: &str, admin: &str, model: &str) -> u64 {
     let path = format!(

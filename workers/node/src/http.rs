@@ -332,11 +332,12 @@ async fn generate(
         prompt_tokens: prompt_len as u64,
     });
     // The first event decides the status: a late rejection is still a 4xx.
+    // A call that fails before its first token answered nothing and is
+    // billed nothing (a refusal, or a transfer that failed and that the
+    // gateway may retry on another worker, which would bill it again).
     let first = handle.next().await;
     if let Some(SeqEvent::Failed(e)) = &first {
-        if let Some(m) = meter {
-            m.end(0, "error");
-        }
+        drop(meter);
         return Err(engine_error(e));
     }
     let lines =

@@ -3,10 +3,12 @@
 //! the engine's exact token counts, and hands one [`UsageRecord`] per call
 //! to a [`UsageSink`] (the binary reports them to the control plane).
 //!
-//! The policy: the prompt is billed once admitted, output tokens as the
-//! engine emitted them, including a stream whose client went away (the
-//! worker cancels the request and still reads the engine's final count);
-//! a call refused at admission costs nothing and is never recorded.
+//! The policy: the prompt is billed once the call has answered its first
+//! token, output tokens as the engine emitted them, including a stream
+//! whose client went away (the worker cancels the request and still reads
+//! the engine's final count); a call refused at admission, or failed
+//! before its first token (a late refusal, a failed KV transfer the
+//! gateway may retry elsewhere), costs nothing and is never recorded.
 
 use tokio::sync::mpsc;
 
