@@ -106,24 +106,12 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
                 .sum()
         };
         let counted = |kind: &str| -> u64 {
-            creds
-                .metrics
-                .values()
-                .filter_map(|url| {
-                    let base = url.trim_end_matches("/metrics");
-                    support::platform::try_call(base, "GET", "/metrics", "", "").ok()
-                })
-                .flat_map(|(_, text)| {
-                    text.lines()
-                        .filter(|l| {
-                            l.starts_with("bulkhead_usage_tokens_total{")
-                                && l.contains(&format!("gen_ai_request_model=\"{model}\""))
-                                && l.contains(&format!("gen_ai_token_type=\"{kind}\""))
-                        })
-                        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                        .collect::<Vec<_>>()
-                })
-                .sum::<f64>() as u64
+            let labels = [
+                format!("gen_ai_request_model=\"{model}\""),
+                format!("gen_ai_token_type=\"{kind}\""),
+            ];
+            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+            metric_sum(&creds, "", "bulkhead_usage_tokens_total{", &labels) as u64
         };
         assert_eq!(
             (ledger_all("prompt_tokens"), ledger_all("completion_tokens")),
@@ -237,55 +225,33 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
 #[test]
 fn a_call_that_fails_before_its_first_token_is_billed_nothing() {
     let dir = data_dir("usage-faults");
-    let up = up(
-        &dir,
-        &[
-            "--no-prober",
-            "--models",
-            "q4_1",
-            "--frame-faults-percent",
-            "100",
-        ],
-    );
+    let up = up(&dir, &BROKEN_FRAMES);
     let creds = credentials(&dir);
-    let (gw, cp) = (creds.gateway_url.as_str(), creds.control_plane_url.as_str());
-    let (admin, model) = (creds.operator_token.as_str(), creds.model.as_str());
-    let (id, token) = (
-        creds.accounts[0].id.as_str(),
-        creds.accounts[0].token.as_str(),
-    );
+    let a = &creds.accounts[0];
     // About 30 pages a prompt: every frame breaks one way or another, and
     // some break fatally (a forged tag, a dropped page).
-    let body = json!({"model": model, "max_tokens": 4, "temperature": 0,
+    let body = json!({"model": creds.model, "max_tokens": 4, "temperature": 0,
         "messages": [{"role": "user", "content": "the sea ".repeat(200)}]})
     .to_string();
     for _ in 0..3 {
-        let (code, text) = post(gw, "/v1/chat/completions", token, &body);
+        let (code, text) = post(&creds.gateway_url, "/v1/chat/completions", &a.token, &body);
         assert!(
             code >= 500,
             "the broken transfer failed the call: {code} {text}"
         );
     }
     // The fault was injected: the prefill worker counted broken frames.
-    let injected: f64 = creds
-        .metrics
-        .iter()
-        .filter(|(name, _)| name.contains("prefill"))
-        .filter_map(|(_, url)| {
-            let base = url.trim_end_matches("/metrics");
-            support::platform::try_call(base, "GET", "/metrics", "", "").ok()
-        })
-        .flat_map(|(_, text)| {
-            text.lines()
-                .filter(|l| l.starts_with("bulkhead_kv_transfer_chaos_injected"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .sum();
+    let injected = metric_sum(
+        &creds,
+        "prefill",
+        "bulkhead_kv_transfer_chaos_injected",
+        &[],
+    );
     assert!(injected > 0.0, "no frame was broken");
     // Reports arrive within a second or so: give them three.
     std::thread::sleep(Duration::from_secs(3));
-    let rows = get(cp, &format!("/admin/v1/usage?account={id}"), admin);
+    let path = format!("/admin/v1/usage?account={}", a.id);
+    let rows = get(&creds.control_plane_url, &path, &creds.operator_token);
     assert_eq!(
         rows.as_array().map(Vec::len),
         Some(0),
@@ -293,6 +259,40 @@ fn a_call_that_fails_before_its_first_token_is_billed_nothing() {
     );
     drop(up);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `up` with one model whose prefill workers break every page frame.
+const BROKEN_FRAMES: [&str; 5] = [
+    "--no-prober",
+    "--models",
+    "q4_1",
+    "--frame-faults-percent",
+    "100",
+];
+
+/// The sum of the samples of `metric` whose line contains every one of
+/// `labels`, over every component whose name contains `component`.
+fn metric_sum(
+    creds: &support::platform::Credentials,
+    component: &str,
+    metric: &str,
+    labels: &[&str],
+) -> f64 {
+    creds
+        .metrics
+        .iter()
+        .filter(|(name, _)| name.contains(component))
+        .filter_map(|(_, url)| {
+            let base = url.trim_end_matches("/metrics");
+            support::platform::try_call(base, "GET", "/metrics", "", "").ok()
+        })
+        .flat_map(|(_, text)| {
+            text.lines()
+                .filter(|l| l.starts_with(metric) && labels.iter().all(|x| l.contains(x)))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 /// The context window of `model`'s active config: the one `up` serves.
