@@ -2,6 +2,7 @@
 
 use super::ends::finish_reason_of;
 use super::*;
+use bulkhead_worker_api::TokenLogprobs;
 
 /// The end of a collected generation.
 #[derive(Debug)]

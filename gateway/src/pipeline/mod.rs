@@ -22,16 +22,11 @@ use crate::pick::NodeLease;
 use crate::state::AppState;
 use crate::upstream::{LineStream, UpstreamError};
 use crate::watch::{Snapshot, WatchError};
-use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, header};
-use axum::response::{IntoResponse, Response};
 use bulkhead_control_api::{Price, RoutedModel, Timestamp};
 use bulkhead_worker_api::context::TenantContext;
-use bulkhead_worker_api::{GenerateBody, Line, TokenLogprobs, Usage};
-use std::convert::Infallible;
+use bulkhead_worker_api::{GenerateBody, Line, Usage};
 use std::sync::{Arc, OnceLock};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
 
 /// An authenticated request against one routing table. The door

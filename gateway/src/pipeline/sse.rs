@@ -3,6 +3,12 @@
 
 use super::ends::{Ends, finish_reason_of};
 use super::*;
+use axum::body::{Body, Bytes};
+use axum::response::{IntoResponse, Response};
+use bulkhead_worker_api::TokenLogprobs;
+use std::convert::Infallible;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 
 /// What a streaming renderer is given.
 #[derive(Debug)]

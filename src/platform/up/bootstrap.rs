@@ -3,6 +3,12 @@
 //! the demo accounts, reused by a second `up` on the same directory.
 
 use super::*;
+use bulkhead_control_api::{
+    ConfigSpec, CreateModel, KvBudget, ModelSlug, Parallelism, Properties, Role, Timestamp,
+    Visibility,
+};
+use bulkhead_control_plane::{AccountId, Db, store};
+use std::time::Duration;
 
 /// Database, operators, model and demo accounts; reuses what a previous
 /// `up` left in the data directory.

@@ -3,6 +3,9 @@
 //! directory), and the ready-to-paste lines it prints.
 
 use super::*;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
 
 /// What `up` writes for people and scripts.
 #[derive(Debug, Serialize, Deserialize)]

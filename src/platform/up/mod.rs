@@ -33,19 +33,9 @@ use supervision::*;
 use window::*;
 
 use anyhow::Context;
-use bulkhead_control_api::{
-    ConfigSpec, ConfigView, CreateModel, KvBudget, ModelSlug, NodeView, Parallelism, Properties,
-    Role, Timestamp, Visibility,
-};
-use bulkhead_control_plane::{AccountId, Db, store};
 use bulkhead_engine::fetch;
-use bulkhead_trust::Role as CertRole;
 use clap::Args;
-use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::path::PathBuf;
 
 /// Flags of `bulkhead up`.
 #[derive(Debug, Args)]

@@ -4,6 +4,11 @@
 //! stopped together on Ctrl-C or SIGTERM.
 
 use super::*;
+use bulkhead_trust::Role as CertRole;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 /// The child processes, stopped in reverse order, and where their output
 /// goes.

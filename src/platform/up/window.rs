@@ -4,6 +4,9 @@
 //! longest prompt it prefills in time, and `up` says so.
 
 use super::*;
+use bulkhead_control_api::{ConfigView, NodeView};
+use bulkhead_trust::Role as CertRole;
+use std::time::Duration;
 
 /// Every worker `up` started must be routable before it says ready: a
 /// config that does not fit their pools is an error, not a dead curl line.

@@ -5,6 +5,8 @@
 //! the pool or a tenant's share says so, and reaping what ended.
 
 use super::*;
+use crate::schedule::{PrefillWork, fair_chunks};
+use crate::speed::UNIT;
 
 impl EngineCore {
     /// Runs one step. Returns whether any work was done. Call inside the

@@ -42,13 +42,12 @@
 
 use crate::GenerateRequest;
 use crate::config::EngineConfig;
-use crate::detok::{Detokenizer, Piece};
-use crate::error::{ConfigError, EngineError, TransferFault};
+use crate::detok::Detokenizer;
+use crate::error::{ConfigError, EngineError};
 use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
 use crate::gguf::ModelFile;
 use crate::sampling::Sampler;
-use crate::schedule::{PrefillWork, fair_chunks};
-use crate::speed::{PrefillSpeed, UNIT};
+use crate::speed::PrefillSpeed;
 use bulkhead_kv::{
     AdmissionError, Admitted, AllocError, CacheScope, Generation, Home, KvDtype, KvGeometry,
     KvPool, LentPage, Limits, Owner, PageTable, PoolCounters, RequestId, TenantId, TransferId,

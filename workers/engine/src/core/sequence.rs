@@ -3,6 +3,7 @@
 //! prefill's pages, and accepting a sampled token.
 
 use super::*;
+use crate::detok::Piece;
 
 impl Sequence {
     /// Whether its next token is computed alone, as a decode step: its

@@ -5,6 +5,7 @@
 //! until fenced, so no page goes back while a write may still land.
 
 use super::*;
+use crate::error::TransferFault;
 
 impl EngineCore {
     /// Where lent pages return when their holder drops them.
