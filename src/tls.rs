@@ -8,12 +8,15 @@
 
 use anyhow::Context;
 use bulkhead_trust::{Identity, Role, TlsFiles};
-use bulkhead_worker_api::context::KeyRing;
+use bulkhead_worker_api::context::{SigningKey, VerifyingKeys};
 use clap::Args;
 use std::path::PathBuf;
 
-/// The key ring's file name in a TLS directory.
-pub(crate) const CONTEXT_KEYS: &str = "context.keys";
+/// The tenant-context signing key's file name in a TLS directory (the
+/// gateway's alone).
+pub(crate) const CONTEXT_SIGN: &str = "context.sign";
+/// The tenant-context verifying keys' file name in a TLS directory.
+pub(crate) const CONTEXT_PUB: &str = "context.pub";
 
 /// Where this component's CA, certificate and key are.
 #[derive(Debug, Clone, Default, Args)]
@@ -32,9 +35,12 @@ pub(crate) struct TlsArgs {
     /// This component's private key (PEM, readable by it alone).
     #[arg(long, env = "BULKHEAD_TLS_KEY")]
     pub(crate) tls_key: Option<PathBuf>,
-    /// The tenant-context key ring (lines `KID HEX-KEY`; the gateway signs
-    /// with the first, workers accept any); default: `context.keys` in
-    /// --tls-dir. Gateways and workers that generate need it.
+    /// The gateway's tenant-context signing key (`KID SEED`, Ed25519);
+    /// default: `context.sign` in --tls-dir. Only gateways read it.
+    #[arg(long, env = "BULKHEAD_CONTEXT_SIGN_KEY")]
+    pub(crate) context_sign_key: Option<PathBuf>,
+    /// The tenant-context verifying keys (lines `KID PUBLIC-KEY`; any
+    /// verifies); default: `context.pub` in --tls-dir. Workers need it.
     #[arg(long, env = "BULKHEAD_CONTEXT_KEYS")]
     pub(crate) context_keys: Option<PathBuf>,
 }
@@ -60,17 +66,30 @@ impl TlsArgs {
         }
     }
 
-    /// The tenant-context key ring.
-    pub(crate) fn key_ring(&self) -> anyhow::Result<KeyRing> {
-        let path = match (&self.context_keys, &self.tls_dir) {
+    /// The gateway's tenant-context signing key.
+    pub(crate) fn signing_key(&self) -> anyhow::Result<SigningKey> {
+        let path = match (&self.context_sign_key, &self.tls_dir) {
             (Some(p), _) => p.clone(),
-            (None, Some(dir)) => dir.join(CONTEXT_KEYS),
+            (None, Some(dir)) => dir.join(CONTEXT_SIGN),
             (None, None) => anyhow::bail!(
-                "no tenant-context keys: give --context-keys (`bulkhead tls init` writes \
-                 context.keys) or --tls-dir"
+                "no tenant-context signing key: give --context-sign-key (`bulkhead tls init` \
+                 writes context.sign) or --tls-dir"
             ),
         };
-        Ok(KeyRing::load(&path)?)
+        Ok(SigningKey::load(&path)?)
+    }
+
+    /// The tenant-context verifying keys a worker accepts.
+    pub(crate) fn verifying_keys(&self) -> anyhow::Result<VerifyingKeys> {
+        let path = match (&self.context_keys, &self.tls_dir) {
+            (Some(p), _) => p.clone(),
+            (None, Some(dir)) => dir.join(CONTEXT_PUB),
+            (None, None) => anyhow::bail!(
+                "no tenant-context verifying keys: give --context-keys (`bulkhead tls init` \
+                 writes context.pub) or --tls-dir"
+            ),
+        };
+        Ok(VerifyingKeys::load(&path)?)
     }
 
     /// Loads and checks the identity of a component of `role`.
@@ -130,10 +149,10 @@ pub(crate) fn init(args: &TlsInitArgs) -> anyhow::Result<()> {
             created.written.extend(more.written);
         }
     }
-    let keys = args.dir.join(CONTEXT_KEYS);
-    if KeyRing::create(&keys)? {
-        created.written.push(keys);
-    }
+    created.written.extend(SigningKey::create(
+        &args.dir.join(CONTEXT_SIGN),
+        &args.dir.join(CONTEXT_PUB),
+    )?);
     for f in &created.written {
         println!("wrote {}", f.display());
     }

@@ -103,14 +103,14 @@ fn gateway_config() -> std::sync::Arc<rustls::ClientConfig> {
         .expect("config")
 }
 
-/// A context for `tenant` signed with the platform's key ring.
+/// A context for `tenant` signed with the platform's gateway key.
 fn signed_context(tenant: u64) -> String {
     let dir = TLS_DIR
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone()
         .expect("the platform is up");
-    let ring = bulkhead_worker_api::context::KeyRing::load(&dir.join("context.keys"))
+    let ring = bulkhead_worker_api::context::SigningKey::load(&dir.join("context.sign"))
         .expect("context keys");
     ring.sign(&bulkhead_worker_api::context::TenantContext::new(
         &"0".repeat(32),

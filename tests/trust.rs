@@ -10,7 +10,7 @@
 mod support;
 
 use bulkhead_trust::Role as CertRole;
-use bulkhead_worker_api::context::{CONTEXT_HEADER, KeyRing, TenantContext};
+use bulkhead_worker_api::context::{CONTEXT_HEADER, SigningKey, TenantContext};
 use serde_json::{Value, json};
 use std::time::{Duration, SystemTime};
 use support::{Present, Request, client_config, decode, prefill, stats, tls_call};
@@ -134,7 +134,8 @@ fn a_decode_worker_serves_only_a_fresh_signed_context_within_its_limits() {
     let addr = d.addr("http");
     let ring = support::key_ring();
     let body = json!({"raw": "Hello", "max_tokens": 4, "context_limit": 2048});
-    let foreign = KeyRing::parse(&format!("k1 {}\n", "6b".repeat(32)), "attacker").expect("ring");
+    let foreign =
+        SigningKey::parse(&format!("k1 {}\n", "6b".repeat(32)), "attacker").expect("ring");
     let tampered = {
         let good = ring.sign(&statement("t-good", 4, Duration::ZERO));
         let mut other = statement("t-good", 4, Duration::ZERO);

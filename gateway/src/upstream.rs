@@ -16,7 +16,7 @@
 
 use bulkhead_trust::connect::Connector;
 use bulkhead_trust::{Identity, Role as CertRole, TrustError};
-use bulkhead_worker_api::context::{CONTEXT_HEADER, KeyRing, TenantContext};
+use bulkhead_worker_api::context::{CONTEXT_HEADER, SigningKey, TenantContext};
 use bulkhead_worker_api::{ErrorBody, GenerateBody, Line};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -82,14 +82,15 @@ pub struct Upstream {
     /// here: a map from slug to a client that is itself shared and cheap
     /// to clone, locked only to look one up.
     clients: Arc<Mutex<HashMap<String, WorkerClient>>>,
-    keys: KeyRing,
+    /// The tenant-context signing key (only gateways hold one).
+    keys: SigningKey,
 }
 
 impl Upstream {
     /// A client presenting the gateway's `identity`, accepting only workers
     /// that generate (decode and colocated certificates) and may serve the
     /// call's model, signing each call's tenant context with `keys`.
-    pub fn new(identity: &Identity, keys: KeyRing) -> Result<Upstream, TrustError> {
+    pub fn new(identity: &Identity, keys: SigningKey) -> Result<Upstream, TrustError> {
         // Checked once here, so a per-model connector cannot fail later.
         Connector::new(identity, &GENERATING)?;
         Ok(Upstream {

@@ -304,7 +304,7 @@ struct ControlPlane {
     url: String,
     internal_url: String,
     tls: std::path::PathBuf,
-    keys: bulkhead_worker_api::context::KeyRing,
+    keys: bulkhead_worker_api::context::SigningKey,
     started: Instant,
 }
 
@@ -324,9 +324,12 @@ impl ControlPlane {
         // from a CA made for this run.
         let tls = dir.join("tls");
         bulkhead_trust::authority::init_dir(&tls, &CertRole::ALL)?;
-        bulkhead_worker_api::context::KeyRing::create(&tls.join(crate::tls::CONTEXT_KEYS))?;
+        bulkhead_worker_api::context::SigningKey::create(
+            &tls.join(crate::tls::CONTEXT_SIGN),
+            &tls.join(crate::tls::CONTEXT_PUB),
+        )?;
         let keys =
-            bulkhead_worker_api::context::KeyRing::load(&tls.join(crate::tls::CONTEXT_KEYS))?;
+            bulkhead_worker_api::context::SigningKey::load(&tls.join(crate::tls::CONTEXT_SIGN))?;
         let cp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", cp.local_addr()?);
         let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -593,7 +596,7 @@ struct DirectCall {
     worker: HttpClient<bulkhead_trust::connect::Connector, Full<Bytes>>,
     addr: String,
     account: String,
-    keys: bulkhead_worker_api::context::KeyRing,
+    keys: bulkhead_worker_api::context::SigningKey,
 }
 
 impl DirectCall {
@@ -601,7 +604,7 @@ impl DirectCall {
         gateway: &bulkhead_trust::Identity,
         addr: String,
         account: &str,
-        keys: &bulkhead_worker_api::context::KeyRing,
+        keys: &bulkhead_worker_api::context::SigningKey,
     ) -> anyhow::Result<DirectCall> {
         Ok(DirectCall {
             worker: HttpClient::builder(TokioExecutor::new()).build(
@@ -732,7 +735,7 @@ async fn metering_cost(
 async fn protection_cost(
     gateway: &bulkhead_trust::Identity,
     worker: &bulkhead_trust::Identity,
-    keys: &bulkhead_worker_api::context::KeyRing,
+    keys: &bulkhead_worker_api::context::SigningKey,
     n: usize,
 ) -> anyhow::Result<(Vec<f64>, Vec<f64>)> {
     use bulkhead_worker_api::context::{CONTEXT_HEADER, ReplayGuard, TenantContext};
@@ -742,7 +745,7 @@ async fn protection_cost(
         axum::routing::post(move |_body: Bytes| async move { line }),
     );
     let guard = std::sync::Arc::new(std::sync::Mutex::new(ReplayGuard::default()));
-    let ring = keys.clone();
+    let ring = keys.verifying();
     let protected_app = axum::Router::new().route(
         "/v1/generate",
         axum::routing::post(

@@ -145,7 +145,7 @@ async fn fetch(url: &str) -> anyhow::Result<String> {
 
 async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     let identity = args.tls.load(bulkhead_trust::Role::Gateway)?;
-    let upstream = bulkhead_gateway::Upstream::new(&identity, args.tls.key_ring()?)?;
+    let upstream = bulkhead_gateway::Upstream::new(&identity, args.tls.signing_key()?)?;
     let limits = Limits {
         requests_per_minute: args.requests_per_minute,
         tokens_per_minute: args.tokens_per_minute,

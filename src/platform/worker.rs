@@ -15,7 +15,7 @@ use bulkhead_node::{
     ContextCheck, DecodeOptions, DecodeWorker, LinkFault, PrefillOptions, PrefillWorker, Role,
     TransportKind, app, hello,
 };
-use bulkhead_worker_api::context::KeyRing;
+use bulkhead_worker_api::context::VerifyingKeys;
 use clap::Args;
 use std::io::Write;
 use std::path::PathBuf;
@@ -209,7 +209,7 @@ fn metered(
 ) -> anyhow::Result<(Arc<ContextCheck>, UsageReporter)> {
     let slug = register.model_slug().as_str();
     let (sink, rx) = bulkhead_node::usage::UsageSink::new();
-    let contexts = ContextCheck::metered(tls.key_ring()?, slug, sink);
+    let contexts = ContextCheck::metered(tls.verifying_keys()?, slug, sink);
     Ok((
         contexts,
         UsageReporter(register.client(identity)?.map(|c| (rx, c))),
@@ -341,7 +341,7 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
         let api = worker_api(http, &identity)?;
         // A prefill worker serves no generate calls (the route is not even
         // there); its check holds a key no gateway has.
-        let none = ContextCheck::new(KeyRing::ephemeral(), "");
+        let none = ContextCheck::new(VerifyingKeys::none(), "");
         tokio::spawn(serve_api(api, app(role, none)));
         // Transfers: only decode workers' certificates.
         let listen = TlsListener::new(listen, identity.acceptor(&[CertRole::Decode])?)?;

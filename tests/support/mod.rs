@@ -12,7 +12,7 @@ pub mod sink;
 pub use bulkhead_test_support::{Request, Streaming};
 use bulkhead_transfer::Message;
 use bulkhead_trust::Role as CertRole;
-use bulkhead_worker_api::context::{CONTEXT_HEADER, KeyRing, TenantContext};
+use bulkhead_worker_api::context::{CONTEXT_HEADER, SigningKey, TenantContext};
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
@@ -37,14 +37,14 @@ pub fn tls_dir() -> &'static std::path::Path {
     DIR.get_or_init(|| {
         let d = std::env::temp_dir().join(format!("bulkhead-test-tls-{}", std::process::id()));
         bulkhead_trust::authority::init_dir(&d, &CertRole::ALL).expect("test CA");
-        KeyRing::create(&d.join("context.keys")).expect("context keys");
+        SigningKey::create(&d.join("context.sign"), &d.join("context.pub")).expect("context keys");
         d
     })
 }
 
-/// The test platform's tenant-context keys.
-pub fn key_ring() -> KeyRing {
-    KeyRing::load(&tls_dir().join("context.keys")).expect("context keys")
+/// The test platform's gateway tenant-context signing key.
+pub fn key_ring() -> SigningKey {
+    SigningKey::load(&tls_dir().join("context.sign")).expect("context keys")
 }
 
 /// A context the test CA's gateway would sign for `tenant` on the default

@@ -220,7 +220,7 @@ impl Platform {
         assert!(watch.ready(Duration::from_secs(10)).await, "routing table");
         let upstream = bulkhead_gateway::Upstream::new(
             &gateway,
-            bulkhead_worker_api::context::KeyRing::ephemeral(),
+            bulkhead_worker_api::context::SigningKey::generate(),
         )
         .expect("upstream");
         app(AppState::new(watch, jwt, limiter, upstream))

@@ -215,7 +215,10 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     let tls = args.data_dir.join("tls");
     bulkhead_trust::authority::init_dir(&tls, &bulkhead_trust::Role::ALL)
         .context("creating the platform's TLS identities")?;
-    bulkhead_worker_api::context::KeyRing::create(&tls.join(crate::tls::CONTEXT_KEYS))?;
+    bulkhead_worker_api::context::SigningKey::create(
+        &tls.join(crate::tls::CONTEXT_SIGN),
+        &tls.join(crate::tls::CONTEXT_PUB),
+    )?;
     let verbose = args.verbose || crate::config::telemetry_settings().log_filter.is_some();
     let console = Console::start(&args.data_dir, verbose)
         .with_context(|| format!("creating {}", args.data_dir.join("logs").display()))?;

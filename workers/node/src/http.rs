@@ -32,7 +32,7 @@ use bulkhead_engine::{
 use bulkhead_kv::{AdmissionError, TenantId};
 use bulkhead_trust::{CallerRole, Role as CertRole};
 use bulkhead_worker_api::context::{
-    CONTEXT_HEADER, ContextError, KeyRing, ReplayGuard, TenantContext,
+    Audience, CONTEXT_HEADER, ContextError, ReplayGuard, TenantContext, VerifyingKeys,
 };
 use bulkhead_worker_api::{ErrorBody, ErrorDetail, GenerateBody, Line, Overflow};
 use serde_json::{Value, json};
@@ -171,7 +171,7 @@ fn engine_error(e: &EngineError) -> ApiError {
 /// How a worker checks the tenant context of every generate call.
 #[derive(Debug)]
 pub struct ContextCheck {
-    keys: KeyRing,
+    keys: VerifyingKeys,
     model: String,
     replay: std::sync::Mutex<ReplayGuard>,
     usage: Option<crate::usage::UsageSink>,
@@ -179,7 +179,7 @@ pub struct ContextCheck {
 
 impl ContextCheck {
     /// Contexts signed with `keys` for `model` (its slug).
-    pub fn new(keys: KeyRing, model: &str) -> Arc<ContextCheck> {
+    pub fn new(keys: VerifyingKeys, model: &str) -> Arc<ContextCheck> {
         Arc::new(ContextCheck {
             keys,
             model: model.to_owned(),
@@ -191,7 +191,7 @@ impl ContextCheck {
     /// As [`ContextCheck::new`], and every call it admits is metered into
     /// `usage` (see [`crate::usage`]).
     pub fn metered(
-        keys: KeyRing,
+        keys: VerifyingKeys,
         model: &str,
         usage: crate::usage::UsageSink,
     ) -> Arc<ContextCheck> {
@@ -216,6 +216,9 @@ impl ContextCheck {
             .map_err(|e| refused(&e))?;
         if ctx.model != self.model {
             return Err(refused(&ContextError::WrongModel(ctx.model)));
+        }
+        if ctx.audience != Audience::Generate {
+            return Err(refused(&ContextError::WrongAudience(ctx.audience)));
         }
         Ok(ctx)
     }

@@ -11,7 +11,7 @@ use bulkhead_engine::{Engine, EngineConfig, ModelFile};
 use bulkhead_node::ContextCheck;
 use bulkhead_node::{Role, app};
 use bulkhead_trust::{Peer, Role as CertRole};
-use bulkhead_worker_api::context::{CONTEXT_HEADER, KeyRing, TenantContext};
+use bulkhead_worker_api::context::{CONTEXT_HEADER, SigningKey, TenantContext};
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -34,9 +34,9 @@ fn engine() -> Arc<Engine> {
 
 const SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 
-/// The platform's context keys in these tests.
-fn ring() -> KeyRing {
-    KeyRing::parse(&format!("k1 {}\n", "5a".repeat(32)), "test").expect("ring")
+/// The gateway's context signing key in these tests.
+fn ring() -> SigningKey {
+    SigningKey::parse(&format!("k1 {}\n", "5a".repeat(32)), "test").expect("ring")
 }
 
 /// A statement for `tenant`, at most `max_tokens`, issued `age` ago.
@@ -71,7 +71,14 @@ async fn post_as(
     ctx: Option<String>,
     body: &str,
 ) -> (StatusCode, String) {
-    post_with(engine, &ContextCheck::new(ring(), SLUG), caller, ctx, body).await
+    post_with(
+        engine,
+        &ContextCheck::new(ring().verifying(), SLUG),
+        caller,
+        ctx,
+        body,
+    )
+    .await
 }
 
 /// As [`post_as`], through a worker whose context check is `check` (its
@@ -131,7 +138,7 @@ async fn a_missing_forged_expired_replayed_or_mismatched_context_is_refused_befo
     let e = engine();
     let body = r#"{"raw":"hi","max_tokens":4}"#;
     let gw = Some(CertRole::Gateway);
-    let theirs = KeyRing::parse(&format!("k1 {}\n", "77".repeat(32)), "other").expect("ring");
+    let theirs = SigningKey::parse(&format!("k1 {}\n", "77".repeat(32)), "other").expect("ring");
     let tampered = {
         let good = ring().sign(&statement(1, 100, Duration::ZERO));
         let mut other = statement(2, 100, Duration::ZERO);
@@ -205,7 +212,7 @@ async fn a_missing_forged_expired_replayed_or_mismatched_context_is_refused_befo
     );
     // A context is good for one call.
     let once = ring().sign(&statement(1, 100, Duration::ZERO));
-    let worker = ContextCheck::new(ring(), SLUG);
+    let worker = ContextCheck::new(ring().verifying(), SLUG);
     let (got, text) = post_with(&e, &worker, gw, Some(once.clone()), body).await;
     assert_eq!(got, StatusCode::OK, "{text}");
     let before = e.counters().expect("counters").allocations;
@@ -230,7 +237,7 @@ async fn a_missing_forged_expired_replayed_or_mismatched_context_is_refused_befo
         }));
     let res = app(
         Role::Colocated(Arc::clone(&e)),
-        ContextCheck::new(ring(), SLUG),
+        ContextCheck::new(ring().verifying(), SLUG),
     )
     .oneshot(req)
     .await
