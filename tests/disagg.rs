@@ -175,7 +175,8 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
         };
         s.write_all(&Message::Hello(h).encode()).await.unwrap();
         s.flush().await.unwrap();
-        // Tenant 9's request on transfer `id`, one landing slot a page.
+        // Tenant 9's request on transfer `id`, one landing slot a page,
+        // with the gateway's context for tenant 9.
         let request = |id: u64, max_tokens: u64, prompt: Vec<u32>| {
             let slots = prompt.len().div_ceil(16) as u64;
             let req = bulkhead_transfer::PrefillRequest {
@@ -186,6 +187,7 @@ fn an_over_long_prompt_is_rejected_before_anything_is_allocated_or_sent() {
                 slots: (1..=slots)
                     .map(bulkhead_kv::Generation::from_wire)
                     .collect(),
+                context: support::context_for(9),
                 traceparent: None,
                 key: [1; bulkhead_transfer::mac::KEY_LEN],
                 cache: None,
@@ -276,6 +278,51 @@ fn tampered(tamper: Tamper, expect_counter: &str) {
     let request = json!({"raw": "Hello", "max_tokens": 4});
     let ok = generate(&d.addr("http"), 5, &request);
     assert_eq!(ok.status, 200, "{}", ok.body);
+}
+
+#[test]
+fn a_prefill_request_that_differs_from_its_signed_context_is_refused_before_any_page() {
+    // A compromised decode host rewrites what it asks prefill for: first
+    // the tenant (to tag pages as another's), then the cache scope (to ask
+    // whether another tenant's cache holds this prompt). Prefill takes both
+    // from the gateway's context the request carries, and refuses.
+    let p = prefill(&[]);
+    let mut n = 0;
+    let lie: Tamper = Box::new(move |m| match m {
+        Message::Prefill(mut r) => {
+            n += 1;
+            if n == 1 {
+                r.tenant += 1;
+            } else if let Some(scope) = r.cache {
+                let other = bulkhead_kv::Namespace::from_digest([0x5a; 16]);
+                r.cache = Some(bulkhead_kv::CacheScope::new(other, scope.shared()));
+            }
+            vec![Message::Prefill(r)]
+        }
+        m => vec![m],
+    });
+    let via = proxy_both(p.addr("transfer"), lie, Box::new(|m| vec![m]));
+    let d = decode(&via.addr, &[]);
+    let request = json!({"tokens": tokens(100), "max_tokens": 8});
+    for attempt in 1..=2 {
+        let r = generate(&d.addr("http"), 5, &request);
+        assert_eq!(
+            via.injected(),
+            attempt,
+            "the proxy rewrote request {attempt}"
+        );
+        assert_eq!(r.status, 502, "{}", r.body);
+        assert!(r.body.contains("kv_transfer_failed"), "{}", r.body);
+        assert!(!r.body.contains("\"token\""), "no token may be produced");
+    }
+    let ps = stats(&p.addr("http"));
+    assert_eq!(ps["transfer"]["rejected"], 2, "{ps}");
+    assert_eq!(ps["transfer"]["pages_sent"], 0, "{ps}");
+    assert_eq!(
+        ps["pool"]["allocations"], 0,
+        "no prefill page was touched: {ps}"
+    );
+    assert_baseline(&[&d.addr("http"), &p.addr("http")]);
 }
 
 #[test]

@@ -80,7 +80,12 @@ fn no_byte_of_a_previous_tenants_kv_reaches_another_tenants_frames_or_pages() {
         let prefill = PrefillWorker::new(
             Arc::clone(&prefill_engine),
             hello(&prefill_engine, &tcp),
-            PrefillOptions::new(Duration::from_secs(30), tcp.clone()),
+            PrefillOptions::new(Duration::from_secs(30), tcp.clone()).with_contexts(
+                bulkhead_node::prefill::ContextKeys::new(
+                    support::key_ring().verifying(),
+                    "@cf/huggingfacetb/smollm2-135m-instruct",
+                ),
+            ),
         );
         let listener = bulkhead_trust::TlsListener::new(
             listener,
@@ -109,7 +114,11 @@ fn no_byte_of_a_previous_tenants_kv_reaches_another_tenants_frames_or_pages() {
         );
         for (tenant, prompt) in [(1, a_prompt.clone()), (2, b_prompt.clone())] {
             let mut h = decode
-                .submit(TenantId::new(tenant), greedy(prompt))
+                .submit(
+                    TenantId::new(tenant),
+                    greedy(prompt),
+                    support::context_for(tenant),
+                )
                 .expect("admitted");
             loop {
                 match h.next().await {

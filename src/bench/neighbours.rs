@@ -8,12 +8,11 @@
 //! requests ended: answered, refused at admission, or failed after waiting.
 
 use crate::bench::Prompts;
-use crate::bench::transfer::in_process_pair;
+use crate::bench::transfer::{Pair, in_process_pair};
 use crate::config::ModelArgs;
 use anyhow::bail;
 use bulkhead_engine::{Engine, EngineError, GenerateRequest, SeqEvent};
 use bulkhead_kv::TenantId;
-use bulkhead_node::DecodeWorker;
 use clap::Args;
 use serde_json::json;
 use std::sync::Arc;
@@ -129,7 +128,7 @@ pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
 type Flood = (JoinSet<Outcomes>, Arc<AtomicBool>);
 
 /// B sending long in-window prompts, `long_streams` at a time.
-fn long_prompt_flood(decode: &DecodeWorker, long: &Prompts, args: &NeighboursBenchArgs) -> Flood {
+fn long_prompt_flood(decode: &Pair, long: &Prompts, args: &NeighboursBenchArgs) -> Flood {
     let stop = Arc::new(AtomicBool::new(false));
     let mut flood = JoinSet::new();
     for s in 0..args.long_streams {
@@ -151,7 +150,7 @@ fn long_prompt_flood(decode: &DecodeWorker, long: &Prompts, args: &NeighboursBen
 
 /// B holding streams that may each generate up to the window.
 fn reservation_flood(
-    decode: &DecodeWorker,
+    decode: &Pair,
     short: &Prompts,
     window: usize,
     args: &NeighboursBenchArgs,
@@ -171,7 +170,7 @@ fn reservation_flood(
 /// measured `settle` after B's `flood` began; then the flood is stopped and
 /// how its requests ended is summed.
 async fn while_flooded(
-    (decode, short, samples): (&DecodeWorker, &Prompts, usize),
+    (decode, short, samples): (&Pair, &Prompts, usize),
     (mut flood, stop): Flood,
     settle: Duration,
 ) -> anyhow::Result<(Vec<f64>, Outcomes)> {
@@ -249,7 +248,7 @@ fn add(a: Outcomes, b: Outcomes) -> Outcomes {
 }
 
 /// Tenant A's requests one after another: seconds to each first token.
-async fn ttft_of_a(decode: &DecodeWorker, prompts: &Prompts, n: usize) -> anyhow::Result<Vec<f64>> {
+async fn ttft_of_a(decode: &Pair, prompts: &Prompts, n: usize) -> anyhow::Result<Vec<f64>> {
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let start = Instant::now();
@@ -270,11 +269,7 @@ async fn ttft_of_a(decode: &DecodeWorker, prompts: &Prompts, n: usize) -> anyhow
 
 /// One of B's requests to its end (or until `stop`, for a stream: then it
 /// is dropped, which cancels it, as a client that hangs up).
-async fn run_b(
-    decode: &DecodeWorker,
-    req: GenerateRequest,
-    stop: Option<Arc<AtomicBool>>,
-) -> Outcomes {
+async fn run_b(decode: &Pair, req: GenerateRequest, stop: Option<Arc<AtomicBool>>) -> Outcomes {
     let Ok(mut h) = decode.submit(TenantId::new(2), req) else {
         return Outcomes {
             refused: 1,

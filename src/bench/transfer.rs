@@ -618,12 +618,45 @@ fn bench_tls_dir() -> anyhow::Result<std::path::PathBuf> {
     Ok(dir)
 }
 
+/// A decode worker linked to a prefill worker in this process, and the
+/// gateway key this run signs each call's context with.
+#[derive(Clone)]
+pub(crate) struct Pair {
+    decode: DecodeWorker,
+    gateway: bulkhead_worker_api::context::SigningKey,
+}
+
+impl Pair {
+    /// Submits `request` for `tenant` with a context signed as the gateway
+    /// signs one.
+    pub(crate) fn submit(
+        &self,
+        tenant: TenantId,
+        request: GenerateRequest,
+    ) -> Result<bulkhead_engine::RequestHandle, bulkhead_node::SubmitError> {
+        static CALL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let call = CALL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ctx = bulkhead_worker_api::context::TenantContext::new(
+            &"0".repeat(32),
+            tenant.get(),
+            format!("bench-{call}"),
+            crate::platform::register::DEFAULT_SLUG,
+            None,
+            u64::from(u32::MAX),
+            None,
+            std::time::SystemTime::now(),
+        );
+        self.decode.submit(tenant, request, self.gateway.sign(&ctx))
+    }
+}
+
 /// A prefill worker on a loopback port and a decode worker linked to it,
 /// both in this process (call inside a tokio runtime).
 pub(crate) async fn in_process_pair(
     prefill_engine: Arc<Engine>,
     decode_engine: Arc<Engine>,
-) -> anyhow::Result<DecodeWorker> {
+) -> anyhow::Result<Pair> {
+    let gateway = bulkhead_worker_api::context::SigningKey::generate();
     // Mutual TLS as in production, with a CA made for this run.
     let tls = bench_tls_dir()?;
     let identity = |role: CertRole| {
@@ -637,11 +670,12 @@ pub(crate) async fn in_process_pair(
     )?;
     let tcp = bulkhead_node::TransportKind::Tcp;
     let p_hello = hello(&prefill_engine, &tcp);
-    let prefill = PrefillWorker::new(
-        prefill_engine,
-        p_hello,
-        PrefillOptions::new(Duration::from_secs(30), tcp.clone()),
+    let mut options = PrefillOptions::new(Duration::from_secs(30), tcp.clone());
+    options.contexts = bulkhead_node::prefill::ContextKeys::new(
+        gateway.verifying(),
+        crate::platform::register::DEFAULT_SLUG,
     );
+    let prefill = PrefillWorker::new(prefill_engine, p_hello, options);
     tokio::spawn(prefill.serve(listener));
     let d_hello = hello(&decode_engine, &tcp);
     let decode = DecodeWorker::start(
@@ -659,7 +693,7 @@ pub(crate) async fn in_process_pair(
     if !decode.ready(Duration::from_secs(10)).await {
         bail!("the in-process prefill worker did not answer");
     }
-    Ok(decode)
+    Ok(Pair { decode, gateway })
 }
 
 fn first_token(ev: Option<SeqEvent>) -> anyhow::Result<()> {

@@ -320,6 +320,12 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
         options.sabotage(fault)?;
     }
     let w = &args.worker;
+    // Every request carries the gateway's context of its call: the tenant
+    // and the cache scope come from it alone.
+    options.contexts = bulkhead_node::prefill::ContextKeys::new(
+        w.tls.verifying_keys()?,
+        w.register.model_slug().as_str(),
+    );
     let identity = w.identity(CertRole::Prefill)?;
     let (engine, weights) = load(&w.model)?;
     let hello = hello(&engine, &options.transport);

@@ -397,6 +397,12 @@ where
 /// A frame-level proxy between a decode worker and a real prefill worker,
 /// recording and rewriting what prefill sends.
 pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
+    proxy_both(prefill_addr, Box::new(|m| vec![m]), tamper)
+}
+
+/// As [`proxy`], rewriting what decode sends with `upward` too (a
+/// compromised decode host); its rewrites count as injected as well.
+pub fn proxy_both(prefill_addr: String, upward: Tamper, tamper: Tamper) -> Proxy {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let injected = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -416,6 +422,7 @@ pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
             .connector(&[CertRole::Prefill])
             .expect("connector");
         let mut tamper = Some(tamper);
+        let mut upward = Some(upward);
         loop {
             let (down, _) = listener.accept().await;
             let Ok(up) =
@@ -425,10 +432,17 @@ pub fn proxy(prefill_addr: String, tamper: Tamper) -> Proxy {
             };
             let (mut dr, mut dw) = tokio::io::split(down);
             let (mut ur, mut uw) = tokio::io::split(up);
+            let mut u = upward.take().unwrap_or_else(|| Box::new(|m| vec![m]));
+            let inj_up = inj.clone();
             tokio::spawn(async move {
                 use tokio::io::AsyncWriteExt;
                 while let Ok(m) = Message::read(&mut dr).await {
-                    if uw.write_all(&m.encode()).await.is_err() || uw.flush().await.is_err() {
+                    let original = m.encode();
+                    let sent: Vec<u8> = u(m).iter().flat_map(Message::encode).collect();
+                    if sent != original {
+                        inj_up.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    if uw.write_all(&sent).await.is_err() || uw.flush().await.is_err() {
                         return;
                     }
                 }

@@ -210,10 +210,13 @@ impl DecodeWorker {
     /// Picks a prefill worker, admits `request` against the pair's limits
     /// and starts its transfer once its pages are allocated. A rejection
     /// here happens before any page, bootstrap or transfer exists.
+    /// `context` is the gateway's signed context of the call, forwarded as
+    /// it came: prefill verifies it and takes the tenant from it.
     pub fn submit(
         &self,
         tenant: TenantId,
         request: GenerateRequest,
+        context: String,
     ) -> Result<RequestHandle, SubmitError> {
         // Affinity only where a cache hit would save real work: short
         // prompts spread over the fleet in turn.
@@ -250,6 +253,7 @@ impl DecodeWorker {
                     prompt,
                     max_tokens,
                     cache,
+                    context,
                     grant,
                     span,
                     load,

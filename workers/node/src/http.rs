@@ -203,8 +203,9 @@ impl ContextCheck {
         })
     }
 
-    /// The verified statement of a call, before its body is read.
-    fn statement(&self, headers: &HeaderMap) -> Result<TenantContext, ApiError> {
+    /// The verified statement of a call, before its body is read, and the
+    /// signed header itself (a decode worker forwards it to prefill).
+    fn statement(&self, headers: &HeaderMap) -> Result<(TenantContext, String), ApiError> {
         let header = headers
             .get(CONTEXT_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -220,7 +221,7 @@ impl ContextCheck {
         if ctx.audience != Audience::Generate {
             return Err(refused(&ContextError::WrongAudience(ctx.audience)));
         }
-        Ok(ctx)
+        Ok((ctx, header.to_owned()))
     }
 
     /// The request stays within what the statement allows; then its id is
@@ -275,7 +276,7 @@ async fn generate(
             "only the gateway generates: call with its certificate over mutual TLS",
         ));
     }
-    let ctx = check.statement(&headers)?;
+    let (ctx, signed) = check.statement(&headers)?;
     let body: GenerateBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad("invalid_request", format!("invalid JSON body: {e}")))?;
     let tenant = check.admit(&ctx, &body)?;
@@ -325,7 +326,7 @@ async fn generate(
     };
     let mut handle = {
         let _in = span.enter();
-        submit(&role, tenant, request)?
+        submit(&role, tenant, request, signed)?
     };
     let meter = check.usage.clone().map(|sink| Meter {
         sink,
@@ -429,10 +430,11 @@ fn submit(
     role: &Role,
     tenant: TenantId,
     request: GenerateRequest,
+    signed: String,
 ) -> Result<bulkhead_engine::RequestHandle, ApiError> {
     let submitted = match role {
         Role::Colocated(e) => e.submit(tenant, request).map_err(SubmitError::Rejected),
-        Role::Decode(d) => d.submit(tenant, request),
+        Role::Decode(d) => d.submit(tenant, request, signed),
         Role::Prefill(_) => {
             return Err(ApiError::bad("invalid_request", "not a decode worker"));
         }

@@ -14,7 +14,14 @@
 //! source pages, whether the writer had opened it or not. While a prompt is
 //! computed the writer sends a `Progress` frame after every step, so the decode
 //! side's deadline never kills a live transfer. The connection is mutual TLS
-//! admitting only decode certificates.
+//! admitting only decode certificates. Each request carries the gateway's
+//! signed context of its call ([`forwarded`]): prefill takes the tenant
+//! and the cache scope from it, and aborts a request whose context does not
+//! verify or does not match before anything is allocated.
+
+mod forwarded;
+
+pub use forwarded::ContextKeys;
 
 use crate::hello::{HelloCheck, check_peer};
 use bulkhead_engine::{Engine, EngineError, PrefillEvent};
@@ -42,6 +49,9 @@ pub struct PrefillOptions {
     pub write_timeout: Duration,
     /// How pages travel.
     pub transport: crate::TransportKind,
+    /// The contexts it accepts (none by default: every request is refused
+    /// until the worker is given the platform's verifying keys).
+    pub contexts: ContextKeys,
     /// Testing: the link's deliberate fault, if any.
     #[cfg(feature = "test-hooks")]
     fault: Option<LinkFault>,
@@ -73,9 +83,17 @@ impl PrefillOptions {
         PrefillOptions {
             write_timeout,
             transport,
+            contexts: ContextKeys::default(),
             #[cfg(feature = "test-hooks")]
             fault: None,
         }
+    }
+
+    /// These options, accepting the contexts `contexts` verifies.
+    #[must_use]
+    pub fn with_contexts(mut self, contexts: ContextKeys) -> Self {
+        self.contexts = contexts;
+        self
     }
 
     /// Testing only: put `fault` on the link. Refused in a build without
@@ -246,6 +264,9 @@ enum Ctrl {
     /// A transfer admitted: its grant, prompt tokens and sending span.
     Open(Grant, u64, tracing::Span),
     Reject(TransferId, bulkhead_kv::AdmissionError),
+    /// A request whose signed context was refused: nothing was allocated;
+    /// decode is told to give up on it.
+    Refuse(TransferId),
     PeerAbort(TransferId),
     AbortAck(TransferId),
     Release(TransferId),
@@ -347,13 +368,31 @@ impl PrefillWorker {
         if let Some(tp) = &req.traceparent {
             bulkhead_telemetry::set_remote_parent(&span, tp);
         }
+        // The tenant and the cache scope come from the gateway's signed
+        // context alone; a claim of decode's that differs is refused here,
+        // before any page.
+        let (ctx, cache) = match self
+            .options
+            .contexts
+            .check(&req, std::time::SystemTime::now())
+        {
+            Ok(checked) => checked,
+            Err(e) => {
+                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::context_refused(e.code());
+                span.record("bulkhead.admission.rejected", e.code());
+                tracing::warn!(target: "bulkhead::worker", parent: &span, error = %e, "prefill request refused: its signed context");
+                let _ = ctrl.send(Ctrl::Refuse(transfer));
+                return;
+            }
+        };
         let grant = Grant::new(transfer, req.slots, FrameKey::from_bytes(&req.key));
         match self.engine.submit_prefill(
-            TenantId::new(req.tenant),
+            TenantId::new(ctx.tenant),
             req.prompt,
             max_tokens,
             transfer,
-            req.cache,
+            cache,
         ) {
             Err(e) => {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);
@@ -497,6 +536,7 @@ async fn on_ctrl<T: Transport>(
             .send(&Message::Rejected { transfer, error })
             .await
             .map_err(drop),
+        Ctrl::Refuse(transfer) => t.send(&Message::Abort { transfer }).await.map_err(drop),
         Ctrl::PeerAbort(transfer) => {
             if let Some(s) = live.remove(&transfer) {
                 s.span

@@ -101,6 +101,7 @@ mod tests {
             tenant,
             request_id: "r".into(),
             model: model.into(),
+            audience: bulkhead_worker_api::context::Audience::Generate,
             config_version: version,
             max_tokens: 16,
             context_limit: None,

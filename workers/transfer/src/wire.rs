@@ -13,7 +13,7 @@ use bulkhead_kv::{AdmissionError, CacheScope, Generation, Namespace, TransferId}
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Protocol version; both ends must agree.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// Largest frame accepted (a page of a large model fits many times over).
 pub const MAX_FRAME: usize = 256 << 20;
 /// Largest control frame accepted: a prefill request for a million-token
@@ -69,6 +69,11 @@ pub struct PrefillRequest {
     /// Generation of each landing slot, in slot order: exactly
     /// `ceil(prompt / page_size)` of them.
     pub slots: Vec<Generation>,
+    /// The gateway's signed tenant context of the call (the
+    /// `x-bulkhead-context` header decode was called with, at most
+    /// [`MAX_CONTEXT`] visible ASCII bytes): prefill verifies it and takes
+    /// the tenant and the cache scope from it, never from decode's word.
+    pub context: String,
     /// The W3C `traceparent` of the decode side's transfer span (at most
     /// [`MAX_TRACEPARENT`] visible ASCII bytes), so prefill's spans join the
     /// request's trace.
@@ -81,6 +86,9 @@ pub struct PrefillRequest {
     /// blocks of that scope instead of computing them. `None`: no reuse.
     pub cache: Option<CacheScope>,
 }
+
+/// Longest signed context a prefill request carries.
+pub const MAX_CONTEXT: usize = 4096;
 
 /// Longest `traceparent` a prefill request carries.
 pub const MAX_TRACEPARENT: usize = 128;
@@ -372,6 +380,17 @@ impl Reader<'_> {
         let (transfer, tenant, max_tokens) = (c.transfer()?, c.u64()?, c.u64()?);
         let prompt = c.counted(4, Reader::u32)?;
         let slots = c.counted(8, |c| c.u64().map(Generation::from_wire))?;
+        let n = usize::from(c.u16()?);
+        if n > MAX_CONTEXT {
+            return Err(WireError::Malformed("signed context too long"));
+        }
+        let mut context = Vec::with_capacity(n);
+        for _ in 0..n {
+            context.push(c.u8()?);
+        }
+        if !context_ok(&context) {
+            return Err(WireError::Malformed("signed context is not visible ASCII"));
+        }
         let n = usize::from(c.u8()?);
         let mut tp = Vec::with_capacity(n);
         for _ in 0..n {
@@ -400,6 +419,7 @@ impl Reader<'_> {
             max_tokens,
             prompt,
             slots,
+            context: String::from_utf8(context).unwrap_or_default(),
             traceparent: String::from_utf8(tp).ok().filter(|t| !t.is_empty()),
             key,
             cache,
@@ -450,6 +470,11 @@ impl Reader<'_> {
     }
 }
 
+/// A signed context the wire carries: short, visible ASCII (empty: none).
+fn context_ok(c: &[u8]) -> bool {
+    c.len() <= MAX_CONTEXT && c.iter().all(|b| b.is_ascii_graphic())
+}
+
 /// A traceparent the wire carries: short, visible ASCII.
 fn trace_ok(t: &[u8]) -> bool {
     !t.is_empty() && t.len() <= MAX_TRACEPARENT && t.iter().all(|b| b.is_ascii_graphic())
@@ -487,6 +512,11 @@ impl Writer {
         w.u64(p.max_tokens);
         w.counted(&p.prompt, Writer::u32);
         w.counted(&p.slots, |w, g| w.u64(g.get()));
+        let ctx = Some(p.context.as_bytes())
+            .filter(|c| context_ok(c))
+            .unwrap_or(b"");
+        w.u16(ctx.len() as u16);
+        w.0.extend_from_slice(ctx);
         let tp = p
             .traceparent
             .as_deref()
@@ -661,6 +691,7 @@ mod tests {
                 max_tokens: 8,
                 prompt: vec![1, 2, 3],
                 slots: vec![Generation::from_wire(7)],
+                context: "v2.k1.e30.c2ln".to_owned(),
                 traceparent: Some(
                     "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
                 ),
@@ -727,6 +758,7 @@ mod tests {
             max_tokens: 1,
             prompt: vec![1],
             slots: vec![],
+            context: String::new(),
             traceparent: None,
             key: [0; crate::mac::KEY_LEN],
             cache: None,

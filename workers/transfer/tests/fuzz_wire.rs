@@ -78,17 +78,28 @@ fn frame() -> impl Strategy<Value = Message> {
             proptest::collection::vec(any::<u64>(), 0..16),
             // The wire carries no traceparent as an empty one: `Some("")` is not canonical.
             proptest::option::of("[0-9a-f-]{1,60}"),
+            "[A-Za-z0-9._-]{0,300}",
             any::<[u8; 32]>(),
             proptest::option::of((any::<[u8; 16]>(), proptest::option::of(any::<[u8; 16]>())))
         )
             .prop_map(
-                |(transfer, (tenant, max_tokens), prompt, slots, traceparent, key, cache)| {
+                |(
+                    transfer,
+                    (tenant, max_tokens),
+                    prompt,
+                    slots,
+                    traceparent,
+                    context,
+                    key,
+                    cache,
+                )| {
                     Message::Prefill(PrefillRequest {
                         transfer,
                         tenant,
                         max_tokens,
                         prompt,
                         slots: slots.into_iter().map(Generation::from_wire).collect(),
+                        context,
                         traceparent,
                         key,
                         cache: cache.map(|(own, shared)| {

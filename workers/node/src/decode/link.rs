@@ -64,6 +64,8 @@ pub(super) struct Opening {
     pub(super) max_tokens: usize,
     /// The request's prefix-cache scope, for prefill to reuse from.
     pub(super) cache: Option<bulkhead_kv::CacheScope>,
+    /// The gateway's signed context, forwarded for prefill to verify.
+    pub(super) context: String,
     pub(super) grant: bulkhead_engine::Grant,
     /// The transfer's span: its `traceparent` goes to prefill, and it ends
     /// with the transfer.
@@ -365,6 +367,7 @@ impl Link {
             max_tokens: o.max_tokens as u64,
             prompt: o.prompt,
             slots,
+            context: o.context,
             traceparent,
             key: key_bytes,
             cache: o.cache,
