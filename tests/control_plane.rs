@@ -621,10 +621,30 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
     // A certificate scoped to another model cannot report usage of this
     // one (it could bill a tenant for calls it never served); scoped to
     // this model, it can.
-    let usage = json!({"events": [{"call_id": "scope-1", "account_id": "a".repeat(32),
-        "model": SLUG, "prompt_tokens": 3, "completion_tokens": 2, "finish": "stop",
-        "at": "2026-12-01T10:00:00Z"}]})
-    .to_string();
+    // An event names its call's signed context; `signer` signs it for
+    // `signed_for`, the event bills `billed`.
+    let usage_of = |call: &str,
+                    billed: &str,
+                    signed_for: &str,
+                    signer: &bulkhead_worker_api::context::SigningKey| {
+        let ctx = bulkhead_worker_api::context::TenantContext::new(
+            signed_for,
+            1,
+            call.to_owned(),
+            SLUG,
+            None,
+            16,
+            None,
+            std::time::SystemTime::now(),
+        );
+        json!({"events": [{"call_id": call, "account_id": billed,
+            "model": SLUG, "prompt_tokens": 3, "completion_tokens": 2, "finish": "stop",
+            "context": signer.sign(&ctx), "at": "2026-12-01T10:00:00Z"}]})
+        .to_string()
+    };
+    let (alice, bob) = ("a".repeat(32), "b".repeat(32));
+    let gateway = support::key_ring();
+    let usage = usage_of("scope-1", &alice, &alice, &gateway);
     let report = |model: &str| scoped(model, 4096, "/admin/v1/usage", &usage);
     let (s, v) = report("@cf/other/model");
     assert_eq!(s, 403, "{v}");
@@ -632,6 +652,23 @@ fn a_stolen_node_token_without_the_right_certificate_registers_nothing() {
     let (s, v) = report(SLUG);
     assert_eq!(s, 200, "{v}");
     assert!(v.contains("\"recorded\":1"), "{v}");
+    // Nor can a worker bill another account than its call's signed context
+    // names, or with a context it made itself.
+    let worker_made = bulkhead_worker_api::context::SigningKey::generate();
+    for (body, why) in [
+        (
+            usage_of("scope-2", &bob, &alice, &gateway),
+            "another account",
+        ),
+        (
+            usage_of("scope-3", &bob, &bob, &worker_made),
+            "a context the gateway never signed",
+        ),
+    ] {
+        let (s, v) = scoped(SLUG, 4096, "/admin/v1/usage", &body);
+        assert_eq!(s, 403, "{why}: {v}");
+        assert!(v.contains("tenant context"), "{why}: {v}");
+    }
     drop(cp);
     let _ = std::fs::remove_dir_all(&dir);
 }

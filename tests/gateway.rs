@@ -53,6 +53,7 @@ async fn fixture() -> Fixture {
         heartbeat_interval: Duration::from_secs(2),
         status_cache: Duration::ZERO,
         gateway_lease: Duration::from_secs(6),
+        contexts: support::key_ring().verifying(),
     };
     // The control plane's internal port, with the test CA's identities.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

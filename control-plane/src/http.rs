@@ -45,6 +45,10 @@ pub struct Settings {
     /// stops admitting requests; a visibility flip waits at most this long
     /// for gateways that do not acknowledge it.
     pub gateway_lease: Duration,
+    /// The gateway's tenant-context verifying keys: a usage event is
+    /// accepted only for the account, model and call id of the signed
+    /// context it carries (none: every usage report is refused).
+    pub contexts: bulkhead_worker_api::context::VerifyingKeys,
 }
 
 /// Shared state of every handler; cheap to clone.

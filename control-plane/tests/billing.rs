@@ -39,7 +39,8 @@ async fn account(h: &Harness) -> anyhow::Result<String> {
 
 fn event(call: &str, account: &str, prompt: u64, completion: u64) -> Value {
     json!({"call_id": call, "account_id": account, "model": SLUG, "prompt_tokens": prompt,
-           "completion_tokens": completion, "finish": "stop", "at": "2026-12-01T10:00:00Z"})
+           "completion_tokens": completion, "finish": "stop",
+           "context": support::signed_call(call, account, SLUG), "at": "2026-12-01T10:00:00Z"})
 }
 
 async fn micro_neurons(h: &Harness, account: &str) -> anyhow::Result<Value> {

@@ -16,7 +16,8 @@ const BOB: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 
 fn event(call: &str, account: &str, prompt: u64, completion: u64, at: &str) -> Value {
     json!({"call_id": call, "account_id": account, "model": SLUG, "prompt_tokens": prompt,
-           "completion_tokens": completion, "finish": "stop", "at": at})
+           "completion_tokens": completion, "finish": "stop",
+           "context": support::signed_call(call, account, SLUG), "at": at})
 }
 
 async fn report(h: &Harness, events: Vec<Value>) -> (StatusCode, Value) {
@@ -84,6 +85,37 @@ backend_test!(a_bad_report_is_refused_whole_and_only_workers_report, |h| {
     }
     let (code, v) = report(&h, vec![json!({"call_id": "y"})]).await;
     assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+    // An event billed to another account, model or call than its signed
+    // context names, or with a context the gateway never signed, is
+    // refused with its batch: a worker bills only calls it was sent.
+    let mut other_account = event("x2", ALICE, 1, 1, at);
+    other_account["context"] = json!(support::signed_call("x2", BOB, SLUG));
+    let mut other_call = event("x3", ALICE, 1, 1, at);
+    other_call["context"] = json!(support::signed_call("x4", ALICE, SLUG));
+    let mut other_model = event("x5", ALICE, 1, 1, at);
+    other_model["context"] = json!(support::signed_call("x5", ALICE, "@cf/other/model"));
+    let mut unsigned = event("x6", ALICE, 1, 1, at);
+    let ctx = bulkhead_worker_api::context::TenantContext::new(
+        ALICE,
+        1,
+        "x6".into(),
+        SLUG,
+        None,
+        1,
+        None,
+        std::time::SystemTime::now(),
+    );
+    unsigned["context"] = json!(bulkhead_worker_api::context::SigningKey::generate().sign(&ctx));
+    for (bad, why) in [
+        (other_account, "another account"),
+        (other_call, "another call"),
+        (other_model, "another model"),
+        (unsigned, "not signed by the gateway"),
+    ] {
+        let (code, v) = report(&h, vec![event("ok-2", ALICE, 1, 1, at), bad]).await;
+        assert_eq!(code, StatusCode::FORBIDDEN, "{why}: {v}");
+        assert!(v.to_string().contains("tenant context"), "{why}: {v}");
+    }
     // Nothing of the refused batches was kept.
     let rows = h
         .get(

@@ -312,13 +312,14 @@ impl ControlPlane {
     async fn start(dir: &std::path::Path) -> anyhow::Result<ControlPlane> {
         std::fs::create_dir_all(dir)?;
         let db = Db::connect(&Db::sqlite_url(&dir.join("bench.db"))).await?;
-        let settings = Settings {
+        let mut settings = Settings {
             page_name: "Bulkhead".to_owned(),
             public_url: "http://127.0.0.1".to_owned(),
             node_ttl: Duration::from_secs(60),
             heartbeat_interval: Duration::from_secs(5),
             status_cache: Duration::from_secs(1),
             gateway_lease: Duration::from_secs(2),
+            contexts: bulkhead_worker_api::context::VerifyingKeys::none(),
         };
         // Every internal hop is mutual TLS, as in production: identities
         // from a CA made for this run.
@@ -330,6 +331,7 @@ impl ControlPlane {
         )?;
         let keys =
             bulkhead_worker_api::context::SigningKey::load(&tls.join(crate::tls::CONTEXT_SIGN))?;
+        settings.contexts = keys.verifying();
         let cp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", cp.local_addr()?);
         let internal = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

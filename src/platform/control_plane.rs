@@ -174,6 +174,8 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
         heartbeat_interval: Duration::from_secs(flags.heartbeat_secs),
         status_cache: Duration::from_millis(flags.status_cache_ms),
         gateway_lease: Duration::from_secs(flags.gateway_lease_secs.max(1)),
+        // Usage is billed only to the account of the call's signed context.
+        contexts: flags.tls.verifying_keys()?,
     };
     let metrics = crate::process::metrics_port(
         flags.metrics_listen.as_deref(),

@@ -101,6 +101,7 @@ fn event(r: UsageRecord) -> Option<UsageEvent> {
         model,
         prompt_tokens: r.prompt_tokens,
         completion_tokens: r.completion_tokens,
+        context: r.context,
         finish: r.finish,
         at: Timestamp::from_millis(r.at_ms),
     })

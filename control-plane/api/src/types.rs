@@ -761,6 +761,9 @@ pub struct UsageEvent {
     pub prompt_tokens: u64,
     /// Output tokens emitted.
     pub completion_tokens: u64,
+    /// The call's tenant context as the gateway signed it: the event is
+    /// accepted only for that context's account, model and call id.
+    pub context: String,
     /// How the call ended (`stop`, `length`, `cancelled`, `error`, ...).
     pub finish: String,
     /// When it ended.

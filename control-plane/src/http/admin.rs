@@ -660,6 +660,29 @@ async fn report_usage(
             ),
         ));
     }
+    // A worker bills only calls the gateway sent it: each event names the
+    // account, model and call id of the context the gateway signed.
+    for e in &report.events {
+        let signed = s.settings.contexts.statement(&e.context).ok();
+        let matches = signed.as_ref().is_some_and(|c| {
+            c.account == e.account_id && c.model == e.model.as_str() && c.request_id == e.call_id
+        });
+        if !matches {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "usage event {:?}: {}",
+                    e.call_id,
+                    if signed.is_some() {
+                        "its signed tenant context is for another account, model or call"
+                    } else {
+                        "it carries no tenant context the gateway signed"
+                    }
+                ),
+            ));
+        }
+    }
     let mut tx = s.db.begin().await?;
     let recorded = usage::record(&mut tx, &op.name, &report.events).await?;
     tx.commit().await?;

@@ -185,6 +185,27 @@ pub struct Harness {
     pub gateway: String,
 }
 
+/// The gateway's context signing key in these tests.
+pub fn gateway_key() -> bulkhead_worker_api::context::SigningKey {
+    bulkhead_worker_api::context::SigningKey::from_seed("test", &[42; 32]).expect("key")
+}
+
+/// The context the gateway signed for call `call` of `account` on `model`.
+pub fn signed_call(call: &str, account: &str, model: &str) -> String {
+    let mut ctx = bulkhead_worker_api::context::TenantContext::new(
+        account,
+        1,
+        call.to_owned(),
+        model,
+        None,
+        256,
+        None,
+        std::time::SystemTime::now(),
+    );
+    ctx.request_id = call.to_owned();
+    gateway_key().sign(&ctx)
+}
+
 impl Harness {
     async fn new(db: Db, node_ttl: Duration) -> Harness {
         let now = Timestamp::now();
@@ -207,6 +228,7 @@ impl Harness {
             heartbeat_interval: Duration::from_secs(5),
             status_cache: Duration::ZERO,
             gateway_lease: Duration::from_secs(3),
+            contexts: gateway_key().verifying(),
         };
         Harness {
             app: app(AppState::new(db.clone(), settings)),

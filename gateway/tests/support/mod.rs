@@ -95,6 +95,7 @@ pub async fn platform() -> Platform {
         heartbeat_interval: Duration::from_secs(5),
         status_cache: Duration::ZERO,
         gateway_lease: Duration::from_secs(3),
+        contexts: bulkhead_worker_api::context::VerifyingKeys::none(),
     };
     // The control plane's internal port: mutual TLS with the test CA.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

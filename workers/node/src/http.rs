@@ -326,7 +326,7 @@ async fn generate(
     };
     let mut handle = {
         let _in = span.enter();
-        submit(&role, tenant, request, signed)?
+        submit(&role, tenant, request, signed.clone())?
     };
     let meter = check.usage.clone().map(|sink| Meter {
         sink,
@@ -334,6 +334,7 @@ async fn generate(
         account: ctx.account.clone(),
         model: ctx.model.clone(),
         prompt_tokens: prompt_len as u64,
+        context: signed,
     });
     // The first event decides the status: a late rejection is still a 4xx.
     // A call that fails before its first token answered nothing and is
@@ -531,6 +532,8 @@ struct Meter {
     account: String,
     model: String,
     prompt_tokens: u64,
+    /// The call's signed context: the control plane bills only its account.
+    context: String,
 }
 
 impl Meter {
@@ -541,6 +544,7 @@ impl Meter {
             model: self.model,
             prompt_tokens: self.prompt_tokens,
             completion_tokens,
+            context: self.context,
             finish: finish.to_owned(),
             at_ms: crate::usage::now_ms(),
         });

@@ -25,6 +25,10 @@ pub struct UsageRecord {
     pub prompt_tokens: u64,
     /// Output tokens the engine emitted.
     pub completion_tokens: u64,
+    /// The call's signed tenant context, as the gateway sent it: the
+    /// control plane accepts the record only for its account, model and
+    /// call id.
+    pub context: String,
     /// How it ended: the engine's finish reason, or `error`.
     pub finish: String,
     /// When it ended (ms since the Unix epoch).

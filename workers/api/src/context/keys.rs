@@ -221,6 +221,18 @@ impl VerifyingKeys {
     /// than the allowed skew and it has not expired at `now`. The caller
     /// checks the audience.
     pub fn verify(&self, header: &str, now: SystemTime) -> Result<TenantContext, ContextError> {
+        let ctx = self.statement(header)?;
+        let now = millis(now);
+        if now > ctx.expires_ms || ctx.issued_ms > now + SKEW_MS {
+            return Err(ContextError::Expired);
+        }
+        Ok(ctx)
+    }
+
+    /// The statement in `header` if one of these keys signed it and its
+    /// lifetime is at most [`super::CONTEXT_TTL`], at any time: what the
+    /// control plane checks a usage report's call against, minutes later.
+    pub fn statement(&self, header: &str) -> Result<TenantContext, ContextError> {
         if header.len() > MAX_HEADER {
             return Err(ContextError::Invalid);
         }
@@ -247,10 +259,6 @@ impl VerifyingKeys {
         let lifetime = ctx.expires_ms.checked_sub(ctx.issued_ms);
         if lifetime.is_none_or(|l| l > super::CONTEXT_TTL.as_millis() as u64) {
             return Err(ContextError::Invalid);
-        }
-        let now = millis(now);
-        if now > ctx.expires_ms || ctx.issued_ms > now + SKEW_MS {
-            return Err(ContextError::Expired);
         }
         Ok(ctx)
     }
