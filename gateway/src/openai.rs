@@ -262,7 +262,9 @@ fn seeds(first: u64, fixed: bool, n: usize) -> Vec<u64> {
 }
 
 /// Runs `n` choices of one request at once (not streamed): their answers in
-/// order, or the first error (the others are dropped, so cancelled).
+/// order, or the first error, and the others are dropped at once (their
+/// workers cancel them). Choice `i` is signed as such: only choice 0's
+/// worker bills the prompt, once for the request, as its `usage` says.
 async fn collect_n(
     s: &AppState,
     ctx: &Ctx,
@@ -271,17 +273,21 @@ async fn collect_n(
     fixed_seed: bool,
     n: usize,
 ) -> Result<Vec<pipeline::Collected>, GatewayError> {
-    let runs = seeds(worker.seed, fixed_seed, n).into_iter().map(|seed| {
-        let body = GenerateBody {
-            seed,
-            ..worker.clone()
-        };
-        async move { pipeline::collect(pipeline::start(s, ctx, model, body).await?).await }
-    });
-    futures_util::future::join_all(runs)
-        .await
+    let runs = seeds(worker.seed, fixed_seed, n)
         .into_iter()
-        .collect()
+        .enumerate()
+        .map(|(i, seed)| {
+            let body = GenerateBody {
+                seed,
+                ..worker.clone()
+            };
+            let choice = u32::try_from(i).unwrap_or(u32::MAX);
+            async move {
+                let g = pipeline::start_choice(s, ctx, model, body, choice).await?;
+                pipeline::collect(g).await
+            }
+        });
+    futures_util::future::try_join_all(runs).await
 }
 
 /// One request's usage over its choices: the prompt once, every choice's

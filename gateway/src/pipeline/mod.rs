@@ -104,14 +104,17 @@ pub(crate) struct Bill {
     reservation: Reservation,
     price: Price,
     model: String,
+    /// Whether this call bills the prompt (choice 0 of a request's `n`).
+    prompt: bool,
 }
 
 impl Bill {
     /// The request ended with this usage: that is its cost.
     pub(crate) fn settle(self, usage: Usage) {
+        let prompt = if self.prompt { usage.prompt_tokens } else { 0 };
         let cost = self
             .price
-            .micro_neurons(usage.prompt_tokens as u64, usage.completion_tokens as u64);
+            .micro_neurons(prompt as u64, usage.completion_tokens as u64);
         metrics::neurons(&self.model, cost);
         self.reservation.settle(cost);
     }
@@ -139,7 +142,20 @@ pub(crate) async fn start(
     state: &AppState,
     ctx: &Ctx,
     model: &RoutedModel,
+    body: GenerateBody,
+) -> Result<Generation, GatewayError> {
+    start_choice(state, ctx, model, body, 0).await
+}
+
+/// As [`start`], for choice `choice` of a request's `n`: its worker bills
+/// the prompt only for choice 0, so a request's prompt is billed once, as
+/// its `usage` reports it.
+pub(crate) async fn start_choice(
+    state: &AppState,
+    ctx: &Ctx,
+    model: &RoutedModel,
     mut body: GenerateBody,
+    choice: u32,
 ) -> Result<Generation, GatewayError> {
     if let Some(p) = model.properties
         && body.max_tokens as u64 > p.max_output
@@ -190,8 +206,9 @@ pub(crate) async fn start(
         reservation,
         price: model.price,
         model: model.slug.to_string(),
+        prompt: choice == 0,
     };
-    match call(state, ctx, model, body, timer, operation, permit).await {
+    match call(state, ctx, model, body, timer, (operation, choice), permit).await {
         Ok((first, rest, permit, lease, timer, tracked)) => {
             let (held, ends) = ((permit, lease, tracked), Ends::new(timer, bill));
             Ok(Generation {
@@ -298,7 +315,7 @@ async fn call(
     model: &RoutedModel,
     body: &GenerateBody,
     mut timer: GenAiTimer,
-    operation: &'static str,
+    (operation, choice): (&'static str, u32),
     permit: Permit,
 ) -> Result<Called, GatewayError> {
     let tracked = state.watch.track(&model.slug, &ctx.principal.account_id);
@@ -319,7 +336,16 @@ async fn call(
             return Err(e);
         };
         tried.push(node.id);
-        let called = attempt(state, ctx, model, body, operation, node, tried.len()).await;
+        let called = attempt(
+            state,
+            ctx,
+            model,
+            body,
+            (operation, choice),
+            node,
+            tried.len(),
+        )
+        .await;
         match called {
             Ok((first, rest)) => break (first, rest, lease),
             Err(e) => {
@@ -359,7 +385,7 @@ async fn attempt(
     ctx: &Ctx,
     model: &RoutedModel,
     body: &GenerateBody,
-    operation: &'static str,
+    (operation, choice): (&'static str, u32),
     node: &bulkhead_control_api::NodeView,
     n: usize,
 ) -> Result<(Line, LineStream), UpstreamError> {
@@ -389,7 +415,7 @@ async fn attempt(
         }
     };
     // What this gateway vouches for, for this call alone.
-    let statement = TenantContext::new(
+    let mut statement = TenantContext::new(
         &ctx.principal.account_id,
         ctx.principal.tenant,
         call_id(),
@@ -399,6 +425,7 @@ async fn attempt(
         body.context_limit.map(|c| c as u64),
         std::time::SystemTime::now(),
     );
+    statement.choice = choice;
     let (first, mut rest) = tokio::select! {
         r = state
             .upstream

@@ -333,7 +333,12 @@ async fn generate(
         call_id: ctx.request_id.clone(),
         account: ctx.account.clone(),
         model: ctx.model.clone(),
-        prompt_tokens: prompt_len as u64,
+        // A request's `n` choices share one prompt: billed with choice 0.
+        prompt_tokens: if ctx.choice == 0 {
+            prompt_len as u64
+        } else {
+            0
+        },
         context: signed,
     });
     // The first event decides the status: a late rejection is still a 4xx.

@@ -102,6 +102,7 @@ mod tests {
             request_id: "r".into(),
             model: model.into(),
             audience: bulkhead_worker_api::context::Audience::Generate,
+            choice: 0,
             config_version: version,
             max_tokens: 16,
             context_limit: None,

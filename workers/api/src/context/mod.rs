@@ -58,6 +58,10 @@ pub struct TenantContext {
     pub model: String,
     /// The API the call is for.
     pub audience: Audience,
+    /// Which of the request's `n` choices this call is: its worker bills
+    /// the prompt only for choice 0, so a request's prompt is billed once.
+    #[serde(default)]
+    pub choice: u32,
     /// The active config version the gateway routed under.
     pub config_version: Option<u64>,
     /// Most tokens the call may generate.
@@ -145,6 +149,7 @@ impl TenantContext {
             request_id,
             model: model.to_owned(),
             audience: Audience::Generate,
+            choice: 0,
             config_version,
             max_tokens,
             context_limit,
