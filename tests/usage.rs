@@ -94,33 +94,36 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
         std::thread::sleep(Duration::from_secs(2));
         assert_eq!(ledger(), now, "nothing is counted twice");
     });
-    checks.run("n choices bill the prompt once, as the response's usage says", || {
-        for n in [1u64, 2, 8] {
-            let before = ledger();
-            let body = json!({"model": model, "max_tokens": 6, "temperature": 0.7, "n": n,
+    checks.run(
+        "n choices bill the prompt once, as the response's usage says",
+        || {
+            for n in [1u64, 2, 8] {
+                let before = ledger();
+                let body = json!({"model": model, "max_tokens": 6, "temperature": 0.7, "n": n,
                 "messages": [{"role": "user", "content": "Name a colour."}]});
-            let (code, text) = post(gw, "/v1/chat/completions", token, &body.to_string());
-            assert_eq!(code, 200, "{text}");
-            let v: Value = serde_json::from_str(&text).expect("JSON");
-            assert_eq!(v["choices"].as_array().map(Vec::len), Some(n as usize));
-            let told = (
-                v["usage"]["prompt_tokens"].as_u64().expect("usage"),
-                v["usage"]["completion_tokens"].as_u64().expect("usage"),
-            );
-            let until = Instant::now() + Duration::from_secs(30);
-            let mut now = ledger();
-            while now.0 < before.0 + n && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(200));
-                now = ledger();
+                let (code, text) = post(gw, "/v1/chat/completions", token, &body.to_string());
+                assert_eq!(code, 200, "{text}");
+                let v: Value = serde_json::from_str(&text).expect("JSON");
+                assert_eq!(v["choices"].as_array().map(Vec::len), Some(n as usize));
+                let told = (
+                    v["usage"]["prompt_tokens"].as_u64().expect("usage"),
+                    v["usage"]["completion_tokens"].as_u64().expect("usage"),
+                );
+                let until = Instant::now() + Duration::from_secs(30);
+                let mut now = ledger();
+                while now.0 < before.0 + n && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(200));
+                    now = ledger();
+                }
+                assert_eq!(now.0 - before.0, n, "one ledger event per choice");
+                assert_eq!(
+                    (now.1 - before.1, now.2 - before.2),
+                    told,
+                    "n = {n}: the ledger against the response's usage"
+                );
             }
-            assert_eq!(now.0 - before.0, n, "one ledger event per choice");
-            assert_eq!(
-                (now.1 - before.1, now.2 - before.2),
-                told,
-                "n = {n}: the ledger against the response's usage"
-            );
-        }
-    });
+        },
+    );
     checks.run("the ledger equals the workers' own counts", || {
         // The ledger matches the workers' own counts exactly: their metering
         // metric, summed over every component of the platform.

@@ -91,6 +91,10 @@ enum Store {
     Redis {
         con: ConnectionManager,
         prefix: String,
+        /// Where spend so far is read from when an account's counters for
+        /// a period are missing (a flush, an eviction, a restart without
+        /// persistence): they are rebuilt before the first reservation.
+        ledger: Option<std::sync::Arc<Ledger>>,
     },
 }
 
@@ -200,7 +204,9 @@ impl Reservation {
                     micro: refund,
                 });
             }
-            Store::Redis { mut con, prefix } => {
+            Store::Redis {
+                mut con, prefix, ..
+            } => {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     let [d, m] = keys(&prefix, &slot);
                     rt.spawn(async move {
@@ -222,8 +228,11 @@ impl Reservation {
 
 /// KEYS: the day's and the month's spend. ARGV: micro-neurons, the daily
 /// and monthly budgets in micro-neurons (-1: none), the keys' lifetimes
-/// (s). Returns 0 (reserved), 1 (over the daily) or 2 (over the monthly).
+/// (s), and whether a missing counter must be seeded first (`1`). Returns
+/// 0 (reserved), 1 (over the daily), 2 (over the monthly) or 3 (a counter
+/// is missing: seed it from the ledger, then ask again).
 const RESERVE_SCRIPT: &str = r"
+if ARGV[6] == '1' and (redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0) then return 3 end
 local cost = tonumber(ARGV[1])
 local d = tonumber(redis.call('GET', KEYS[1]) or '0')
 local m = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -244,6 +253,16 @@ for _, k in ipairs(KEYS) do
     if redis.call('DECRBY', k, ARGV[1]) < 0 then redis.call('SET', k, 0, 'KEEPTTL') end
   end
 end
+return 0
+";
+
+/// KEYS: the day's and the month's spend. ARGV: what the ledger says was
+/// spent in each (micro-neurons) and the keys' lifetimes (s). A counter
+/// already there is left alone (another gateway seeded it, or counted
+/// since).
+const SEED_SCRIPT: &str = r"
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3], 'NX')
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[4], 'NX')
 return 0
 ";
 
@@ -281,14 +300,37 @@ impl Budgets {
         }
     }
 
-    /// Counters in Redis at `url`, under keys starting with `prefix`.
+    /// Counters in Redis at `url`, under keys starting with `prefix`,
+    /// starting from nothing when missing.
     pub async fn redis(url: &str, prefix: &str) -> Result<Budgets, BudgetError> {
+        Budgets::in_redis(url, prefix, None).await
+    }
+
+    /// Counters in Redis at `url`, under keys starting with `prefix`; an
+    /// account's counters for a period that are missing (never made, or
+    /// lost to a flush, an eviction or a restart without persistence) are
+    /// rebuilt from the control plane's ledger before its first
+    /// reservation, so a spent budget stays spent.
+    pub async fn redis_from_ledger(
+        url: &str,
+        prefix: &str,
+        control_plane: bulkhead_control_api::Client,
+    ) -> Result<Budgets, BudgetError> {
+        Budgets::in_redis(url, prefix, Some(Ledger(control_plane))).await
+    }
+
+    async fn in_redis(
+        url: &str,
+        prefix: &str,
+        ledger: Option<Ledger>,
+    ) -> Result<Budgets, BudgetError> {
         let unavailable = |e: redis::RedisError| BudgetError::Unavailable(e.to_string());
         let con = crate::limits::connect(url).await.map_err(unavailable)?;
         Ok(Budgets {
             store: Store::Redis {
                 con,
                 prefix: prefix.to_owned(),
+                ledger: ledger.map(std::sync::Arc::new),
             },
         })
     }
@@ -360,32 +402,44 @@ impl Budgets {
                     Err(Refusal::Unseeded) => return Err(stopped()),
                 }
             }
-            Store::Redis { con, prefix } => {
-                // Detached: if this caller is dropped mid-way, the script
-                // still runs to the end and its reservation stays counted,
-                // which errs towards refusing.
-                let (mut con, [d, m]) = (con.clone(), keys(prefix, &slot));
+            Store::Redis {
+                con,
+                prefix,
+                ledger,
+            } => {
+                let [d, m] = keys(prefix, &slot);
                 let arg = |l: Option<u64>| l.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
                 let (ld, lm) = (arg(limits[0]), arg(limits[1]));
-                let code: i64 = tokio::spawn(async move {
-                    redis::Script::new(RESERVE_SCRIPT)
-                        .key(d)
-                        .key(m)
-                        .arg(micro)
-                        .arg(ld)
-                        .arg(lm)
-                        .arg(KEEP_SECS[0])
-                        .arg(KEEP_SECS[1])
-                        .invoke_async(&mut con)
-                        .await
-                })
-                .await
-                .map_err(|e| BudgetError::Unavailable(e.to_string()))?
-                .map_err(|e| BudgetError::Unavailable(e.to_string()))?;
+                let seeded_first = if ledger.is_some() { "1" } else { "0" };
+                let args = [
+                    micro.to_string(),
+                    ld.to_string(),
+                    lm.to_string(),
+                    KEEP_SECS[0].to_string(),
+                    KEEP_SECS[1].to_string(),
+                    seeded_first.to_owned(),
+                ];
+                let reserve = || run_detached(con, RESERVE_SCRIPT, [&d, &m], args.to_vec());
+                let mut code = reserve().await?;
+                if code == 3
+                    && let Some(ledger) = ledger
+                {
+                    // A counter is missing: rebuild both from the ledger
+                    // (a counter still there is kept), then ask again.
+                    let (day, month) = ledger.spent(account, now).await?;
+                    let seed = [day, month, KEEP_SECS[0], KEEP_SECS[1]].map(|n| n.to_string());
+                    run_detached(con, SEED_SCRIPT, [&d, &m], seed.to_vec()).await?;
+                    code = reserve().await?;
+                }
                 match code {
                     0 => Ok(()),
                     1 => Err(Period::Daily),
-                    _ => Err(Period::Monthly),
+                    2 => Err(Period::Monthly),
+                    _ => {
+                        return Err(BudgetError::Unavailable(
+                            "the budget counters vanished while they were seeded".to_owned(),
+                        ));
+                    }
                 }
             }
         };
@@ -394,6 +448,32 @@ impl Budgets {
             held: Some((self.store.clone(), slot, micro)),
         })
     }
+}
+
+/// Runs a script on its own task: if the caller is dropped mid-way, the
+/// script still runs to the end and a reservation it made stays counted,
+/// which errs towards refusing.
+async fn run_detached(
+    con: &ConnectionManager,
+    script: &'static str,
+    keys: [&String; 2],
+    args: Vec<String>,
+) -> Result<i64, BudgetError> {
+    let (mut con, keys) = (con.clone(), keys.map(String::clone));
+    tokio::spawn(async move {
+        let script = redis::Script::new(script);
+        let mut call = script.prepare_invoke();
+        for k in &keys {
+            call.key(k);
+        }
+        for a in &args {
+            call.arg(a);
+        }
+        call.invoke_async::<i64>(&mut con).await
+    })
+    .await
+    .map_err(|e| BudgetError::Unavailable(e.to_string()))?
+    .map_err(|e| BudgetError::Unavailable(e.to_string()))
 }
 
 #[derive(Debug, Default)]

@@ -788,3 +788,93 @@ async fn strangers_and_oversized_bodies_are_refused_before_the_body_is_read_in_e
         );
     }
 }
+
+#[tokio::test]
+async fn after_a_redis_flush_a_spent_budget_still_refuses() {
+    let Some(url) = redis_url() else { return };
+    let p = platform().await;
+    // Alpha has spent 5.58 neurons today, per the ledger (2,000 prompt and
+    // 2,000 output tokens at 330 and 2,460 neurons per million).
+    let now = bulkhead_control_api::Timestamp::now();
+    let spent = bulkhead_control_api::UsageEvent {
+        call_id: support::unique("spent"),
+        account_id: p.a.clone(),
+        model: OPEN.parse().expect("slug"),
+        prompt_tokens: 2_000,
+        completion_tokens: 2_000,
+        context: String::new(),
+        finish: "stop".to_owned(),
+        at: now,
+    };
+    let mut conn = p.db.pool().acquire().await.expect("connection");
+    bulkhead_control_plane::store::usage::record(&mut conn, "worker", &[spent])
+        .await
+        .expect("recorded");
+    drop(conn);
+    let client = bulkhead_control_api::Client::with_identity(
+        &bulkhead_control_api::Credentials {
+            control_plane_url: p.url.clone(),
+            operator_token: p.gateway_token.clone(),
+        },
+        &support::identity(bulkhead_trust::Role::Gateway),
+    )
+    .expect("client");
+    let budget = bulkhead_control_api::Budget {
+        daily_neurons: Some(5),
+        monthly_neurons: None,
+        free_neurons_per_day: 0,
+    };
+    let prefix = support::unique("bulkhead-test-budget");
+    let budgets = bulkhead_gateway::Budgets::redis_from_ledger(&url, &prefix, client)
+        .await
+        .expect("redis");
+    let over = |r: Result<bulkhead_gateway::Reservation, bulkhead_gateway::BudgetError>| {
+        matches!(r, Err(bulkhead_gateway::BudgetError::Over { .. }))
+    };
+    assert!(
+        over(budgets.reserve(&p.a, &budget, 1, now).await),
+        "spent per the ledger"
+    );
+    // The flush: every counter under the prefix is gone.
+    let redis = redis::Client::open(url.as_str()).expect("redis url");
+    let mut con = redis
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection");
+    let flush = async |con: &mut redis::aio::MultiplexedConnection| -> usize {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}:*"))
+            .query_async(con)
+            .await
+            .expect("KEYS");
+        for k in &keys {
+            let _: i64 = redis::cmd("DEL")
+                .arg(k)
+                .query_async(con)
+                .await
+                .expect("DEL");
+        }
+        keys.len()
+    };
+    assert_eq!(
+        flush(&mut con).await,
+        2,
+        "the day's and the month's counters were flushed"
+    );
+    assert!(
+        over(budgets.reserve(&p.a, &budget, 1, now).await),
+        "a flushed counter is rebuilt from the ledger before it admits"
+    );
+    // Counters that start from nothing (what a flush did before) would
+    // have admitted it.
+    assert_eq!(flush(&mut con).await, 2);
+    let forgetful = bulkhead_gateway::Budgets::redis(&url, &prefix)
+        .await
+        .expect("redis");
+    let admitted = forgetful.reserve(&p.a, &budget, 1, now).await;
+    assert!(admitted.is_ok(), "{admitted:?}");
+    if let Ok(r) = admitted {
+        r.settle(0);
+    }
+    flush(&mut con).await;
+}

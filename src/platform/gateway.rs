@@ -172,11 +172,17 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     let suffix = hex::encode(b);
     let instance = format!("{}-{suffix}", args.instance.as_deref().unwrap_or("gw"));
     // Budgets live beside the rate limits: shared in Redis, or this
-    // process's own, starting from what the ledger says was spent.
+    // process's own; either way an account's counters for a period start
+    // from what the ledger says was spent (in Redis: whenever they are
+    // missing, so a flush does not reset a spent budget).
     let budgets = match &args.redis_url {
-        Some(url) => bulkhead_gateway::Budgets::redis(url, &args.rate_limit_prefix)
-            .await
-            .with_context(|| "connecting to Redis for budgets")?,
+        Some(url) => bulkhead_gateway::Budgets::redis_from_ledger(
+            url,
+            &args.rate_limit_prefix,
+            client.clone(),
+        )
+        .await
+        .with_context(|| "connecting to Redis for budgets")?,
         None => bulkhead_gateway::Budgets::memory_from_ledger(client.clone()),
     };
     let watch = RoutingWatch::start(client, instance.clone());
