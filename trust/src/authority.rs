@@ -7,7 +7,10 @@
 //! expired or foreign role certificate. Operators with their own PKI give
 //! each component its files instead (`--tls-ca`, `--tls-cert`,
 //! `--tls-key`); a role certificate is any certificate from their CA whose
-//! subject alternative names hold the DNS name `ROLE.bulkhead.internal`.
+//! subject alternative names hold the URI `urn:bulkhead:role:ROLE` (exactly
+//! one such URI) and the DNS name `ROLE.bulkhead.internal` (what clients
+//! send as SNI). The URI decides the role: a DNS name, wildcard or not,
+//! never does.
 //! [`init_scoped`] issues a worker certificate scoped to a model (and a
 //! pool bound) beside them: `ROLE.KEY.pem`, `ROLE.KEY.key`.
 
@@ -115,6 +118,9 @@ fn issue(
     }
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(vec![role.dns_name()])?;
+    params
+        .subject_alt_names
+        .push(SanType::URI(role.urn().as_str().try_into()?));
     for uri in scope.uris() {
         params
             .subject_alt_names

@@ -252,6 +252,16 @@ impl Identity {
                     self.role
                 ))
             })?;
+        let named = crate::verify::role_of(&self.chain[0]);
+        if named != Some(self.role) {
+            return Err(TrustError::Certificate(format!(
+                "{}: not a {} certificate: its subject alternative names {} (a role is the URI {})",
+                path.display(),
+                self.role,
+                named.map_or_else(|| "name no role".to_owned(), |r| format!("name {r}")),
+                self.role.urn()
+            )));
+        }
         Ok(())
     }
 }

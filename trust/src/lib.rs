@@ -96,9 +96,17 @@ impl Role {
         }
     }
 
-    /// The DNS name a certificate of this role carries.
+    /// The DNS name a certificate of this role carries (what a client
+    /// sends as SNI; it names no role by itself).
     pub fn dns_name(self) -> String {
         format!("{}.{DOMAIN}", self.as_str())
+    }
+
+    /// The URI a certificate of this role carries in its subject
+    /// alternative names: the one thing that makes it this role's (a
+    /// wildcard or stray DNS name never does).
+    pub fn urn(self) -> String {
+        format!("{ROLE_URN}{}", self.as_str())
     }
 
     /// The role named `s`, if any.
@@ -115,6 +123,9 @@ impl fmt::Display for Role {
 
 /// The domain under which role names live.
 pub const DOMAIN: &str = "bulkhead.internal";
+
+/// The URI prefix of the role a certificate names.
+pub const ROLE_URN: &str = "urn:bulkhead:role:";
 
 /// Why an identity could not be loaded or created.
 #[derive(Debug, thiserror::Error)]

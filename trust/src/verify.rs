@@ -9,18 +9,20 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, Error, SignatureScheme};
 use std::sync::Arc;
 
-/// The role a certificate names, if it names one of ours. The chain is not
-/// checked here: only a certificate a verifier accepted is asked.
+/// The role a certificate names: exactly one `urn:bulkhead:role:ROLE` URI
+/// in its subject alternative names (none, two, or an unknown one: no
+/// role). DNS names decide nothing, so a wildcard certificate is never a
+/// gateway. The chain is not checked here: only a certificate a verifier
+/// accepted is asked.
 pub(crate) fn role_of(cert: &CertificateDer<'_>) -> Option<Role> {
-    let ee = webpki::EndEntityCert::try_from(cert).ok()?;
-    Role::ALL.into_iter().find(|r| names(&ee, *r))
-}
-
-fn names(ee: &webpki::EndEntityCert<'_>, role: Role) -> bool {
-    match ServerName::try_from(role.dns_name()) {
-        Ok(name) => ee.verify_is_valid_for_subject_name(&name).is_ok(),
-        Err(_) => false,
-    }
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let san = parsed.subject_alternative_name().ok()??;
+    let mut named = san.value.general_names.iter().filter_map(|n| match n {
+        x509_parser::extensions::GeneralName::URI(uri) => uri.strip_prefix(crate::ROLE_URN),
+        _ => None,
+    });
+    let role = Role::parse(named.next()?)?;
+    named.next().is_none().then_some(role)
 }
 
 fn refused(what: String) -> Error {
@@ -146,6 +148,7 @@ impl ServerCertVerifier for ExpectRoles {
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
         let mut last = None;
+        let named = role_of(end_entity);
         for role in &self.expect {
             let name =
                 ServerName::try_from(role.dns_name()).map_err(|e| Error::General(e.to_string()))?;
@@ -156,10 +159,12 @@ impl ServerCertVerifier for ExpectRoles {
                 ocsp_response,
                 now,
             ) {
-                Ok(v) => {
+                // The chain and the name hold; the role is the URI's.
+                Ok(v) if named == Some(*role) => {
                     check_scope(end_entity, &self.models, "server")?;
                     return Ok(v);
                 }
+                Ok(_) => last = Some(Error::InvalidCertificate(CertificateError::NotValidForName)),
                 Err(e) => last = Some(e),
             }
         }

@@ -314,3 +314,84 @@ fn any_server_presenting(
     let scope = bulkhead_trust::Scope::model(model, Some(64 << 20));
     tokio_rustls::TlsConnector::from(presenting(&TlsFiles::scoped_in_dir(d, role, &scope)))
 }
+
+/// The platform CA of `dir`, as an issuer an operator's own tooling would
+/// use (same subject, same key).
+fn platform_ca(dir: &std::path::Path) -> rcgen::Issuer<'static, rcgen::KeyPair> {
+    let key = std::fs::read_to_string(dir.join("ca.key")).expect("ca.key");
+    let mut p = rcgen::CertificateParams::default();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, "Bulkhead");
+    dn.push(rcgen::DnType::CommonName, "Bulkhead platform CA");
+    p.distinguished_name = dn;
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    rcgen::Issuer::new(p, rcgen::KeyPair::from_pem(&key).expect("key"))
+}
+
+/// Writes a certificate from `ca` with these subject alternative names
+/// into `files`.
+fn issue_with(ca: &rcgen::Issuer<'_, rcgen::KeyPair>, sans: Vec<rcgen::SanType>, files: &TlsFiles) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut p = rcgen::CertificateParams::default();
+    p.subject_alt_names = sans;
+    p.not_before = time::OffsetDateTime::now_utc() - time::Duration::days(1);
+    p.not_after = time::OffsetDateTime::now_utc() + time::Duration::days(1);
+    p.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    p.use_authority_key_identifier_extension = true;
+    let cert = p.signed_by(&key, ca).expect("signed");
+    std::fs::write(&files.cert, cert.pem()).expect("cert");
+    std::fs::write(&files.key, key.serialize_pem()).expect("key");
+}
+
+#[tokio::test]
+async fn a_role_comes_from_its_uri_never_from_a_dns_name_so_a_wildcard_is_no_gateway() {
+    let d = dir("wildcard");
+    authority::init_dir(&d, &Role::ALL).expect("init");
+    let ca = platform_ca(&d);
+    let dns = |n: &str| rcgen::SanType::DnsName(n.try_into().expect("dns"));
+    let uri = |u: &str| rcgen::SanType::URI(u.try_into().expect("uri"));
+    let worker = identity(&d, Role::Colocated);
+    let (addr, mut reached) = server(&worker, &[Role::Gateway]).await;
+    let cases = [
+        // An ingress certificate from the same CA: every role's DNS name.
+        ("wildcard", vec![dns("*.bulkhead.internal")]),
+        // The gateway's DNS name without its role URI.
+        ("dns-only", vec![dns("gateway.bulkhead.internal")]),
+        // Two roles at once names none.
+        (
+            "two-roles",
+            vec![
+                dns("gateway.bulkhead.internal"),
+                uri("urn:bulkhead:role:gateway"),
+                uri("urn:bulkhead:role:operator"),
+            ],
+        ),
+    ];
+    for (name, sans) in cases {
+        let files = TlsFiles {
+            ca: d.join("ca.pem"),
+            cert: d.join(format!("{name}.pem")),
+            key: d.join(format!("{name}.key")),
+        };
+        issue_with(&ca, sans, &files);
+        assert!(
+            Identity::load(&files, Role::Gateway).is_err(),
+            "{name}: loaded as a gateway"
+        );
+        let tls = tokio_rustls::TlsConnector::from(presenting(&files));
+        let r = talk(&tls, Role::Colocated, &addr).await;
+        assert!(r.is_err(), "{name}: admitted as a gateway: {r:?}");
+    }
+    assert!(reached.try_recv().is_err(), "no connection reached the app");
+    // The CA's own gateway certificate, which carries the URI, is admitted.
+    let gateway = identity(&d, Role::Gateway);
+    let tls = gateway.connector(&[Role::Colocated]).expect("connector");
+    assert_eq!(
+        talk(&tls, Role::Colocated, &addr).await,
+        Ok("ok".to_owned())
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
