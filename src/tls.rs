@@ -1,16 +1,21 @@
 //! The TLS flags every internal component takes, and `bulkhead tls init`.
 //!
 //! A component finds its identity in `--tls-dir` (`ca.pem`, `ROLE.pem`,
-//! `ROLE.key`, as `bulkhead tls init` and `up` write them) or in the three
-//! files `--tls-ca`, `--tls-cert`, `--tls-key` (what the Kubernetes
-//! manifests mount from Secrets). There is no flag to turn TLS off: a
-//! component without an identity does not start.
+//! `ROLE.key`: its bundle, `DIR/bundles/NAME`, as `bulkhead tls init` and
+//! `up` write them) or in the three files `--tls-ca`, `--tls-cert`,
+//! `--tls-key` (what the Kubernetes manifests mount from Secrets). There is
+//! no flag to turn TLS off: a component without an identity does not start.
+//!
+//! A bundle holds one component's secrets and nothing else: its
+//! certificate and key, the CA certificate, and the tenant-context
+//! verifying keys (`context.pub`; the gateway's also the signing key,
+//! `context.sign`). The CA key stays in the top directory, in no bundle.
 
 use anyhow::Context;
 use bulkhead_trust::{Identity, Role, TlsFiles};
 use bulkhead_worker_api::context::{SigningKey, VerifyingKeys};
 use clap::Args;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The tenant-context signing key's file name in a TLS directory (the
 /// gateway's alone).
@@ -94,6 +99,15 @@ impl TlsArgs {
 
     /// Loads and checks the identity of a component of `role`.
     pub(crate) fn load(&self, role: Role) -> anyhow::Result<Identity> {
+        if let Some(dir) = &self.tls_dir
+            && dir.join("ca.key").exists()
+        {
+            tracing::warn!(
+                dir = %dir.display(),
+                "this TLS directory holds the CA key (and every role's key): give each \
+                 component only its bundle, DIR/bundles/{role}"
+            );
+        }
         let files = self.files(role)?;
         Identity::load(&files, role).with_context(|| format!("loading the {role} TLS identity"))
     }
@@ -132,27 +146,98 @@ pub(crate) struct TlsInitArgs {
     max_kv_tokens: Option<u64>,
 }
 
+/// Where the bundle named `name` (a role, or `ROLE.KEY` for a scoped
+/// worker certificate) lives in the TLS directory `dir`.
+pub(crate) fn bundle_dir(dir: &Path, name: &str) -> PathBuf {
+    dir.join("bundles").join(name)
+}
+
+/// Writes (or refreshes) the bundle `name` of a component of `role` whose
+/// certificate and key are `files`, from the TLS directory `dir`: the CA
+/// certificate, the certificate and key as `ROLE.pem` and `ROLE.key`, and
+/// the context keys the role uses. Returns its directory.
+pub(crate) fn write_bundle(
+    dir: &Path,
+    name: &str,
+    role: Role,
+    files: &TlsFiles,
+) -> anyhow::Result<PathBuf> {
+    let out = bundle_dir(dir, name);
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for d in [dir.join("bundles"), out.clone()] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("restricting {}", d.display()))?;
+        }
+    }
+    let mut copies = vec![
+        (files.ca.clone(), "ca.pem".to_owned()),
+        (files.cert.clone(), format!("{role}.pem")),
+        (files.key.clone(), format!("{role}.key")),
+    ];
+    match role {
+        Role::Gateway => {
+            copies.push((dir.join(CONTEXT_SIGN), CONTEXT_SIGN.to_owned()));
+            copies.push((dir.join(CONTEXT_PUB), CONTEXT_PUB.to_owned()));
+        }
+        Role::ControlPlane | Role::Prefill | Role::Decode | Role::Colocated => {
+            copies.push((dir.join(CONTEXT_PUB), CONTEXT_PUB.to_owned()));
+        }
+        Role::Operator => {}
+    }
+    for (from, to) in copies {
+        let to = out.join(to);
+        // Copied with the source's 0600 mode; replaced whole.
+        let tmp = to.with_extension("tmp");
+        std::fs::copy(&from, &tmp)
+            .with_context(|| format!("copying {} into {}", from.display(), out.display()))?;
+        std::fs::rename(&tmp, &to).with_context(|| format!("writing {}", to.display()))?;
+    }
+    Ok(out)
+}
+
+/// Writes every role's bundle from the TLS directory `dir`.
+pub(crate) fn write_role_bundles(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    Role::ALL
+        .into_iter()
+        .map(|role| write_bundle(dir, role.as_str(), role, &TlsFiles::in_dir(dir, role)))
+        .collect()
+}
+
 /// The roles whose certificates may be scoped to a model.
 pub(crate) const WORKER_ROLES: [Role; 3] = [Role::Prefill, Role::Decode, Role::Colocated];
 
 pub(crate) fn init(args: &TlsInitArgs) -> anyhow::Result<()> {
     let mut created = bulkhead_trust::authority::init_dir(&args.dir, &Role::ALL)
         .with_context(|| format!("creating TLS identities in {}", args.dir.display()))?;
+    let mut scoped = Vec::new();
     for model in &args.model {
         model
             .parse::<bulkhead_control_api::ModelSlug>()
             .map_err(|e| anyhow::anyhow!("--model {model}: {e}"))?;
         let scope = bulkhead_trust::Scope::model(model, args.max_kv_tokens);
         for role in WORKER_ROLES {
-            let (_, more) = bulkhead_trust::authority::init_scoped(&args.dir, role, &scope)
+            let (files, more) = bulkhead_trust::authority::init_scoped(&args.dir, role, &scope)
                 .with_context(|| format!("issuing the {role} certificate for {model}"))?;
             created.written.extend(more.written);
+            scoped.push((role, files));
         }
     }
     created.written.extend(SigningKey::create(
         &args.dir.join(CONTEXT_SIGN),
         &args.dir.join(CONTEXT_PUB),
     )?);
+    let mut bundles = write_role_bundles(&args.dir)?;
+    for (role, files) in &scoped {
+        let name = files
+            .cert
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .context("a certificate file name is UTF-8")?;
+        bundles.push(write_bundle(&args.dir, name, *role, files)?);
+    }
     for f in &created.written {
         println!("wrote {}", f.display());
     }
@@ -162,5 +247,13 @@ pub(crate) fn init(args: &TlsInitArgs) -> anyhow::Result<()> {
             args.dir.display()
         );
     }
+    // What to hand each component: its bundle, never the directory.
+    for b in &bundles {
+        println!("bundle {}", b.display());
+    }
+    println!(
+        "give each component only its bundle (--tls-dir BUNDLE); keep {} offline",
+        args.dir.join("ca.key").display()
+    );
     Ok(())
 }

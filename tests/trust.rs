@@ -195,3 +195,123 @@ fn a_decode_worker_serves_only_a_fresh_signed_context_within_its_limits() {
         "the replay started nothing"
     );
 }
+
+/// The names of the files in `dir`, sorted.
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn tls_init_gives_each_component_only_its_own_secrets_and_a_workers_bundle_is_never_the_gateway() {
+    // `tls init` over the test CA (it reuses every valid file) writes the
+    // bundles.
+    let dir = support::tls_dir();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args(["tls", "init", "--model", SLUG, "--dir"])
+        .arg(dir)
+        .output()
+        .expect("tls init runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bundles = dir.join("bundles");
+    let own = |role: &str, extra: &[&str]| {
+        let mut v: Vec<String> = [
+            "ca.pem".to_owned(),
+            format!("{role}.key"),
+            format!("{role}.pem"),
+        ]
+        .into_iter()
+        .chain(extra.iter().map(|s| (*s).to_owned()))
+        .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names(&bundles.join("gateway")),
+        own("gateway", &["context.pub", "context.sign"])
+    );
+    for role in ["control-plane", "prefill", "decode", "colocated"] {
+        assert_eq!(
+            names(&bundles.join(role)),
+            own(role, &["context.pub"]),
+            "{role}"
+        );
+    }
+    assert_eq!(names(&bundles.join("operator")), own("operator", &[]));
+    // The model-scoped worker certificates get bundles of their own.
+    let scoped: Vec<String> = names(&bundles)
+        .into_iter()
+        .filter(|n| n.starts_with("decode."))
+        .collect();
+    assert_eq!(scoped.len(), 1, "{scoped:?}");
+    assert_eq!(
+        names(&bundles.join(&scoped[0])),
+        own("decode", &["context.pub"])
+    );
+    // The CA key is in no bundle.
+    for b in names(&bundles) {
+        assert!(
+            !bundles.join(&b).join("ca.key").exists(),
+            "{b} holds the CA key"
+        );
+    }
+
+    // A worker given only its bundle cannot start as the gateway...
+    let decode_bundle = bundles.join("decode");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args(["gateway", "--listen", "127.0.0.1:0", "--control-plane"])
+        .arg("https://127.0.0.1:9")
+        .env("BULKHEAD_TLS_DIR", &decode_bundle)
+        .env("BULKHEAD_GATEWAY_TOKEN", "bho_not_needed")
+        .output()
+        .expect("gateway runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the gateway started from a decode bundle"
+    );
+    assert!(err.contains("gateway"), "{err}");
+    // ...nor is its certificate admitted where the gateway's is: a worker's
+    // API port refuses it in the handshake.
+    let p = prefill(&[]);
+    let d = decode(&p.addr("transfer"), &[]);
+    let decode_id = bulkhead_trust::Identity::load(
+        &bulkhead_trust::TlsFiles::in_dir(&decode_bundle, CertRole::Decode),
+        CertRole::Decode,
+    )
+    .expect("the bundle's own identity loads");
+    let as_worker = decode_id
+        .client_config(&[CertRole::Decode])
+        .expect("config");
+    let r = tls_call(
+        &d.addr("http"),
+        as_worker,
+        CertRole::Decode,
+        support::Request::new("GET", "/stats"),
+    );
+    assert!(refused(&r), "{r:?}");
+    // The gateway's bundle is.
+    let gateway_id = bulkhead_trust::Identity::load(
+        &bulkhead_trust::TlsFiles::in_dir(&bundles.join("gateway"), CertRole::Gateway),
+        CertRole::Gateway,
+    )
+    .expect("gateway identity");
+    let as_gateway = gateway_id
+        .client_config(&[CertRole::Decode])
+        .expect("config");
+    let r = tls_call(
+        &d.addr("http"),
+        as_gateway,
+        CertRole::Decode,
+        support::Request::new("GET", "/stats"),
+    );
+    assert!(r.is_ok(), "{r:?}");
+}

@@ -36,8 +36,18 @@ pub fn tls_dir() -> &'static std::path::Path {
     static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     DIR.get_or_init(|| {
         let d = std::env::temp_dir().join(format!("bulkhead-test-tls-{}", std::process::id()));
-        bulkhead_trust::authority::init_dir(&d, &CertRole::ALL).expect("test CA");
-        SigningKey::create(&d.join("context.sign"), &d.join("context.pub")).expect("context keys");
+        // What an operator runs: the CA, every role's certificate, the
+        // context keys and one bundle per component.
+        let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+            .args(["tls", "init", "--dir"])
+            .arg(&d)
+            .output()
+            .expect("tls init runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         d
     })
 }
@@ -132,8 +142,30 @@ impl Worker {
     }
 
     fn spawn(mut cmd: Command) -> Worker {
+        // Each component gets only its bundle, as `up` gives it; the test
+        // is the operator and keeps the directory.
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        // The subcommand: the first argument, or the one after the binary
+        // (`ip netns exec NS bulkhead SUBCOMMAND`).
+        let bin = env!("CARGO_BIN_EXE_bulkhead");
+        let sub = args
+            .iter()
+            .position(|a| a == bin)
+            .map_or(args.first(), |i| args.get(i + 1));
+        let role = sub.and_then(|a| match a.as_str() {
+            "prefill" | "decode" | "gateway" | "control-plane" => Some(a.clone()),
+            "serve" => Some("colocated".to_owned()),
+            _ => None,
+        });
+        let tls = role.map_or_else(
+            || tls_dir().to_path_buf(),
+            |r| tls_dir().join("bundles").join(r),
+        );
         let mut child = cmd
-            .env("BULKHEAD_TLS_DIR", tls_dir())
+            .env("BULKHEAD_TLS_DIR", tls)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

@@ -56,6 +56,22 @@ pub fn init_dir(dir: &Path, roles: &[Role]) -> Result<Created, TrustError> {
     create_dir(dir)?;
     let mut created = Created::default();
     let (ca_pem, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    // Half a CA is never silently replaced: a new CA would make every
+    // certificate the old one issued (other hosts' too) untrusted.
+    if ca_pem.exists() != ca_key.exists() {
+        let (there, missing) = if ca_pem.exists() {
+            (&ca_pem, &ca_key)
+        } else {
+            (&ca_key, &ca_pem)
+        };
+        return Err(TrustError::Certificate(format!(
+            "{} is here but {} is not: refusing to create a new CA over it (every certificate \
+             the old one issued would stop being trusted); restore the missing file, or move \
+             the other away to start a new CA",
+            there.display(),
+            missing.display()
+        )));
+    }
     let key = if ca_pem.exists() && ca_key.exists() {
         let pem = std::fs::read_to_string(&ca_key).map_err(|source| TrustError::Io {
             path: ca_key.display().to_string(),

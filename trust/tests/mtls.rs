@@ -219,6 +219,11 @@ async fn init_dir_reuses_valid_files_and_writes_keys_owner_only() {
     let e = Identity::load(&TlsFiles::in_dir(&d, Role::Gateway), Role::Decode)
         .expect_err("a gateway certificate is not a decode identity");
     assert!(e.to_string().contains("names gateway"), "{e}");
+    // A CA whose key went missing is never silently replaced.
+    std::fs::rename(d.join("ca.key"), d.join("ca.key.away")).expect("move");
+    let e = authority::init_dir(&d, &[Role::Gateway]).expect_err("half a CA");
+    assert!(e.to_string().contains("refusing to create a new CA"), "{e}");
+    assert!(!d.join("ca.key").exists(), "no new CA key was written");
 }
 
 #[tokio::test]

@@ -219,6 +219,8 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
         &tls.join(crate::tls::CONTEXT_SIGN),
         &tls.join(crate::tls::CONTEXT_PUB),
     )?;
+    // Each component is given its own bundle, never the directory.
+    crate::tls::write_role_bundles(&tls).context("writing the components' TLS bundles")?;
     let verbose = args.verbose || crate::config::telemetry_settings().log_filter.is_some();
     let console = Console::start(&args.data_dir, verbose)
         .with_context(|| format!("creating {}", args.data_dir.join("logs").display()))?;

@@ -241,9 +241,18 @@ pub(super) fn start(
         .context("the data directory must be UTF-8")?;
     let weights = weights.to_str().context("the model path must be UTF-8")?;
     let mib = args.kv_budget_mib.to_string();
+    // Each component's bundle: its certificate and key, the CA
+    // certificate and the context keys it uses; never the CA key.
     let tls = args.data_dir.join("tls");
-    let tls = tls.to_str().context("the data directory must be UTF-8")?;
-    let tls_env = || ("BULKHEAD_TLS_DIR", tls.to_owned());
+    let bundle = |role: CertRole| -> anyhow::Result<String> {
+        Ok(crate::tls::bundle_dir(&tls, role.as_str())
+            .to_str()
+            .context("the data directory must be UTF-8")?
+            .to_owned())
+    };
+    let tls_env = || -> anyhow::Result<(&str, String)> {
+        Ok(("BULKHEAD_TLS_DIR", bundle(CertRole::ControlPlane)?))
+    };
     let line = c.spawn_with(
         "control plane",
         &[
@@ -257,7 +266,7 @@ pub(super) fn start(
             "--data-dir",
             data,
         ],
-        vec![tls_env()],
+        vec![tls_env()?],
     )?;
     let cp = format!("http://{}", addr(&line, "http")?);
     let cp_internal = format!("https://{}", addr(&line, "internal")?);
@@ -272,7 +281,6 @@ pub(super) fn start(
         weights,
         mib: &mib,
         cp_internal: &cp_internal,
-        tls,
         node_token: &internal.node,
         deadline: args.prefill_deadline_secs.to_string(),
         threads: args.threads.map(|t| t.to_string()),
@@ -302,7 +310,14 @@ pub(super) fn start(
             spawn.worker(c, creds, &served, "decode", i, &[])?;
         }
     }
-    let line = spawn_gateway(c, args.port, &cp_internal, &internal.gateway, tls)?;
+    let gateway_bundle = bundle(CertRole::Gateway)?;
+    let line = spawn_gateway(
+        c,
+        args.port,
+        &cp_internal,
+        &internal.gateway,
+        &gateway_bundle,
+    )?;
     creds.gateway_url = format!("http://{}", addr(&line, "http")?);
     creds.metrics.insert(
         "gateway".to_owned(),
@@ -349,7 +364,6 @@ pub(super) struct WorkerSpawn<'a> {
     pub(super) weights: &'a str,
     pub(super) mib: &'a str,
     pub(super) cp_internal: &'a str,
-    pub(super) tls: &'a str,
     pub(super) node_token: &'a str,
     pub(super) deadline: String,
     pub(super) threads: Option<String>,
@@ -385,11 +399,19 @@ impl WorkerSpawn<'_> {
         };
         let (files, _) = bulkhead_trust::authority::init_scoped(&tls_dir, cert_role, &scope)
             .with_context(|| format!("issuing the {cert_role} certificate for {slug}"))?;
-        let path = |p: &std::path::Path| -> anyhow::Result<String> {
-            Ok(p.to_str()
-                .context("the data directory must be UTF-8")?
-                .to_owned())
-        };
+        // Its own bundle: the scoped certificate and key, the CA
+        // certificate and the context verifying keys.
+        let name = files
+            .cert
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .context("the data directory must be UTF-8")?
+            .to_owned();
+        let bundle = crate::tls::write_bundle(&tls_dir, &name, cert_role, &files)?;
+        let bundle = bundle
+            .to_str()
+            .context("the data directory must be UTF-8")?
+            .to_owned();
         let node_name = served.node_name(role, i);
         let mut a: Vec<&str> = vec![role, "--http", "127.0.0.1:0"];
         a.extend_from_slice(extra);
@@ -421,10 +443,7 @@ impl WorkerSpawn<'_> {
         }
         let env = vec![
             ("BULKHEAD_NODE_TOKEN", self.node_token.to_owned()),
-            ("BULKHEAD_TLS_DIR", self.tls.to_owned()),
-            ("BULKHEAD_TLS_CA", path(&files.ca)?),
-            ("BULKHEAD_TLS_CERT", path(&files.cert)?),
-            ("BULKHEAD_TLS_KEY", path(&files.key)?),
+            ("BULKHEAD_TLS_DIR", bundle),
         ];
         let name = format!("{} worker", &node_name["up-".len()..]);
         c.console.serves(&name, &slug);
