@@ -2,7 +2,11 @@
 //! handshake on its own task (a slow or hostile client holds up nobody);
 //! only connections whose handshake succeeded, and so whose client
 //! certificate the port admits, come out of [`TlsListener::accept`]. A
-//! refused peer never gets a byte of the application protocol read.
+//! refused peer never gets a byte of the application protocol read. At most
+//! [`MAX_HANDSHAKES`] handshakes run at once: a connection that comes while
+//! they all do is closed at once, so a flood of idle or slow connections
+//! costs a bounded amount of memory and CPU (each lasts at most
+//! [`HANDSHAKE_TIMEOUT`]).
 
 use crate::{Role, Scope};
 use std::net::SocketAddr;
@@ -13,7 +17,10 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 /// Longest a client may take to complete its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most handshakes a port runs at once.
+pub const MAX_HANDSHAKES: usize = 256;
 
 /// Who is on the other end of an accepted connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,8 +77,18 @@ impl TlsListener {
     /// Starts accepting on `listener` with `acceptor`. Must be called in a
     /// tokio runtime; the accepting task ends when this is dropped.
     pub fn new(listener: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<TlsListener> {
+        TlsListener::with_handshake_limit(listener, acceptor, MAX_HANDSHAKES)
+    }
+
+    /// As [`TlsListener::new`], running at most `limit` handshakes at once.
+    pub fn with_handshake_limit(
+        listener: TcpListener,
+        acceptor: TlsAcceptor,
+        limit: usize,
+    ) -> std::io::Result<TlsListener> {
         let local = listener.local_addr()?;
         let (tx, accepted) = mpsc::channel(64);
+        let running = std::sync::Arc::new(tokio::sync::Semaphore::new(limit.max(1)));
         tokio::spawn(async move {
             loop {
                 let (tcp, addr) = match listener.accept().await {
@@ -85,9 +102,16 @@ impl TlsListener {
                 if tx.is_closed() {
                     return;
                 }
+                let Ok(permit) = std::sync::Arc::clone(&running).try_acquire_owned() else {
+                    // Every handshake slot is taken: shed this one now.
+                    tracing::warn!(peer = %addr, "TLS handshake shed: too many at once");
+                    drop(tcp);
+                    continue;
+                };
                 let _ = tcp.set_nodelay(true);
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
+                    let _permit = permit;
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => {
                             let _ = tx.send((tls, addr)).await;

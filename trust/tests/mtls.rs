@@ -400,3 +400,56 @@ async fn a_role_comes_from_its_uri_never_from_a_dns_name_so_a_wildcard_is_no_gat
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[tokio::test]
+async fn a_port_sheds_handshakes_past_its_limit_and_serves_again_when_they_end() {
+    let d = dir("handshakes");
+    authority::init_dir(&d, &Role::ALL).expect("init");
+    let worker = identity(&d, Role::Colocated);
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let acceptor = worker.acceptor(&[Role::Gateway]).expect("acceptor");
+    let mut l = TlsListener::with_handshake_limit(tcp, acceptor, 2).expect("listener");
+    let addr = l.local_addr().to_string();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = l.accept().await;
+            let mut b = [0u8; 5];
+            if s.read_exact(&mut b).await.is_ok() {
+                let _ = s.write_all(b"ok").await;
+                let _ = s.shutdown().await;
+            }
+        }
+    });
+    // Two connections that never say hello hold both slots...
+    let idle: Vec<tokio::net::TcpStream> = vec![
+        tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect"),
+        tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect"),
+    ];
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ...so a third is closed at once, before any handshake.
+    let mut third = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let mut b = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(2), third.read(&mut b)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the third connection was not shed: {read:?}"
+    );
+    // When the idle ones go, the gateway is served again.
+    drop(idle);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let gateway = identity(&d, Role::Gateway);
+    let tls = gateway.connector(&[Role::Colocated]).expect("connector");
+    assert_eq!(
+        talk(&tls, Role::Colocated, &addr).await,
+        Ok("ok".to_owned())
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
