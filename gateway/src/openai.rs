@@ -177,6 +177,7 @@ impl Common {
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err(bad("stop must be a string or up to 4 strings")),
         };
+        bulkhead_worker_api::check_stops(&b.stop).map_err(|m| bad(&m))?;
         Ok(())
     }
 

@@ -165,6 +165,8 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}).to_string(),
         json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 21}).to_string(),
         json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}}).to_string(),
+        // A stop string past its stated length.
+        json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "stop": "s".repeat(1025)}).to_string(),
         json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}],
                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": ["a"]}}}}).to_string(),
         "not json".to_owned(),
@@ -186,6 +188,13 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                    "schema": {"type": "string", "pattern": "^a+$"}}}}),
+            "response_format",
+        ),
+        // A property name past its stated size (its per-token cost is
+        // bounded, its size too).
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                   "schema": {"type": "object", "properties": {"k".repeat(60_000): {"type": "string"}}}}}}),
             "response_format",
         ),
         (json!({"presence_penalty": 1.5}), "presence_penalty"),

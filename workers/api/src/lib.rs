@@ -10,6 +10,28 @@
 
 pub mod context;
 
+/// Most stop strings a request may give.
+pub const MAX_STOPS: usize = 4;
+/// Longest stop string, in bytes (they are matched by an automaton whose
+/// size is their length; the cost per token does not depend on it).
+pub const MAX_STOP_BYTES: usize = 1024;
+
+/// Why a request's stop strings are refused, if they are.
+pub fn check_stops(stop: &[String]) -> Result<(), String> {
+    if stop.len() > MAX_STOPS {
+        return Err(format!(
+            "stop must be a string or up to {MAX_STOPS} strings"
+        ));
+    }
+    if let Some(s) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(format!(
+            "a stop string is at most {MAX_STOP_BYTES} bytes, not {}",
+            s.len()
+        ));
+    }
+    Ok(())
+}
+
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/generate` body: exactly one of `prompt`, `messages`, `raw` and
@@ -47,7 +69,8 @@ pub struct GenerateBody {
     /// Sampling seed.
     #[serde(default)]
     pub seed: u64,
-    /// Stop strings.
+    /// Stop strings: at most [`MAX_STOPS`], each at most
+    /// [`MAX_STOP_BYTES`] bytes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
     /// Keep generating past end-of-sequence.

@@ -3,8 +3,11 @@
 //! Text is produced from a sliding window of ids (as TGI does) so a
 //! multi-byte character split over tokens is held back until complete, and
 //! text that could be the start of a stop string is held back until it is
-//! known not to be one.
+//! known not to be one. Stop strings are matched by an automaton
+//! ([`crate::stops`]) that each new byte moves once: the cost per token
+//! does not grow with the strings' length.
 
+use crate::stops::StopMatcher;
 use crate::tokenizer::Tokenizer;
 
 #[derive(Debug)]
@@ -12,9 +15,10 @@ pub(crate) struct Detokenizer {
     ids: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,
-    /// Text decoded but not yet emitted (held for stop-string matching).
+    /// Text decoded but not yet emitted (held for stop-string matching):
+    /// never longer than the longest stop string.
     pending: String,
-    stop: Vec<String>,
+    stop: StopMatcher,
 }
 
 /// What one new token adds to the output.
@@ -33,7 +37,7 @@ impl Detokenizer {
             prefix_offset: 0,
             read_offset: 0,
             pending: String::new(),
-            stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
+            stop: StopMatcher::new(&stop),
         }
     }
 
@@ -45,30 +49,27 @@ impl Detokenizer {
             && !full.ends_with('\u{FFFD}')
             && full.is_char_boundary(prefix.len())
         {
-            self.pending.push_str(&full[prefix.len()..]);
+            let new = &full[prefix.len()..];
+            if !self.stop.is_empty() {
+                for (i, &b) in new.as_bytes().iter().enumerate() {
+                    if let Some(len) = self.stop.feed(b) {
+                        // The stop string ends at byte `i` of the new text
+                        // and began in it or in what was held back.
+                        self.pending.push_str(&new[..=i]);
+                        let start = self.pending.len() - len;
+                        let before = self.pending[..start].to_owned();
+                        self.pending.clear();
+                        return Piece::Stopped(before);
+                    }
+                }
+            }
+            self.pending.push_str(new);
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
         }
-        for s in &self.stop {
-            if let Some(at) = self.pending.find(s.as_str()) {
-                let before = self.pending[..at].to_owned();
-                self.pending.clear();
-                return Piece::Stopped(before);
-            }
-        }
-        // Hold back the longest suffix that could begin a stop string.
-        let hold = self
-            .stop
-            .iter()
-            .flat_map(|s| {
-                (1..s.len())
-                    .filter(|n| s.is_char_boundary(*n))
-                    .map(move |n| &s[..n])
-            })
-            .filter(|p| self.pending.ends_with(p))
-            .map(str::len)
-            .max()
-            .unwrap_or(0);
+        // Hold back the longest suffix that could begin a stop string (it
+        // starts where a stop string does, on a character boundary).
+        let hold = self.stop.held().min(self.pending.len());
         let emit_to = self.pending.len() - hold;
         let out: String = self.pending.drain(..emit_to).collect();
         Piece::Text(out)

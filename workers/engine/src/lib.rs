@@ -28,6 +28,7 @@ pub mod hooks;
 mod sampling;
 mod schedule;
 mod speed;
+mod stops;
 mod tokenizer;
 
 pub use crate::core::{

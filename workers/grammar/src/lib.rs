@@ -12,7 +12,7 @@ mod matcher;
 mod schema;
 
 pub use matcher::Matcher;
-pub use schema::{Grammar, SchemaError};
+pub use schema::{Grammar, MAX_LITERAL_BYTES, MAX_NAME_BYTES, MAX_NODES, SchemaError};
 
 #[cfg(test)]
 mod tests;

@@ -69,6 +69,12 @@ const MAX_PROPS: usize = 64;
 const MAX_ENUM: usize = 256;
 /// The deepest a schema may nest.
 const MAX_SCHEMA_DEPTH: usize = 32;
+/// The longest property name, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// The longest `enum` or `const` value, as compact JSON text, in bytes.
+pub const MAX_LITERAL_BYTES: usize = 1024;
+/// The most nodes a compiled schema may have (every subschema is one).
+pub const MAX_NODES: usize = 1024;
 
 impl Grammar {
     /// JSON mode: one JSON object, of any content.
@@ -196,6 +202,12 @@ fn compile(
     if depth > MAX_SCHEMA_DEPTH {
         return Err(unsupported(at, "nesting deeper than 32"));
     }
+    if nodes.len() >= MAX_NODES {
+        return Err(unsupported(
+            at,
+            &format!("a schema of more than {MAX_NODES} subschemas"),
+        ));
+    }
     let o = match schema {
         Value::Bool(true) => return Ok(ANY),
         Value::Object(o) => o,
@@ -205,7 +217,7 @@ fn compile(
         return Err(unsupported(at, &format!("keyword `{}`", clip(k))));
     }
     if let Some(c) = o.get("const") {
-        return Ok(push(nodes, Node::Literals(vec![text(c)])));
+        return Ok(push(nodes, Node::Literals(vec![literal(c, at)?])));
     }
     if let Some(e) = o.get("enum") {
         let values = e
@@ -215,10 +227,11 @@ fn compile(
         if values.len() > MAX_ENUM {
             return Err(unsupported(at, "an enum of more than 256 values"));
         }
-        return Ok(push(
-            nodes,
-            Node::Literals(values.iter().map(text).collect()),
-        ));
+        let literals = values
+            .iter()
+            .map(|v| literal(v, at))
+            .collect::<Result<_, _>>()?;
+        return Ok(push(nodes, Node::Literals(literals)));
     }
     let kind = match o.get("type") {
         None => return Ok(ANY),
@@ -282,6 +295,15 @@ fn object(
             return Err(unsupported(at, "more than 64 properties"));
         }
         for (name, s) in p {
+            if name.len() > MAX_NAME_BYTES {
+                return Err(unsupported(
+                    at,
+                    &format!(
+                        "a property name of {} bytes (at most {MAX_NAME_BYTES})",
+                        name.len()
+                    ),
+                ));
+            }
             if name.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
                 return Err(unsupported(
                     at,
@@ -338,9 +360,20 @@ fn object(
     })
 }
 
-/// A JSON value's compact text, the form a literal must be written in.
-fn text(v: &Value) -> Vec<u8> {
-    v.to_string().into_bytes()
+/// A JSON value's compact text, the form a literal must be written in, if
+/// it is no longer than [`MAX_LITERAL_BYTES`].
+fn literal(v: &Value, at: &str) -> Result<Vec<u8>, SchemaError> {
+    let t = v.to_string().into_bytes();
+    if t.len() > MAX_LITERAL_BYTES {
+        return Err(unsupported(
+            at,
+            &format!(
+                "an enum or const value of {} bytes (at most {MAX_LITERAL_BYTES})",
+                t.len()
+            ),
+        ));
+    }
+    Ok(t)
 }
 
 fn clip(s: &str) -> String {

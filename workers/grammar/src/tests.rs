@@ -223,3 +223,44 @@ fn nesting_is_bounded() {
     assert_eq!(verdict(&g, &deep), Some(false));
     assert_eq!(verdict(&g, &format!("{deep}\"a\":{{")), None);
 }
+
+#[test]
+fn names_values_and_sizes_past_the_stated_limits_are_refused_by_name() {
+    use crate::{MAX_LITERAL_BYTES, MAX_NAME_BYTES, MAX_NODES};
+    let object = |name: &str| json!({"type": "object", "properties": {name: {"type": "string"}}});
+    assert!(Grammar::from_schema(&object(&"k".repeat(MAX_NAME_BYTES))).is_ok());
+    let e = Grammar::from_schema(&object(&"k".repeat(60_000))).expect_err("a long name");
+    assert!(
+        e.to_string().contains("property name of 60000 bytes"),
+        "{e}"
+    );
+    // An enum value's JSON text includes its quotes.
+    let value = |n: usize| json!({"enum": ["x".repeat(n)]});
+    assert!(Grammar::from_schema(&value(MAX_LITERAL_BYTES - 2)).is_ok());
+    let e = Grammar::from_schema(&value(MAX_LITERAL_BYTES)).expect_err("a long value");
+    assert!(e.to_string().contains("enum or const value"), "{e}");
+    let e = Grammar::from_schema(&json!({"const": "y".repeat(5_000)})).expect_err("const");
+    assert!(e.to_string().contains("at most 1024"), "{e}");
+    // Many subschemas, each small, nested only two deep.
+    let wide = |n: usize| {
+        let props: serde_json::Map<String, Value> = (0..60)
+            .map(|i| {
+                let inner: serde_json::Map<String, Value> = (0..n)
+                    .map(|j| (format!("p{j}"), json!({"type": "integer"})))
+                    .collect();
+                (
+                    format!("o{i}"),
+                    json!({"type": "object", "properties": inner}),
+                )
+            })
+            .collect();
+        json!({"type": "object", "properties": props})
+    };
+    assert!(Grammar::from_schema(&wide(10)).is_ok());
+    let e = Grammar::from_schema(&wide(60)).expect_err("3,600 subschemas");
+    assert!(
+        e.to_string()
+            .contains(&format!("more than {MAX_NODES} subschemas")),
+        "{e}"
+    );
+}

@@ -285,6 +285,8 @@ async fn generate(
         Role::Decode(d) => Arc::clone(d.engine()),
         Role::Prefill(_) => return Err(ApiError::bad("invalid_request", "not a decode worker")),
     };
+    bulkhead_worker_api::check_stops(&body.stop)
+        .map_err(|m| ApiError::bad("invalid_request", m))?;
     let prompt = prompt_of(&engine, &body)?;
     if let Some(limit) = body.context_limit
         && prompt.len().saturating_add(body.max_tokens) > limit
