@@ -35,10 +35,15 @@ enum Frame {
         seen: u64,
         phase: ObjPhase,
     },
-    /// An object key being read.
+    /// An object key being read: not its bytes, but which of the schema's
+    /// names it is still a prefix of and how long it is, so a step (and a
+    /// copy of the matcher) costs the same however long the key grows.
     Key {
         object: NodeId,
-        buf: Vec<u8>,
+        /// The named properties whose names begin with the key so far.
+        cand: u64,
+        /// Bytes of the key so far.
+        len: u32,
         esc: Esc,
     },
     Array {
@@ -233,7 +238,12 @@ impl Matcher {
         match top {
             Frame::Value(node) => self.start(node, b),
             Frame::Object { node, seen, phase } => self.object(node, seen, phase, b),
-            Frame::Key { object, buf, esc } => self.key(object, buf, esc, b),
+            Frame::Key {
+                object,
+                cand,
+                len,
+                esc,
+            } => self.key(object, (cand, len), esc, b),
             Frame::Array { node, count, phase } => self.array(node, count, phase, b),
             Frame::Str {
                 min,
@@ -314,6 +324,11 @@ impl Matcher {
         };
         let more = additional.is_some() || (0..props.len()).any(|i| seen & (1 << i) == 0);
         let closable = seen & required == *required;
+        // Every named property (at most 64: a bit each).
+        let every = match props.len() {
+            0 => 0,
+            n => u64::MAX >> (64 - n.min(64)),
+        };
         let next = |phase| Frame::Object { node, seen, phase };
         match (phase, b) {
             (ObjPhase::First, b'}') | (ObjPhase::AfterValue, b'}') if closable => Action::Complete,
@@ -321,7 +336,9 @@ impl Matcher {
                 self.set_top(next(phase));
                 Action::Push(Frame::Key {
                     object: node,
-                    buf: Vec::new(),
+                    // Every named property (at most 64: a bit each).
+                    cand: every,
+                    len: 0,
                     esc: Esc::No,
                 })
             }
@@ -337,7 +354,7 @@ impl Matcher {
         }
     }
 
-    fn key(&mut self, object: NodeId, mut buf: Vec<u8>, esc: Esc, b: u8) -> Action {
+    fn key(&mut self, object: NodeId, (cand, len): (u64, u32), esc: Esc, b: u8) -> Action {
         let Node::Object {
             props, additional, ..
         } = self.node(object)
@@ -348,8 +365,21 @@ impl Matcher {
             return Action::Reject;
         };
         let unseen = |i: usize| seen & (1 << i) == 0;
+        // The candidates still a prefix after `b` (names hold no escapes,
+        // so a byte of an escape matches none the way the raw byte would).
+        let after = |b: u8| {
+            let mut next = 0u64;
+            for (i, (p, _)) in props.iter().enumerate().take(64) {
+                if cand & (1 << i) != 0 && p.get(len as usize) == Some(&b) {
+                    next |= 1 << i;
+                }
+            }
+            next
+        };
         if b == b'"' && esc == Esc::No {
-            let named = props.iter().position(|(p, _)| *p == buf);
+            // The key is a name exactly when a candidate is this long.
+            let named = (0..props.len().min(64))
+                .find(|&i| cand & (1 << i) != 0 && props[i].0.len() == len as usize);
             let value = match (named, additional) {
                 (Some(i), _) if unseen(i) => Some((i, props[i].1)),
                 (Some(_), _) => return Action::Reject, // a duplicate key
@@ -368,28 +398,35 @@ impl Matcher {
             };
             return Action::Complete;
         }
+        let cand = after(b);
         if additional.is_none() {
             // Only the schema's names: the key must stay a prefix of one
-            // not yet used (names hold no escapes).
-            buf.push(b);
-            let ok = props
-                .iter()
-                .enumerate()
-                .any(|(i, (p, _))| unseen(i) && p.starts_with(&buf));
-            if !ok {
+            // not yet used.
+            if (0..props.len().min(64)).all(|i| cand & (1 << i) == 0 || !unseen(i)) {
                 return Action::Reject;
             }
-            self.set_top(Frame::Key { object, buf, esc });
+            self.set_top(Frame::Key {
+                object,
+                cand,
+                len: len + 1,
+                esc,
+            });
             return Action::Take;
         }
         let Some(esc) = string_byte(esc, b) else {
             return Action::Reject;
         };
-        buf.push(b);
-        if buf.len() > MAX_FREE_KEY {
+        // A free key is bounded; a key that is a name's prefix runs up to
+        // the name (at most the schema's longest name).
+        if len as usize >= MAX_FREE_KEY && cand == 0 {
             return Action::Reject;
         }
-        self.set_top(Frame::Key { object, buf, esc });
+        self.set_top(Frame::Key {
+            object,
+            cand,
+            len: len + 1,
+            esc,
+        });
         Action::Take
     }
 
