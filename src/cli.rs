@@ -109,6 +109,9 @@ enum BenchCommand {
     /// Time to first token of a growing multi-turn chat with the prefix
     /// cache against without it, and decode throughput with and without.
     Prefix(crate::bench::prefix::PrefixBenchArgs),
+    /// What a constrained-sampling step costs at each point of a long
+    /// object key: flat, however far into it the output is.
+    Grammar(crate::bench::grammar::GrammarBenchArgs),
 }
 
 impl BenchCommand {
@@ -123,6 +126,7 @@ impl BenchCommand {
             B::Chaos(args) => crate::bench::chaos::run(&args),
             B::Prefix(args) => crate::bench::prefix::run(&args),
             B::Serving(args) => crate::bench::serving::run(&args),
+            B::Grammar(args) => crate::bench::grammar::run(&args),
         }
     }
 }

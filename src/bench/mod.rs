@@ -5,6 +5,7 @@
 pub(crate) mod chaos;
 pub(crate) mod engine;
 pub(crate) mod gateway;
+pub(crate) mod grammar;
 mod long;
 pub(crate) mod neighbours;
 pub(crate) mod prefix;
