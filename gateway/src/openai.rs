@@ -489,16 +489,32 @@ async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Respons
     let req: CompletionBody = pipeline::parse_json(body)?;
     let slug = req.common.model()?;
     let model = pipeline::model(ctx, slug)?;
-    let prompt = match &req.prompt {
-        Some(Value::String(p)) if !p.is_empty() => p.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].as_str().is_some_and(|p| !p.is_empty()) => {
-            a[0].as_str().unwrap_or_default().to_owned()
-        }
-        _ => return Err(bad("prompt must be one non-empty string")),
+    // One string, or (as OpenAI's API allows) one prompt's token ids.
+    let ids = |a: &[Value]| -> Option<Vec<u32>> {
+        a.iter()
+            .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect()
     };
-    let mut worker = GenerateBody {
-        raw: Some(prompt),
-        ..GenerateBody::default()
+    let mut worker = match &req.prompt {
+        Some(Value::String(p)) if !p.is_empty() => GenerateBody {
+            raw: Some(p.clone()),
+            ..GenerateBody::default()
+        },
+        Some(Value::Array(a)) if a.len() == 1 && a[0].as_str().is_some_and(|p| !p.is_empty()) => {
+            GenerateBody {
+                raw: Some(a[0].as_str().unwrap_or_default().to_owned()),
+                ..GenerateBody::default()
+            }
+        }
+        Some(Value::Array(a)) if !a.is_empty() && a[0].is_number() => GenerateBody {
+            tokens: Some(ids(a).ok_or_else(|| bad("prompt token ids must be integers from 0"))?),
+            ..GenerateBody::default()
+        },
+        _ => {
+            return Err(bad(
+                "prompt must be one non-empty string or one prompt's token ids",
+            ));
+        }
     };
     req.common.apply(&mut worker, 16)?;
     req.common.refuse_completion_logprobs()?;

@@ -171,6 +171,17 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "required": ["a"]}}}}).to_string(),
         "not json".to_owned(),
     ];
+    // A completion prompt of token ids (as OpenAI's API takes one) is
+    // admitted (no worker here: 503); ids that are not token ids are not.
+    let ids = json!({"model": OPEN, "prompt": [1000, 1001, 1002], "max_tokens": 4});
+    let r = post(&gw, "/v1/completions", &a, &ids.to_string()).await;
+    assert_eq!(r.status, 503, "{}", r.body);
+    for prompt in [json!([1000, -1]), json!([1000, "x"]), json!([4_294_967_296u64]), json!([])] {
+        let body = json!({"model": OPEN, "prompt": prompt, "max_tokens": 4});
+        let r = post(&gw, "/v1/completions", &a, &body.to_string()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_oa(&r.json(), "invalid_request_error", &Value::Null);
+    }
     for body in &oa_bad {
         let r = post(&gw, "/v1/chat/completions", &a, body).await;
         assert_eq!(r.status, 400, "{body}: {}", r.body);

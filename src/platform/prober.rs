@@ -335,8 +335,12 @@ impl Prober {
         let streamed = json!({"prompt": "Name three colours.", "max_tokens": 12, "stream": true});
         // "hello hello ..." is one token per word; the chat template is off.
         let under = json!({"prompt": words(limit.saturating_sub(max).clamp(1, 512)), "raw": true, "max_tokens": max});
-        let over =
-            json!({"prompt": words(limit.saturating_sub(max) + 1), "raw": true, "max_tokens": max});
+        // The over-long prompt as token ids (OpenAI's completions take
+        // them), so it reaches a worker for any window: as text it would
+        // pass the gateway's character cap only below about 21,800 tokens.
+        let over_tokens = limit.saturating_sub(max) + 1;
+        let over = json!({"model": m.slug, "prompt": vec![OVER_LONG_TOKEN; usize::try_from(over_tokens).unwrap_or(usize::MAX)],
+                          "max_tokens": max, "temperature": 0});
         let aborted = json!({"prompt": "Count to fifty.", "max_tokens": 48, "stream": true});
         let abandoned = json!({"prompt": "Write a long poem.", "max_tokens": 48});
         let (a, b) = tokio::join!(self.call("POST", &path_a, &self.a, Some(&a_body)), async {
@@ -345,7 +349,9 @@ impl Prober {
                 self.call("POST", &path_b, &self.b, Some(&streamed)),
                 self.call("POST", &path_b, &self.b, Some(&under)),
             );
-            let o = self.call("POST", &path_b, &self.b, Some(&over)).await;
+            let o = self
+                .call("POST", "/v1/completions", &self.b, Some(&over))
+                .await;
             let cut = tokio::join!(
                 self.hang_up(&path_b, &self.b, &aborted, 200),
                 self.hang_up(&path_b, &self.b, &abandoned, 0),
@@ -362,11 +368,15 @@ impl Prober {
             return Ok(Some(Finding {
                 check: "over_long_answered",
                 evidence: format!(
-                    "request {}: a prompt of {} tokens over a {limit}-token window got HTTP 200",
+                    "request {}: a prompt of {over_tokens} tokens over a {limit}-token window got HTTP 200",
                     over.request_id,
-                    limit.saturating_sub(max) + 1
                 ),
             }));
+        }
+        // Refused for its length at a worker's door, or the check tested
+        // nothing (a refusal for any other reason is the probe's failure).
+        if !over.body.contains("context_length_exceeded") {
+            return Err(ProbeError::Refused(over.status));
         }
         let mut seen = vec![normal?, streamed?, under?, over];
         seen.extend([aborted?, abandoned?]);
@@ -527,6 +537,10 @@ fn marker() -> String {
     let _ = getrandom::fill(&mut b);
     format!("ZQX{:016X}", u64::from_le_bytes(b))
 }
+
+/// The token id the over-long canary repeats (an ordinary word piece in
+/// any vocabulary of more than a thousand tokens).
+const OVER_LONG_TOKEN: u32 = 1000;
 
 pub(crate) fn words(n: u64) -> String {
     let mut s = String::from("hello");

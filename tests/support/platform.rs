@@ -40,7 +40,8 @@ pub fn up(dir: &std::path::Path, extra: &[&str]) -> Up {
     std::fs::create_dir_all(&tls).expect("tls dir");
     for f in std::fs::read_dir(super::tls_dir()).expect("test CA") {
         let f = f.expect("entry").path();
-        if let Some(name) = f.file_name() {
+        // Files only: `up` writes the bundles itself.
+        if let Some(name) = f.file_name().filter(|_| f.is_file()) {
             std::fs::copy(&f, tls.join(name)).expect("copy identity");
         }
     }
