@@ -176,7 +176,12 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
     let ids = json!({"model": OPEN, "prompt": [1000, 1001, 1002], "max_tokens": 4});
     let r = post(&gw, "/v1/completions", &a, &ids.to_string()).await;
     assert_eq!(r.status, 503, "{}", r.body);
-    for prompt in [json!([1000, -1]), json!([1000, "x"]), json!([4_294_967_296u64]), json!([])] {
+    for prompt in [
+        json!([1000, -1]),
+        json!([1000, "x"]),
+        json!([4_294_967_296u64]),
+        json!([]),
+    ] {
         let body = json!({"model": OPEN, "prompt": prompt, "max_tokens": 4});
         let r = post(&gw, "/v1/completions", &a, &body.to_string()).await;
         assert_eq!(r.status, 400, "{body}: {}", r.body);

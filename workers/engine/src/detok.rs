@@ -31,13 +31,13 @@ pub(crate) enum Piece {
 }
 
 impl Detokenizer {
-    pub(crate) fn new(stop: Vec<String>) -> Self {
+    pub(crate) fn new(stop: &[String]) -> Self {
         Detokenizer {
             ids: Vec::new(),
             prefix_offset: 0,
             read_offset: 0,
             pending: String::new(),
-            stop: StopMatcher::new(&stop),
+            stop: StopMatcher::new(stop),
         }
     }
 

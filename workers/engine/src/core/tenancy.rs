@@ -305,7 +305,7 @@ impl EngineCore {
                         max_tokens,
                         ignore_eos: request.ignore_eos,
                         sampler: Box::new(Sampler::new(request.sampling)),
-                        detok: Detokenizer::new(request.stop),
+                        detok: Detokenizer::new(&request.stop),
                         sink,
                         landing,
                         corrupt: {
