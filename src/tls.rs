@@ -73,28 +73,26 @@ impl TlsArgs {
 
     /// The gateway's tenant-context signing key.
     pub(crate) fn signing_key(&self) -> anyhow::Result<SigningKey> {
-        let path = match (&self.context_sign_key, &self.tls_dir) {
-            (Some(p), _) => p.clone(),
-            (None, Some(dir)) => dir.join(CONTEXT_SIGN),
-            (None, None) => anyhow::bail!(
-                "no tenant-context signing key: give --context-sign-key (`bulkhead tls init` \
-                 writes context.sign) or --tls-dir"
-            ),
-        };
+        let path = self.key_file(self.context_sign_key.as_ref(), CONTEXT_SIGN, "signing key")?;
         Ok(SigningKey::load(&path)?)
     }
 
     /// The tenant-context verifying keys a worker accepts.
     pub(crate) fn verifying_keys(&self) -> anyhow::Result<VerifyingKeys> {
-        let path = match (&self.context_keys, &self.tls_dir) {
-            (Some(p), _) => p.clone(),
-            (None, Some(dir)) => dir.join(CONTEXT_PUB),
-            (None, None) => anyhow::bail!(
-                "no tenant-context verifying keys: give --context-keys (`bulkhead tls init` \
-                 writes context.pub) or --tls-dir"
-            ),
-        };
+        let path = self.key_file(self.context_keys.as_ref(), CONTEXT_PUB, "verifying keys")?;
         Ok(VerifyingKeys::load(&path)?)
+    }
+
+    /// A context key file: the flag's, else `name` in --tls-dir.
+    fn key_file(&self, flag: Option<&PathBuf>, name: &str, what: &str) -> anyhow::Result<PathBuf> {
+        match (flag, &self.tls_dir) {
+            (Some(p), _) => Ok(p.clone()),
+            (None, Some(dir)) => Ok(dir.join(name)),
+            (None, None) => anyhow::bail!(
+                "no tenant-context {what}: give their flag (`bulkhead tls init` writes {name} \
+                 into each bundle that needs it) or --tls-dir"
+            ),
+        }
     }
 
     /// Loads and checks the identity of a component of `role`.

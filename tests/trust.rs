@@ -211,16 +211,7 @@ fn tls_init_gives_each_component_only_its_own_secrets_and_a_workers_bundle_is_ne
     // `tls init` over the test CA (it reuses every valid file) writes the
     // bundles.
     let dir = support::tls_dir();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-        .args(["tls", "init", "--model", SLUG, "--dir"])
-        .arg(dir)
-        .output()
-        .expect("tls init runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    support::tls_init(dir, &["--model", SLUG]);
     let bundles = dir.join("bundles");
     let own = |role: &str, extra: &[&str]| {
         let mut v: Vec<String> = [
@@ -283,35 +274,18 @@ fn tls_init_gives_each_component_only_its_own_secrets_and_a_workers_bundle_is_ne
     // API port refuses it in the handshake.
     let p = prefill(&[]);
     let d = decode(&p.addr("transfer"), &[]);
-    let decode_id = bulkhead_trust::Identity::load(
-        &bulkhead_trust::TlsFiles::in_dir(&decode_bundle, CertRole::Decode),
-        CertRole::Decode,
-    )
-    .expect("the bundle's own identity loads");
-    let as_worker = decode_id
-        .client_config(&[CertRole::Decode])
-        .expect("config");
-    let r = tls_call(
-        &d.addr("http"),
-        as_worker,
-        CertRole::Decode,
-        support::Request::new("GET", "/stats"),
-    );
+    // A `GET /stats` to the decode worker presenting `bundle`'s identity.
+    let stats_as = |bundle: &std::path::Path, role: CertRole| {
+        let id =
+            bulkhead_trust::Identity::load(&bulkhead_trust::TlsFiles::in_dir(bundle, role), role)
+                .expect("the bundle's own identity loads");
+        let config = id.client_config(&[CertRole::Decode]).expect("config");
+        let stats = support::Request::new("GET", "/stats");
+        tls_call(&d.addr("http"), config, CertRole::Decode, stats)
+    };
+    let r = stats_as(&decode_bundle, CertRole::Decode);
     assert!(refused(&r), "{r:?}");
     // The gateway's bundle is.
-    let gateway_id = bulkhead_trust::Identity::load(
-        &bulkhead_trust::TlsFiles::in_dir(&bundles.join("gateway"), CertRole::Gateway),
-        CertRole::Gateway,
-    )
-    .expect("gateway identity");
-    let as_gateway = gateway_id
-        .client_config(&[CertRole::Decode])
-        .expect("config");
-    let r = tls_call(
-        &d.addr("http"),
-        as_gateway,
-        CertRole::Decode,
-        support::Request::new("GET", "/stats"),
-    );
+    let r = stats_as(&bundles.join("gateway"), CertRole::Gateway);
     assert!(r.is_ok(), "{r:?}");
 }

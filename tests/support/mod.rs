@@ -38,18 +38,23 @@ pub fn tls_dir() -> &'static std::path::Path {
         let d = std::env::temp_dir().join(format!("bulkhead-test-tls-{}", std::process::id()));
         // What an operator runs: the CA, every role's certificate, the
         // context keys and one bundle per component.
-        let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
-            .args(["tls", "init", "--dir"])
-            .arg(&d)
-            .output()
-            .expect("tls init runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        tls_init(&d, &[]);
         d
     })
+}
+
+/// Runs `bulkhead tls init --dir DIR` with `extra` flags; fails the test
+/// if it fails.
+pub fn tls_init(dir: &std::path::Path, extra: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .args(["tls", "init"])
+        .args(extra)
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .expect("tls init runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
 }
 
 /// The test platform's gateway tenant-context signing key.

@@ -25,10 +25,20 @@ async fn server(
     id: &Identity,
     admit: &[Role],
 ) -> (String, tokio::sync::mpsc::UnboundedReceiver<Option<Role>>) {
+    server_with(id, admit, bulkhead_trust::listen::MAX_HANDSHAKES).await
+}
+
+/// As [`server`], running at most `handshakes` handshakes at once.
+async fn server_with(
+    id: &Identity,
+    admit: &[Role],
+    handshakes: usize,
+) -> (String, tokio::sync::mpsc::UnboundedReceiver<Option<Role>>) {
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let mut l = TlsListener::new(tcp, id.acceptor(admit).expect("acceptor")).expect("listener");
+    let acceptor = id.acceptor(admit).expect("acceptor");
+    let mut l = TlsListener::with_handshake_limit(tcp, acceptor, handshakes).expect("listener");
     let addr = l.local_addr().to_string();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -392,12 +402,7 @@ async fn a_role_comes_from_its_uri_never_from_a_dns_name_so_a_wildcard_is_no_gat
     }
     assert!(reached.try_recv().is_err(), "no connection reached the app");
     // The CA's own gateway certificate, which carries the URI, is admitted.
-    let gateway = identity(&d, Role::Gateway);
-    let tls = gateway.connector(&[Role::Colocated]).expect("connector");
-    assert_eq!(
-        talk(&tls, Role::Colocated, &addr).await,
-        Ok("ok".to_owned())
-    );
+    assert_gateway_served(&d, &addr).await;
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -406,22 +411,7 @@ async fn a_port_sheds_handshakes_past_its_limit_and_serves_again_when_they_end()
     let d = dir("handshakes");
     authority::init_dir(&d, &Role::ALL).expect("init");
     let worker = identity(&d, Role::Colocated);
-    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let acceptor = worker.acceptor(&[Role::Gateway]).expect("acceptor");
-    let mut l = TlsListener::with_handshake_limit(tcp, acceptor, 2).expect("listener");
-    let addr = l.local_addr().to_string();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = l.accept().await;
-            let mut b = [0u8; 5];
-            if s.read_exact(&mut b).await.is_ok() {
-                let _ = s.write_all(b"ok").await;
-                let _ = s.shutdown().await;
-            }
-        }
-    });
+    let (addr, _reached) = server_with(&worker, &[Role::Gateway], 2).await;
     // Two connections that never say hello hold both slots...
     let idle: Vec<tokio::net::TcpStream> = vec![
         tokio::net::TcpStream::connect(&addr)
@@ -445,11 +435,13 @@ async fn a_port_sheds_handshakes_past_its_limit_and_serves_again_when_they_end()
     // When the idle ones go, the gateway is served again.
     drop(idle);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let gateway = identity(&d, Role::Gateway);
-    let tls = gateway.connector(&[Role::Colocated]).expect("connector");
-    assert_eq!(
-        talk(&tls, Role::Colocated, &addr).await,
-        Ok("ok".to_owned())
-    );
+    assert_gateway_served(&d, &addr).await;
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The CA's own gateway certificate in `d` is served at `addr`.
+async fn assert_gateway_served(d: &std::path::Path, addr: &str) {
+    let gateway = identity(d, Role::Gateway);
+    let tls = gateway.connector(&[Role::Colocated]).expect("connector");
+    assert_eq!(talk(&tls, Role::Colocated, addr).await, Ok("ok".to_owned()));
 }

@@ -399,28 +399,24 @@ impl Matcher {
             return Action::Complete;
         }
         let cand = after(b);
-        if additional.is_none() {
+        let esc = if additional.is_none() {
             // Only the schema's names: the key must stay a prefix of one
             // not yet used.
             if (0..props.len().min(64)).all(|i| cand & (1 << i) == 0 || !unseen(i)) {
                 return Action::Reject;
             }
-            self.set_top(Frame::Key {
-                object,
-                cand,
-                len: len + 1,
-                esc,
-            });
-            return Action::Take;
-        }
-        let Some(esc) = string_byte(esc, b) else {
-            return Action::Reject;
+            esc
+        } else {
+            let Some(esc) = string_byte(esc, b) else {
+                return Action::Reject;
+            };
+            // A free key is bounded; a key that is a name's prefix runs up
+            // to the name (at most the schema's longest name).
+            if len as usize >= MAX_FREE_KEY && cand == 0 {
+                return Action::Reject;
+            }
+            esc
         };
-        // A free key is bounded; a key that is a name's prefix runs up to
-        // the name (at most the schema's longest name).
-        if len as usize >= MAX_FREE_KEY && cand == 0 {
-            return Action::Reject;
-        }
         self.set_top(Frame::Key {
             object,
             cand,

@@ -296,13 +296,7 @@ fn object(
         }
         for (name, s) in p {
             if name.len() > MAX_NAME_BYTES {
-                return Err(unsupported(
-                    at,
-                    &format!(
-                        "a property name of {} bytes (at most {MAX_NAME_BYTES})",
-                        name.len()
-                    ),
-                ));
+                return Err(too_big(at, "a property name", name.len(), MAX_NAME_BYTES));
             }
             if name.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
                 return Err(unsupported(
@@ -365,15 +359,19 @@ fn object(
 fn literal(v: &Value, at: &str) -> Result<Vec<u8>, SchemaError> {
     let t = v.to_string().into_bytes();
     if t.len() > MAX_LITERAL_BYTES {
-        return Err(unsupported(
+        return Err(too_big(
             at,
-            &format!(
-                "an enum or const value of {} bytes (at most {MAX_LITERAL_BYTES})",
-                t.len()
-            ),
+            "an enum or const value",
+            t.len(),
+            MAX_LITERAL_BYTES,
         ));
     }
     Ok(t)
+}
+
+/// The refusal of `what`, `len` bytes long, past its limit of `max`.
+fn too_big(at: &str, what: &str, len: usize, max: usize) -> SchemaError {
+    unsupported(at, &format!("{what} of {len} bytes (at most {max})"))
 }
 
 fn clip(s: &str) -> String {

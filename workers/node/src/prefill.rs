@@ -21,7 +21,7 @@
 
 mod forwarded;
 
-pub use forwarded::ContextKeys;
+pub use forwarded::{ContextKeys, FORWARD_AGE};
 
 use crate::hello::{HelloCheck, check_peer};
 use bulkhead_engine::{Engine, EngineError, PrefillEvent};

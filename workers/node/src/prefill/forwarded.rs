@@ -6,7 +6,13 @@
 use bulkhead_kv::CacheScope;
 use bulkhead_transfer::PrefillRequest;
 use bulkhead_worker_api::context::{Audience, ContextError, TenantContext, VerifyingKeys};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long after the gateway signed it a forwarded context is still taken:
+/// longer than a context's own life at decode (a request may wait there for
+/// its landing pages under load), and bounded, so an old context a decode
+/// host once saw soon opens nothing.
+pub const FORWARD_AGE: Duration = Duration::from_secs(300);
 
 /// The contexts a prefill worker accepts: signed under `keys`, for `model`.
 #[derive(Debug, Clone, Default)]
@@ -36,7 +42,16 @@ impl ContextKeys {
         if req.context.is_empty() {
             return Err(ContextError::Missing);
         }
-        let ctx = self.keys.verify(&req.context, now)?;
+        let ctx = self.keys.statement(&req.context)?;
+        let now_ms = now
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let age_ms = u64::try_from(FORWARD_AGE.as_millis()).unwrap_or(u64::MAX);
+        // Decode verified it fresh; here it must be no older than the
+        // forwarding bound (and not from the future).
+        if now_ms > ctx.issued_ms.saturating_add(age_ms) || ctx.issued_ms > now_ms + 5_000 {
+            return Err(ContextError::Expired);
+        }
         if ctx.model != self.model {
             return Err(ContextError::WrongModel(ctx.model));
         }
@@ -153,6 +168,16 @@ mod tests {
             keys.check(&request(7, forged, None), now),
             Err(ContextError::Invalid)
         );
+        // Older than the forwarding bound.
+        let late = now + FORWARD_AGE + Duration::from_secs(1);
+        assert_eq!(
+            keys.check(&request(7, h.clone(), None), late),
+            Err(ContextError::Expired)
+        );
+        // Past its own 30 s but within the bound: a request that waited at
+        // decode for its pages is still computed.
+        let waited = now + Duration::from_secs(60);
+        assert!(keys.check(&request(7, h.clone(), None), waited).is_ok());
         let elsewhere = ContextKeys::new(gateway.verifying(), "@cf/x/z");
         assert!(matches!(
             elsewhere.check(&request(7, h, None), now),
