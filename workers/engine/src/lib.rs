@@ -30,6 +30,7 @@ mod schedule;
 mod speed;
 mod stops;
 mod tokenizer;
+mod vocab;
 
 pub use crate::core::{
     EngineCore, EngineStats, FinishReason, Grant, LogitsError, PendingPrefill, PendingRequest,

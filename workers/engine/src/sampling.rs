@@ -183,9 +183,16 @@ impl Sampler {
                 trial[id as usize] = f32::NEG_INFINITY;
             }
         }
+        // Which tokens the grammar takes: one walk of the vocabulary sorted
+        // by bytes, sharing each prefix's matcher state.
+        let mut accepted = tokenizer.accepted_by(m);
+        accepted.resize(logits.len(), false);
+        if let Some(e) = accepted.get_mut(eos as usize) {
+            *e = m.can_end();
+        }
         let mut any = false;
-        for (i, l) in logits.iter_mut().enumerate() {
-            if *l == f32::NEG_INFINITY || !ok(u32::try_from(i).unwrap_or(u32::MAX)) {
+        for (l, ok) in logits.iter_mut().zip(&accepted) {
+            if *l == f32::NEG_INFINITY || !ok {
                 *l = f32::NEG_INFINITY;
             } else {
                 any = true;

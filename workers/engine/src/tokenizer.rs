@@ -33,6 +33,8 @@ pub struct Tokenizer {
     /// Each token's bytes; `None` for special tokens, which no constrained
     /// output may contain.
     bytes: Vec<Option<Box<[u8]>>>,
+    /// The same, sorted by bytes (what constrained sampling walks).
+    sorted: crate::vocab::SortedVocab,
 }
 
 impl Tokenizer {
@@ -116,7 +118,8 @@ impl Tokenizer {
                 let special = matches!(types.get(i), Some(2..=5));
                 if special { None } else { byte_level_bytes(t) }
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let sorted = crate::vocab::SortedVocab::new(&bytes);
         Ok(Tokenizer {
             inner,
             bos,
@@ -124,6 +127,7 @@ impl Tokenizer {
             add_bos,
             tokens,
             bytes,
+            sorted,
         })
     }
 
@@ -156,6 +160,16 @@ impl Tokenizer {
     /// id outside the vocabulary.
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
         self.bytes.get(id as usize).and_then(|b| b.as_deref())
+    }
+
+    /// Which tokens (by id) the grammar state `m` takes next, found by one
+    /// walk of the vocabulary sorted by bytes (what constrained sampling
+    /// does each step; end-of-sequence is not decided here).
+    pub fn accepted_by(&self, m: &bulkhead_grammar::Matcher) -> Vec<bool> {
+        let mut accepted = vec![false; self.bytes.len()];
+        self.sorted
+            .accepted(m, |id| self.token_bytes(id), &mut accepted);
+        accepted
     }
 
     pub(crate) fn bos_text(&self) -> String {
