@@ -6,6 +6,11 @@
 //! run. Reports A's time to first token (p50, p99) in each phase, the
 //! ratio of A's p99 under each flood to its p99 alone, and how each of B's
 //! requests ended: answered, refused at admission, or failed after waiting.
+//! With `--costly` it compares, instead, A's time to first token beside B's
+//! plain generations and beside the same generations in the costliest
+//! shape the API admits ([`costly`]).
+
+mod costly;
 
 use crate::bench::Prompts;
 use crate::bench::transfer::{Pair, in_process_pair};
@@ -40,6 +45,17 @@ pub(crate) struct NeighboursBenchArgs {
     /// Tenant B's concurrent streams in the reservation flood.
     #[arg(long, default_value_t = 13)]
     reserve_streams: usize,
+    /// Instead of the floods: A beside B's plain generations, then beside
+    /// the same in the costliest shape the API admits (the longest property
+    /// name under a schema, the most and longest stop strings).
+    #[arg(long)]
+    costly: bool,
+    /// With --costly: B's concurrent generations.
+    #[arg(long, default_value_t = 2)]
+    costly_streams: usize,
+    /// With --costly: tokens each of B's generations asks for.
+    #[arg(long, default_value_t = 256)]
+    costly_tokens: usize,
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -80,6 +96,20 @@ pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         // Warm-up, then A alone.
         ttft_of_a(&decode, &short, 1).await?;
         let alone = ttft_of_a(&decode, &short, args.samples).await?;
+        if args.costly {
+            let shape = (args.costly_streams.max(1), args.costly_tokens.max(1));
+            let alone_p99 = percentile(&alone, 99);
+            let mut report =
+                costly::phases(&decode, &short, args.samples, shape, alone_p99).await?;
+            report["alone"] = json!({"a_ttft_p50_ms": percentile(&alone, 50) * 1e3,
+                                     "a_ttft_p99_ms": alone_p99 * 1e3});
+            if args.json {
+                println!("{report}");
+            } else {
+                costly_table(&report);
+            }
+            return Ok(());
+        }
 
         // (a) B sends long in-window prompts, `long_streams` at a time.
         // The flood fills the prefill worker first.
@@ -233,6 +263,31 @@ fn print_table(
         );
     }
     println!("decode preemptions: {preemptions}");
+}
+
+/// The `--costly` figures as a table.
+fn costly_table(r: &serde_json::Value) {
+    let ms = |v: &serde_json::Value| v.as_f64().unwrap_or(f64::NAN);
+    println!(
+        "tenant A's time to first token beside B's {} generations of {} tokens",
+        r["b_streams"], r["b_tokens"]
+    );
+    println!("{:<44} {:>9} {:>9}", "phase", "p50 ms", "p99 ms");
+    for (name, key) in [
+        ("alone", "alone"),
+        ("B plain", "plain"),
+        ("B: 256-byte property name, 4 x 1,024-byte stops", "costly"),
+    ] {
+        println!(
+            "{name:<44} {:>9.1} {:>9.1}",
+            ms(&r[key]["a_ttft_p50_ms"]),
+            ms(&r[key]["a_ttft_p99_ms"])
+        );
+    }
+    println!(
+        "A's p99 beside the costly load / beside the plain one: {:.2}x (target <= 1.2)",
+        ms(&r["a_p99_costly_vs_plain"])
+    );
 }
 
 fn request(prompt: Vec<u32>, max_tokens: usize) -> GenerateRequest {
