@@ -112,6 +112,14 @@ impl PrefillSpeed {
         u.max(1)
     }
 
+    /// What `work` beyond the model (sampling) costs in step units,
+    /// rounded up: any such work is charged at least one unit.
+    pub(crate) fn units_charged(&self, work: Duration) -> usize {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let u = (UNIT * work.as_secs_f64() / self.secs_per_token).ceil() as usize;
+        u
+    }
+
     /// A step budget that takes about `step` to compute, in step units.
     pub(crate) fn units_in(&self, step: Duration) -> usize {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]

@@ -95,6 +95,11 @@ fn json_mode_and_schemas_give_output_that_parses_greedy_or_sampled() {
         );
     }
 
+    // Its sampling (the grammar's walk of the vocabulary each step) was
+    // charged to the tenant's fair share, as work beyond the model.
+    let charged = engine.stats().map_or(0, |s| s.sampling_units);
+    assert!(charged > 0, "no sampling work was charged");
+
     // A schema that bounds every string closes within the budget.
     let g = Grammar::from_schema(&schema()).expect("compiles");
     for (temperature, seed) in [(0.0, 0), (0.9, 1), (0.9, 2), (1.3, 3)] {

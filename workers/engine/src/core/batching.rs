@@ -152,10 +152,23 @@ impl EngineCore {
         }
         let tokenizer = self.model.tokenizer();
         let vocab = self.model.config.vocab;
+        // Sampling is work beyond the model that a request chooses (a
+        // grammar, stop strings): its time is charged to the tenant's fair
+        // share, as its prompt compute is.
+        let mut sampled: Vec<(TenantId, std::time::Duration)> = Vec::new();
         for (b, logits) in out.logits.iter().zip(self.buffers.logits.chunks_mut(vocab)) {
             let seq = &mut self.running[plan[*b].0];
             if !seq.done {
+                let start = std::time::Instant::now();
                 seq.accept(logits, tokenizer);
+                sampled.push((seq.owner.tenant(), start.elapsed()));
+            }
+        }
+        for (tenant, took) in sampled {
+            let units = self.speed.units_charged(took);
+            if units > 0 {
+                *self.served.entry(tenant).or_default() += units;
+                self.sampling_units += units as u64;
             }
         }
         // Prefilled sequences move to `held` until the decode side acks.

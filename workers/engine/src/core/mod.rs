@@ -190,6 +190,9 @@ pub struct EngineStats {
     pub held_transfers: usize,
     /// Sequences preempted so far (pages taken back; each resumed later).
     pub preemptions: u64,
+    /// Work beyond the model (sampling: a grammar's walk, stop strings)
+    /// charged so far to the tenants' fair shares, in step units.
+    pub sampling_units: u64,
 }
 
 pub(crate) type Sink = UnboundedSender<SeqEvent>;
@@ -299,6 +302,8 @@ pub struct EngineCore {
     tenant_share_percent: usize,
     prefix_cache: bool,
     preemptions: u64,
+    /// See [`EngineStats::sampling_units`].
+    sampling_units: u64,
     /// Compute each tenant got lately (step units, decayed every step).
     served: HashMap<TenantId, usize>,
     /// Which tenant's prefill goes first this step (rotates).
@@ -371,6 +376,7 @@ impl EngineCore {
             tenant_share_percent: config.tenant_share_percent.clamp(1, 100),
             prefix_cache: config.prefix_cache,
             preemptions: 0,
+            sampling_units: 0,
             served: HashMap::new(),
             prefill_turn: 0,
             waiting: VecDeque::new(),
@@ -480,6 +486,7 @@ impl EngineCore {
             draining_transfers: self.draining.len(),
             held_transfers: self.held.len(),
             preemptions: self.preemptions,
+            sampling_units: self.sampling_units,
         }
     }
 
