@@ -293,6 +293,15 @@ async fn bad_requests_get_clear_errors_in_the_api_format() {
         assert_eq!(got, *status, "{body}: {text}");
         assert_eq!(error_code(&text), *code, "{body}: {text}");
     }
+    // Stop strings past their stated count or length, at the worker's own
+    // door too.
+    let long = serde_json::json!({"raw": "hi", "stop": ["s".repeat(1025)]}).to_string();
+    let many = serde_json::json!({"raw": "hi", "stop": ["a", "b", "c", "d", "e"]}).to_string();
+    for body in [long, many] {
+        let (got, text) = post(&engine, 1, &body).await;
+        assert_eq!(got, StatusCode::BAD_REQUEST, "{text}");
+        assert_eq!(error_code(&text), "invalid_request", "{text}");
+    }
     let stats = engine.counters().expect("counters");
     assert_eq!(stats.allocations, 0, "no rejected request touched a page");
 }

@@ -29,7 +29,7 @@ pub const CONTEXT_HEADER: &str = "x-bulkhead-context";
 pub const CONTEXT_TTL: Duration = Duration::from_secs(30);
 
 /// Clock difference between hosts tolerated for `issued_ms`.
-pub(crate) const SKEW_MS: u64 = 5_000;
+pub const SKEW_MS: u64 = 5_000;
 
 /// Longest header accepted.
 pub const MAX_HEADER: usize = 4096;

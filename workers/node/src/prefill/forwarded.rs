@@ -5,7 +5,7 @@
 
 use bulkhead_kv::CacheScope;
 use bulkhead_transfer::PrefillRequest;
-use bulkhead_worker_api::context::{Audience, ContextError, TenantContext, VerifyingKeys};
+use bulkhead_worker_api::context::{Audience, ContextError, SKEW_MS, TenantContext, VerifyingKeys};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long after the gateway signed it a forwarded context is still taken:
@@ -49,7 +49,7 @@ impl ContextKeys {
         let age_ms = u64::try_from(FORWARD_AGE.as_millis()).unwrap_or(u64::MAX);
         // Decode verified it fresh; here it must be no older than the
         // forwarding bound (and not from the future).
-        if now_ms > ctx.issued_ms.saturating_add(age_ms) || ctx.issued_ms > now_ms + 5_000 {
+        if now_ms > ctx.issued_ms.saturating_add(age_ms) || ctx.issued_ms > now_ms + SKEW_MS {
             return Err(ContextError::Expired);
         }
         if ctx.model != self.model {
