@@ -193,9 +193,27 @@ pub(crate) fn attend_tile_at<E: KvElement>(
     #[cfg(not(target_arch = "x86_64"))]
     let qs: Vec<*const f32> = Vec::new();
     for (pi, keys) in pages.keys[..n_pages].iter().enumerate() {
+        // The next key page is on its way from memory while this one is
+        // scored (the pages of a sequence are not adjacent in memory, so
+        // the hardware prefetchers do not follow them).
+        if let Some(next) = pages.keys[..n_pages].get(pi + 1) {
+            prefetch(&next[..hd * w], Level::L1);
+        }
         let m = w.min(tile.last_ctx() - pi * w);
         page_scores(level, tile, &qs, keys, PageAt { pi, w, m }, scores, stride);
     }
+    let span_tokens = if pairs <= 3 {
+        tile.last_ctx()
+    } else {
+        VALUE_TILE
+    };
+    // The first value tile comes in while the scores become probabilities.
+    prefetch_values(
+        &pages.values[..n_pages],
+        0..span_tokens.min(tile.last_ctx()),
+        hd,
+        w,
+    );
     for p in 0..pairs {
         let sc = &mut scores[p * stride..p * stride + tile.ctx(p)];
         attention_softmax(sc, softmax.scale, softmax.round_f16);
@@ -208,14 +226,11 @@ pub(crate) fn attend_tile_at<E: KvElement>(
     let values = &pages.values[..n_pages];
     // One pass when every pair goes in one kernel call (no row shares a
     // value tile with another): the rows stream through once anyway.
-    let span_tokens = if pairs <= 3 {
-        tile.last_ctx()
-    } else {
-        VALUE_TILE
-    };
     let mut lo = 0;
     while lo < tile.last_ctx() {
         let hi = (lo + span_tokens).min(tile.last_ctx());
+        // The next value tile comes in while this one is summed.
+        prefetch_values(values, hi..(hi + span_tokens).min(tile.last_ctx()), hd, w);
         let span = Span {
             lo,
             hi,
@@ -227,6 +242,51 @@ pub(crate) fn attend_tile_at<E: KvElement>(
         lo = hi;
     }
     reduce_lanes(level, tile.order, pairs, hd, acc, out);
+}
+
+/// The cache level a prefetch brings its lines to.
+#[derive(Debug, Clone, Copy)]
+enum Level {
+    L1,
+    L2,
+}
+
+/// Asks the CPU to bring `data` into cache; a hint, without effect on
+/// results (and none off x86-64).
+#[inline]
+fn prefetch<E>(data: &[E], level: Level) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
+        let (p, bytes) = (data.as_ptr().cast::<i8>(), std::mem::size_of_val(data));
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch reads nothing and cannot fault; the
+            // address lies within `data`.
+            unsafe {
+                match level {
+                    Level::L1 => _mm_prefetch::<_MM_HINT_T0>(p.add(off)),
+                    Level::L2 => _mm_prefetch::<_MM_HINT_T1>(p.add(off)),
+                }
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, level);
+}
+
+/// Prefetches (to L2) the value rows of `tokens` from pages of `w` rows
+/// of `hd` values.
+fn prefetch_values<E>(values: &[&[E]], tokens: std::ops::Range<usize>, hd: usize, w: usize) {
+    if tokens.is_empty() {
+        return;
+    }
+    for page in tokens.start / w..tokens.end.div_ceil(w) {
+        let lo = tokens.start.max(page * w) - page * w;
+        let hi = tokens.end.min((page + 1) * w) - page * w;
+        if let Some(rows) = values.get(page).and_then(|v| v.get(lo * hd..hi * hd)) {
+            prefetch(rows, Level::L2);
+        }
+    }
 }
 
 /// Where one key page sits: page `pi` of `w` slots, of which `m` count.

@@ -352,31 +352,32 @@ pub(crate) mod avx2 {
                 out: OutPtr,
                 stride: usize,
             ) {
-                /// Weight rows `j..j + WR` by every activation row, four
-                /// at a time, then one.
+                /// Activation rows `r..r + AR` by every weight row of
+                /// `rows`, two at a time, then one. The task's weight rows
+                /// stay in L1 while the activation rows are read once.
                 ///
                 /// # Safety
-                /// As the driver's, for rows `j..j + WR`.
+                /// As the driver's, for activation rows `r..r + AR`.
                 #[target_feature(enable = $features)]
-                unsafe fn rows_of<K: Kind, const WR: usize>(
+                unsafe fn weights_of<K: Kind, const AR: usize>(
                     w: &WeightsQ,
-                    j: usize,
-                    a: &ActivationsQ8,
+                    rows: std::ops::Range<usize>,
+                    (a, r): (&ActivationsQ8, usize),
                     out: OutPtr,
                     stride: usize,
                 ) {
-                    // SAFETY: every call stays inside the activation rows.
-                    in_blocks::<4>(
-                        0..a.rows(),
-                        |r| unsafe { $tile::<K, WR, 4>(w, j, a, r, out, stride) },
-                        |r| unsafe { $tile::<K, WR, 1>(w, j, a, r, out, stride) },
+                    // SAFETY: every call stays inside `rows`.
+                    in_blocks::<2>(
+                        rows,
+                        |j| unsafe { $tile::<K, 2, AR>(w, j, a, r, out, stride) },
+                        |j| unsafe { $tile::<K, 1, AR>(w, j, a, r, out, stride) },
                     );
                 }
-                // SAFETY: every call stays inside `rows`.
-                in_blocks::<2>(
-                    rows,
-                    |j| unsafe { rows_of::<K, 2>(w, j, a, out, stride) },
-                    |j| unsafe { rows_of::<K, 1>(w, j, a, out, stride) },
+                // SAFETY: every call stays inside the activation rows.
+                in_blocks::<4>(
+                    0..a.rows(),
+                    |r| unsafe { weights_of::<K, 4>(w, rows.clone(), (a, r), out, stride) },
+                    |r| unsafe { weights_of::<K, 1>(w, rows.clone(), (a, r), out, stride) },
                 );
             }
 
@@ -403,30 +404,50 @@ pub(crate) mod avx2 {
                 // weights and activations, whose lengths the types establish.
                 unsafe {
                     let mut acc = [[_mm256_setzero_ps(); AR]; WR];
-                    // Minimum terms: with four rows, the four running sums of a
-                    // weight row sit in one vector (lane t: row r + t); each lane
-                    // is the same sequential chain of fused multiply-adds.
-                    let mut summs4 = [_mm_setzero_ps(); WR];
-                    let mut summs = [[0f32; AR]; WR];
-                    let s4 = a.s4.as_ptr().add((r / 4) * nb * 4);
-                    for b in 0..nb {
-                        let mut x = [_mm256_setzero_si256(); WR];
+                    // The scale products `d_w · d_a` of a run of blocks,
+                    // formed first (eight at a time) so that the block loop
+                    // reads each as one broadcast load and keeps its
+                    // registers for the accumulators.
+                    let mut dd = [[[0f32; DD_RUN]; AR]; WR];
+                    let mut b0 = 0;
+                    while b0 < nb {
+                        let run = (nb - b0).min(DD_RUN);
                         for u in 0..WR {
-                            x[u] = K::load(wq.add(((j + u) * nb + b) * K::QBYTES));
-                        }
-                        for t in 0..AR {
-                            let ab = (r + t) * nb + b;
-                            let y = _mm256_loadu_si256(aq.add(ab * BLOCK).cast());
-                            let da = _mm256_set1_ps(*ad.add(ab));
-                            for u in 0..WR {
-                                let (ux, sy) = K::prep(x[u], y);
-                                let p = _mm256_cvtepi32_ps($dot(ux, sy));
-                                let dd =
-                                    _mm256_mul_ps(_mm256_set1_ps(*wd.add((j + u) * nb + b)), da);
-                                acc[u][t] = _mm256_fmadd_ps(dd, p, acc[u][t]);
+                            for t in 0..AR {
+                                let (dw, da) = (wd.add((j + u) * nb + b0), ad.add((r + t) * nb + b0));
+                                for i in 0..run {
+                                    dd[u][t][i] = *dw.add(i) * *da.add(i);
+                                }
                             }
                         }
-                        if K::HAS_MIN {
+                        for i in 0..run {
+                            let b = b0 + i;
+                            let mut x = [_mm256_setzero_si256(); WR];
+                            for u in 0..WR {
+                                x[u] = K::load(wq.add(((j + u) * nb + b) * K::QBYTES));
+                            }
+                            for t in 0..AR {
+                                let y = _mm256_loadu_si256(aq.add(((r + t) * nb + b) * BLOCK).cast());
+                                for u in 0..WR {
+                                    let (ux, sy) = K::prep(x[u], y);
+                                    let p = _mm256_cvtepi32_ps($dot(ux, sy));
+                                    let d = _mm256_broadcast_ss(&dd[u][t][i]);
+                                    acc[u][t] = _mm256_fmadd_ps(d, p, acc[u][t]);
+                                }
+                            }
+                        }
+                        b0 += run;
+                    }
+                    // Minimum terms, a chain of their own (so after the
+                    // products, in the same order): with four rows, the four
+                    // running sums of a weight row sit in one vector (lane t:
+                    // row r + t); each lane is the same sequential chain of
+                    // fused multiply-adds.
+                    let mut summs4 = [_mm_setzero_ps(); WR];
+                    let mut summs = [[0f32; AR]; WR];
+                    if K::HAS_MIN {
+                        let s4 = a.s4.as_ptr().add((r / 4) * nb * 4);
+                        for b in 0..nb {
                             if AR == 4 {
                                 let sv = _mm_loadu_ps(s4.add(b * 4));
                                 for u in 0..WR {
@@ -436,9 +457,10 @@ pub(crate) mod avx2 {
                             } else {
                                 for u in 0..WR {
                                     for t in 0..AR {
-                                        let m = *wm.add((j + u) * nb + b);
-                                        summs[u][t] =
-                                            m.mul_add(*asum.add((r + t) * nb + b), summs[u][t]);
+                                        let m = _mm_set_ss(*wm.add((j + u) * nb + b));
+                                        let s = _mm_set_ss(*asum.add((r + t) * nb + b));
+                                        let acc = _mm_set_ss(summs[u][t]);
+                                        summs[u][t] = _mm_cvtss_f32(_mm_fmadd_ss(m, s, acc));
                                     }
                                 }
                             }
@@ -457,10 +479,16 @@ pub(crate) mod avx2 {
         };
     }
 
+    /// Blocks whose scale products a tile forms at once.
+    const DD_RUN: usize = 32;
+
     tile_kernel!(tiles_madd, tile_madd, "avx2,fma,f16c", dot_madd);
 
     /// The AVX-512 driver: activation rows in eights (two per 512-bit
-    /// register), the remainder through the 256-bit VNNI tiles.
+    /// register), the remainder through the 256-bit VNNI tiles. Each group
+    /// of activation rows meets every weight row of `rows` before the next
+    /// group is read, so the task's weight rows stay in L1 and the
+    /// activations are read once.
     ///
     /// # Safety
     /// The CPU has AVX-512 F/BW/DQ/VL/VNNI besides AVX2, FMA and F16C; `rows`
@@ -474,38 +502,41 @@ pub(crate) mod avx2 {
         out: OutPtr,
         stride: usize,
     ) {
-        // SAFETY: every call stays inside `rows`.
-        in_blocks::<2>(
-            rows,
-            |j| unsafe { row_tiles::<K, 2>(w, j, a, out, stride) },
-            |j| unsafe { row_tiles::<K, 1>(w, j, a, out, stride) },
-        );
-    }
-
-    /// `WR` weight rows from `j` by every activation row: eight rows a tile
-    /// while eight remain, then four, then one.
-    ///
-    /// # Safety
-    /// As [`tiles_512`]'s: rows `j..j + WR` of the weights exist, and their
-    /// outputs are writable for every activation row.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-    unsafe fn row_tiles<K: Kind, const WR: usize>(
-        w: &WeightsQ,
-        j: usize,
-        a: &ActivationsQ8,
-        out: OutPtr,
-        stride: usize,
-    ) {
         let n_act = a.rows();
         let full = n_act / 8 * 8;
-        // SAFETY: every call stays inside the activation rows.
+        // SAFETY (every call): inside `rows` and the activation rows.
         for r in (0..full).step_by(8) {
-            unsafe { tile512::<K, WR>((w, j), (a, r), (out, stride)) };
+            in_blocks::<2>(
+                rows.clone(),
+                |j| unsafe { tile512::<K, 2>((w, j), (a, r), (out, stride)) },
+                |j| unsafe { tile512::<K, 1>((w, j), (a, r), (out, stride)) },
+            );
         }
         in_blocks::<4>(
             full..n_act,
-            |r| unsafe { tile_vnni::<K, WR, 4>(w, j, a, r, out, stride) },
-            |r| unsafe { tile_vnni::<K, WR, 1>(w, j, a, r, out, stride) },
+            |r| unsafe { vnni_row::<K, 4>(w, rows.clone(), (a, r), out, stride) },
+            |r| unsafe { vnni_row::<K, 1>(w, rows.clone(), (a, r), out, stride) },
+        );
+    }
+
+    /// Activation rows `r..r + AR` by every weight row of `rows` through
+    /// the 256-bit VNNI tiles.
+    ///
+    /// # Safety
+    /// As [`tiles_512`]'s, for activation rows `r..r + AR`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+    unsafe fn vnni_row<K: Kind, const AR: usize>(
+        w: &WeightsQ,
+        rows: std::ops::Range<usize>,
+        (a, r): (&ActivationsQ8, usize),
+        out: OutPtr,
+        stride: usize,
+    ) {
+        // SAFETY: every call stays inside `rows`.
+        in_blocks::<2>(
+            rows,
+            |j| unsafe { tile_vnni::<K, 2, AR>(w, j, a, r, out, stride) },
+            |j| unsafe { tile_vnni::<K, 1, AR>(w, j, a, r, out, stride) },
         );
     }
 
