@@ -32,8 +32,8 @@
 //!
 //! No kernel reads a key or value slot at or past the tile's last context
 //! length: AVX-512 loads are masked, AVX2 takes whole groups of eight and
-//! leaves the rest to the scalar path, and value chains stop at each pair's
-//! own context. The caller hands in only pages it has checked.
+//! scores the rest from a zero-padded copy of just those slots, and value
+//! chains stop at each pair's own context. The caller hands in only pages it has checked.
 
 mod simd;
 
@@ -49,12 +49,15 @@ pub const VALUE_TILE: usize = 512;
 pub trait KvElement: Copy + Send + Sync + 'static {
     /// Whether the element is an IEEE half (selects the SIMD loads).
     const IS_F16: bool;
+    /// Zero.
+    const ZERO: Self;
     /// The value as f32 (exact for both types).
     fn to_f32(self) -> f32;
 }
 
 impl KvElement for f32 {
     const IS_F16: bool = false;
+    const ZERO: Self = 0.0;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
@@ -63,6 +66,7 @@ impl KvElement for f32 {
 
 impl KvElement for half::f16 {
     const IS_F16: bool = true;
+    const ZERO: Self = half::f16::ZERO;
     #[inline(always)]
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)

@@ -233,22 +233,93 @@ macro_rules! width_kernels {
             out: *mut f32,
             stride: usize,
         ) -> usize {
-            let outs: Vec<*mut f32> = (0..qs.len())
-                .map(|p| out.wrapping_add(p * stride))
-                .collect();
+            // Each pair's output pointer, on the stack for the tiles there
+            // are (no allocation per page).
+            let mut stack = [std::ptr::null_mut::<f32>(); 64];
+            let mut heap = Vec::new();
+            let outs: &mut [*mut f32] = if qs.len() <= stack.len() {
+                &mut stack[..qs.len()]
+            } else {
+                heap.resize(qs.len(), std::ptr::null_mut());
+                &mut heap
+            };
+            for (p, o) in outs.iter_mut().enumerate() {
+                *o = out.wrapping_add(p * stride);
+            }
+            let outs = &*outs;
             let vec_dot = order == SumOrder::VecDot;
             let mut t0 = 0;
             // SAFETY (both loops): as this function's contract, for the
             // vectors below `pg.m`.
             while t0 + $snt * W <= pg.m {
-                unsafe { score_vectors::<E, $snt>(qs, &outs, pg, t0, ALL, vec_dot) };
+                unsafe { score_vectors::<E, $snt>(qs, outs, pg, t0, ALL, vec_dot) };
                 t0 += $snt * W;
             }
             while t0 < pg.m && (MASKED || t0 + W <= pg.m) {
-                unsafe { score_vectors::<E, 1>(qs, &outs, pg, t0, mask(pg.m - t0), vec_dot) };
+                unsafe { score_vectors::<E, 1>(qs, outs, pg, t0, mask(pg.m - t0), vec_dot) };
                 t0 += W;
             }
+            if t0 < pg.m && pg.hd <= PAD_HD && qs.len() <= PAD_PAIRS {
+                // SAFETY: as this function's contract, for slots t0..m.
+                unsafe { padded_scores(qs, outs, pg, t0, vec_dot) };
+                t0 = pg.m;
+            }
             t0.min(pg.m)
+        }
+
+        /// Head dimensions up to which a partial vector goes through
+        /// [`padded_scores`] (larger heads take the scalar path).
+        const PAD_HD: usize = 128;
+
+        /// Pairs up to which a partial vector goes through [`padded_scores`].
+        const PAD_PAIRS: usize = 32;
+
+        /// The scores of slots `t0..pg.m` (fewer than a vector, where
+        /// loads cannot be masked) by the vector kernel: the slots are
+        /// copied into a zero-padded page of one vector, so nothing past
+        /// `pg.m` is read from the page, and only the wanted scores are
+        /// written out. The kernel sums each score in the same order as
+        /// for whole vectors.
+        ///
+        /// # Safety
+        /// As [`page_scores`]; `t0 < pg.m`, `pg.hd <= PAD_HD` and at most
+        /// `PAD_PAIRS` pairs.
+        #[inline(never)]
+        unsafe fn padded_scores<E: KvElement>(
+            qs: &[*const f32],
+            outs: &[*mut f32],
+            pg: &KeyPage<E>,
+            t0: usize,
+            vec_dot: bool,
+        ) {
+            let n = pg.m - t0;
+            let mut keys = [E::ZERO; PAD_HD * W];
+            let mut tmp = [[0f32; W]; PAD_PAIRS];
+            let mut touts = [std::ptr::null_mut::<f32>(); PAD_PAIRS];
+            // SAFETY: slots t0..m of every dimension are readable; the
+            // buffers hold `hd × W` keys and a vector per pair.
+            unsafe {
+                for d in 0..pg.hd {
+                    for t in 0..n {
+                        keys[d * W + t] = *pg.k.add(d * pg.width + t0 + t);
+                    }
+                }
+                for (o, row) in touts.iter_mut().zip(tmp.iter_mut()) {
+                    *o = row.as_mut_ptr();
+                }
+                let padded = KeyPage {
+                    k: keys.as_ptr(),
+                    width: W,
+                    hd: pg.hd,
+                    m: W,
+                };
+                score_vectors::<E, 1>(qs, &touts[..qs.len()], &padded, 0, ALL, vec_dot);
+                for (p, out) in outs.iter().enumerate() {
+                    for t in 0..n {
+                        *out.add(t0 + t) = tmp[p][t];
+                    }
+                }
+            }
         }
 
         /// `NV` vectors of one value row from `row`.
