@@ -158,9 +158,15 @@ pub(crate) mod avx2 {
         // SAFETY (all arms): the features each kernel needs are present.
         unsafe {
             match (w.format(), vnni) {
-                (WeightFormat::Q4_1, false) => tiles_madd::<Q41>(w, rows, a, out, stride),
-                (WeightFormat::Q4_0, false) => tiles_madd::<Q40>(w, rows, a, out, stride),
-                (WeightFormat::Q8_0, false) => tiles_madd::<Q80>(w, rows, a, out, stride),
+                (WeightFormat::Q4_1, false) => {
+                    tiles_madd::<Q41>(w, rows, (a, 0..a.rows()), out, stride)
+                }
+                (WeightFormat::Q4_0, false) => {
+                    tiles_madd::<Q40>(w, rows, (a, 0..a.rows()), out, stride)
+                }
+                (WeightFormat::Q8_0, false) => {
+                    tiles_madd::<Q80>(w, rows, (a, 0..a.rows()), out, stride)
+                }
                 (WeightFormat::Q4_1, true) => tiles_512::<Q41>(w, rows, a, out, stride),
                 (WeightFormat::Q4_0, true) => tiles_512::<Q40>(w, rows, a, out, stride),
                 (WeightFormat::Q8_0, true) => tiles_512::<Q80>(w, rows, a, out, stride),
@@ -338,17 +344,20 @@ pub(crate) mod avx2 {
             tile_kernel!(@tile $tile, $features, $dot);
         };
         (@driver $name:ident, $tile:ident, $features:literal) => {
-            /// Every output of weight rows `rows` by every activation row.
+            /// Every output of weight rows `rows` by activation rows `acts`
+            /// (four at a time, then one).
             ///
             /// # Safety
             /// The CPU has the features this kernel is compiled for; `rows` lies
-            /// within the weights' rows; `out` is writable at `r × stride + j` for
-            /// every activation row `r` and weight row `j` in `rows`.
+            /// within the weights' rows and `acts` within the activations'
+            /// (starting at a multiple of four); `out` is writable at
+            /// `r × stride + j` for every activation row `r` in `acts` and
+            /// weight row `j` in `rows`.
             #[target_feature(enable = $features)]
             unsafe fn $name<K: Kind>(
                 w: &WeightsQ,
                 rows: std::ops::Range<usize>,
-                a: &ActivationsQ8,
+                (a, acts): (&ActivationsQ8, std::ops::Range<usize>),
                 out: OutPtr,
                 stride: usize,
             ) {
@@ -375,7 +384,7 @@ pub(crate) mod avx2 {
                 }
                 // SAFETY: every call stays inside the activation rows.
                 in_blocks::<4>(
-                    0..a.rows(),
+                    acts,
                     |r| unsafe { weights_of::<K, 4>(w, rows.clone(), (a, r), out, stride) },
                     |r| unsafe { weights_of::<K, 1>(w, rows.clone(), (a, r), out, stride) },
                 );
@@ -512,32 +521,7 @@ pub(crate) mod avx2 {
                 |j| unsafe { tile512::<K, 1>((w, j), (a, r), (out, stride)) },
             );
         }
-        in_blocks::<4>(
-            full..n_act,
-            |r| unsafe { vnni_row::<K, 4>(w, rows.clone(), (a, r), out, stride) },
-            |r| unsafe { vnni_row::<K, 1>(w, rows.clone(), (a, r), out, stride) },
-        );
-    }
-
-    /// Activation rows `r..r + AR` by every weight row of `rows` through
-    /// the 256-bit VNNI tiles.
-    ///
-    /// # Safety
-    /// As [`tiles_512`]'s, for activation rows `r..r + AR`.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-    unsafe fn vnni_row<K: Kind, const AR: usize>(
-        w: &WeightsQ,
-        rows: std::ops::Range<usize>,
-        (a, r): (&ActivationsQ8, usize),
-        out: OutPtr,
-        stride: usize,
-    ) {
-        // SAFETY: every call stays inside `rows`.
-        in_blocks::<2>(
-            rows,
-            |j| unsafe { tile_vnni::<K, 2, AR>(w, j, a, r, out, stride) },
-            |j| unsafe { tile_vnni::<K, 1, AR>(w, j, a, r, out, stride) },
-        );
+        unsafe { tiles_vnni::<K>(w, rows, (a, full..n_act), out, stride) };
     }
 
     /// `WR` weight rows from `j` by eight activation rows from `r`; each
@@ -619,5 +603,10 @@ pub(crate) mod avx2 {
             }
         }
     }
-    tile_kernel!(@tile tile_vnni, "avx2,fma,f16c,avx512vnni,avx512vl", dot_vnni);
+    tile_kernel!(
+        tiles_vnni,
+        tile_vnni,
+        "avx2,fma,f16c,avx512vnni,avx512vl",
+        dot_vnni
+    );
 }
