@@ -166,6 +166,9 @@ fn ratio(a: &Value, b: &Value) -> Option<f64> {
 /// [`super::LLAMA_CPP_PRELUDE`]).
 const LLAMA_CPP_SCRIPT: &str = r#"
 prefill = {}
+if cfg["lengths"]:
+    # Warm, as Bulkhead's engine is: the weights paged in, the threads up.
+    llm.eval(cfg["prompt"][:32]); llm.reset()
 for n in cfg["lengths"]:
     llm.reset()
     t0 = time.perf_counter(); llm.eval(cfg["prompt"][:n]); prefill[str(n)] = time.perf_counter() - t0

@@ -32,8 +32,9 @@
 //!
 //! No kernel reads a key or value slot at or past the tile's last context
 //! length: AVX-512 loads are masked, AVX2 takes whole groups of eight and
-//! scores the rest from a zero-padded copy of just those slots, and value
-//! chains stop at each pair's own context. The caller hands in only pages it has checked.
+//! scores the rest from a zero-padded copy of just those slots (the scalar
+//! path takes them past 128 head dimensions or 64 pairs), and value chains
+//! stop at each pair's own context. The caller hands in only pages it has checked.
 
 mod simd;
 
@@ -211,10 +212,12 @@ pub(crate) fn attend_tile_at<E: KvElement>(
     } else {
         VALUE_TILE
     };
-    // The first value tile comes in while the scores become probabilities.
+    // The first value tile comes in while the scores become probabilities
+    // (at most a tile's worth: a one-row tile sums its whole context at once).
+    let ahead = span_tokens.min(VALUE_TILE);
     prefetch_values(
         &pages.values[..n_pages],
-        0..span_tokens.min(tile.last_ctx()),
+        0..ahead.min(tile.last_ctx()),
         hd,
         w,
     );
@@ -234,7 +237,7 @@ pub(crate) fn attend_tile_at<E: KvElement>(
     while lo < tile.last_ctx() {
         let hi = (lo + span_tokens).min(tile.last_ctx());
         // The next value tile comes in while this one is summed.
-        prefetch_values(values, hi..(hi + span_tokens).min(tile.last_ctx()), hd, w);
+        prefetch_values(values, hi..(hi + ahead).min(tile.last_ctx()), hd, w);
         let span = Span {
             lo,
             hi,
@@ -302,8 +305,9 @@ struct PageAt {
 }
 
 /// Scores of every pair against slots `0..m` of one key page, into
-/// `scores[p * stride + pi * w + t]`: the SIMD kernels for whole vectors,
-/// the scalar sum for the rest.
+/// `scores[p * stride + pi * w + t]`: the SIMD kernels (and, on AVX2, their
+/// zero-padded copy of a last partial vector), the scalar sum for what
+/// they leave.
 fn page_scores<F: KvElement>(
     level: SimdLevel,
     tile: &QueryTile<'_>,

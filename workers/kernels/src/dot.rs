@@ -414,7 +414,7 @@ pub(crate) mod avx2 {
                 unsafe {
                     let mut acc = [[_mm256_setzero_ps(); AR]; WR];
                     // The scale products `d_w · d_a` of a run of blocks,
-                    // formed first (eight at a time) so that the block loop
+                    // formed first so that the block loop
                     // reads each as one broadcast load and keeps its
                     // registers for the accumulators.
                     let mut dd = [[[0f32; DD_RUN]; AR]; WR];
@@ -468,8 +468,8 @@ pub(crate) mod avx2 {
                                     for t in 0..AR {
                                         let m = _mm_set_ss(*wm.add((j + u) * nb + b));
                                         let s = _mm_set_ss(*asum.add((r + t) * nb + b));
-                                        let acc = _mm_set_ss(summs[u][t]);
-                                        summs[u][t] = _mm_cvtss_f32(_mm_fmadd_ss(m, s, acc));
+                                        let c = _mm_set_ss(summs[u][t]);
+                                        summs[u][t] = _mm_cvtss_f32(_mm_fmadd_ss(m, s, c));
                                     }
                                 }
                             }

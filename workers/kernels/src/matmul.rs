@@ -166,8 +166,13 @@ mod tests {
     fn simd_matches_scalar_and_f32_reference() {
         let mut seed = 7;
         for format in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0] {
-            for rows_in in [1usize, 3, 4, 9] {
-                let (rows, cols) = (40, 96);
+            // A second shape crosses a run of scale products (33 blocks),
+            // ends on an odd weight row, and has whole and ragged groups
+            // of activation rows.
+            for (rows_in, (rows, cols)) in [1usize, 3, 4, 9, 13]
+                .into_iter()
+                .flat_map(|r| [(r, (40, 96)), (r, (41, 1056))])
+            {
                 let w = WeightsQ::from_gguf_bytes(
                     format,
                     rows,

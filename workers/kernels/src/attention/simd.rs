@@ -272,7 +272,7 @@ macro_rules! width_kernels {
         const PAD_HD: usize = 128;
 
         /// Pairs up to which a partial vector goes through [`padded_scores`].
-        const PAD_PAIRS: usize = 32;
+        const PAD_PAIRS: usize = 64;
 
         /// The scores of slots `t0..pg.m` (fewer than a vector, where
         /// loads cannot be masked) by the vector kernel: the slots are
@@ -557,7 +557,8 @@ pub(super) mod avx2 {
     /// AVX2 has no masked access: every call touches all eight slots.
     type Mask = ();
 
-    /// Whole vectors only: a page's last partial vector is the caller's.
+    /// Whole vectors only: a page's last partial vector goes through a
+    /// zero-padded copy (`padded_scores`).
     const MASKED: bool = false;
 
     /// All eight slots.
