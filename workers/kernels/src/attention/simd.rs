@@ -235,7 +235,7 @@ macro_rules! width_kernels {
         ) -> usize {
             // Each pair's output pointer, on the stack for the tiles there
             // are (no allocation per page).
-            let mut stack = [std::ptr::null_mut::<f32>(); 64];
+            let mut stack = [std::ptr::null_mut::<f32>(); PAD_PAIRS];
             let mut heap = Vec::new();
             let outs: &mut [*mut f32] = if qs.len() <= stack.len() {
                 &mut stack[..qs.len()]
@@ -271,7 +271,8 @@ macro_rules! width_kernels {
         /// [`padded_scores`] (larger heads take the scalar path).
         const PAD_HD: usize = 128;
 
-        /// Pairs up to which a partial vector goes through [`padded_scores`].
+        /// Pairs up to which a partial vector goes through [`padded_scores`]
+        /// (and output pointers stay on the stack).
         const PAD_PAIRS: usize = 64;
 
         /// The scores of slots `t0..pg.m` (fewer than a vector, where

@@ -220,6 +220,10 @@ fn every_width_equals_attention_written_plainly() {
         (3, 25, 2, 32, 16),
         (2, 9, 3, 24, 8),
         (2, 19, 1, 72, 16),
+        // Past the padded partial vector's bounds (the scalar path takes
+        // the last slots): a 160-dimension head, and 66 pairs.
+        (1, 21, 3, 160, 16),
+        (22, 5, 3, 64, 16),
     ];
     for case in cases {
         for order in [SumOrder::Sgemm, SumOrder::VecDot] {
