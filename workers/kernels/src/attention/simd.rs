@@ -603,9 +603,9 @@ pub(super) mod avx2 {
         _mm256_fmadd_ps,
         _mm256_loadu_ps,
         _mm256_storeu_ps,
-        score_pairs: 4,
+        score_pairs: 6,
         score_vectors: 2,
-        value_pairs: 4,
+        value_pairs: 6,
         value_vectors: 2
     );
 }
