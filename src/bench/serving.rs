@@ -201,7 +201,12 @@ async fn drive(
 ) -> anyhow::Result<Figures> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    let http: Http = HttpClient::builder(TokioExecutor::new()).build(connector);
+    // A fresh connection per request, as each client of `vllm bench serve`
+    // would open: a pooled one that the server closed after its last
+    // stream (llama-server does) fails the next request before it is sent.
+    let http: Http = HttpClient::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(connector);
     let queue = std::sync::Arc::new(std::sync::Mutex::new(prompts(args.seed, args.requests)));
     let start = Instant::now();
     let mut clients = Vec::new();
