@@ -201,9 +201,9 @@ async fn drive(
 ) -> anyhow::Result<Figures> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
-    // A fresh connection per request, as each client of `vllm bench serve`
-    // would open: a pooled one that the server closed after its last
-    // stream (llama-server does) fails the next request before it is sent.
+    // A fresh connection per request: a pooled one that the server closed
+    // after its last stream (llama-server does) fails the next request
+    // before it is sent.
     let http: Http = HttpClient::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build(connector);
