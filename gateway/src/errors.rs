@@ -60,6 +60,9 @@ pub(crate) enum GatewayError {
         limit_neurons: u64,
         retry_after_secs: u64,
     },
+    /// Every worker that serves the model has more prompt work queued than
+    /// it could finish in time with this one: refused at once, to retry.
+    Busy { retry_after_secs: u64 },
     /// No routable worker, or the gateway lost its routing table.
     Unavailable(&'static str),
     /// The worker failed the request.
@@ -86,6 +89,7 @@ impl From<UpstreamError> for GatewayError {
                 code,
                 message,
                 overflow,
+                retry_after_ms,
                 ..
             } => match code.as_str() {
                 // Workers AI's own wording; OpenAI's names the lengths.
@@ -98,6 +102,11 @@ impl From<UpstreamError> for GatewayError {
                 "prefill_too_long" => GatewayError::ContextTooLong { message, overflow },
                 "invalid_request" => GatewayError::BadInput(message),
                 "unavailable" => GatewayError::Unavailable("no worker can take the request now"),
+                // Every worker tried had too much prefill queued: when the
+                // last one expects room, never the queue's contents.
+                "prefill_queue_full" => GatewayError::Busy {
+                    retry_after_secs: retry_after_ms.unwrap_or(1000).div_ceil(1000).max(1),
+                },
                 _ => GatewayError::Upstream,
             },
             UpstreamError::Unreachable | UpstreamError::Protocol => GatewayError::Upstream,
@@ -161,6 +170,7 @@ impl GatewayError {
             GatewayError::ContextTooLong { .. } => "context_length_exceeded",
             GatewayError::RateLimited { .. } => "rate_limited",
             GatewayError::OverBudget { .. } => "over_budget",
+            GatewayError::Busy { .. } => "capacity_exceeded",
             GatewayError::Unavailable(_) => "unavailable",
             GatewayError::Upstream => "upstream",
             GatewayError::Withdrawn => "model_withdrawn",
@@ -206,6 +216,12 @@ impl GatewayError {
             GatewayError::RateLimited { .. } | GatewayError::OverBudget { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
+            // Workers AI's capacity refusal is a 429 (code 3040); OpenAI's
+            // clients know an overloaded server as a 503.
+            GatewayError::Busy { .. } => match flavor {
+                Flavor::WorkersAi => StatusCode::TOO_MANY_REQUESTS,
+                Flavor::OpenAi => StatusCode::SERVICE_UNAVAILABLE,
+            },
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream => StatusCode::BAD_GATEWAY,
             GatewayError::Withdrawn => StatusCode::SERVICE_UNAVAILABLE,
@@ -250,6 +266,9 @@ impl GatewayError {
                     "Budget exceeded: the account's {period} budget of {limit_neurons} neurons does not cover this request; it resets in {retry_after_secs} s ({reset})"
                 )
             }
+            GatewayError::Busy { retry_after_secs } => {
+                format!("Capacity temporarily exceeded, please try again in {retry_after_secs} s")
+            }
             GatewayError::Unavailable(m) => format!("Capacity temporarily unavailable: {m}"),
             GatewayError::Upstream => "the inference worker failed the request; retry".to_owned(),
             GatewayError::Withdrawn => {
@@ -280,7 +299,7 @@ impl GatewayError {
             | GatewayError::UnsupportedValue { .. } => 5006,
             GatewayError::ContextTooLong { .. } => 5021,
             GatewayError::RateLimited { .. } | GatewayError::OverBudget { .. } => 3036,
-            GatewayError::Unavailable(_) => 3040,
+            GatewayError::Busy { .. } | GatewayError::Unavailable(_) => 3040,
             GatewayError::Upstream => 3043,
             GatewayError::Withdrawn => 3040,
             GatewayError::NoRoute => 7000,
@@ -308,6 +327,7 @@ impl GatewayError {
             // OpenAI's answer to a spent quota, which SDKs and LiteLLM
             // recognise (and do not retry).
             GatewayError::OverBudget { .. } => ("insufficient_quota", Some("insufficient_quota")),
+            GatewayError::Busy { .. } => ("service_unavailable", Some("capacity_exceeded")),
             GatewayError::Unavailable(_) => ("service_unavailable", None),
             GatewayError::Upstream => ("api_error", None),
             GatewayError::Withdrawn => ("service_unavailable", Some("model_withdrawn")),
@@ -407,7 +427,8 @@ impl IntoResponse for ApiError {
         }
         | GatewayError::OverBudget {
             retry_after_secs, ..
-        } = e
+        }
+        | GatewayError::Busy { retry_after_secs } = e
             && let Ok(v) = HeaderValue::from_str(&retry_after_secs.to_string())
         {
             resp.headers_mut().insert(header::RETRY_AFTER, v);
@@ -422,5 +443,76 @@ impl IntoResponse for ApiError {
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn rendered(e: GatewayError, flavor: Flavor) -> (u16, Option<String>, serde_json::Value) {
+        let resp = e.in_(flavor).into_response();
+        let status = resp.status().as_u16();
+        let retry = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, retry, serde_json::from_slice(&bytes).expect("JSON"))
+    }
+
+    /// A worker's queue refusal, passed on once every worker was tried:
+    /// Workers AI's capacity error (429, 3040) and OpenAI's overloaded
+    /// server (503), each with when to retry and nothing of the queue.
+    #[tokio::test]
+    async fn a_full_prefill_queue_is_a_capacity_error_in_each_apis_shape() {
+        let worker = UpstreamError::Worker {
+            status: 503,
+            code: "prefill_queue_full".to_owned(),
+            message: "the prefill queue is full: 61500 ms queued".to_owned(),
+            overflow: None,
+            retry_after_ms: Some(2_300),
+        };
+        assert!(worker.retryable(), "another worker may have room");
+        let e = GatewayError::from(worker);
+        assert_eq!(
+            e,
+            GatewayError::Busy {
+                retry_after_secs: 3
+            }
+        );
+        let (status, retry, v) = rendered(e.clone(), Flavor::WorkersAi).await;
+        assert_eq!((status, retry.as_deref()), (429, Some("3")), "{v}");
+        assert_eq!(v["success"], false);
+        assert_eq!(v["errors"][0]["code"], 3040, "{v}");
+        let message = v["errors"][0]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with("AiError: Capacity temporarily exceeded, please try again"),
+            "{message}"
+        );
+        let (status, retry, v) = rendered(e, Flavor::OpenAi).await;
+        assert_eq!((status, retry.as_deref()), (503, Some("3")), "{v}");
+        assert_eq!(v["error"]["type"], "service_unavailable", "{v}");
+        assert_eq!(v["error"]["code"], "capacity_exceeded", "{v}");
+        assert!(
+            !v.to_string().contains("61500"),
+            "the queue's size stays inside: {v}"
+        );
+        // A worker that sent no time still gets a retry-after.
+        let e = GatewayError::from(UpstreamError::Worker {
+            status: 503,
+            code: "prefill_queue_full".to_owned(),
+            message: String::new(),
+            overflow: None,
+            retry_after_ms: None,
+        });
+        assert_eq!(
+            e,
+            GatewayError::Busy {
+                retry_after_secs: 1
+            }
+        );
     }
 }

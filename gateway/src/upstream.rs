@@ -44,6 +44,8 @@ pub(crate) enum UpstreamError {
         code: String,
         message: String,
         overflow: Option<bulkhead_worker_api::Overflow>,
+        /// With a refusal for now: when the worker expects room.
+        retry_after_ms: Option<u64>,
     },
     /// The worker answered something that is not its API.
     Protocol,
@@ -54,14 +56,18 @@ pub(crate) enum UpstreamError {
 impl UpstreamError {
     /// Whether another worker may succeed where this one failed (nothing
     /// has reached the client yet): it could not be reached, broke its
-    /// protocol, had no prefill worker, or lost the request's KV transfer.
-    /// A refusal of the request itself (4xx) would be the same anywhere.
+    /// protocol, had no prefill worker, lost the request's KV transfer, or
+    /// had too much prefill queued to take the prompt in time. A refusal
+    /// of the request itself (4xx) would be the same anywhere.
     pub(crate) fn retryable(&self) -> bool {
         match self {
             UpstreamError::Unreachable | UpstreamError::Protocol => true,
             UpstreamError::Withdrawn => false,
             UpstreamError::Worker { code, .. } => {
-                matches!(code.as_str(), "unavailable" | "kv_transfer_failed")
+                matches!(
+                    code.as_str(),
+                    "unavailable" | "kv_transfer_failed" | "prefill_queue_full"
+                )
             }
         }
     }
@@ -161,6 +167,7 @@ impl Upstream {
                 code: err.error.code,
                 message: err.error.message,
                 overflow: err.error.overflow,
+                retry_after_ms: err.error.retry_after_ms,
             });
         }
         let mut stream = LineStream {
@@ -175,6 +182,7 @@ impl Upstream {
                 code: error.code,
                 message: error.message,
                 overflow: error.overflow,
+                retry_after_ms: error.retry_after_ms,
             }),
             Some(Ok(first)) => Ok((first, stream)),
             Some(Err(e)) => Err(e),
@@ -189,7 +197,7 @@ pub(crate) fn status_of(code: &str) -> u16 {
     match code {
         "context_length_exceeded" | "invalid_request" | "missing_tenant" => 400,
         "kv_transfer_failed" => 502,
-        "unavailable" => 503,
+        "unavailable" | "prefill_queue_full" => 503,
         _ => 500,
     }
 }

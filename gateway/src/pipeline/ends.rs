@@ -54,6 +54,7 @@ impl Ends {
             code: error.code.clone(),
             message: error.message.clone(),
             overflow: error.overflow,
+            retry_after_ms: error.retry_after_ms,
         });
         if !self.started
             && let Some(b) = self.bill.take()

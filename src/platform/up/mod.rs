@@ -236,11 +236,13 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     announce(&creds, &args.data_dir);
     // A component that exits is restarted (same addresses, backoff); the
     // platform stops only on a signal.
+    let (restarted, rechecks) = tokio::sync::mpsc::unbounded_channel();
     rt.block_on(async {
         tokio::select! {
             biased;
             () = signals.next() => {}
-            () = components.supervise() => {}
+            () = components.supervise(restarted) => {}
+            () = recheck_after_restarts(args, &creds, &internal, rechecks) => {}
         }
     });
     eprintln!("bulkhead up: stopping");

@@ -123,8 +123,13 @@ impl Components {
     }
 
     /// Restarts every component that exits, with backoff, until cancelled.
-    /// A restarted worker registers again; the others keep serving.
-    pub(super) async fn supervise(&mut self) {
+    /// A restarted worker registers again; the others keep serving. Each
+    /// restarted worker's node name goes to `restarted`, with when it
+    /// started again.
+    pub(super) async fn supervise(
+        &mut self,
+        restarted: tokio::sync::mpsc::UnboundedSender<(String, bulkhead_control_api::Timestamp)>,
+    ) {
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let Some(i) = self
@@ -148,6 +153,7 @@ impl Components {
             tokio::time::sleep(backoff).await;
             let args: Vec<&str> = dead.args.iter().map(String::as_str).collect();
             let env = dead.env.clone();
+            let at = bulkhead_control_api::Timestamp::now();
             let started = tokio::task::block_in_place(|| self.spawn_with(&dead.name, &args, env));
             match started {
                 Ok(_) => {
@@ -157,6 +163,9 @@ impl Components {
                     let r = self.running.pop().expect("just started");
                     self.running.insert(i, r);
                     eprintln!("bulkhead up: the {} is back", dead.name);
+                    if let Some(node) = dead.args.windows(2).find(|w| w[0] == "--node-name") {
+                        let _ = restarted.send((node[1].clone(), at));
+                    }
                 }
                 Err(e) => {
                     eprintln!("bulkhead up: restarting the {} failed: {e:#}", dead.name);

@@ -1,10 +1,13 @@
 //! Waiting until every worker is routable, and the window this machine
 //! serves: when a worker cannot prefill its model's configured context
 //! window within the deadline, the window is reduced to a quarter under the
-//! longest prompt it prefills in time, and `up` says so.
+//! longest prompt it prefills in time, and `up` says so. A restarted worker
+//! measures itself again; if it finds itself slower than the window allows
+//! (a busy moment on a shared machine), the window is reduced the same way,
+//! so the platform serves again rather than holding an unroutable worker.
 
 use super::*;
-use bulkhead_control_api::{ConfigView, NodeView};
+use bulkhead_control_api::{ConfigView, NodeView, Timestamp};
 use bulkhead_trust::Role as CertRole;
 use std::time::Duration;
 
@@ -41,7 +44,7 @@ pub(super) async fn check_routable(
         };
         let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
         let mut ours = workers(&nodes)?;
-        if reduce_window(&client, &served.slug(), &ours).await? {
+        if reduce_window(&client, &served.slug(), &ours, true).await? {
             let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
             ours = workers(&nodes)?;
         }
@@ -109,11 +112,12 @@ pub(super) async fn linked(
 /// A window this machine cannot prefill within the workers' deadline is
 /// not advertised: activates a config with the longest one it can, says
 /// why, and tells whether it did. A window that fits is served whole, and
-/// `up` says that too, with the time it takes.
+/// (with `say_fit`) `up` says that too, with the time it takes.
 pub(super) async fn reduce_window(
     client: &bulkhead_control_api::Client,
     slug: &str,
     ours: &[NodeView],
+    say_fit: bool,
 ) -> anyhow::Result<bool> {
     let servable = ours
         .iter()
@@ -126,6 +130,9 @@ pub(super) async fn reduce_window(
     };
     if active.spec.properties.context_window <= max {
         let window = active.spec.properties.context_window;
+        if !say_fit {
+            return Ok(false);
+        }
         eprintln!(
             "bulkhead up: serving the whole {window}-token context window of {slug}: about {} s to prefill \
              here, within the {} s prefill deadline (this machine prefills up to {max} tokens in time)",
@@ -161,6 +168,66 @@ pub(super) async fn reduce_window(
         )
         .await?;
     Ok(true)
+}
+
+/// Rechecks the window of each restarted worker's model (its node name,
+/// and when it was started again), one at a time, until `up` stops.
+pub(super) async fn recheck_after_restarts(
+    args: &UpArgs,
+    creds: &CredentialsFile,
+    internal: &Internal,
+    mut restarted: tokio::sync::mpsc::UnboundedReceiver<(String, Timestamp)>,
+) {
+    while let Some((node, at)) = restarted.recv().await {
+        if let Err(e) = recheck(args, creds, internal, &node, at).await {
+            eprintln!("bulkhead up: checking the window of {node} after its restart failed: {e:#}");
+        }
+    }
+}
+
+/// Once `node`, restarted at `at`, has registered again (its new
+/// measurement of its prefill speed with it), reduces its model's window
+/// if that measurement cannot prefill it in time.
+async fn recheck(
+    args: &UpArgs,
+    creds: &CredentialsFile,
+    internal: &Internal,
+    node: &str,
+    at: Timestamp,
+) -> anyhow::Result<()> {
+    let Some(served) = args
+        .served()
+        .into_iter()
+        .find(|s| worker_names(args, *s).iter().any(|n| n == node))
+    else {
+        return Ok(());
+    };
+    let client = bulkhead_control_api::Client::new(&bulkhead_control_api::Credentials {
+        control_plane_url: creds.control_plane_url.clone(),
+        operator_token: internal.admin.clone(),
+    })?;
+    let names = worker_names(args, served);
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
+        // The process that died cannot have been seen since `at`.
+        if nodes
+            .iter()
+            .any(|n| n.registration.name == node && n.last_seen_at.millis() >= at.millis())
+        {
+            let ours: Vec<NodeView> = nodes
+                .into_iter()
+                .filter(|n| names.contains(&n.registration.name))
+                .collect();
+            reduce_window(&client, &served.slug(), &ours, false).await?;
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < until,
+            "it did not register again within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The node names of every worker `up` starts for `served`.

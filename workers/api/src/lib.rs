@@ -210,6 +210,11 @@ pub struct ErrorDetail {
     /// clients expect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overflow: Option<Overflow>,
+    /// With `prefill_queue_full`: how long until the worker's queue has
+    /// room for the prompt, in milliseconds (the gateway tries another
+    /// worker first, and passes on a `retry-after` if none has room).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 /// The lengths of a request refused for its length.

@@ -5,7 +5,8 @@
 //! Admission runs in [`Engine::submit`], [`Engine::submit_landing`] and
 //! [`Engine::submit_prefill`], on the caller's thread, before anything reaches
 //! the engine thread; it also refuses token ids outside the vocabulary, whoever
-//! sent them. Lent pages come home as `Command::Returned`, in order with every
+//! sent them, and a prompt the prefill work queued ahead would make miss its
+//! deadline (`crate::queue`). Lent pages come home as `Command::Returned`, in order with every
 //! other command.
 
 use crate::GenerateRequest;
@@ -15,6 +16,7 @@ use crate::core::{
 };
 use crate::error::{ConfigError, TransferFault};
 use crate::gguf::{ModelConfig, ModelFile};
+use crate::queue::{PrefillQueue, QueueCharge, remaining_us};
 use crate::speed::PrefillSpeed;
 use crate::tokenizer::Tokenizer;
 use bulkhead_kv::{
@@ -71,6 +73,8 @@ pub struct Engine {
     commands: mpsc::Sender<Command>,
     model: Arc<ModelFile>,
     info: EngineInfo,
+    /// The prefill work admitted and not yet computed.
+    queue: Arc<PrefillQueue>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -141,6 +145,7 @@ impl Engine {
         Ok(Engine {
             commands: tx,
             model,
+            queue: PrefillQueue::new(info.prefill_deadline),
             info,
             thread: Some(thread),
         })
@@ -193,8 +198,14 @@ impl Engine {
         landing: Option<(TransferId, oneshot::Sender<Grant>)>,
     ) -> Result<RequestHandle, AdmissionError> {
         self.check_tokens(&request.prompt)?;
+        // A landing's prompt is computed by its prefill worker.
+        let prompt = landing.is_none().then_some(request.prompt.len());
         let (sink, events) = unbounded_channel();
-        let admitted = EngineCore::admit_with(limits, tenant, request, sink, landing)?;
+        let mut admitted = EngineCore::admit_with(limits, tenant, request, sink, landing)?;
+        if let Some(n) = prompt {
+            let charge = self.reserve_prefill(n)?;
+            admitted = admitted.map(|p| p.charged(charge));
+        }
         let mut handle = RequestHandle {
             id: admitted.owner().request(),
             events,
@@ -205,6 +216,24 @@ impl Engine {
             handle.ended = true;
         }
         Ok(handle)
+    }
+
+    /// Reserves the cost of prefilling `n` prompt tokens in the queue, or
+    /// refuses them: the work queued ahead plus theirs would overrun the
+    /// prefill deadline. Before anything reaches the engine thread.
+    fn reserve_prefill(&self, n: usize) -> Result<QueueCharge, AdmissionError> {
+        self.queue
+            .reserve(remaining_us(&self.info.speed, n, 0))
+            .map_err(|full| AdmissionError::PrefillQueueFull {
+                prompt_tokens: n,
+                queued_ms: full.queued_ms,
+                retry_after_ms: full.retry_after_ms,
+            })
+    }
+
+    /// Prefill work admitted and not yet computed, at the measured speed.
+    pub fn queued_prefill(&self) -> Duration {
+        Duration::from_micros(self.queue.queued_us())
     }
 
     /// Current pool counters (waits for the engine thread).
@@ -277,6 +306,7 @@ impl Engine {
     ) -> Result<UnboundedReceiver<PrefillEvent>, AdmissionError> {
         self.check_tokens(&prompt)?;
         let (events, rx) = unbounded_channel();
+        let n = prompt.len();
         let admitted = EngineCore::admit_prefill(
             &self.info.limits,
             tenant,
@@ -286,7 +316,10 @@ impl Engine {
             events,
             cache,
         )?;
-        let _ = self.commands.send(Command::Prefill(admitted));
+        let charge = self.reserve_prefill(n)?;
+        let _ = self
+            .commands
+            .send(Command::Prefill(admitted.map(|p| p.charged(charge))));
         Ok(rx)
     }
 
@@ -378,19 +411,40 @@ impl Drop for RequestHandle {
     }
 }
 
+/// How often prefill jobs that wait hear of their place in the queue.
+const QUEUE_REPORT: Duration = Duration::from_millis(250);
+
 fn run(core: &mut EngineCore, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Command>) {
     // Block for a command when there is nothing to do, or when the last step
-    // could do nothing (requests waiting for pages held by transfers).
+    // could do nothing (requests waiting for pages held by transfers); with
+    // prefill jobs waiting, only until their next report.
     let mut stalled = true;
+    let mut reported = std::time::Instant::now();
     loop {
         if stalled || core.is_idle() {
-            match rx.recv() {
-                Ok(cmd) => {
+            let cmd = if core.prefill_pending() {
+                match rx.recv_timeout(QUEUE_REPORT.saturating_sub(reported.elapsed())) {
+                    Ok(cmd) => Some(cmd),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(cmd) => Some(cmd),
+                    Err(_) => return,
+                }
+            };
+            match cmd {
+                Some(cmd) => {
                     if !apply(core, cmd) {
                         return;
                     }
                 }
-                Err(_) => return,
+                None => {
+                    core.report_queued();
+                    reported = std::time::Instant::now();
+                    continue;
+                }
             }
         }
         loop {
@@ -405,6 +459,10 @@ fn run(core: &mut EngineCore, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Comm
             }
         }
         stalled = !pool.install(|| core.step());
+        if reported.elapsed() >= QUEUE_REPORT {
+            core.report_queued();
+            reported = std::time::Instant::now();
+        }
     }
 }
 

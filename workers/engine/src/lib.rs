@@ -13,7 +13,9 @@
 //!
 //! Admission happens in [`Engine::submit`] before anything reaches the engine
 //! thread: a rejected request is an [`bulkhead_kv::AdmissionError`] and never
-//! becomes a sequence.
+//! becomes a sequence. Admission counts the prefill work already queued on
+//! the engine (`queue`), so a prompt that would miss its deadline behind
+//! others is refused at once, not failed after waiting.
 
 mod chat;
 mod config;
@@ -25,6 +27,7 @@ pub mod fetch;
 mod forward;
 mod gguf;
 pub mod hooks;
+mod queue;
 mod sampling;
 mod schedule;
 mod speed;

@@ -11,7 +11,9 @@
 //! `max_tokens` does not fit the context window or the pool, and a prompt
 //! longer than the worker prefills alone within its deadline at the speed it
 //! measured ([`AdmissionError::PrefillTooLong`], a 4xx naming the prompt's
-//! length and the limit). A disaggregated pair narrows every limit to the
+//! length and the limit); the engine adds the work queued ahead of it
+//! ([`AdmissionError::PrefillQueueFull`], a fast 503 with a time to retry).
+//! A disaggregated pair narrows every limit to the
 //! smaller of the two (the peer's arrive in its hello).
 
 use crate::ids::{Owner, TenantId};
@@ -87,6 +89,20 @@ pub enum AdmissionError {
         /// The longest prompt prefilled in time.
         limit: usize,
     },
+    /// The prefill work queued ahead of the prompt plus its own would not
+    /// be done within the deadline: refused at once, before any page, to be
+    /// retried later or on another worker.
+    #[error(
+        "the prefill queue is full: the prompt ({prompt_tokens} tokens) would wait behind {queued_ms} ms of queued prompts and miss its deadline; retry in {retry_after_ms} ms"
+    )]
+    PrefillQueueFull {
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Prefill work queued ahead of it, in milliseconds.
+        queued_ms: u64,
+        /// How long until enough of that work is done for it to fit.
+        retry_after_ms: u64,
+    },
     /// Prompt plus output exceed what the whole KV pool can hold.
     #[error(
         "the prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds the KV pool capacity of {limit} tokens"
@@ -112,17 +128,19 @@ impl AdmissionError {
             AdmissionError::ContextWindowExceeded { .. } => "context_window_exceeded",
             AdmissionError::PoolCapacityExceeded { .. } => "pool_capacity_exceeded",
             AdmissionError::PrefillTooLong { .. } => "prefill_too_long",
+            AdmissionError::PrefillQueueFull { .. } => "prefill_queue_full",
         }
     }
 
     /// Every [`AdmissionError::reason`].
-    pub const REASONS: [&'static str; 6] = [
+    pub const REASONS: [&'static str; 7] = [
         "empty_prompt",
         "no_output_tokens",
         "token_out_of_range",
         "context_window_exceeded",
         "pool_capacity_exceeded",
         "prefill_too_long",
+        "prefill_queue_full",
     ];
 }
 

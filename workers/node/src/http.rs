@@ -70,6 +70,8 @@ struct ApiError {
     code: &'static str,
     message: String,
     overflow: Option<Overflow>,
+    /// A refusal for now, not for good: when to try again.
+    retry_after_ms: Option<u64>,
 }
 
 impl IntoResponse for ApiError {
@@ -77,7 +79,14 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             error: self.detail(),
         };
-        (self.status, axum::Json(body)).into_response()
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(ms) = self.retry_after_ms
+            && let Ok(v) = axum::http::HeaderValue::from_str(&ms.div_ceil(1000).max(1).to_string())
+        {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, v);
+        }
+        resp
     }
 }
 
@@ -87,6 +96,7 @@ impl ApiError {
             code: self.code.to_owned(),
             message: self.message.clone(),
             overflow: self.overflow,
+            retry_after_ms: self.retry_after_ms,
         }
     }
 
@@ -96,6 +106,7 @@ impl ApiError {
             code: "forbidden",
             message: message.into(),
             overflow: None,
+            retry_after_ms: None,
         }
     }
 
@@ -105,12 +116,24 @@ impl ApiError {
             code,
             message: message.into(),
             overflow: None,
+            retry_after_ms: None,
         }
     }
 }
 
 impl From<AdmissionError> for ApiError {
     fn from(e: AdmissionError) -> Self {
+        if let AdmissionError::PrefillQueueFull { retry_after_ms, .. } = e {
+            // Refused for now, at once: the queue ahead would make the
+            // prompt miss its deadline.
+            return ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "prefill_queue_full",
+                message: e.to_string(),
+                overflow: None,
+                retry_after_ms: Some(retry_after_ms),
+            };
+        }
         let (code, overflow) = match e {
             AdmissionError::ContextWindowExceeded {
                 prompt_tokens,
@@ -165,6 +188,7 @@ fn engine_error(e: &EngineError) -> ApiError {
         code,
         message: e.to_string(),
         overflow: None,
+        retry_after_ms: None,
     }
 }
 
@@ -261,6 +285,7 @@ fn refused(e: &ContextError) -> ApiError {
         code: e.code(),
         message: e.to_string(),
         overflow: None,
+        retry_after_ms: None,
     }
 }
 
@@ -460,6 +485,7 @@ fn submit(
                     code: "unavailable",
                     message: e.to_string(),
                     overflow: None,
+                    retry_after_ms: None,
                 },
             })
         }
@@ -686,6 +712,7 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
         Role::Decode(d) => Arc::clone(d.engine()),
         Role::Prefill(p) => Arc::clone(p.engine()),
     };
+    let page_size = engine.info().limits.page_size();
     let s = tokio::task::spawn_blocking(move || engine.stats())
         .await
         .ok()
@@ -695,6 +722,7 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
             code: "unavailable",
             message: "the engine has shut down".into(),
             overflow: None,
+            retry_after_ms: None,
         })?;
     let p = s.pool;
     let mut v = json!({
@@ -704,6 +732,7 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
             "receiving_pages": p.receiving_pages, "allocations": p.allocations,
             "releases": p.releases, "owner_violations": p.owner_violations,
             "cached_pages": p.cached_pages, "prefix_hit_tokens": p.prefix_hit_tokens,
+            "page_size": page_size,
         },
         "engine": {
             "running": s.running, "waiting": s.waiting,
@@ -740,6 +769,8 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
                 "acks_received": g(&c.acks_received), "dropped_frames": g(&c.dropped_frames),
                 "connection_losses": g(&c.connection_losses),
                 "delayed_frames": g(&c.delayed_frames),
+                "queued_reports": g(&c.queued_reports),
+                "queued_prefill_ms": w.engine().queued_prefill().as_millis(),
             });
         }
         Role::Colocated(_) => {}

@@ -12,8 +12,9 @@
 //! A transfer id used twice on one connection closes it: one request, one
 //! transfer. When a connection ends, every transfer admitted on it releases its
 //! source pages, whether the writer had opened it or not. While a prompt is
-//! computed the writer sends a `Progress` frame after every step, so the decode
-//! side's deadline never kills a live transfer. The connection is mutual TLS
+//! computed the writer sends a `Progress` frame after every step, and while it
+//! waits its turn one with its place in the queue a few times a second, so
+//! the decode side's deadline never kills a live transfer. The connection is mutual TLS
 //! admitting only decode certificates. Each request carries the gateway's
 //! signed context of its call ([`forwarded`]): prefill takes the tenant
 //! and the cache scope from it, and aborts a request whose context does not
@@ -136,6 +137,8 @@ pub struct PrefillCounters {
     pub acks_received: AtomicU64,
     /// Frames for finished or unknown transfers, dropped.
     pub dropped_frames: AtomicU64,
+    /// Progress frames sent for transfers waiting their turn in the queue.
+    pub queued_reports: AtomicU64,
     /// Connections whose loss released their transfers.
     pub connection_losses: AtomicU64,
     /// Frames held back by a slowed link (test builds only; always 0 in
@@ -283,7 +286,10 @@ enum Item {
     Page(LentPage),
     Computed(Vec<f32>),
     /// Prompt tokens computed so far (tells decode the transfer is alive).
-    Progress(usize),
+    Progress {
+        computed: usize,
+        place: usize,
+    },
     /// Refused after admission (pages were quarantined meanwhile and it
     /// can never fit): nothing was computed or sent.
     Refused(AdmissionError),
@@ -430,7 +436,9 @@ impl PrefillWorker {
                                 spans.take();
                                 vec![Item::Computed(logits)]
                             }
-                            PrefillEvent::Progress { computed } => vec![Item::Progress(computed)],
+                            PrefillEvent::Progress { computed, place } => {
+                                vec![Item::Progress { computed, place }]
+                            }
                             PrefillEvent::Failed(EngineError::Rejected(error)) => {
                                 spans.take();
                                 vec![Item::Refused(error)]
@@ -660,10 +668,14 @@ async fn on_data<T: Transport>(
             }))
             .await
         }
-        Item::Progress(computed) => {
+        Item::Progress { computed, place } => {
+            if place > 0 {
+                c.queued_reports.fetch_add(1, Ordering::Relaxed);
+            }
             t.send(&Message::Progress {
                 transfer,
                 computed: computed as u64,
+                place: place as u64,
             })
             .await
         }

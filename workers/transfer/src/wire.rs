@@ -148,14 +148,16 @@ pub enum Message {
         /// The transfer.
         transfer: TransferId,
     },
-    /// Prefill to decode: the prompt is being computed; `computed` of its
-    /// tokens are done. A live transfer is never timed out while these
-    /// keep coming.
+    /// Prefill to decode: the prompt is being computed, `computed` of its
+    /// tokens are done, or it waits its turn at `place` in the queue. A live
+    /// transfer is never timed out while these keep coming.
     Progress {
         /// The transfer.
         transfer: TransferId,
         /// Prompt tokens computed so far.
         computed: u64,
+        /// Its place in the prefill queue, from 1 (0: being computed).
+        place: u64,
     },
     /// Either way: stop this transfer.
     Abort {
@@ -280,9 +282,14 @@ impl Message {
             }
             Message::Release { transfer } => w.head(RELEASE, *transfer),
             Message::Abort { transfer } => w.head(ABORT, *transfer),
-            Message::Progress { transfer, computed } => {
+            Message::Progress {
+                transfer,
+                computed,
+                place,
+            } => {
                 w.head(PROGRESS, *transfer);
                 w.u64(*computed);
+                w.u64(*place);
             }
             Message::AbortAck { transfer } => w.head(ABORT_ACK, *transfer),
         }
@@ -361,6 +368,7 @@ impl Message {
             PROGRESS => Message::Progress {
                 transfer: c.transfer()?,
                 computed: c.u64()?,
+                place: c.u64()?,
             },
             ABORT_ACK => Message::AbortAck {
                 transfer: c.transfer()?,
@@ -453,6 +461,11 @@ impl Reader<'_> {
             6 => AdmissionError::PrefillTooLong {
                 prompt_tokens,
                 limit,
+            },
+            7 => AdmissionError::PrefillQueueFull {
+                prompt_tokens,
+                queued_ms: u64::try_from(max_tokens).unwrap_or(u64::MAX),
+                retry_after_ms: u64::try_from(limit).unwrap_or(u64::MAX),
             },
             _ => return Err(WireError::Malformed("unknown rejection code")),
         })
@@ -558,6 +571,16 @@ impl Writer {
                 prompt_tokens,
                 limit,
             } => (6, prompt_tokens, 0, limit),
+            AdmissionError::PrefillQueueFull {
+                prompt_tokens,
+                queued_ms,
+                retry_after_ms,
+            } => (
+                7,
+                prompt_tokens,
+                usize_of(queued_ms),
+                usize_of(retry_after_ms),
+            ),
             _ => (0, 0, 0, 0),
         };
         w.u8(code);
@@ -733,9 +756,23 @@ mod tests {
                     limit: 3_100,
                 },
             },
+            Message::Rejected {
+                transfer: t,
+                error: AdmissionError::PrefillQueueFull {
+                    prompt_tokens: 2_252,
+                    queued_ms: 61_500,
+                    retry_after_ms: 9_250,
+                },
+            },
             Message::Progress {
                 transfer: t,
                 computed: 512,
+                place: 0,
+            },
+            Message::Progress {
+                transfer: t,
+                computed: 0,
+                place: 3,
             },
             Message::Release { transfer: t },
             Message::Abort { transfer: t },

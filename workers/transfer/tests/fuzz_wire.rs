@@ -121,6 +121,16 @@ fn frame() -> impl Strategy<Value = Message> {
                 },
             }
         }),
+        (transfer(), any::<(usize, u64, u64)>()).prop_map(|(transfer, (p, q, r))| {
+            Message::Rejected {
+                transfer,
+                error: AdmissionError::PrefillQueueFull {
+                    prompt_tokens: p,
+                    queued_ms: q,
+                    retry_after_ms: r,
+                },
+            }
+        }),
         (
             transfer(),
             any::<(u32, u64, u64)>(),
@@ -157,8 +167,13 @@ fn frame() -> impl Strategy<Value = Message> {
         transfer().prop_map(|transfer| Message::Release { transfer }),
         transfer().prop_map(|transfer| Message::Abort { transfer }),
         transfer().prop_map(|transfer| Message::AbortAck { transfer }),
-        (transfer(), any::<u64>())
-            .prop_map(|(transfer, computed)| Message::Progress { transfer, computed }),
+        (transfer(), any::<(u64, u64)>()).prop_map(|(transfer, (computed, place))| {
+            Message::Progress {
+                transfer,
+                computed,
+                place,
+            }
+        }),
     ]
 }
 

@@ -140,12 +140,14 @@ impl EngineCore {
         for &(i, _, len) in plan {
             let seq = &mut self.running[i];
             seq.computed += len;
+            seq.pay_down_charge(&self.speed);
             if let Role::Prefill { events, .. } = &seq.role
                 && !seq.done
                 && seq.computed < seq.prompt_len
             {
                 let _ = events.send(PrefillEvent::Progress {
                     computed: seq.computed,
+                    place: 0,
                 });
             }
             seq.lend_pages(&mut self.pool, self.home.as_ref());

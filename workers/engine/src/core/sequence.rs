@@ -6,6 +6,20 @@ use super::*;
 use crate::detok::Piece;
 
 impl Sequence {
+    /// Its share of the prefill queue is what its prompt still costs; none
+    /// once the prompt is computed.
+    pub(super) fn pay_down_charge(&mut self, speed: &crate::speed::PrefillSpeed) {
+        if self.computed >= self.prompt_len {
+            self.charge = None;
+        } else if let Some(c) = &mut self.charge {
+            c.pay_down_to(crate::queue::remaining_us(
+                speed,
+                self.prompt_len,
+                self.computed,
+            ));
+        }
+    }
+
     /// Whether its next token is computed alone, as a decode step: its
     /// prompt is in the pages. A resumed sequence replays the tokens it had
     /// generated this way, one a step, so its pages hold exactly what they
@@ -70,6 +84,7 @@ impl Sequence {
             });
         }
         self.done = true;
+        self.charge = None;
     }
 
     pub(super) fn fail(&mut self, error: EngineError) {
@@ -83,6 +98,7 @@ impl Sequence {
             }
         }
         self.done = true;
+        self.charge = None;
     }
 
     /// Prefill role, once the whole prompt is computed: lends every prompt

@@ -31,6 +31,7 @@ impl EngineCore {
             request,
             sink,
             landing,
+            charge: None,
         };
         limits.admit(tenant, prompt, max, pending)
     }
@@ -53,6 +54,7 @@ impl EngineCore {
             transfer,
             events,
             cache,
+            charge: None,
         };
         Ok(limits.admit(tenant, n, max_tokens, job)?.prompt_only())
     }
@@ -265,11 +267,13 @@ impl EngineCore {
                     transfer: p.transfer,
                     events: p.events,
                 },
+                charge: p.charge,
             },
             Pending::Generate(PendingRequest {
                 request,
                 sink,
                 landing,
+                charge,
             }) => {
                 let landing = match landing {
                     None => None,
@@ -313,9 +317,13 @@ impl EngineCore {
                             self.corrupt_after.is_some_and(|n| self.started > n)
                         },
                     }),
+                    charge,
                 }
             }
         };
+        let mut seq = seq;
+        // What the prefix cache held is not computed here.
+        seq.pay_down_charge(&self.speed);
         self.running.push(seq);
         None
     }
