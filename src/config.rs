@@ -40,7 +40,7 @@ pub(crate) struct ModelArgs {
     pub(crate) prefill_deadline_secs: u64,
     /// About how long one engine step may take (bounds how long a new
     /// request waits for its turn).
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, env = "BULKHEAD_STEP_MS", default_value_t = 200)]
     pub(crate) step_ms: u64,
     /// Percent of the KV pool one tenant may hold while another waits.
     #[arg(long, default_value_t = 50)]

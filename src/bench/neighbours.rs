@@ -8,9 +8,11 @@
 //! requests ended: answered, refused at admission, or failed after waiting.
 //! With `--costly` it compares, instead, A's time to first token beside B's
 //! plain generations and beside the same generations in the costliest
-//! shape the API admits ([`costly`]).
+//! shape the API admits ([`costly`]); with `--up`, the floods go through a
+//! platform `bulkhead up` starts, its gateway and its workers ([`up`]).
 
 mod costly;
+mod up;
 
 use crate::bench::Prompts;
 use crate::bench::transfer::{Pair, in_process_pair};
@@ -50,6 +52,11 @@ pub(crate) struct NeighboursBenchArgs {
     /// name under a schema, the most and longest stop strings).
     #[arg(long)]
     costly: bool,
+    /// Through a platform this command starts with `bulkhead up` (its
+    /// gateway, a prefill/decode pair), as tenants see it: B's long prompts
+    /// at 80% of the served window beside its streams to the window.
+    #[arg(long, conflicts_with = "costly")]
+    up: bool,
     /// With --costly: B's concurrent generations.
     #[arg(long, default_value_t = 2)]
     costly_streams: usize,
@@ -69,6 +76,9 @@ struct Outcomes {
 }
 
 pub(crate) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
+    if args.up {
+        return up::run(args);
+    }
     let model = Arc::new(args.model.load()?.0);
     let config = args.model.engine_config();
     let prefill_engine = Arc::new(Engine::start(Arc::clone(&model), &config)?);

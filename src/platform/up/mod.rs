@@ -16,7 +16,9 @@
 //! line. If this machine cannot prefill a model's configured context window
 //! within `--prefill-deadline-secs`, `up` serves a smaller window, a quarter
 //! under the longest prompt prefilled in time (in whole 256s), and says so;
-//! a window that fits is served whole, and it says that too.
+//! a window that fits is served whole, and it says that too. A restarted
+//! worker measures itself again; a window it can no longer prefill in time
+//! is reduced the same way, so the platform serves again.
 
 mod bootstrap;
 pub(crate) mod child;

@@ -57,7 +57,7 @@ impl EngineCore {
         let ps = self.pool.geometry().page_size;
         let budget = self
             .speed
-            .units_in(self.step_time)
+            .units_in(self.step_time_now())
             .clamp(2 * UNIT as usize, self.step_tokens * UNIT as usize);
         let mut decode_units = 0;
         let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)

@@ -16,6 +16,10 @@
 //! speed measured at start ([`crate::PrefillSpeed`]), and at most
 //! `step_tokens`; decode never takes more than half of it from prompts, so a
 //! request waits at most about one step for its turn, whatever others queued.
+//! While two or more tenants have sent requests within the last five seconds,
+//! steps are a quarter as long: a tenant's short request then waits a short
+//! step behind another's long prompt, and one tenant alone keeps the long
+//! steps that prefill long prompts fastest.
 //! The first slice is `first_slice_tokens` (64) of output; the table then grows
 //! a page at a time ([`bulkhead_kv::KvPool::grow`]), never past what admission
 //! allowed. While another tenant waits, no tenant grows past
@@ -63,6 +67,14 @@ mod batching;
 mod sequence;
 mod tenancy;
 mod transfers;
+
+/// Tenants that sent requests within this long share the engine: its
+/// steps are [`SHARED_STEP_DIVISOR`] times shorter, so one tenant's new
+/// request waits a short step, not a long prompt's full one, for its turn.
+const SHARED_WINDOW: Duration = Duration::from_secs(5);
+
+/// How much shorter a shared engine's steps are.
+const SHARED_STEP_DIVISOR: u32 = 4;
 
 /// Calibration runs at least this long ...
 const CALIBRATION_SPAN: Duration = Duration::from_millis(500);
@@ -329,6 +341,9 @@ pub struct EngineCore {
     limits: Limits,
     step_tokens: usize,
     step_time: Duration,
+    /// When each tenant last sent a request (those of the last
+    /// [`SHARED_WINDOW`]): with two or more, steps are shorter.
+    arrivals: HashMap<TenantId, Instant>,
     speed: PrefillSpeed,
     prefill_deadline: Duration,
     first_slice: usize,
@@ -403,6 +418,7 @@ impl EngineCore {
             // Two at least: a prompt never moves one token at a time.
             step_tokens: config.step_tokens.max(2),
             step_time: config.step_time,
+            arrivals: HashMap::new(),
             speed,
             prefill_deadline: config.prefill_deadline,
             first_slice: config.first_slice_tokens.max(1),

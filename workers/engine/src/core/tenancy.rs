@@ -62,6 +62,7 @@ impl EngineCore {
     /// Queues an admitted request; it joins the batch when its prompt and
     /// first slice of output fit.
     pub fn submit(&mut self, admitted: Admitted<PendingRequest>) {
+        self.arrived(admitted.owner().tenant());
         let admitted = admitted.first_slice(self.first_slice);
         self.waiting
             .push_back(Waiting::New(Box::new(admitted.map(Pending::Generate))));
@@ -69,8 +70,35 @@ impl EngineCore {
 
     /// Queues an admitted prefill-only job.
     pub fn submit_prefill(&mut self, admitted: Admitted<PendingPrefill>) {
+        self.arrived(admitted.owner().tenant());
         self.waiting
             .push_back(Waiting::New(Box::new(admitted.map(Pending::Prefill))));
+    }
+
+    /// Notes that `tenant` sent a request now (and forgets tenants not
+    /// heard from within the shared window).
+    fn arrived(&mut self, tenant: TenantId) {
+        let now = Instant::now();
+        self.arrivals
+            .retain(|_, at| now.duration_since(*at) <= super::SHARED_WINDOW);
+        self.arrivals.insert(tenant, now);
+    }
+
+    /// How long this step may take: `step_time`, or a fraction of it while
+    /// tenants share the engine.
+    pub(super) fn step_time_now(&self) -> Duration {
+        let now = Instant::now();
+        let sharing = self
+            .arrivals
+            .values()
+            .filter(|at| now.duration_since(**at) <= super::SHARED_WINDOW)
+            .count()
+            > 1;
+        if sharing {
+            self.step_time / super::SHARED_STEP_DIVISOR
+        } else {
+            self.step_time
+        }
     }
 
     /// Cancels a request: its pages return to the pool at once.

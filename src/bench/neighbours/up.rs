@@ -1,0 +1,351 @@
+//! `bulkhead bench neighbours --up`: the same question from outside, as
+//! tenants see it. A platform started with `bulkhead up` (one model, a
+//! prefill/decode pair); tenant A's short streamed completions through the
+//! gateway, alone and then while tenant B floods it with prompts at 80% of
+//! the served window, `--long-streams` at a time, beside
+//! `--reserve-streams` streams that may each generate to the window. Each
+//! of B's requests ends answered, refused fast (429 or 503 with
+//! `retry-after` within a second; B then waits as told, up to 2 s), refused
+//! slowly, or failed (anything else: a 502 after waiting, an error in the
+//! stream). The target: none of B's in-window requests fails or is refused
+//! slowly, and A's p99 time to first token stays within 3x its p99 alone.
+
+use super::{NeighboursBenchArgs, percentile};
+use crate::bench::Prompts;
+use anyhow::Context;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
+
+type Http = HttpClient<HttpConnector, Full<Bytes>>;
+
+/// Where and as whom to call.
+#[derive(Clone)]
+struct Gateway {
+    http: Http,
+    url: String,
+}
+
+/// How B's requests ended.
+#[derive(Debug, Default, Clone, Copy)]
+struct Ends {
+    answered: usize,
+    refused_fast: usize,
+    refused_slow: usize,
+    failed: usize,
+}
+
+impl Ends {
+    fn add(self, o: Ends) -> Ends {
+        Ends {
+            answered: self.answered + o.answered,
+            refused_fast: self.refused_fast + o.refused_fast,
+            refused_slow: self.refused_slow + o.refused_slow,
+            failed: self.failed + o.failed,
+        }
+    }
+}
+
+/// One streamed completion's end: its time to first text, or how it ended
+/// without one (and the wait a refusal asked for).
+enum Call {
+    Text(Duration),
+    Refused { took: Duration, retry: Option<u64> },
+    Failed(String),
+}
+
+pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
+    let model = args.model.load()?.0;
+    let up = crate::platform::up::child::UpChild::start(
+        "bench-neighbours",
+        &["--port", "0", "--models", "q4_1", "--no-prober"],
+        false,
+    )?;
+    let creds = up.read("credentials.json")?;
+    let internal = up.read("internal-tokens.json")?;
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let (a, b) = (
+        s(&creds["accounts"][0]["token"]),
+        s(&creds["accounts"][1]["token"]),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (window, max_output) = rt.block_on(served_window(
+        &s(&creds["control_plane_url"]),
+        &s(&internal["admin"]),
+    ))?;
+    let long_tokens = window * 4 / 5;
+    let text = |p: &Prompts, i: usize, n: usize| model.tokenizer().decode(&p.get(i, n), false);
+    let short = Prompts::new(&model, args.short_tokens, args.samples.max(1))?;
+    let short: Vec<String> = (0..args.samples.max(1))
+        .map(|i| text(&short, i, args.short_tokens))
+        .collect();
+    let long = Prompts::new(&model, long_tokens, 8)?;
+    let long: Vec<String> = (0..8).map(|i| text(&long, i, long_tokens)).collect();
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let gw = Gateway {
+        http: HttpClient::builder(TokioExecutor::new()).build(connector),
+        url: s(&creds["gateway_url"]),
+    };
+    let report = rt.block_on(async {
+        // Warm-up, then A alone.
+        ttft_of_a(&gw, &a, &short[..1]).await?;
+        let alone = ttft_of_a(&gw, &a, &short).await?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut flood = JoinSet::new();
+        for i in 0..args.long_streams {
+            let (gw, b, long, stop) = (gw.clone(), b.clone(), long.clone(), Arc::clone(&stop));
+            flood.spawn(async move {
+                let mut ends = Ends::default();
+                let mut k = i;
+                while !stop.load(Ordering::Relaxed) {
+                    let call = complete(&gw, &b, &long[k % long.len()], 1, None).await;
+                    ends = ends.add(classify(&call).await);
+                    k += 1;
+                }
+                ends
+            });
+        }
+        // The streams ask for all the window their prompt leaves (a margin
+        // for how the text re-tokenizes), up to the model's longest output.
+        let reserve = window
+            .saturating_sub(args.short_tokens + 16)
+            .clamp(1, max_output);
+        for i in 0..args.reserve_streams {
+            let (gw, b, stop) = (gw.clone(), b.clone(), Arc::clone(&stop));
+            let prompt = short[i % short.len()].clone();
+            flood.spawn(async move {
+                let mut ends = Ends::default();
+                while !stop.load(Ordering::Relaxed) {
+                    let call = complete(&gw, &b, &prompt, reserve, Some(&stop)).await;
+                    ends = ends.add(classify(&call).await);
+                }
+                ends
+            });
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let flooded = ttft_of_a(&gw, &a, &short).await?;
+        stop.store(true, Ordering::Relaxed);
+        let mut ends = Ends::default();
+        while let Some(e) = flood.join_next().await {
+            ends = ends.add(e?);
+        }
+        let (a99, f99) = (percentile(&alone, 99), percentile(&flooded, 99));
+        anyhow::Ok(json!({
+            "mode": "up",
+            "window_tokens": window,
+            "b_prompt_tokens": long_tokens,
+            "b_long_streams": args.long_streams,
+            "b_reserve_streams": args.reserve_streams,
+            "samples": args.samples,
+            "alone": {"a_ttft_p50_ms": percentile(&alone, 50) * 1e3, "a_ttft_p99_ms": a99 * 1e3},
+            "flooded": {"a_ttft_p50_ms": percentile(&flooded, 50) * 1e3, "a_ttft_p99_ms": f99 * 1e3},
+            "a_p99_vs_alone": f99 / a99,
+            "b_answered": ends.answered,
+            "b_refused_fast": ends.refused_fast,
+            "b_refused_slow": ends.refused_slow,
+            "b_failed": ends.failed,
+            "target": "a_p99_vs_alone <= 3, b_failed == 0 and b_refused_slow == 0",
+        }))
+    })?;
+    drop(up);
+    if args.json {
+        println!("{report}");
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+/// The served context window and longest output: the active config's.
+async fn served_window(control_plane: &str, admin: &str) -> anyhow::Result<(usize, usize)> {
+    let client = bulkhead_control_api::Client::new(&bulkhead_control_api::Credentials {
+        control_plane_url: control_plane.to_owned(),
+        operator_token: admin.to_owned(),
+    })?;
+    let slug = crate::platform::register::DEFAULT_SLUG
+        .replace('@', "%40")
+        .replace('/', "%2F");
+    let configs: Vec<bulkhead_control_api::ConfigView> = client
+        .get(&format!("/admin/v1/models/{slug}/configs"))
+        .await?;
+    let active = configs
+        .iter()
+        .find(|c| c.active)
+        .context("no active config")?;
+    let p = &active.spec.properties;
+    Ok((
+        usize::try_from(p.context_window)?,
+        usize::try_from(p.max_output)?,
+    ))
+}
+
+/// Tenant A's prompts one after another: seconds to each first text.
+async fn ttft_of_a(gw: &Gateway, key: &str, prompts: &[String]) -> anyhow::Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        match complete(gw, key, p, 1, None).await {
+            Call::Text(t) => out.push(t.as_secs_f64()),
+            Call::Refused { .. } => anyhow::bail!("tenant A was refused"),
+            Call::Failed(why) => anyhow::bail!("tenant A's request failed: {why}"),
+        }
+    }
+    Ok(out)
+}
+
+/// How one of B's calls ended; after a refusal, waits as asked (up to 2 s)
+/// before B's next, as a client honouring `retry-after` does.
+async fn classify(call: &Call) -> Ends {
+    match call {
+        Call::Text(_) => Ends {
+            answered: 1,
+            ..Ends::default()
+        },
+        Call::Refused { took, retry } => {
+            let secs = retry.unwrap_or(1).clamp(1, 2);
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            if *took <= Duration::from_secs(1) && retry.is_some() {
+                Ends {
+                    refused_fast: 1,
+                    ..Ends::default()
+                }
+            } else {
+                Ends {
+                    refused_slow: 1,
+                    ..Ends::default()
+                }
+            }
+        }
+        Call::Failed(why) => {
+            eprintln!("bench neighbours: one of B's requests failed: {why}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ends {
+                failed: 1,
+                ..Ends::default()
+            }
+        }
+    }
+}
+
+/// One streamed `/v1/completions` of `prompt`, `max_tokens` greedy; read
+/// to its end, or (with `stop`) until told to stop once it has text.
+async fn complete(
+    gw: &Gateway,
+    key: &str,
+    prompt: &str,
+    max_tokens: usize,
+    stop: Option<&AtomicBool>,
+) -> Call {
+    let body = json!({
+        "model": crate::platform::register::DEFAULT_SLUG, "prompt": prompt,
+        "max_tokens": max_tokens, "temperature": 0, "stream": true,
+    });
+    let req = hyper::Request::post(format!("{}/v1/completions", gw.url))
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from(body.to_string())));
+    let Ok(req) = req else {
+        return Call::Failed("building the request".to_owned());
+    };
+    let sent = Instant::now();
+    let resp = match gw.http.request(req).await {
+        Ok(r) => r,
+        Err(e) => return Call::Failed(format!("connecting: {e}")),
+    };
+    let status = resp.status().as_u16();
+    if matches!(status, 429 | 503) {
+        let retry = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        return Call::Refused {
+            took: sent.elapsed(),
+            retry,
+        };
+    }
+    let mut body = resp.into_body();
+    if status != 200 {
+        let bytes = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        return Call::Failed(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&bytes)
+        ));
+    }
+    let (mut buf, mut first) = (Vec::new(), None);
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Call::Failed("the stream broke".to_owned());
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(at) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..at + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            let Some(payload) = text.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            if payload == "[DONE]" {
+                return first.map_or_else(|| Call::Failed("no text".to_owned()), Call::Text);
+            }
+            if payload.contains("\"error\"") {
+                return Call::Failed(format!("error event: {payload}"));
+            }
+            first.get_or_insert_with(|| sent.elapsed());
+        }
+        // A stream holding its reservation is let go once it has text.
+        if let (Some(t), Some(s)) = (first, stop)
+            && s.load(Ordering::Relaxed)
+        {
+            return Call::Text(t);
+        }
+    }
+    Call::Failed("the stream ended without [DONE]".to_owned())
+}
+
+fn print_table(r: &Value) {
+    let ms = |v: &Value| v.as_f64().unwrap_or(f64::NAN);
+    println!(
+        "through bulkhead up: tenant A's time to first token ({} requests per phase, served window {} tokens)",
+        r["samples"], r["window_tokens"]
+    );
+    println!("{:<48} {:>9} {:>9}", "phase", "p50 ms", "p99 ms");
+    println!(
+        "{:<48} {:>9.1} {:>9.1}",
+        "alone",
+        ms(&r["alone"]["a_ttft_p50_ms"]),
+        ms(&r["alone"]["a_ttft_p99_ms"])
+    );
+    let flood = format!(
+        "B: {} x {}-token prompts + {} streams",
+        r["b_long_streams"], r["b_prompt_tokens"], r["b_reserve_streams"]
+    );
+    println!(
+        "{flood:<48} {:>9.1} {:>9.1}",
+        ms(&r["flooded"]["a_ttft_p50_ms"]),
+        ms(&r["flooded"]["a_ttft_p99_ms"])
+    );
+    println!(
+        "A's p99 flooded / alone: {:.2}x (target <= 3)",
+        ms(&r["a_p99_vs_alone"])
+    );
+    println!(
+        "B: {} answered, {} refused fast (<= 1 s, retry-after), {} refused slowly, {} failed (target: 0 and 0)",
+        r["b_answered"], r["b_refused_fast"], r["b_refused_slow"], r["b_failed"]
+    );
+}
