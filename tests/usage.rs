@@ -6,8 +6,10 @@
 //! computed tokens, and nothing for the refusal; the tenant reads the same
 //! through the gateway's usage route, and operators with `bulkhead usage`,
 //! each row priced at the model's price; `n` choices bill their prompt
-//! once, as the response's usage reports it; a gateway killed mid-stream
-//! loses no usage; a budget refuses once spent.
+//! once, as the response's usage reports it; a call whose client left while
+//! its prompt was computed is billed the prompt tokens computed; a request
+//! of `n` whose choice is refused answers an error and bills nothing; a
+//! gateway killed mid-stream loses no usage; a budget refuses once spent.
 
 mod support;
 
@@ -233,6 +235,63 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
         );
         gateway_back(up.child.id(), pid, gw);
     });
+    checks.run(
+        "a call dropped while its prompt is computed is billed the prompt tokens computed",
+        || {
+            let before = ledger();
+            // Most of the served window: seconds of prefill.
+            let window = served_window(cp, admin, model) as usize;
+            let words = "the sea ".repeat(window * 9 / 20);
+            let body = json!({"model": model, "max_tokens": 4, "stream": true,
+                "messages": [{"role": "user", "content": words}]})
+            .to_string();
+            hang_up_after(gw, token, &body, Duration::from_secs(3));
+            let until = Instant::now() + Duration::from_secs(30);
+            let mut now = ledger();
+            while now.0 < before.0 + 1 && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(200));
+                now = ledger();
+            }
+            assert_eq!(now.0, before.0 + 1, "the dropped call is in the ledger");
+            let (p, c) = (now.1 - before.1, now.2 - before.2);
+            assert_eq!(c, 0, "no token was computed");
+            assert!(
+                p > 0 && p < window as u64 * 9 / 10,
+                "billed the part of the prompt computed in 3 s, not all of it: {p}"
+            );
+        },
+    );
+    checks.run(
+        "a request of n whose choice is refused answers an error and bills nothing",
+        || {
+            let before = ledger();
+            // Eight choices of most of the window cannot all be prefilled
+            // within the deadline: prefill refuses some (its queue), so the
+            // request answers a capacity error and the choices that ran are
+            // voided.
+            let window = served_window(cp, admin, model) as usize;
+            let words = "the sea ".repeat(window * 9 / 20);
+            let body = json!({"model": model, "max_tokens": 4, "n": 8, "temperature": 0.7,
+                "messages": [{"role": "user", "content": words}]});
+            let (code, text) = post(gw, "/v1/chat/completions", token, &body.to_string());
+            assert_eq!(code, 503, "{text}");
+            let v: Value = serde_json::from_str(&text).expect("JSON");
+            assert_eq!(v["error"]["code"], "capacity_exceeded", "{v}");
+            let refused = metric_sum(
+                &creds,
+                "prefill",
+                "bulkhead_admission_rejections_total{",
+                &["reason=\"prefill_queue_full\""],
+            );
+            assert!(refused > 0.0, "the prefill worker refused no choice");
+            std::thread::sleep(Duration::from_secs(3));
+            assert_eq!(
+                ledger(),
+                before,
+                "the client got an error: nothing is billed"
+            );
+        },
+    );
     checks.run("a budget refuses once spent, at no cost", || {
         budgets(
             &dir,
@@ -380,6 +439,23 @@ fn stream_until(gw: &str, token: &str, body: &str, n: usize) -> support::Streami
         "the stream ended early: {seen}"
     );
     s
+}
+
+/// Sends `body` as a streamed chat completion and hangs up after `wait`,
+/// before reading anything: a client gone while its prompt is computed.
+fn hang_up_after(gw: &str, token: &str, body: &str, wait: Duration) {
+    use std::io::Write;
+    let addr = gw.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("write");
+    s.write_all(body.as_bytes()).expect("write");
+    std::thread::sleep(wait);
+    let _ = s.shutdown(std::net::Shutdown::Both);
 }
 
 /// `up`'s price: 330 and 2,460 neurons per million prompt and output

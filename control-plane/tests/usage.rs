@@ -1,8 +1,9 @@
 //! The usage ledger on SQLite and on PostgreSQL: workers' reports are
 //! counted once per call id (a repeated batch changes nothing), rolled up
 //! per account, model and UTC day, refused whole when malformed or for a
-//! model the certificate does not serve, and read by responders (every
-//! account) and the gateway (one account's).
+//! model the certificate does not serve, read by responders (every
+//! account) and the gateway (one account's), and voided by the gateway
+//! alone for a request that answered an error.
 
 #[macro_use]
 mod support;
@@ -143,3 +144,62 @@ backend_test!(a_bad_report_is_refused_whole_and_only_workers_report, |h| {
     assert_eq!(code, StatusCode::BAD_REQUEST);
     Ok(())
 });
+
+backend_test!(
+    a_void_reverses_reported_calls_and_bars_unreported_ones,
+    |h| {
+        let at = "2026-12-02T10:00:00Z";
+        let (code, _) = report(
+            &h,
+            vec![event("n0", ALICE, 40, 9, at), event("k1", ALICE, 5, 5, at)],
+        )
+        .await;
+        assert_eq!(code, StatusCode::OK);
+        // One of a request's choices ran and reported (n0); another had
+        // not reported yet (n1) when the request answered an error.
+        let void = json!({"account_id": ALICE, "model": SLUG, "call_ids": ["n0", "n1"]});
+        let (code, v) = h
+            .attempt("/admin/v1/usage/void", &h.gateway, void.clone())
+            .await;
+        assert_eq!(
+            (code, &v),
+            (StatusCode::OK, &json!({"reversed": 1, "barred": 1}))
+        );
+        // Its report, when it comes, counts nothing; a second void neither.
+        let (code, v) = report(&h, vec![event("n1", ALICE, 0, 7, at)]).await;
+        assert_eq!(
+            (code, &v),
+            (StatusCode::OK, &json!({"recorded": 0, "duplicates": 1}))
+        );
+        let (code, v) = h.attempt("/admin/v1/usage/void", &h.gateway, void).await;
+        assert_eq!(
+            (code, &v),
+            (StatusCode::OK, &json!({"reversed": 0, "barred": 0}))
+        );
+        let rows = h
+            .get(
+                "/admin/v1/usage?since=2026-12-02&until=2026-12-02",
+                &h.responder,
+            )
+            .await?;
+        assert_eq!(
+            rows,
+            json!([{"account_id": ALICE, "model": SLUG, "date": "2026-12-02", "requests": 1,
+                    "prompt_tokens": 5, "completion_tokens": 5, "micro_neurons": 0}]),
+            "only the call the client was answered for is billed"
+        );
+        // Only a gateway voids, and only the account's own calls.
+        let theirs = json!({"account_id": BOB, "model": SLUG, "call_ids": ["k1"]});
+        let (code, v) = h.attempt("/admin/v1/usage/void", &h.gateway, theirs).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+        let mine = json!({"account_id": ALICE, "model": SLUG, "call_ids": ["k1"]});
+        for who in [&h.node, &h.responder] {
+            let (code, v) = h.attempt("/admin/v1/usage/void", who, mine.clone()).await;
+            assert!(
+                code == StatusCode::FORBIDDEN || code == StatusCode::UNAUTHORIZED,
+                "{code}: {v}"
+            );
+        }
+        Ok(())
+    }
+);

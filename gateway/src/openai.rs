@@ -264,8 +264,10 @@ fn seeds(first: u64, fixed: bool, n: usize) -> Vec<u64> {
 
 /// Runs `n` choices of one request at once (not streamed): their answers in
 /// order, or the first error, and the others are dropped at once (their
-/// workers cancel them). Choice `i` is signed as such: only choice 0's
-/// worker bills the prompt, once for the request, as its `usage` says.
+/// workers cancel them) and every call of the request is voided in the
+/// ledger: the client was told only of the error, so nothing is billed.
+/// Choice `i` is signed as such: only choice 0's worker bills the prompt,
+/// once for the request, as its `usage` says.
 async fn collect_n(
     s: &AppState,
     ctx: &Ctx,
@@ -288,7 +290,11 @@ async fn collect_n(
                 pipeline::collect(g).await
             }
         });
-    futures_util::future::try_join_all(runs).await
+    let done = futures_util::future::try_join_all(runs).await;
+    if done.is_err() && n > 1 {
+        pipeline::void_calls(s, ctx, model).await;
+    }
+    done
 }
 
 /// One request's usage over its choices: the prompt once, every choice's

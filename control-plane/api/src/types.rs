@@ -778,6 +778,30 @@ pub struct UsageReport {
     pub events: Vec<UsageEvent>,
 }
 
+/// `POST /admin/v1/usage/void` (the gateway): worker calls whose answer
+/// the client never got (one of a request's `n` choices failed, so the
+/// request answered an error). They bill nothing: an event already in the
+/// ledger is reversed, and one reported later counts nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageVoid {
+    /// The account the calls were for (32 hex digits).
+    pub account_id: String,
+    /// The model slug.
+    pub model: ModelSlug,
+    /// The calls' ids, as the gateway signed them (at most 1000).
+    pub call_ids: Vec<String>,
+}
+
+/// What a void changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageVoided {
+    /// Events already in the ledger, now reversed.
+    pub reversed: u64,
+    /// Calls not reported yet: a report of them counts nothing.
+    pub barred: u64,
+}
+
 /// What a report changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageRecorded {

@@ -20,7 +20,8 @@ use bulkhead_control_api::{
     CreateApiToken, CreateModel, CreateOperator, Heartbeat, IncidentView, ModelChange, ModelSlug,
     ModelView, NodeRole, NodeStatus, NodeView, OpenIncident, OperatorCreated, OperatorView,
     PrefillPeer, RegisterNode, Role, RoutingTable, SetAllowlist, SetBudget, SetVisibility,
-    Timestamp, UpdateIncident, UsageRecorded, UsageReport, UsageRow, Whoami,
+    Timestamp, UpdateIncident, UsageRecorded, UsageReport, UsageRow, UsageVoid, UsageVoided,
+    Whoami,
 };
 use serde::Deserialize;
 
@@ -48,6 +49,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/incidents/{id}/updates", post(update_incident))
         .route("/audit", get(list_audit))
         .route("/usage", get(list_usage).post(report_usage))
+        .route("/usage/void", post(void_usage))
         .route(
             "/accounts/{id}/tokens",
             get(list_api_tokens).post(create_api_token),
@@ -687,6 +689,20 @@ async fn report_usage(
     let recorded = usage::record(&mut tx, &op.name, &report.events).await?;
     tx.commit().await?;
     Ok(Json(recorded))
+}
+
+/// `POST /admin/v1/usage/void`: the gateway, which alone knows what each
+/// client was told, voids the calls of a request that answered an error
+/// (one of its `n` choices failed): they bill nothing, reported or not.
+async fn void_usage(
+    State(s): State<AppState>,
+    GatewayAgent(_): GatewayAgent,
+    AppJson(v): AppJson<UsageVoid>,
+) -> ApiResult<UsageVoided> {
+    let mut tx = s.db.begin().await?;
+    let voided = usage::void(&mut tx, &v, Timestamp::now()).await?;
+    tx.commit().await?;
+    Ok(Json(voided))
 }
 
 /// `GET /admin/v1/usage`: usage by account, model and UTC day. Responders

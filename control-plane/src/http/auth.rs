@@ -30,7 +30,7 @@ fn needs_cert(what: &str) -> ApiError {
         format!(
             "{what} must come over the control plane's internal port (mutual TLS) with {}",
             match what {
-                "the routing table" => "the gateway's certificate",
+                "the routing table and usage voids" => "the gateway's certificate",
                 _ => "a prefill, decode or colocated worker's certificate",
             }
         ),
@@ -147,7 +147,8 @@ impl FromRequestParts<AppState> for GatewayAgent {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let gateway = |r| r == CertRole::Gateway;
-        let (GatewayToken(op), _) = agent(parts, state, gateway, "the routing table").await?;
+        let (GatewayToken(op), _) =
+            agent(parts, state, gateway, "the routing table and usage voids").await?;
         Ok(GatewayAgent(op))
     }
 }

@@ -5,10 +5,18 @@
 //! counts. The caller owns the transaction: a report commits whole or not
 //! at all. Each event is priced when recorded, at its model's active
 //! price, in micro-neurons.
+//!
+//! A call the gateway voids (its request answered the client an error)
+//! bills nothing: its event, if already recorded, is reversed in the
+//! roll-up and kept with no tokens and `finish = 'void'`; if not, a void
+//! event takes its call id first, so its worker's report, whenever it
+//! comes, counts as a duplicate.
 
 use super::{Conn, configs, get_u64, models, to_i64};
 use crate::Error;
-use bulkhead_control_api::{ModelSlug, Price, Timestamp, UsageEvent, UsageRecorded, UsageRow};
+use bulkhead_control_api::{
+    ModelSlug, Price, Timestamp, UsageEvent, UsageRecorded, UsageRow, UsageVoid, UsageVoided,
+};
 use std::collections::HashMap;
 
 /// The most events one report may carry.
@@ -92,6 +100,103 @@ pub async fn record(
     }
     Ok(out)
 }
+
+/// Voids the calls `v` names, for its account alone, at `at`.
+pub async fn void(conn: &mut Conn, v: &UsageVoid, at: Timestamp) -> Result<UsageVoided, Error> {
+    if v.call_ids.len() > MAX_EVENTS {
+        return Err(Error::Invalid(format!(
+            "a void names at most {MAX_EVENTS} calls, not {}",
+            v.call_ids.len()
+        )));
+    }
+    let mut out = UsageVoided {
+        reversed: 0,
+        barred: 0,
+    };
+    for call in &v.call_ids {
+        check(&UsageEvent {
+            call_id: call.clone(),
+            account_id: v.account_id.clone(),
+            model: v.model.clone(),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            context: String::new(),
+            finish: VOID.to_owned(),
+            at,
+        })?;
+        let barred = sqlx::query(
+            "INSERT INTO usage_events (call_id, account_id, model, day, prompt_tokens, completion_tokens, finish, node, at, micro_neurons) \
+             VALUES ($1, $2, $3, $4, 0, 0, $5, $6, $7, 0) ON CONFLICT (call_id) DO NOTHING",
+        )
+        .bind(call.as_str())
+        .bind(v.account_id.as_str())
+        .bind(v.model.as_str())
+        .bind(at.day())
+        .bind(VOID)
+        .bind("gateway")
+        .bind(at.millis())
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        if barred == 1 {
+            out.barred += 1;
+            continue;
+        }
+        let row = sqlx::query(
+            "SELECT account_id, model, day, prompt_tokens, completion_tokens, micro_neurons, finish \
+             FROM usage_events WHERE call_id = $1",
+        )
+        .bind(call.as_str())
+        .fetch_one(&mut *conn)
+        .await?;
+        use sqlx::Row;
+        let (account, model, day): (String, String, i64) = (
+            row.try_get("account_id")?,
+            row.try_get("model")?,
+            row.try_get("day")?,
+        );
+        if account != v.account_id || model != v.model.as_str() {
+            return Err(Error::Invalid(format!(
+                "call {call:?} was for another account or model"
+            )));
+        }
+        let finish: String = row.try_get("finish")?;
+        if finish == VOID {
+            continue;
+        }
+        let (prompt, completion, cost): (i64, i64, i64) = (
+            row.try_get("prompt_tokens")?,
+            row.try_get("completion_tokens")?,
+            row.try_get("micro_neurons")?,
+        );
+        sqlx::query(
+            "UPDATE usage_daily SET requests = requests - 1, prompt_tokens = prompt_tokens - $4, \
+             completion_tokens = completion_tokens - $5, micro_neurons = micro_neurons - $6 \
+             WHERE account_id = $1 AND model = $2 AND day = $3",
+        )
+        .bind(account.as_str())
+        .bind(model.as_str())
+        .bind(day)
+        .bind(prompt)
+        .bind(completion)
+        .bind(cost)
+        .execute(&mut *conn)
+        .await?;
+        sqlx::query(
+            "UPDATE usage_events SET prompt_tokens = 0, completion_tokens = 0, micro_neurons = 0, finish = $2 \
+             WHERE call_id = $1",
+        )
+        .bind(call.as_str())
+        .bind(VOID)
+        .execute(&mut *conn)
+        .await?;
+        out.reversed += 1;
+    }
+    Ok(out)
+}
+
+/// The `finish` of a voided call.
+const VOID: &str = "void";
 
 /// Usage rows from UTC day `from` to `to` (inclusive), of one account or
 /// all, oldest day first, then by account and model.

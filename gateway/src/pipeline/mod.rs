@@ -3,15 +3,18 @@
 //! URL, model visible to the account, limits admit it and its maximum cost
 //! is reserved, a routable worker picked by load, the worker's first line
 //! decides the status; then the answer is collected ([`collect()`]) or
-//! streamed ([`sse()`]) and what it cost is settled ([`ends`]).
+//! streamed ([`sse()`]) and what it cost is settled ([`ends`]); a request
+//! of `n` choices that answers an error has its calls voided ([`void`]).
 
 mod collect;
 mod ends;
 mod sse;
+mod void;
 
 pub(crate) use collect::{Collected, collect};
 use ends::{Ends, Held};
 pub(crate) use sse::{StreamEvent, sse};
+pub(crate) use void::void_calls;
 
 use crate::auth::{self, Principal};
 use crate::budget::Reservation;
@@ -39,6 +42,10 @@ pub(crate) struct Ctx {
     /// The account's standing once the limiter decided on this request;
     /// the door turns it into `x-ratelimit-*` headers on the response.
     pub(crate) quota: Arc<OnceLock<Quota>>,
+    /// The ids of the worker calls this request signed, for a request of
+    /// `n` choices that answers an error: its calls are voided in the
+    /// ledger, so it bills nothing.
+    pub(crate) calls: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// Authenticates the request from its headers against the current table.
@@ -59,6 +66,7 @@ pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Ctx,
         snap,
         principal,
         quota: Arc::default(),
+        calls: Arc::default(),
     })
 }
 
@@ -415,10 +423,14 @@ async fn attempt(
         }
     };
     // What this gateway vouches for, for this call alone.
+    let id = call_id();
+    if let Ok(mut calls) = ctx.calls.lock() {
+        calls.push(id.clone());
+    }
     let mut statement = TenantContext::new(
         &ctx.principal.account_id,
         ctx.principal.tenant,
-        call_id(),
+        id,
         model.slug.as_str(),
         model.config_version,
         body.max_tokens as u64,

@@ -12,7 +12,8 @@
 use crate::GenerateRequest;
 use crate::config::EngineConfig;
 use crate::core::{
-    EngineCore, EngineStats, Grant, PendingPrefill, PendingRequest, PrefillEvent, SeqEvent,
+    EngineCore, EngineStats, Grant, PendingPrefill, PendingRequest, PrefillEvent, PromptProgress,
+    SeqEvent,
 };
 use crate::error::{ConfigError, TransferFault};
 use crate::gguf::{ModelConfig, ModelFile};
@@ -107,6 +108,7 @@ pub struct RequestHandle {
     events: UnboundedReceiver<SeqEvent>,
     commands: mpsc::Sender<Command>,
     ended: bool,
+    progress: PromptProgress,
 }
 
 impl Engine {
@@ -211,6 +213,7 @@ impl Engine {
             events,
             commands: self.commands.clone(),
             ended: false,
+            progress: admitted.payload().progress(),
         };
         if self.commands.send(Command::Submit(admitted)).is_err() {
             handle.ended = true;
@@ -359,6 +362,12 @@ impl Drop for Engine {
 }
 
 impl RequestHandle {
+    /// Its prompt tokens computed so far (shared: a decode worker's link
+    /// advances it from prefill's progress).
+    pub fn prompt_progress(&self) -> &PromptProgress {
+        &self.progress
+    }
+
     /// The request's id.
     pub fn id(&self) -> RequestId {
         self.id

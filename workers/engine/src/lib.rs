@@ -37,7 +37,7 @@ mod vocab;
 
 pub use crate::core::{
     EngineCore, EngineStats, FinishReason, Grant, LogitsError, PendingPrefill, PendingRequest,
-    PrefillEvent, SeqEvent, Usage,
+    PrefillEvent, PromptProgress, SeqEvent, Usage,
 };
 pub use bulkhead_kernels::{SimdLevel, simd_level};
 pub use bulkhead_kv::{CacheScope, Namespace};

@@ -234,6 +234,7 @@ impl DecodeWorker {
         let (handle, grant) = self
             .engine
             .submit_landing(tenant, request, &peer, transfer)?;
+        let progress = handle.prompt_progress().clone();
         let span = tracing::info_span!(
             target: "bulkhead::worker",
             "kv.transfer",
@@ -257,6 +258,7 @@ impl DecodeWorker {
                     grant,
                     span,
                     load,
+                    progress,
                 };
                 let _ = events.send(LinkEvent::Open(opening));
             }

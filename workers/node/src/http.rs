@@ -361,20 +361,23 @@ async fn generate(
         account: ctx.account.clone(),
         model: ctx.model.clone(),
         // A request's `n` choices share one prompt: billed with choice 0.
-        prompt_tokens: if ctx.choice == 0 {
-            prompt_len as u64
-        } else {
-            0
-        },
+        bills_prompt: ctx.choice == 0,
+        prompt_tokens: prompt_len as u64,
+        progress: handle.prompt_progress().clone(),
         context: signed,
+        ended: false,
     });
     // The first event decides the status: a late rejection is still a 4xx.
     // A call that fails before its first token answered nothing and is
     // billed nothing (a refusal, or a transfer that failed and that the
-    // gateway may retry on another worker, which would bill it again).
+    // gateway may retry on another worker, which would bill it again). A
+    // client that goes away meanwhile drops this future and the meter with
+    // it: the prompt tokens computed by then are billed.
     let first = handle.next().await;
     if let Some(SeqEvent::Failed(e)) = &first {
-        drop(meter);
+        if let Some(m) = meter {
+            m.unbilled();
+        }
         return Err(engine_error(e));
     }
     let lines =
@@ -558,29 +561,61 @@ enum Relayed {
     ClientGone,
 }
 
-/// A call's usage, recorded once when it ends.
+/// A call's usage, recorded once when it ends; if dropped before (the
+/// client went away before the first token), the prompt tokens computed by
+/// then.
 struct Meter {
     sink: crate::usage::UsageSink,
     call_id: String,
     account: String,
     model: String,
+    /// Whether this call bills the prompt (choice 0 of a request's `n`).
+    bills_prompt: bool,
     prompt_tokens: u64,
+    /// The prompt tokens computed so far.
+    progress: bulkhead_engine::PromptProgress,
     /// The call's signed context: the control plane bills only its account.
     context: String,
+    ended: bool,
 }
 
 impl Meter {
-    fn end(self, completion_tokens: u64, finish: &str) {
+    fn end(mut self, completion_tokens: u64, finish: &str) {
+        let prompt = self.prompt_tokens;
+        self.record(prompt, completion_tokens, finish);
+    }
+
+    /// It failed before computing anything the client was given: nothing.
+    fn unbilled(mut self) {
+        self.ended = true;
+    }
+
+    fn record(&mut self, prompt_tokens: u64, completion_tokens: u64, finish: &str) {
+        self.ended = true;
         self.sink.record(crate::usage::UsageRecord {
-            call_id: self.call_id,
-            account: self.account,
-            model: self.model,
-            prompt_tokens: self.prompt_tokens,
+            call_id: std::mem::take(&mut self.call_id),
+            account: std::mem::take(&mut self.account),
+            model: std::mem::take(&mut self.model),
+            prompt_tokens: if self.bills_prompt { prompt_tokens } else { 0 },
             completion_tokens,
-            context: self.context,
+            context: std::mem::take(&mut self.context),
             finish: finish.to_owned(),
             at_ms: crate::usage::now_ms(),
         });
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        // Dropped before its first token: the client went away while the
+        // prompt was computed (or waited its turn, when it is 0).
+        let computed = self.progress.get() as u64;
+        if self.bills_prompt && computed > 0 {
+            self.record(computed.min(self.prompt_tokens), 0, "cancelled");
+        }
     }
 }
 

@@ -6,9 +6,11 @@
 //! The policy: the prompt is billed once the call has answered its first
 //! token, output tokens as the engine emitted them, including a stream
 //! whose client went away (the worker cancels the request and still reads
-//! the engine's final count); a call refused at admission, or failed
-//! before its first token (a late refusal, a failed KV transfer the
-//! gateway may retry elsewhere), costs nothing and is never recorded.
+//! the engine's final count); a call whose client went away before its
+//! first token is billed the prompt tokens computed by then; a call refused
+//! at admission, or failed before its first token (a late refusal, a failed
+//! KV transfer the gateway may retry elsewhere), costs nothing and is never
+//! recorded.
 
 use tokio::sync::mpsc;
 

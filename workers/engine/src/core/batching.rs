@@ -140,7 +140,7 @@ impl EngineCore {
         for &(i, _, len) in plan {
             let seq = &mut self.running[i];
             seq.computed += len;
-            seq.pay_down_charge(&self.speed);
+            seq.note_computed(&self.speed);
             if let Role::Prefill { events, .. } = &seq.role
                 && !seq.done
                 && seq.computed < seq.prompt_len

@@ -229,9 +229,16 @@ pub struct PendingRequest {
     landing: Option<(TransferId, oneshot::Sender<Grant>)>,
     /// Its prompt's share of the prefill queue (none for a landing).
     charge: Option<QueueCharge>,
+    /// Prompt tokens computed so far, for its handle.
+    progress: PromptProgress,
 }
 
 impl PendingRequest {
+    /// Its prompt's progress, as its handle reads it.
+    pub(crate) fn progress(&self) -> PromptProgress {
+        self.progress.clone()
+    }
+
     /// With its prompt's share of the prefill queue.
     pub(crate) fn charged(mut self, charge: QueueCharge) -> Self {
         self.charge = Some(charge);
@@ -297,6 +304,29 @@ struct Sequence {
     role: Role,
     /// What is left of its prompt's share of the prefill queue.
     charge: Option<QueueCharge>,
+    /// Prompt tokens computed so far, as its handle reads them (none for a
+    /// prefill job).
+    progress: Option<PromptProgress>,
+}
+
+/// Prompt tokens computed so far for one request, shared between the
+/// engine thread (which writes it after every step that moves the prompt
+/// on, and a decode worker's link from prefill's progress) and its handle:
+/// what a request dropped before its first token is billed for.
+#[derive(Debug, Clone, Default)]
+pub struct PromptProgress(Arc<std::sync::atomic::AtomicUsize>);
+
+impl PromptProgress {
+    /// Tokens computed so far.
+    pub fn get(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// At least `computed` tokens are computed now.
+    pub fn advance(&self, computed: usize) {
+        self.0
+            .fetch_max(computed, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 #[derive(Debug)]

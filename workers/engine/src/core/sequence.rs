@@ -6,9 +6,13 @@ use super::*;
 use crate::detok::Piece;
 
 impl Sequence {
-    /// Its share of the prefill queue is what its prompt still costs; none
-    /// once the prompt is computed.
-    pub(super) fn pay_down_charge(&mut self, speed: &crate::speed::PrefillSpeed) {
+    /// Its prompt moved on to `computed`: its handle's progress says so,
+    /// and its share of the prefill queue is what its prompt still costs
+    /// (none once the prompt is computed).
+    pub(super) fn note_computed(&mut self, speed: &crate::speed::PrefillSpeed) {
+        if let Some(p) = &self.progress {
+            p.advance(self.computed.min(self.prompt_len));
+        }
         if self.computed >= self.prompt_len {
             self.charge = None;
         } else if let Some(c) = &mut self.charge {

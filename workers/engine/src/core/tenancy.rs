@@ -32,6 +32,7 @@ impl EngineCore {
             sink,
             landing,
             charge: None,
+            progress: PromptProgress::default(),
         };
         limits.admit(tenant, prompt, max, pending)
     }
@@ -296,12 +297,14 @@ impl EngineCore {
                     events: p.events,
                 },
                 charge: p.charge,
+                progress: None,
             },
             Pending::Generate(PendingRequest {
                 request,
                 sink,
                 landing,
                 charge,
+                progress,
             }) => {
                 let landing = match landing {
                     None => None,
@@ -346,12 +349,13 @@ impl EngineCore {
                         },
                     }),
                     charge,
+                    progress: Some(progress),
                 }
             }
         };
         let mut seq = seq;
         // What the prefix cache held is not computed here.
-        seq.pay_down_charge(&self.speed);
+        seq.note_computed(&self.speed);
         self.running.push(seq);
         None
     }

@@ -45,6 +45,9 @@ impl EngineCore {
             return;
         }
         seq.computed = seq.prompt_len;
+        if let Some(p) = &seq.progress {
+            p.advance(seq.prompt_len);
+        }
         #[cfg(feature = "test-hooks")]
         if let Some(log) = &mut self.committed {
             let pages = (0..seq.table.len())

@@ -72,6 +72,8 @@ pub(super) struct Opening {
     pub(super) span: tracing::Span,
     /// Counts the transfer against this link until it ends.
     pub(super) load: LoadGuard,
+    /// The request's prompt progress, advanced from prefill's reports.
+    pub(super) progress: bulkhead_engine::PromptProgress,
 }
 
 #[derive(Debug)]
@@ -83,8 +85,9 @@ pub(super) enum LinkEvent {
     Aborting(u64, TransferId),
     /// The receiver finished with a transfer (its pages are home), and how.
     Ended(u64, TransferId, &'static str),
-    /// The prefill worker reported progress on a transfer: it is alive.
-    Progress(u64, TransferId),
+    /// The prefill worker reported progress on a transfer (prompt tokens
+    /// computed): it is alive.
+    Progress(u64, TransferId, u64),
     /// The receiver saw the connection end.
     Closed(u64),
     Tick,
@@ -177,6 +180,8 @@ struct Conn {
 struct Deadline {
     _load: LoadGuard,
     until: Instant,
+    /// The request's prompt progress.
+    progress: bulkhead_engine::PromptProgress,
     /// When this side aborted it (waiting for the acknowledgement).
     aborting_since: Option<Instant>,
     /// What decided the transfer before the receiver ended it.
@@ -356,6 +361,7 @@ impl Link {
             Deadline {
                 _load: o.load,
                 until: Instant::now() + self.options.transfer_timeout,
+                progress: o.progress,
                 aborting_since: None,
                 outcome: None,
                 span: o.span,
@@ -391,13 +397,15 @@ impl Link {
                         .record("bulkhead.transfer.outcome", d.outcome.unwrap_or(how));
                 }
             }
-            LinkEvent::Progress(epoch, t) if epoch == self.epoch => {
+            LinkEvent::Progress(epoch, t, computed) if epoch == self.epoch => {
                 // The deadline runs from the last sign of life, so a long
                 // prompt being computed is never timed out.
                 if let Some(d) = self.open.get_mut(&t)
                     && d.aborting_since.is_none()
                 {
                     d.until = Instant::now() + self.options.transfer_timeout;
+                    d.progress
+                        .advance(usize::try_from(computed).unwrap_or(usize::MAX));
                 }
             }
             LinkEvent::Closed(epoch) if epoch == self.epoch => self.close().await,
@@ -617,8 +625,12 @@ impl Receiver {
                     let _ = self.writer.send(Message::AbortAck { transfer });
                 }
             }
-            Message::Progress { transfer, .. } => {
-                let _ = self.events.send(LinkEvent::Progress(self.epoch, transfer));
+            Message::Progress {
+                transfer, computed, ..
+            } => {
+                let _ = self
+                    .events
+                    .send(LinkEvent::Progress(self.epoch, transfer, computed));
             }
             Message::AbortAck { transfer } => {
                 if self.landing.ledger.on_abort_ack(transfer) {
