@@ -23,7 +23,10 @@ use support::platform::{
 #[test]
 fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
     let dir = data_dir("usage");
-    let up = up(&dir, &["--no-prober"]);
+    // A 10 s prefill deadline: the served window's prompts take seconds
+    // (a dropped one is caught mid-prefill), and three of them more than
+    // the deadline (prefill's queue refuses some of eight choices).
+    let up = up(&dir, &["--no-prober", "--prefill-deadline-secs", "10"]);
     let creds = credentials(&dir);
     let (gw, cp) = (creds.gateway_url.as_str(), creds.control_plane_url.as_str());
     let (admin, model) = (creds.operator_token.as_str(), creds.model.as_str());
