@@ -21,25 +21,13 @@ fn send(addr: String, tenant: u64, body: Value) -> std::thread::JoinHandle<(Resp
     })
 }
 
-/// A prefill worker (with `prefill_extra`) and a decode worker (with
-/// `decode_extra`) linked to it, on one thread each; the pools are each
-/// `mib` MiB.
+/// A prefill worker (with `prefill_extra`, a pool of `mib` MiB) and a
+/// decode worker (with `decode_extra`, a pool of 256 MiB) linked to it, on
+/// one thread each.
 fn pair(mib: &str, prefill_extra: &[&str], decode_extra: &[&str]) -> (Worker, Worker) {
-    let mut args = vec![
-        "prefill",
-        "--listen",
-        "127.0.0.1:0",
-        "--http",
-        "127.0.0.1:0",
-    ];
-    args.extend(["--kv-budget-mib", mib, "--threads", "1"]);
-    args.extend_from_slice(prefill_extra);
-    let p = Worker::start(&args);
-    let transfer = p.addr("transfer");
-    let mut args = vec!["decode", "--http", "127.0.0.1:0", "--prefill", &transfer];
-    args.extend(["--kv-budget-mib", "256", "--threads", "1"]);
-    args.extend_from_slice(decode_extra);
-    let d = Worker::start(&args);
+    let p = prefill_with(&["--kv-budget-mib", mib, "--threads", "1"], prefill_extra);
+    let pool = ["--kv-budget-mib", "256", "--threads", "1"];
+    let d = decode_with(&p.addr("transfer"), &pool, decode_extra);
     (p, d)
 }
 

@@ -243,8 +243,7 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
         || {
             let before = ledger();
             // Most of the served window: seconds of prefill.
-            let window = served_window(cp, admin, model) as usize;
-            let words = "the sea ".repeat(window * 9 / 20);
+            let (window, words) = most_of_the_window(cp, admin, model);
             let body = json!({"model": model, "max_tokens": 4, "stream": true,
                 "messages": [{"role": "user", "content": words}]})
             .to_string();
@@ -259,7 +258,7 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
             let (p, c) = (now.1 - before.1, now.2 - before.2);
             assert_eq!(c, 0, "no token was computed");
             assert!(
-                p > 0 && p < window as u64 * 9 / 10,
+                p > 0 && p < window * 9 / 10,
                 "billed the part of the prompt computed in 3 s, not all of it: {p}"
             );
         },
@@ -272,8 +271,7 @@ fn the_ledger_holds_what_the_workers_counted_and_nothing_for_refusals() {
             // within the deadline: prefill refuses some (its queue), so the
             // request answers a capacity error and the choices that ran are
             // voided.
-            let window = served_window(cp, admin, model) as usize;
-            let words = "the sea ".repeat(window * 9 / 20);
+            let (_, words) = most_of_the_window(cp, admin, model);
             let body = json!({"model": model, "max_tokens": 4, "n": 8, "temperature": 0.7,
                 "messages": [{"role": "user", "content": words}]});
             let (code, text) = post(gw, "/v1/chat/completions", token, &body.to_string());
@@ -399,6 +397,12 @@ fn served_window(cp: &str, admin: &str, model: &str) -> u64 {
         .and_then(|c| c.iter().find(|c| c["active"] == true))
         .and_then(|c| c["context_window"].as_u64())
         .expect("an active config with a window")
+}
+
+/// The served window, and words that fill about nine tenths of it.
+fn most_of_the_window(cp: &str, admin: &str, model: &str) -> (u64, String) {
+    let window = served_window(cp, admin, model);
+    (window, "the sea ".repeat(window as usize * 9 / 20))
 }
 
 /// SIGKILLs `up`'s gateway; its pid.

@@ -268,6 +268,20 @@ async fn drive(
     })
 }
 
+/// The `data:` payloads of the server-sent events complete in `buf`,
+/// taken out of it (a partial event stays for the next read).
+pub(crate) fn sse_payloads(buf: &mut Vec<u8>) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some(at) = buf.windows(2).position(|w| w == b"\n\n") {
+        let event: Vec<u8> = buf.drain(..at + 2).collect();
+        let text = String::from_utf8_lossy(&event);
+        if let Some(payload) = text.trim().strip_prefix("data: ") {
+            out.push(payload.to_owned());
+        }
+    }
+    out
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -314,12 +328,8 @@ async fn one(
             continue;
         };
         buf.extend_from_slice(&data);
-        while let Some(at) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..at + 2).collect();
-            let text = String::from_utf8_lossy(&event);
-            let Some(payload) = text.trim().strip_prefix("data: ") else {
-                continue;
-            };
+        for payload in sse_payloads(&mut buf) {
+            let payload = payload.as_str();
             if payload == "[DONE]" {
                 done = true;
                 continue;

@@ -228,6 +228,11 @@ pub fn control_plane(data: &str, extra: &[&str]) -> Worker {
 pub const POOL: &[&str] = &["--kv-budget-mib", "64", "--threads", "1"];
 
 pub fn prefill(extra: &[&str]) -> Worker {
+    prefill_with(POOL, extra)
+}
+
+/// A prefill worker with `pool` flags instead of [`POOL`].
+pub fn prefill_with(pool: &[&str], extra: &[&str]) -> Worker {
     let mut args = vec![
         "prefill",
         "--listen",
@@ -235,14 +240,19 @@ pub fn prefill(extra: &[&str]) -> Worker {
         "--http",
         "127.0.0.1:0",
     ];
-    args.extend_from_slice(POOL);
+    args.extend_from_slice(pool);
     args.extend_from_slice(extra);
     Worker::start(&args)
 }
 
 pub fn decode(prefill_addr: &str, extra: &[&str]) -> Worker {
+    decode_with(prefill_addr, POOL, extra)
+}
+
+/// A decode worker with `pool` flags instead of [`POOL`].
+pub fn decode_with(prefill_addr: &str, pool: &[&str], extra: &[&str]) -> Worker {
     let mut args = vec!["decode", "--http", "127.0.0.1:0", "--prefill", prefill_addr];
-    args.extend_from_slice(POOL);
+    args.extend_from_slice(pool);
     args.extend_from_slice(extra);
     Worker::start(&args)
 }

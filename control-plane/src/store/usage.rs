@@ -59,43 +59,22 @@ pub async fn record(
             price.micro_neurons(e.prompt_tokens, e.completion_tokens),
             "cost",
         )?;
-        let inserted = sqlx::query(
-            "INSERT INTO usage_events (call_id, account_id, model, day, prompt_tokens, completion_tokens, finish, node, at, micro_neurons) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (call_id) DO NOTHING",
-        )
-        .bind(e.call_id.as_str())
-        .bind(e.account_id.as_str())
-        .bind(e.model.as_str())
-        .bind(day)
-        .bind(prompt)
-        .bind(completion)
-        .bind(e.finish.as_str())
-        .bind(node)
-        .bind(e.at.millis())
-        .bind(cost)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-        if inserted == 0 {
+        let row = Entry {
+            call: e.call_id.as_str(),
+            account: e.account_id.as_str(),
+            model: e.model.as_str(),
+            day,
+            tokens: (prompt, completion),
+            cost,
+            finish: e.finish.as_str(),
+            node,
+            at: e.at.millis(),
+        };
+        if !insert_event(conn, &row).await? {
             out.duplicates += 1;
             continue;
         }
-        sqlx::query(
-            "INSERT INTO usage_daily (account_id, model, day, requests, prompt_tokens, completion_tokens, micro_neurons) \
-             VALUES ($1, $2, $3, 1, $4, $5, $6) ON CONFLICT (account_id, model, day) DO UPDATE SET \
-             requests = usage_daily.requests + 1, \
-             prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
-             completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \
-             micro_neurons = usage_daily.micro_neurons + excluded.micro_neurons",
-        )
-        .bind(e.account_id.as_str())
-        .bind(e.model.as_str())
-        .bind(day)
-        .bind(prompt)
-        .bind(completion)
-        .bind(cost)
-        .execute(&mut *conn)
-        .await?;
+        roll_up(conn, &row, 1).await?;
         out.recorded += 1;
     }
     Ok(out)
@@ -124,21 +103,19 @@ pub async fn void(conn: &mut Conn, v: &UsageVoid, at: Timestamp) -> Result<Usage
             finish: VOID.to_owned(),
             at,
         })?;
-        let barred = sqlx::query(
-            "INSERT INTO usage_events (call_id, account_id, model, day, prompt_tokens, completion_tokens, finish, node, at, micro_neurons) \
-             VALUES ($1, $2, $3, $4, 0, 0, $5, $6, $7, 0) ON CONFLICT (call_id) DO NOTHING",
-        )
-        .bind(call.as_str())
-        .bind(v.account_id.as_str())
-        .bind(v.model.as_str())
-        .bind(at.day())
-        .bind(VOID)
-        .bind("gateway")
-        .bind(at.millis())
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-        if barred == 1 {
+        let marker = Entry {
+            call: call.as_str(),
+            account: v.account_id.as_str(),
+            model: v.model.as_str(),
+            day: at.day(),
+            tokens: (0, 0),
+            cost: 0,
+            finish: VOID,
+            node: "gateway",
+            at: at.millis(),
+        };
+        let barred = insert_event(conn, &marker).await?;
+        if barred {
             out.barred += 1;
             continue;
         }
@@ -169,19 +146,18 @@ pub async fn void(conn: &mut Conn, v: &UsageVoid, at: Timestamp) -> Result<Usage
             row.try_get("completion_tokens")?,
             row.try_get("micro_neurons")?,
         );
-        sqlx::query(
-            "UPDATE usage_daily SET requests = requests - 1, prompt_tokens = prompt_tokens - $4, \
-             completion_tokens = completion_tokens - $5, micro_neurons = micro_neurons - $6 \
-             WHERE account_id = $1 AND model = $2 AND day = $3",
-        )
-        .bind(account.as_str())
-        .bind(model.as_str())
-        .bind(day)
-        .bind(prompt)
-        .bind(completion)
-        .bind(cost)
-        .execute(&mut *conn)
-        .await?;
+        let recorded = Entry {
+            call: call.as_str(),
+            account: account.as_str(),
+            model: model.as_str(),
+            day,
+            tokens: (prompt, completion),
+            cost,
+            finish: VOID,
+            node: "gateway",
+            at: at.millis(),
+        };
+        roll_up(conn, &recorded, -1).await?;
         sqlx::query(
             "UPDATE usage_events SET prompt_tokens = 0, completion_tokens = 0, micro_neurons = 0, finish = $2 \
              WHERE call_id = $1",
@@ -197,6 +173,66 @@ pub async fn void(conn: &mut Conn, v: &UsageVoid, at: Timestamp) -> Result<Usage
 
 /// The `finish` of a voided call.
 const VOID: &str = "void";
+
+/// One event of `usage_events`.
+struct Entry<'a> {
+    call: &'a str,
+    account: &'a str,
+    model: &'a str,
+    day: i64,
+    /// Prompt and output tokens.
+    tokens: (i64, i64),
+    cost: i64,
+    finish: &'a str,
+    node: &'a str,
+    at: i64,
+}
+
+/// Inserts `r` unless its call id is in the ledger already; whether it was
+/// new.
+async fn insert_event(conn: &mut Conn, r: &Entry<'_>) -> Result<bool, Error> {
+    let inserted = sqlx::query(
+        "INSERT INTO usage_events (call_id, account_id, model, day, prompt_tokens, completion_tokens, finish, node, at, micro_neurons) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (call_id) DO NOTHING",
+    )
+    .bind(r.call)
+    .bind(r.account)
+    .bind(r.model)
+    .bind(r.day)
+    .bind(r.tokens.0)
+    .bind(r.tokens.1)
+    .bind(r.finish)
+    .bind(r.node)
+    .bind(r.at)
+    .bind(r.cost)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
+}
+
+/// Moves `r`'s day of its account and model by its call: `sign` 1 counts
+/// it, -1 takes it back.
+async fn roll_up(conn: &mut Conn, r: &Entry<'_>, sign: i64) -> Result<(), Error> {
+    sqlx::query(
+        "INSERT INTO usage_daily (account_id, model, day, requests, prompt_tokens, completion_tokens, micro_neurons) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (account_id, model, day) DO UPDATE SET \
+         requests = usage_daily.requests + excluded.requests, \
+         prompt_tokens = usage_daily.prompt_tokens + excluded.prompt_tokens, \
+         completion_tokens = usage_daily.completion_tokens + excluded.completion_tokens, \
+         micro_neurons = usage_daily.micro_neurons + excluded.micro_neurons",
+    )
+    .bind(r.account)
+    .bind(r.model)
+    .bind(r.day)
+    .bind(sign)
+    .bind(sign * r.tokens.0)
+    .bind(sign * r.tokens.1)
+    .bind(sign * r.cost)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
 
 /// Usage rows from UTC day `from` to `to` (inclusive), of one account or
 /// all, oldest day first, then by account and model.

@@ -33,24 +33,18 @@ struct Gateway {
     url: String,
 }
 
-/// How B's requests ended.
-#[derive(Debug, Default, Clone, Copy)]
-struct Ends {
-    answered: usize,
-    refused_fast: usize,
-    refused_slow: usize,
-    failed: usize,
-}
+/// How B's requests ended: a count by [`End`].
+type Ends = std::collections::BTreeMap<End, usize>;
 
-impl Ends {
-    fn add(self, o: Ends) -> Ends {
-        Ends {
-            answered: self.answered + o.answered,
-            refused_fast: self.refused_fast + o.refused_fast,
-            refused_slow: self.refused_slow + o.refused_slow,
-            failed: self.failed + o.failed,
-        }
-    }
+/// How one of B's requests ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum End {
+    Answered,
+    /// 429 or 503 with `retry-after`, within a second.
+    RefusedFast,
+    /// 429 or 503 later, or without `retry-after`.
+    RefusedSlow,
+    Failed,
 }
 
 /// One streamed completion's end: its time to first text, or how it ended
@@ -106,11 +100,11 @@ pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         for i in 0..args.long_streams {
             let (gw, b, long, stop) = (gw.clone(), b.clone(), long.clone(), Arc::clone(&stop));
             flood.spawn(async move {
-                let mut ends = Ends::default();
+                let mut ends = Ends::new();
                 let mut k = i;
                 while !stop.load(Ordering::Relaxed) {
                     let call = complete(&gw, &b, &long[k % long.len()], 1, None).await;
-                    ends = ends.add(classify(&call).await);
+                    *ends.entry(classify(&call).await).or_default() += 1;
                     k += 1;
                 }
                 ends
@@ -125,10 +119,10 @@ pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
             let (gw, b, stop) = (gw.clone(), b.clone(), Arc::clone(&stop));
             let prompt = short[i % short.len()].clone();
             flood.spawn(async move {
-                let mut ends = Ends::default();
+                let mut ends = Ends::new();
                 while !stop.load(Ordering::Relaxed) {
                     let call = complete(&gw, &b, &prompt, reserve, Some(&stop)).await;
-                    ends = ends.add(classify(&call).await);
+                    *ends.entry(classify(&call).await).or_default() += 1;
                 }
                 ends
             });
@@ -136,10 +130,13 @@ pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let flooded = ttft_of_a(&gw, &a, &short).await?;
         stop.store(true, Ordering::Relaxed);
-        let mut ends = Ends::default();
+        let mut ends = Ends::new();
         while let Some(e) = flood.join_next().await {
-            ends = ends.add(e?);
+            for (end, n) in e? {
+                *ends.entry(end).or_default() += n;
+            }
         }
+        let count = |end| ends.get(&end).copied().unwrap_or(0);
         let (a99, f99) = (percentile(&alone, 99), percentile(&flooded, 99));
         anyhow::Ok(json!({
             "mode": "up",
@@ -151,10 +148,10 @@ pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
             "alone": {"a_ttft_p50_ms": percentile(&alone, 50) * 1e3, "a_ttft_p99_ms": a99 * 1e3},
             "flooded": {"a_ttft_p50_ms": percentile(&flooded, 50) * 1e3, "a_ttft_p99_ms": f99 * 1e3},
             "a_p99_vs_alone": f99 / a99,
-            "b_answered": ends.answered,
-            "b_refused_fast": ends.refused_fast,
-            "b_refused_slow": ends.refused_slow,
-            "b_failed": ends.failed,
+            "b_answered": count(End::Answered),
+            "b_refused_fast": count(End::RefusedFast),
+            "b_refused_slow": count(End::RefusedSlow),
+            "b_failed": count(End::Failed),
             "target": "a_p99_vs_alone <= 3, b_failed == 0 and b_refused_slow == 0",
         }))
     })?;
@@ -205,34 +202,22 @@ async fn ttft_of_a(gw: &Gateway, key: &str, prompts: &[String]) -> anyhow::Resul
 
 /// How one of B's calls ended; after a refusal, waits as asked (up to 2 s)
 /// before B's next, as a client honouring `retry-after` does.
-async fn classify(call: &Call) -> Ends {
+async fn classify(call: &Call) -> End {
     match call {
-        Call::Text(_) => Ends {
-            answered: 1,
-            ..Ends::default()
-        },
+        Call::Text(_) => End::Answered,
         Call::Refused { took, retry } => {
             let secs = retry.unwrap_or(1).clamp(1, 2);
             tokio::time::sleep(Duration::from_secs(secs)).await;
             if *took <= Duration::from_secs(1) && retry.is_some() {
-                Ends {
-                    refused_fast: 1,
-                    ..Ends::default()
-                }
+                End::RefusedFast
             } else {
-                Ends {
-                    refused_slow: 1,
-                    ..Ends::default()
-                }
+                End::RefusedSlow
             }
         }
         Call::Failed(why) => {
             eprintln!("bench neighbours: one of B's requests failed: {why}");
             tokio::time::sleep(Duration::from_millis(100)).await;
-            Ends {
-                failed: 1,
-                ..Ends::default()
-            }
+            End::Failed
         }
     }
 }
@@ -294,12 +279,7 @@ async fn complete(
             continue;
         };
         buf.extend_from_slice(&data);
-        while let Some(at) = buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = buf.drain(..at + 2).collect();
-            let text = String::from_utf8_lossy(&event);
-            let Some(payload) = text.trim().strip_prefix("data: ") else {
-                continue;
-            };
+        for payload in crate::bench::serving::sse_payloads(&mut buf) {
             if payload == "[DONE]" {
                 return first.map_or_else(|| Call::Failed("no text".to_owned()), Call::Text);
             }

@@ -127,11 +127,13 @@ fn drain(rx: &mut UnboundedReceiver<SeqEvent>) -> (Vec<u32>, Option<usize>, bool
 fn a_tenant_whose_sequences_fill_the_pool_is_preempted_and_every_request_completes() {
     // 11 pages of 16 tokens; a request takes its prompt and 16 output
     // tokens at first and grows a page at a time.
-    let mut config = EngineConfig::with_budget(4 << 20);
-    config.first_slice_tokens = 16;
     // Steps long enough, once two tenants share the engine (a quarter of
     // this), for A's whole prompt beside B's recompute: this is about pages.
-    config.step_time = std::time::Duration::from_millis(800);
+    let config = EngineConfig {
+        first_slice_tokens: 16,
+        step_time: std::time::Duration::from_millis(800),
+        ..EngineConfig::with_budget(4 << 20)
+    };
     let mut core = EngineCore::new(model(), &config).expect("engine core");
     let limits = core.limits();
     assert_eq!(core.counters().total_pages, 11);
