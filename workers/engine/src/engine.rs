@@ -6,8 +6,9 @@
 //! [`Engine::submit_prefill`], on the caller's thread, before anything reaches
 //! the engine thread; it also refuses token ids outside the vocabulary, whoever
 //! sent them, and a prompt the prefill work queued ahead would make miss its
-//! deadline (`crate::queue`). Lent pages come home as `Command::Returned`, in order with every
-//! other command.
+//! deadline (`crate::queue`). Lent pages come home as `Command::Returned`, in
+//! order with every other command. While prefill jobs wait, the thread wakes
+//! four times a second to tell each its place in the queue.
 
 use crate::GenerateRequest;
 use crate::config::EngineConfig;
