@@ -292,7 +292,7 @@ async fn collect_n(
         });
     let done = futures_util::future::try_join_all(runs).await;
     if done.is_err() && n > 1 {
-        pipeline::void_calls(s, ctx, model).await;
+        pipeline::void_calls(s, ctx, model);
     }
     done
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 const TRIES: u32 = 3;
 
 /// Voids every call `ctx`'s request signed so far, in the background.
-pub(crate) async fn void_calls(s: &AppState, ctx: &Ctx, model: &RoutedModel) {
+pub(crate) fn void_calls(s: &AppState, ctx: &Ctx, model: &RoutedModel) {
     let call_ids = ctx
         .calls
         .lock()

@@ -235,3 +235,39 @@ fn while_another_tenant_waits_no_tenant_takes_more_than_its_share_of_the_pool() 
     }
     assert!(!drain(&mut b1).0.is_empty());
 }
+
+#[test]
+fn steps_are_shorter_while_another_tenant_has_just_used_the_engine() {
+    // Steps until a 300-token prompt's first token: on an engine only its
+    // own tenant has used, and on one another tenant used a moment ago
+    // (its request already answered): then the steps are a quarter as long.
+    let steps_to_first_token = |other_tenant_first: bool| {
+        let mut core =
+            EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("engine core");
+        let limits = core.limits();
+        if other_tenant_first {
+            let (tx, mut a) = unbounded_channel();
+            let admitted = EngineCore::admit(&limits, TenantId::new(1), greedy(vec![30; 4], 1), tx)
+                .expect("admitted");
+            core.submit(admitted);
+            while core.step() {}
+            assert!(drain(&mut a).1.is_some(), "A was answered first");
+        }
+        let (tx, mut b) = unbounded_channel();
+        let admitted = EngineCore::admit(&limits, TenantId::new(2), greedy(vec![28; 300], 1), tx)
+            .expect("admitted");
+        core.submit(admitted);
+        let mut steps = 0;
+        while drain(&mut b).0.is_empty() {
+            assert!(core.step(), "B's prompt is computed");
+            steps += 1;
+        }
+        steps
+    };
+    let alone = steps_to_first_token(false);
+    let shared = steps_to_first_token(true);
+    assert!(
+        shared > 2 * alone,
+        "{shared} steps beside a recent tenant against {alone} alone"
+    );
+}
