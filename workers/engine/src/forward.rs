@@ -18,7 +18,7 @@ use bulkhead_kernels::attention::{
     HeadPages, KvElement, QueryTile, Softmax, SumOrder, TileScratch, attend_tile,
 };
 use bulkhead_kernels::ops::{add_assign, rms_norm, rope_pairs, round_f16_slice, silu_mul};
-use bulkhead_kernels::{Matrix, Workspace};
+use bulkhead_kernels::{Matrix, QuantScratch, Workspace};
 use bulkhead_kv::{KvData, KvDtype, KvPool, OwnerViolation, PageTable, PageView};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -50,6 +50,8 @@ pub(crate) struct Buffers {
     gate: Vec<f32>,
     up: Vec<f32>,
     hn: Vec<f32>,
+    /// Quantized activations, reused by every matmul of every step.
+    quant: QuantScratch,
     /// Logits of the sequences listed in `ForwardOutput::logits`, in order.
     pub(crate) logits: Vec<f32>,
 }
@@ -183,6 +185,7 @@ pub(crate) fn forward(
         gate,
         up,
         hn,
+        quant,
         logits,
     } = bufs;
     let x = take(x, n * h);
@@ -206,10 +209,11 @@ pub(crate) fn forward(
 
     for (l, lw) in w.layers.iter().enumerate() {
         norm_rows(x, &lw.attn_norm, c.rms_eps, xn, h);
-        let mut ws = Workspace::new(xn, n, h);
+        let mut ws = Workspace::reusing(xn, n, h, std::mem::take(quant));
         lw.wq.matmul(&mut ws, q);
         lw.wk.matmul(&mut ws, k);
         lw.wv.matmul(&mut ws, v);
+        *quant = ws.into_scratch();
         let layer = Layer {
             l,
             rows: &rows,
@@ -222,22 +226,25 @@ pub(crate) fn forward(
             violated[s].get_or_insert(e);
         }
 
-        let mut ws = Workspace::new(attn, n, h);
+        let mut ws = Workspace::reusing(attn, n, h, std::mem::take(quant));
         lw.wo.matmul(&mut ws, o);
+        *quant = ws.into_scratch();
         add_assign(x, o);
 
         norm_rows(x, &lw.ffn_norm, c.rms_eps, xn, h);
-        let mut ws = Workspace::new(xn, n, h);
+        let mut ws = Workspace::reusing(xn, n, h, std::mem::take(quant));
         lw.gate.matmul(&mut ws, gate);
         lw.up.matmul(&mut ws, up);
+        *quant = ws.into_scratch();
         silu_mul(gate, up);
-        let mut ws = Workspace::new(gate, n, c.ffn);
+        let mut ws = Workspace::reusing(gate, n, c.ffn, std::mem::take(quant));
         lw.down.matmul(&mut ws, o);
+        *quant = ws.into_scratch();
         add_assign(x, o);
     }
 
     // Logits only for the last row of each sequence that wants them.
-    let wanted = final_logits(model, batch, &violated, x, hn, logits);
+    let wanted = final_logits(model, batch, &violated, x, (hn, quant), logits);
     let violations = violated
         .into_iter()
         .enumerate()
@@ -518,7 +525,7 @@ fn final_logits(
     batch: &[BatchSeq<'_>],
     violated: &[Option<OwnerViolation>],
     x: &[f32],
-    hn: &mut Vec<f32>,
+    (hn, quant): (&mut Vec<f32>, &mut QuantScratch),
     logits: &mut Vec<f32>,
 ) -> Vec<(usize, usize)> {
     let (c, w) = (&model.config, &model.weights);
@@ -543,7 +550,9 @@ fn final_logits(
             );
         }
         let head: &Matrix = w.output.as_ref().unwrap_or(&w.embed);
-        head.matmul(&mut Workspace::new(hn, m, h), take(logits, m * c.vocab));
+        let mut ws = Workspace::reusing(hn, m, h, std::mem::take(quant));
+        head.matmul(&mut ws, take(logits, m * c.vocab));
+        *quant = ws.into_scratch();
     }
     wanted
 }

@@ -117,6 +117,7 @@ pub(crate) unsafe fn weight_row_dots_scalar(
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::OutPtr;
+    use crate::pairs::{GROUP, PAIRS};
     use crate::quant::{ActivationsQ8, BLOCK, WeightFormat, WeightsQ};
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
@@ -209,14 +210,22 @@ pub(crate) mod avx2 {
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
             unsafe { (_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)) }
         }
-        /// [`Kind::prep`] for two blocks side by side in 512 bits.
+        /// Whether the 512-bit tiles' weight bytes carry an offset (signed
+        /// weights loaded as unsigned) that [`Kind::offset`] takes back.
+        const SIGNED: bool = true;
+        /// The weight block at `p` as unsigned bytes for `vpdpbusd`,
+        /// broadcast to both 256-bit halves: signed weights plus an offset.
         ///
         /// # Safety
-        /// The CPU has AVX-512 F/BW.
-        #[inline(always)]
-        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
-            unsafe { sign512(x, y) }
-        }
+        /// The CPU has AVX-512 F/BW, and `QBYTES` bytes from `p` are readable.
+        unsafe fn load512(p: *const u8) -> __m512i;
+        /// The dot product's starting value from the packed negated lane
+        /// sums of the activations: minus the offset times each lane's
+        /// sum, so that the offset weights give the signed weights' integers.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512 F.
+        unsafe fn offset(neg_sums: __m512i) -> __m512i;
     }
 
     struct Q41;
@@ -253,11 +262,18 @@ pub(crate) mod avx2 {
         unsafe fn prep(x: __m256i, y: __m256i) -> (__m256i, __m256i) {
             (x, y)
         }
+        const SIGNED: bool = false;
         /// # Safety
-        /// As [`Kind::prep512`].
+        /// As [`Kind::load512`].
         #[inline(always)]
-        unsafe fn prep512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
-            (x, y)
+        unsafe fn load512(p: *const u8) -> __m512i {
+            unsafe { nibbles512(p) }
+        }
+        /// # Safety
+        /// As [`Kind::offset`].
+        #[inline(always)]
+        unsafe fn offset(_: __m512i) -> __m512i {
+            unsafe { _mm512_setzero_si512() }
         }
     }
 
@@ -270,6 +286,20 @@ pub(crate) mod avx2 {
         unsafe fn load(p: *const u8) -> __m256i {
             unsafe { _mm256_sub_epi8(nibbles(p), _mm256_set1_epi8(8)) }
         }
+        /// The nibbles as they are: the weights plus 8.
+        ///
+        /// # Safety
+        /// As [`Kind::load512`].
+        #[inline(always)]
+        unsafe fn load512(p: *const u8) -> __m512i {
+            unsafe { nibbles512(p) }
+        }
+        /// # Safety
+        /// As [`Kind::offset`].
+        #[inline(always)]
+        unsafe fn offset(neg_sums: __m512i) -> __m512i {
+            unsafe { _mm512_slli_epi32::<3>(neg_sums) }
+        }
     }
 
     impl Kind for Q80 {
@@ -281,20 +311,36 @@ pub(crate) mod avx2 {
         unsafe fn load(p: *const u8) -> __m256i {
             unsafe { _mm256_loadu_si256(p.cast()) }
         }
+        /// The weights plus 128 (the sign bit flipped).
+        ///
+        /// # Safety
+        /// As [`Kind::load512`].
+        #[inline(always)]
+        unsafe fn load512(p: *const u8) -> __m512i {
+            unsafe {
+                let x = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast()));
+                _mm512_xor_si512(x, _mm512_set1_epi8(-128))
+            }
+        }
+        /// # Safety
+        /// As [`Kind::offset`].
+        #[inline(always)]
+        unsafe fn offset(neg_sums: __m512i) -> __m512i {
+            unsafe { _mm512_slli_epi32::<7>(neg_sums) }
+        }
     }
 
-    /// `(|x|, y · sign(x))` bytewise: AVX-512 has no `vpsignb`.
+    /// [`nibbles`] broadcast to both 256-bit halves: the 16 bytes at `p`
+    /// in all four 128-bit lanes, the odd lanes shifted down a nibble.
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW.
+    /// The CPU has AVX-512 F/BW, and 16 bytes from `p` are readable.
     #[inline(always)]
-    unsafe fn sign512(x: __m512i, y: __m512i) -> (__m512i, __m512i) {
+    unsafe fn nibbles512(p: *const u8) -> __m512i {
         unsafe {
-            let neg = _mm512_movepi8_mask(x);
-            (
-                _mm512_abs_epi8(x),
-                _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y),
-            )
+            let v = _mm512_broadcast_i32x4(_mm_loadu_si128(p.cast()));
+            let shifted = _mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+            _mm512_and_si512(shifted, _mm512_set1_epi8(0xF))
         }
     }
 
@@ -493,11 +539,11 @@ pub(crate) mod avx2 {
 
     tile_kernel!(tiles_madd, tile_madd, "avx2,fma,f16c", dot_madd);
 
-    /// The AVX-512 driver: activation rows in eights (two per 512-bit
-    /// register), the remainder through the 256-bit VNNI tiles. Each group
-    /// of activation rows meets every weight row of `rows` before the next
-    /// group is read, so the task's weight rows stay in L1 and the
-    /// activations are read once.
+    /// The AVX-512 driver: activation rows in groups of eight (two per
+    /// 512-bit register, packed once per input by `crate::pairs`), the
+    /// rest through the 256-bit VNNI tiles. Each group meets every weight
+    /// row of `rows` before the next is read, so the task's weight rows
+    /// stay in L1 and the activations are read once.
     ///
     /// # Safety
     /// The CPU has AVX-512 F/BW/DQ/VL/VNNI besides AVX2, FMA and F16C; `rows`
@@ -511,94 +557,96 @@ pub(crate) mod avx2 {
         out: OutPtr,
         stride: usize,
     ) {
-        let n_act = a.rows();
-        let full = n_act / 8 * 8;
+        let nb = w.blocks_per_row();
+        // Inputs quantized while the kernels were capped below AVX-512
+        // (a test hook) carry no packing: their rows all take the
+        // 256-bit tiles.
+        let groups = a.pairs.groups(nb);
         // SAFETY (every call): inside `rows` and the activation rows.
-        for r in (0..full).step_by(8) {
+        for g in 0..groups {
             in_blocks::<2>(
                 rows.clone(),
-                |j| unsafe { tile512::<K, 2>((w, j), (a, r), (out, stride)) },
-                |j| unsafe { tile512::<K, 1>((w, j), (a, r), (out, stride)) },
+                |j| unsafe { tile512::<K, 2>((w, j), (a, g), (out, stride)) },
+                |j| unsafe { tile512::<K, 1>((w, j), (a, g), (out, stride)) },
             );
         }
-        unsafe { tiles_vnni::<K>(w, rows, (a, full..n_act), out, stride) };
+        unsafe { tiles_vnni::<K>(w, rows, (a, groups * GROUP..a.rows()), out, stride) };
     }
 
-    /// `WR` weight rows from `j` by eight activation rows from `r`; each
-    /// 512-bit accumulator holds the 8-lane accumulators of two outputs
-    /// (rows `r + 2p` and `r + 2p + 1`), each summed exactly as in 256 bits.
+    /// `WR` weight rows from `j` by the eight activation rows of group `g`;
+    /// each 512-bit accumulator holds the 8-lane accumulators of a pair's
+    /// two outputs, each summed exactly as in 256 bits. Every operand of
+    /// the block loop is a plain load from the packed pairs; weights enter
+    /// the dot product as unsigned bytes, with the packed offset correction
+    /// as its starting value where they are signed (the same integers).
     ///
     /// # Safety
-    /// As [`tiles_512`]'s: rows `j..j + WR` of the weights and `r..r + 8` of
-    /// the activations exist, and their outputs are writable.
+    /// As [`tiles_512`]'s: rows `j..j + WR` of the weights and group `g`
+    /// of the packed activations exist, and their outputs are writable.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
     unsafe fn tile512<K: Kind, const WR: usize>(
         (w, j): (&WeightsQ, usize),
-        (a, r): (&ActivationsQ8, usize),
+        (a, g): (&ActivationsQ8, usize),
         (out, stride): (OutPtr, usize),
     ) {
-        const PAIRS: usize = 4;
         let nb = w.blocks_per_row();
         let (wq, wd, wm) = (w.qs().as_ptr(), w.d().as_ptr(), w.m().as_ptr());
-        let (aq, ad) = (a.qs.as_ptr(), a.d.as_ptr());
+        let p8 = &a.pairs;
+        let (py, pd, pn, ps) = (
+            p8.y.as_ptr(),
+            p8.d.as_ptr(),
+            p8.neg_sums.as_ptr(),
+            p8.s8.as_ptr(),
+        );
         // SAFETY (whole body): indices stay below rows x blocks of the
-        // weights and activations, whose lengths the types establish.
+        // weights and groups x blocks x pairs of the packing, whose
+        // lengths the types establish.
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); PAIRS]; WR];
-            let mut summs4 = [[_mm_setzero_ps(); 2]; WR];
-            let s4 = [
-                a.s4.as_ptr().add((r / 4) * nb * 4),
-                a.s4.as_ptr().add((r / 4 + 1) * nb * 4),
-            ];
+            let mut summs = [_mm256_setzero_ps(); WR];
             for b in 0..nb {
+                let gb = g * nb + b;
                 let mut x = [_mm512_setzero_si512(); WR];
                 let mut dw = [_mm512_setzero_ps(); WR];
                 for u in 0..WR {
                     let wb = (j + u) * nb + b;
-                    x[u] = _mm512_broadcast_i64x4(K::load(wq.add(wb * K::QBYTES)));
+                    x[u] = K::load512(wq.add(wb * K::QBYTES));
                     dw[u] = _mm512_set1_ps(*wd.add(wb));
                 }
                 for p in 0..PAIRS {
-                    let (a0, a1) = ((r + 2 * p) * nb + b, (r + 2 * p + 1) * nb + b);
-                    let y = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(_mm256_loadu_si256(aq.add(a0 * BLOCK).cast())),
-                        _mm256_loadu_si256(aq.add(a1 * BLOCK).cast()),
-                        1,
-                    );
-                    let da = _mm512_insertf32x8(
-                        _mm512_castps256_ps512(_mm256_set1_ps(*ad.add(a0))),
-                        _mm256_set1_ps(*ad.add(a1)),
-                        1,
-                    );
+                    let slot = gb * PAIRS + p;
+                    let y = _mm512_loadu_si512(py.add(slot * 2 * BLOCK).cast());
+                    let da = _mm512_loadu_ps(pd.add(slot * 16));
+                    let init = if K::SIGNED {
+                        K::offset(_mm512_loadu_si512(pn.add(slot * 16).cast()))
+                    } else {
+                        _mm512_setzero_si512()
+                    };
                     for u in 0..WR {
-                        let (ux, sy) = K::prep512(x[u], y);
-                        let prod =
-                            _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ux, sy));
+                        let prod = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(init, x[u], y));
                         acc[u][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[u], da), prod, acc[u][p]);
                     }
                 }
                 if K::HAS_MIN {
+                    // Lane t: the sequential chain of row t's minimum
+                    // terms, as the four-row tiles' lanes.
+                    let sv = _mm256_loadu_ps(ps.add(gb * GROUP));
                     for u in 0..WR {
-                        let m = _mm_set1_ps(*wm.add((j + u) * nb + b));
-                        for g in 0..2 {
-                            summs4[u][g] =
-                                _mm_fmadd_ps(m, _mm_loadu_ps(s4[g].add(b * 4)), summs4[u][g]);
-                        }
+                        let m = _mm256_set1_ps(*wm.add((j + u) * nb + b));
+                        summs[u] = _mm256_fmadd_ps(m, sv, summs[u]);
                     }
                 }
             }
             for u in 0..WR {
-                let mut m = [0f32; 8];
-                _mm_storeu_ps(m.as_mut_ptr(), summs4[u][0]);
-                _mm_storeu_ps(m.as_mut_ptr().add(4), summs4[u][1]);
+                let mut m = [0f32; GROUP];
+                _mm256_storeu_ps(m.as_mut_ptr(), summs[u]);
                 for p in 0..PAIRS {
                     let lo = _mm512_castps512_ps256(acc[u][p]);
                     let hi = _mm512_extractf32x8_ps(acc[u][p], 1);
                     let (t0, t1) = (2 * p, 2 * p + 1);
-                    let m0 = if K::HAS_MIN { m[t0] } else { 0.0 };
-                    let m1 = if K::HAS_MIN { m[t1] } else { 0.0 };
-                    out.write((r + t0) * stride + j + u, hsum(lo) + m0);
-                    out.write((r + t1) * stride + j + u, hsum(hi) + m1);
+                    let r = g * GROUP;
+                    out.write((r + t0) * stride + j + u, hsum(lo) + m[t0]);
+                    out.write((r + t1) * stride + j + u, hsum(hi) + m[t1]);
                 }
             }
         }

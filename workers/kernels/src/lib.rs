@@ -33,11 +33,12 @@ mod cpu;
 mod dot;
 pub mod matmul;
 pub mod ops;
+mod pairs;
 pub mod quant;
 mod sum_order;
 
 #[cfg(feature = "test-hooks")]
 pub use cpu::cap_simd_level;
 pub use cpu::{SimdLevel, simd_available, simd_level};
-pub use matmul::{Matrix, Workspace};
+pub use matmul::{Matrix, QuantScratch, Workspace};
 pub use quant::{ActivationKind, ActivationsQ8, FormatError, WeightFormat, WeightsQ};

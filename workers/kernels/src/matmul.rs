@@ -34,29 +34,53 @@ pub struct Workspace<'a> {
     x: &'a [f32],
     rows: usize,
     cols: usize,
-    q8_0: Option<ActivationsQ8>,
-    q8_1: Option<ActivationsQ8>,
+    scratch: QuantScratch,
+    /// Which of `scratch`'s kinds hold this input: `[Q8_0, Q8_1]`.
+    quantized: [bool; 2],
+}
+
+/// The quantized-activation buffers of a [`Workspace`], handed from one
+/// workspace to the next so that a forward pass allocates them once.
+#[derive(Debug, Default)]
+pub struct QuantScratch {
+    q8_0: ActivationsQ8,
+    q8_1: ActivationsQ8,
 }
 
 impl<'a> Workspace<'a> {
     /// Wraps `rows` activation rows of `cols` values.
     pub fn new(x: &'a [f32], rows: usize, cols: usize) -> Self {
+        Self::reusing(x, rows, cols, QuantScratch::default())
+    }
+
+    /// [`Workspace::new`] quantizing into `scratch`'s buffers; take them
+    /// back with [`Workspace::into_scratch`].
+    pub fn reusing(x: &'a [f32], rows: usize, cols: usize, scratch: QuantScratch) -> Self {
         assert_eq!(x.len(), rows * cols, "activation shape");
         Workspace {
             x,
             rows,
             cols,
-            q8_0: None,
-            q8_1: None,
+            scratch,
+            quantized: [false; 2],
         }
     }
 
+    /// The buffers, for the next workspace.
+    pub fn into_scratch(self) -> QuantScratch {
+        self.scratch
+    }
+
     fn quantized(&mut self, kind: ActivationKind) -> &ActivationsQ8 {
-        let slot = match kind {
-            ActivationKind::Q8_0 => &mut self.q8_0,
-            ActivationKind::Q8_1 => &mut self.q8_1,
+        let (slot, done) = match kind {
+            ActivationKind::Q8_0 => (&mut self.scratch.q8_0, &mut self.quantized[0]),
+            ActivationKind::Q8_1 => (&mut self.scratch.q8_1, &mut self.quantized[1]),
         };
-        slot.get_or_insert_with(|| ActivationsQ8::quantize(self.x, self.rows, self.cols))
+        if !*done {
+            slot.requantize(self.x, self.rows, self.cols);
+            *done = true;
+        }
+        slot
     }
 }
 
@@ -169,7 +193,7 @@ mod tests {
             // A second shape crosses a run of scale products (33 blocks),
             // ends on an odd weight row, and has whole and ragged groups
             // of activation rows.
-            for (rows_in, (rows, cols)) in [1usize, 3, 4, 9, 13]
+            for (rows_in, (rows, cols)) in [1usize, 3, 4, 9, 13, 16, 27]
                 .into_iter()
                 .flat_map(|r| [(r, (40, 96)), (r, (41, 1056))])
             {

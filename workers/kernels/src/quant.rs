@@ -5,6 +5,7 @@
 //! time, into separate arrays of quants and f32 scales (the f16 to f32
 //! conversion is exact, so nothing changes numerically).
 
+use crate::pairs::{GROUP, Pairs8};
 use half::f16;
 
 /// Elements per quantization block, for every format here.
@@ -233,15 +234,85 @@ fn f16_round(x: f32) -> f32 {
 fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd_available() {
-        #[target_feature(enable = "avx2,fma")]
-        fn fast(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-            quantize_blocks_body(x, q, d, s);
-        }
-        // SAFETY: the CPU supports AVX2 and FMA (checked at run time).
-        unsafe { fast(x, q, d, s) };
+        // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time).
+        unsafe { quantize_blocks_avx2(x, q, d, s) };
         return;
     }
     quantize_blocks_body(x, q, d, s);
+}
+
+/// [`quantize_blocks`] as ggml's AVX2 `quantize_row_q8_1`: the block's
+/// largest magnitude by vector maxima (the same value as the scalar scan:
+/// a maximum does not depend on order), quants rounded half to even in
+/// eight lanes, their sum in integers (exact in any order).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_blocks_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for (((xb, qb), db), sb) in x
+        .chunks_exact(BLOCK)
+        .zip(q.chunks_exact_mut(BLOCK))
+        .zip(d)
+        .zip(s)
+    {
+        // SAFETY: each block is 32 floats in and 32 bytes out.
+        unsafe {
+            let p = xb.as_ptr();
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let sign = _mm256_set1_ps(-0.0);
+            let mut m = _mm256_andnot_ps(sign, v[0]);
+            for vk in &v[1..] {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vk));
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+            let dd = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mul = _mm256_set1_ps(id);
+            let mut iv = [_mm256_setzero_si256(); 4];
+            for k in 0..4 {
+                let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+                    _mm256_mul_ps(v[k], mul),
+                );
+                iv[k] = _mm256_cvtps_epi32(r);
+            }
+            let sum8 = _mm256_add_epi32(
+                _mm256_add_epi32(iv[0], iv[1]),
+                _mm256_add_epi32(iv[2], iv[3]),
+            );
+            let sum4 = _mm_add_epi32(
+                _mm256_castsi256_si128(sum8),
+                _mm256_extracti128_si256(sum8, 1),
+            );
+            let sum2 = _mm_add_epi32(sum4, _mm_shuffle_epi32(sum4, 0b01_00_11_10));
+            let sum =
+                _mm_cvtsi128_si32(_mm_add_epi32(sum2, _mm_shuffle_epi32(sum2, 0b10_11_00_01)));
+            // Packing works within 128-bit lanes; the permutation puts the
+            // 32 bytes back in order (as ggml does).
+            let i16s = [
+                _mm256_packs_epi32(iv[0], iv[1]),
+                _mm256_packs_epi32(iv[2], iv[3]),
+            ];
+            let i8s = _mm256_packs_epi16(i16s[0], i16s[1]);
+            let ordered =
+                _mm256_permutevar8x32_epi32(i8s, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(qb.as_mut_ptr().cast(), ordered);
+            *db = f16_round(dd);
+            #[allow(clippy::cast_precision_loss)]
+            {
+                *sb = f16_round(dd * sum as f32);
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -280,6 +351,12 @@ fn quantize_blocks_body(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     }
 }
 
+/// `buf` holding exactly `len` elements, its capacity kept.
+pub(crate) fn sized<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    buf.resize(len, T::default());
+    buf
+}
+
 /// Activation rows quantized to 8 bits in 32-element blocks.
 #[derive(Debug, Clone, Default)]
 pub struct ActivationsQ8 {
@@ -291,6 +368,9 @@ pub struct ActivationsQ8 {
     pub(crate) s: Vec<f32>,
     /// `s` of each group of four rows, interleaved: `[group][block][row % 4]`.
     pub(crate) s4: Vec<f32>,
+    /// Groups of eight rows packed for the 512-bit tiles (empty where
+    /// those do not run, or with fewer than eight rows).
+    pub(crate) pairs: Pairs8,
 }
 
 impl ActivationsQ8 {
@@ -299,12 +379,25 @@ impl ActivationsQ8 {
     /// Matches ggml's AVX2 `quantize_row_q8_0` / `quantize_row_q8_1`:
     /// `d = amax / 127` stored as f16, quants `round_half_even(x * 127 / amax)`.
     pub fn quantize(x: &[f32], rows: usize, cols: usize) -> Self {
+        let mut a = Self::default();
+        a.requantize(x, rows, cols);
+        a
+    }
+
+    /// [`ActivationsQ8::quantize`] into this value's buffers, which keep
+    /// their capacity from input to input (no allocation, and no fresh
+    /// pages to fault in, once they have grown to a step's size).
+    pub fn requantize(&mut self, x: &[f32], rows: usize, cols: usize) {
         debug_assert_eq!(x.len(), rows * cols);
         let nb = cols / BLOCK;
         let total = rows * nb;
-        let mut qs = vec![0i8; total * BLOCK];
-        let mut d = vec![0f32; total];
-        let mut s = vec![0f32; total];
+        self.rows = rows;
+        self.blocks_per_row = nb;
+        let (qs, d, s) = (
+            sized(&mut self.qs, total * BLOCK),
+            sized(&mut self.d, total),
+            sized(&mut self.s, total),
+        );
         const RUN: usize = 64;
         if total >= 2 * RUN {
             use rayon::prelude::*;
@@ -313,9 +406,9 @@ impl ActivationsQ8 {
                 .zip(d.par_chunks_mut(RUN).zip(s.par_chunks_mut(RUN)))
                 .for_each(|((q, x), (d, s))| quantize_blocks(x, q, d, s));
         } else {
-            quantize_blocks(x, &mut qs, &mut d, &mut s);
+            quantize_blocks(x, qs, d, s);
         }
-        let mut s4 = vec![0f32; (rows / 4) * nb * 4];
+        let s4 = sized(&mut self.s4, (rows / 4) * nb * 4);
         for g in 0..rows / 4 {
             for b in 0..nb {
                 for t in 0..4 {
@@ -323,14 +416,12 @@ impl ActivationsQ8 {
                 }
             }
         }
-        ActivationsQ8 {
-            rows,
-            blocks_per_row: nb,
-            qs,
-            d,
-            s,
-            s4,
-        }
+        let groups = if crate::simd_level() == crate::SimdLevel::Avx512 {
+            rows / GROUP
+        } else {
+            0
+        };
+        self.pairs.pack(qs, d, s, groups, nb);
     }
 
     /// Number of rows.
@@ -356,6 +447,34 @@ mod tests {
             bytes.extend((0..16u8).map(|i| i | ((15 - i) << 4)));
         }
         bytes
+    }
+
+    #[test]
+    fn simd_quantization_matches_the_scalar_one() {
+        // Blocks of every kind: all zero, exact halves (ties round to
+        // even), one large value, tiny values, mixed signs.
+        let mut x = vec![0f32; 32];
+        // amax 127 makes the scale 1, so every k + 0.5 is a tie.
+        x.extend((0..32).map(|i| if i == 0 { -127.0 } else { i as f32 - 16.5 }));
+        x.extend((0..32).map(|i| if i == 7 { -1e4 } else { i as f32 * 0.5 }));
+        x.extend((0..32).map(|i| (i as f32 + 1.0) * 1e-30));
+        let mut seed = 11u64;
+        x.extend((0..32 * 61).map(|_| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            ((seed >> 33) % 20001) as f32 / 1000.0 - 10.0
+        }));
+        let nb = x.len() / BLOCK;
+        let (mut q1, mut d1, mut s1) = (vec![0i8; nb * BLOCK], vec![0f32; nb], vec![0f32; nb]);
+        let (mut q2, mut d2, mut s2) = (q1.clone(), d1.clone(), s1.clone());
+        quantize_blocks_body(&x, &mut q1, &mut d1, &mut s1);
+        quantize_blocks(&x, &mut q2, &mut d2, &mut s2);
+        assert_eq!(q1, q2);
+        assert_eq!(d1, d2);
+        assert_eq!(s1, s2);
+        assert!(
+            q1[32..64].contains(&-127),
+            "the tie block reaches full scale"
+        );
     }
 
     #[test]
