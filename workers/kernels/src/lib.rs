@@ -10,7 +10,8 @@
 //! weights, `Q8_0` for `Q4_0` and `Q8_0` weights, round-half-even), so the same
 //! model file gives the same greedy tokens as llama.cpp.
 //!
-//! Modules: [`quant`] (weight and activation formats), [`matmul`] (the
+//! Modules: [`quant`] (weight and activation formats; `pairs` packs
+//! activation rows for the 512-bit tiles), [`matmul`] (the
 //! parallel quantized matmul), [`attention`] (blocked paged attention in
 //! llama.cpp's summation orders), [`ops`] (norms, SwiGLU, softmax, RoPE, rounding).
 //!
