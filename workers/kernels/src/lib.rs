@@ -30,6 +30,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod attention;
+mod block;
 mod cpu;
 mod dot;
 pub mod matmul;

@@ -9,7 +9,7 @@
 //! loop cost a shuffle per pair and weight row. It changes no arithmetic:
 //! the tiles form exactly the integers and products they formed before.
 
-use crate::quant::{BLOCK, sized};
+use crate::block::{BLOCK, sized};
 
 /// Rows per group: four pairs.
 pub(crate) const GROUP: usize = 8;

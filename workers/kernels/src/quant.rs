@@ -5,11 +5,10 @@
 //! time, into separate arrays of quants and f32 scales (the f16 to f32
 //! conversion is exact, so nothing changes numerically).
 
+pub use crate::block::BLOCK;
+use crate::block::sized;
 use crate::pairs::{GROUP, Pairs8};
 use half::f16;
-
-/// Elements per quantization block, for every format here.
-pub const BLOCK: usize = 32;
 
 /// A GGUF block format with a kernel in this crate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,12 +348,6 @@ fn quantize_blocks_body(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
             *sb = f16_round(dd * sum as f32);
         }
     }
-}
-
-/// `buf` holding exactly `len` elements, its capacity kept.
-pub(crate) fn sized<T: Copy + Default>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
-    buf.resize(len, T::default());
-    buf
 }
 
 /// Activation rows quantized to 8 bits in 32-element blocks.
