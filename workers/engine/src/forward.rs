@@ -209,11 +209,10 @@ pub(crate) fn forward(
 
     for (l, lw) in w.layers.iter().enumerate() {
         norm_rows(x, &lw.attn_norm, c.rms_eps, xn, h);
-        let mut ws = Workspace::reusing(xn, n, h, std::mem::take(quant));
+        let mut ws = Workspace::new(xn, n, h, quant);
         lw.wq.matmul(&mut ws, q);
         lw.wk.matmul(&mut ws, k);
         lw.wv.matmul(&mut ws, v);
-        *quant = ws.into_scratch();
         let layer = Layer {
             l,
             rows: &rows,
@@ -226,20 +225,17 @@ pub(crate) fn forward(
             violated[s].get_or_insert(e);
         }
 
-        let mut ws = Workspace::reusing(attn, n, h, std::mem::take(quant));
+        let mut ws = Workspace::new(attn, n, h, quant);
         lw.wo.matmul(&mut ws, o);
-        *quant = ws.into_scratch();
         add_assign(x, o);
 
         norm_rows(x, &lw.ffn_norm, c.rms_eps, xn, h);
-        let mut ws = Workspace::reusing(xn, n, h, std::mem::take(quant));
+        let mut ws = Workspace::new(xn, n, h, quant);
         lw.gate.matmul(&mut ws, gate);
         lw.up.matmul(&mut ws, up);
-        *quant = ws.into_scratch();
         silu_mul(gate, up);
-        let mut ws = Workspace::reusing(gate, n, c.ffn, std::mem::take(quant));
+        let mut ws = Workspace::new(gate, n, c.ffn, quant);
         lw.down.matmul(&mut ws, o);
-        *quant = ws.into_scratch();
         add_assign(x, o);
     }
 
@@ -550,9 +546,10 @@ fn final_logits(
             );
         }
         let head: &Matrix = w.output.as_ref().unwrap_or(&w.embed);
-        let mut ws = Workspace::reusing(hn, m, h, std::mem::take(quant));
-        head.matmul(&mut ws, take(logits, m * c.vocab));
-        *quant = ws.into_scratch();
+        head.matmul(
+            &mut Workspace::new(hn, m, h, quant),
+            take(logits, m * c.vocab),
+        );
     }
     wanted
 }

@@ -27,6 +27,21 @@ pub fn simd_level() -> SimdLevel {
     detected.min(cap::get())
 }
 
+/// Whether the 512-bit VNNI matmul tiles run: AVX-512 kernels (not capped
+/// narrower) on a CPU with `vpdpbusd`. The activation packing they read
+/// is built exactly where this holds.
+pub(crate) fn vnni512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static VNNI: OnceLock<bool> = OnceLock::new();
+        *VNNI.get_or_init(|| {
+            is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
+        }) && simd_level() == SimdLevel::Avx512
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Runs every kernel chosen from now on at `level` or narrower, whatever
 /// the CPU has: tests use it to run the AVX2 path on an AVX-512 machine.
 /// Every width sums in the same order, so concurrent callers see the same

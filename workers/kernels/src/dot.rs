@@ -120,15 +120,6 @@ pub(crate) mod avx2 {
     use crate::pairs::{GROUP, PAIRS};
     use crate::quant::{ActivationsQ8, BLOCK, WeightFormat, WeightsQ};
     use std::arch::x86_64::*;
-    use std::sync::OnceLock;
-
-    /// Whether the AVX-512 VNNI dot product (`vpdpbusd`) is available.
-    fn vnni() -> bool {
-        static VNNI: OnceLock<bool> = OnceLock::new();
-        *VNNI.get_or_init(|| {
-            is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
-        }) && crate::cpu::simd_level() == crate::SimdLevel::Avx512
-    }
 
     /// # Safety
     /// Requires AVX2, FMA and F16C; output contract as `super::weight_rows_dots`.
@@ -140,7 +131,7 @@ pub(crate) mod avx2 {
         stride: usize,
     ) {
         // SAFETY: upheld by the caller; VNNI is used only where present.
-        unsafe { weight_rows_dots_with(w, rows, a, (out, stride), vnni()) }
+        unsafe { weight_rows_dots_with(w, rows, a, (out, stride), crate::cpu::vnni512()) }
     }
 
     /// [`weight_rows_dots`] with the AVX-512 VNNI tiles or, when `vnni` is

@@ -34,13 +34,14 @@ pub struct Workspace<'a> {
     x: &'a [f32],
     rows: usize,
     cols: usize,
-    scratch: QuantScratch,
+    scratch: &'a mut QuantScratch,
     /// Which of `scratch`'s kinds hold this input: `[Q8_0, Q8_1]`.
     quantized: [bool; 2],
 }
 
-/// The quantized-activation buffers of a [`Workspace`], handed from one
-/// workspace to the next so that a forward pass allocates them once.
+/// The quantized-activation buffers a [`Workspace`] fills, kept by the
+/// caller from one input to the next so that a forward pass allocates
+/// them once (and faults in no fresh pages after its first step).
 #[derive(Debug, Default)]
 pub struct QuantScratch {
     q8_0: ActivationsQ8,
@@ -48,14 +49,9 @@ pub struct QuantScratch {
 }
 
 impl<'a> Workspace<'a> {
-    /// Wraps `rows` activation rows of `cols` values.
-    pub fn new(x: &'a [f32], rows: usize, cols: usize) -> Self {
-        Self::reusing(x, rows, cols, QuantScratch::default())
-    }
-
-    /// [`Workspace::new`] quantizing into `scratch`'s buffers; take them
-    /// back with [`Workspace::into_scratch`].
-    pub fn reusing(x: &'a [f32], rows: usize, cols: usize, scratch: QuantScratch) -> Self {
+    /// Wraps `rows` activation rows of `cols` values, to be quantized into
+    /// `scratch`'s buffers.
+    pub fn new(x: &'a [f32], rows: usize, cols: usize, scratch: &'a mut QuantScratch) -> Self {
         assert_eq!(x.len(), rows * cols, "activation shape");
         Workspace {
             x,
@@ -64,11 +60,6 @@ impl<'a> Workspace<'a> {
             scratch,
             quantized: [false; 2],
         }
-    }
-
-    /// The buffers, for the next workspace.
-    pub fn into_scratch(self) -> QuantScratch {
-        self.scratch
     }
 
     fn quantized(&mut self, kind: ActivationKind) -> &ActivationsQ8 {
@@ -208,7 +199,8 @@ mod tests {
                     .map(|_| (lcg(&mut seed) % 2000) as f32 / 1000.0 - 1.0)
                     .collect();
                 let m = Matrix::Quant(w.clone());
-                let mut ws = Workspace::new(&x, rows_in, cols);
+                let mut scratch = QuantScratch::default();
+                let mut ws = Workspace::new(&x, rows_in, cols, &mut scratch);
                 let mut fast = vec![0f32; rows_in * rows];
                 m.matmul(&mut ws, &mut fast);
                 // The AVX2 tiles sum in the same order as the path taken above.

@@ -409,7 +409,7 @@ impl ActivationsQ8 {
                 }
             }
         }
-        let groups = if crate::simd_level() == crate::SimdLevel::Avx512 {
+        let groups = if crate::cpu::vnni512() {
             rows / GROUP
         } else {
             0
