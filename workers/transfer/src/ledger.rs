@@ -11,7 +11,7 @@
 //! release). Frames for finished ids are dropped and counted.
 
 use crate::checksum::{Checksums, page_crc, transfer_digest};
-use crate::mac::{FrameKey, tag_checksum, tags_equal};
+use crate::mac::{FrameKey, LandedTag, PageTagger, tag_checksum, tags_equal};
 use crate::wire::{Done, PageHeader};
 use bulkhead_kv::{Generation, TransferId};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -231,8 +231,31 @@ impl Ledger {
         .then_some(slot)
     }
 
+    /// A tagger for the payload of page frame `h` under its transfer's
+    /// key, to feed as the bytes land and hand to [`Ledger::on_landed_page`];
+    /// none where frames carry no tags or the transfer is not live.
+    pub fn page_tagger(&self, h: &PageHeader) -> Option<PageTagger<'_>> {
+        let e = self.live.get(&h.transfer)?;
+        (self.checksums.tags() && matches!(e.state, State::Live))
+            .then(|| e.key.page_tagger(h.slot, h.generation))
+    }
+
     /// Checks one page frame.
     pub fn on_page(&mut self, h: &PageHeader, payload: &[u8]) -> PageVerdict {
+        self.on_landed_page(h, payload, None)
+    }
+
+    /// Checks one page frame whose payload was tagged as it landed
+    /// (`landed`, from [`Ledger::page_tagger`]): the same checks as
+    /// [`Ledger::on_page`], the tag taken from `landed` where it covers
+    /// exactly this frame's slot, generation and bytes (else computed
+    /// again from the payload).
+    pub fn on_landed_page(
+        &mut self,
+        h: &PageHeader,
+        payload: &[u8],
+        landed: Option<LandedTag>,
+    ) -> PageVerdict {
         // A finished or aborting transfer's page is late.
         let live = self.live.get_mut(&h.transfer);
         let Some(e) = live.filter(|e| matches!(e.state, State::Live)) else {
@@ -250,7 +273,7 @@ impl Ledger {
             self.counters.duplicate_pages += 1;
             Fault::Duplicate
         } else if let Some(fault) =
-            integrity_fault(self.checksums, &mut self.counters, &e.key, h, payload)
+            integrity_fault(self.checksums, &mut self.counters, (&e.key, landed), h, payload)
         {
             fault
         } else {
@@ -394,13 +417,22 @@ impl Ledger {
 fn integrity_fault(
     checksums: Checksums,
     counters: &mut TransferCounters,
-    key: &FrameKey,
+    (key, landed): (&FrameKey, Option<LandedTag>),
     h: &PageHeader,
     payload: &[u8],
 ) -> Option<Fault> {
     match checksums {
         Checksums::On => {
-            let tag = key.page_tag(h.slot, h.generation, payload);
+            let tag = match landed {
+                Some(l)
+                    if l.slot == h.slot
+                        && l.generation == h.generation
+                        && l.len == payload.len() as u64 =>
+                {
+                    l.tag
+                }
+                _ => key.page_tag(h.slot, h.generation, payload),
+            };
             if tags_equal(&tag, &h.mac) && tag_checksum(&tag) == h.checksum {
                 return None;
             }

@@ -38,12 +38,11 @@ pub use chaos::ChaosCounts;
 pub use chaos::ChaosTransport;
 pub use checksum::Checksums;
 pub use ledger::{DoneVerdict, Fault, Ledger, PageVerdict, TransferCounters};
-pub use mac::FrameKey;
+pub use mac::{FrameKey, LandedTag, PageTagger};
 pub use polyhash::Width as TagWidth;
 #[cfg(feature = "test-hooks")]
 pub use transport::SlowTransport;
 pub use transport::{Grant, Slot, TcpTransport, Transport, TransportError, Written};
 pub use wire::{
     Done, Head, Hello, Message, PageHeader, PrefillRequest, WireError, read_payload,
-    read_payload_into,
 };

@@ -19,7 +19,7 @@
 
 use bulkhead_kv::Generation;
 
-use crate::polyhash::Key;
+use crate::polyhash::{Key, Stream};
 
 /// Bytes of a transfer key.
 pub const KEY_LEN: usize = 32;
@@ -77,17 +77,22 @@ impl FrameKey {
 
     /// The tag of a page frame.
     pub fn page_tag(&self, slot: u32, generation: Generation, payload: &[u8]) -> [u8; TAG_LEN] {
-        let mut length = [0u8; 16];
-        length[..8].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-        let mut tag = self.hash.hash(payload, length);
-        let mut h = blake3::Hasher::new_keyed(&self.key);
-        h.update(b"bulkhead page pad\0");
-        h.update(&slot.to_le_bytes());
-        h.update(&generation.get().to_le_bytes());
-        for (t, p) in tag.iter_mut().zip(truncate(&h)) {
-            *t ^= p;
+        let mut t = self.page_tagger(slot, generation);
+        t.update(payload);
+        t.finish().tag
+    }
+
+    /// The tag of a page frame computed as its payload arrives, piece by
+    /// piece, while each piece is still in cache: equal to
+    /// [`FrameKey::page_tag`] of the pieces joined.
+    pub fn page_tagger(&self, slot: u32, generation: Generation) -> PageTagger<'_> {
+        PageTagger {
+            key: self,
+            slot,
+            generation,
+            stream: self.hash.stream(),
+            len: 0,
         }
-        tag
     }
 
     /// The tag of a transfer's end: its token count and digest.
@@ -97,6 +102,63 @@ impl FrameKey {
         h.update(&tokens.to_le_bytes());
         h.update(&digest.to_le_bytes());
         truncate(&h)
+    }
+}
+
+/// A page tag in progress ([`FrameKey::page_tagger`]).
+pub struct PageTagger<'k> {
+    key: &'k FrameKey,
+    slot: u32,
+    generation: Generation,
+    stream: Stream<'k>,
+    len: u64,
+}
+
+impl std::fmt::Debug for PageTagger<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageTagger")
+            .field("slot", &self.slot)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A finished page tag and what it covers: the slot, the generation and
+/// the number of payload bytes fed (so a verifier can tell it covers the
+/// frame it is checked against).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LandedTag {
+    pub(crate) tag: [u8; TAG_LEN],
+    pub(crate) slot: u32,
+    pub(crate) generation: Generation,
+    pub(crate) len: u64,
+}
+
+impl PageTagger<'_> {
+    /// Feeds the next payload bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.len += bytes.len() as u64;
+        self.stream.update(bytes);
+    }
+
+    /// The tag of everything fed.
+    pub fn finish(self) -> LandedTag {
+        let mut length = [0u8; 16];
+        length[..8].copy_from_slice(&self.len.to_le_bytes());
+        let mut tag = self.stream.finish(length);
+        let mut h = blake3::Hasher::new_keyed(&self.key.key);
+        h.update(b"bulkhead page pad\0");
+        h.update(&self.slot.to_le_bytes());
+        h.update(&self.generation.get().to_le_bytes());
+        for (t, p) in tag.iter_mut().zip(truncate(&h)) {
+            *t ^= p;
+        }
+        LandedTag {
+            tag,
+            slot: self.slot,
+            generation: self.generation,
+            len: self.len,
+        }
     }
 }
 

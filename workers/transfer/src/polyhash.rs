@@ -134,7 +134,27 @@ impl Key {
     }
 
     /// POLYVAL_H of `data` zero-padded to whole blocks, then `last`.
+    #[cfg(test)]
     pub(crate) fn hash(&self, data: &[u8], last: [u8; 16]) -> [u8; 16] {
+        self.run([0; 16], data, Some(last))
+    }
+
+    /// A hash fed in pieces of any length ([`Stream::update`]), equal to
+    /// [`Key::hash`] of their concatenation: for bytes hashed as they land.
+    pub(crate) fn stream(&self) -> Stream<'_> {
+        Stream {
+            key: self,
+            state: [0; 16],
+            held: Box::new([0; CHUNK]),
+            held_len: 0,
+        }
+    }
+
+    /// From running state `start`: `data` absorbed, then (with `last`) its
+    /// zero-padded tail and `last`, the hash; without `last`, `data` is
+    /// whole chunks and the result is the running state after them.
+    fn run(&self, start: [u8; 16], data: &[u8], last: Option<[u8; 16]>) -> [u8; 16] {
+        debug_assert!(last.is_some() || data.len() % CHUNK == 0);
         #[cfg(target_arch = "x86_64")]
         if let Some(p) = &self.powers {
             // SAFETY (each arm): `width` was checked available on this CPU
@@ -143,6 +163,7 @@ impl Key {
                 h: &self.h,
                 powers: p,
                 data,
+                start,
                 last,
             };
             return unsafe {
@@ -150,11 +171,50 @@ impl Key {
                     (Width::Vpclmul512, _) => x86::hash512(job),
                     (Width::Vpclmul256, _) => x86::hash256(job),
                     (_, Some(f)) => x86::hash128(job, f),
-                    (_, None) => portable(&self.h, data, last),
+                    (_, None) => portable(&self.h, start, data, last),
                 }
             };
         }
-        portable(&self.h, data, last)
+        portable(&self.h, start, data, last)
+    }
+}
+
+/// A POLYVAL hash in progress: whole chunks are absorbed as they complete,
+/// a partial one held until the next piece or the end.
+pub(crate) struct Stream<'k> {
+    key: &'k Key,
+    state: [u8; 16],
+    held: Box<[u8; CHUNK]>,
+    held_len: usize,
+}
+
+impl Stream<'_> {
+    /// Feeds the next `data`.
+    pub(crate) fn update(&mut self, mut data: &[u8]) {
+        if self.held_len > 0 {
+            let take = (CHUNK - self.held_len).min(data.len());
+            self.held[self.held_len..self.held_len + take].copy_from_slice(&data[..take]);
+            self.held_len += take;
+            data = &data[take..];
+            if self.held_len < CHUNK {
+                return;
+            }
+            self.state = self.key.run(self.state, &self.held[..], None);
+            self.held_len = 0;
+        }
+        let whole = data.len() - data.len() % CHUNK;
+        if whole > 0 {
+            self.state = self.key.run(self.state, &data[..whole], None);
+        }
+        let rest = &data[whole..];
+        self.held[..rest.len()].copy_from_slice(rest);
+        self.held_len = rest.len();
+    }
+
+    /// The hash of everything fed, zero-padded to whole blocks, then `last`.
+    pub(crate) fn finish(self, last: [u8; 16]) -> [u8; 16] {
+        self.key
+            .run(self.state, &self.held[..self.held_len], Some(last))
     }
 }
 
@@ -168,12 +228,32 @@ fn fold_halves(p: [u8; 16]) -> [u8; 16] {
     f
 }
 
-fn portable(h: &[u8; 16], data: &[u8], last: [u8; 16]) -> [u8; 16] {
+/// [`Key::run`] with the `polyval` crate: from zero in one pass, else a
+/// block at a time (S = (S ⊕ X)·H).
+fn portable(h: &[u8; 16], start: [u8; 16], data: &[u8], last: Option<[u8; 16]>) -> [u8; 16] {
     use ::polyval::universal_hash::{KeyInit, UniversalHash};
-    let mut p = ::polyval::Polyval::new(h.into());
-    p.update_padded(data);
-    p.update(&[last.into()]);
-    p.finalize().into()
+    if let (true, Some(last)) = (start == [0; 16], last) {
+        let mut p = ::polyval::Polyval::new(h.into());
+        p.update_padded(data);
+        p.update(&[last.into()]);
+        return p.finalize().into();
+    }
+    let mut s = start;
+    let step = |s: &mut [u8; 16], block: &[u8]| {
+        let mut x = [0u8; 16];
+        x[..block.len()].copy_from_slice(block);
+        for (a, b) in x.iter_mut().zip(s.iter()) {
+            *a ^= b;
+        }
+        *s = dot(&x, h);
+    };
+    for block in data.chunks(BLOCK) {
+        step(&mut s, block);
+    }
+    if let Some(last) = last {
+        step(&mut s, &last);
+    }
+    s
 }
 
 /// dot(a, b) = a·b·x⁻¹²⁸, POLYVAL's multiplication.
@@ -195,7 +275,11 @@ mod x86 {
         pub(super) h: &'a [u8; 16],
         pub(super) powers: &'a [[u8; 16]; CHUNK_BLOCKS],
         pub(super) data: &'a [u8],
-        pub(super) last: [u8; 16],
+        /// The running state the data continues.
+        pub(super) start: [u8; 16],
+        /// The last block; none: `data` is whole chunks, and the running
+        /// state after them is returned.
+        pub(super) last: Option<[u8; 16]>,
     }
 
     /// # Safety
@@ -297,21 +381,30 @@ mod x86 {
         })
     }
 
-    /// POLYVAL_H of `data`, then `last`: each whole chunk through `chunk`
-    /// (given the running state, which joins its first block; one
-    /// reduction), the rest through [`finish`]. Inlined into each width's
-    /// function, whose target features `chunk` runs with.
+    /// POLYVAL_H of `data`, then `last`, from the job's running state:
+    /// each whole chunk through `chunk` (given the running state, which
+    /// joins its first block; one reduction), the rest through [`finish`];
+    /// without `last`, the running state after the whole chunks. Inlined
+    /// into each width's function, whose target features `chunk` runs with.
     #[inline(always)]
     fn drive(job: Job<'_>, mut chunk: impl FnMut(&[u8], __m128i) -> __m128i) -> [u8; 16] {
         // SAFETY: only called from the width functions, whose callers
         // checked the CPU has SSE2 and PCLMULQDQ.
         unsafe {
-            let mut s = _mm_setzero_si128();
+            let mut s = load128(&job.start);
             let mut chunks = job.data.chunks_exact(CHUNK);
             for c in &mut chunks {
                 s = chunk(c, s);
             }
-            finish(s, load128(job.h), chunks.remainder(), job.last)
+            match job.last {
+                Some(last) => finish(s, load128(job.h), chunks.remainder(), last),
+                None => {
+                    let mut out = [0u8; 16];
+                    // SAFETY: 16 bytes into a 16-byte array.
+                    _mm_storeu_si128(out.as_mut_ptr().cast(), s);
+                    out
+                }
+            }
         }
     }
 
@@ -421,8 +514,23 @@ mod tests {
                 assert_eq!(key.width, width, "{width:?} runs where available");
                 assert_eq!(
                     key.hash(&data, last),
-                    portable(&h, &data, last),
+                    portable(&h, [0; 16], &data, Some(last)),
                     "{width:?}, {len} bytes"
+                );
+                // Fed in uneven pieces, as bytes land from a socket.
+                let mut stream = key.stream();
+                let mut rest = &data[..];
+                let mut piece = 1 + len % 700;
+                while !rest.is_empty() {
+                    let n = piece.min(rest.len());
+                    stream.update(&rest[..n]);
+                    rest = &rest[n..];
+                    piece = piece * 7 % 1531 + 1;
+                }
+                assert_eq!(
+                    stream.finish(last),
+                    key.hash(&data, last),
+                    "{width:?}, {len} bytes streamed"
                 );
             }
         }

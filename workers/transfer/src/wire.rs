@@ -191,26 +191,6 @@ pub async fn read_payload<R: AsyncRead + Unpin>(
     Ok(())
 }
 
-/// Reads a page frame's payload of `len` bytes straight into `dst`, a
-/// landing page that takes bytes only in order and shows none of what it
-/// held before.
-pub async fn read_payload_into<R: AsyncRead + Unpin, B: bytes::BufMut>(
-    r: &mut R,
-    dst: &mut B,
-    len: usize,
-) -> Result<(), WireError> {
-    if dst.remaining_mut() < len {
-        return Err(WireError::Malformed("payload larger than its landing page"));
-    }
-    let mut rest = <&mut B as bytes::BufMut>::limit(dst, len);
-    while bytes::BufMut::remaining_mut(&rest) > 0 {
-        if r.read_buf(&mut rest).await? == 0 {
-            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
-        }
-    }
-    Ok(())
-}
-
 /// A frame that could not be read.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -12,10 +12,10 @@
 use bulkhead_kv::Generation;
 use bulkhead_kv::{LentPage, TransferId};
 use bulkhead_transfer::{
-    FrameKey, Ledger, PageHeader, PageVerdict, WireError, read_payload, read_payload_into,
+    FrameKey, Ledger, PageHeader, PageTagger, PageVerdict, WireError, read_payload,
 };
 use std::collections::HashMap;
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The ledger of one connection and the landing pages of its open
 /// transfers.
@@ -59,7 +59,9 @@ impl Landing {
 
     /// Reads the payload of a page frame with header `h` (`len` bytes
     /// follow on `rd`) into its landing page if the header fits the grant,
-    /// else into scratch memory; the ledger's verdict.
+    /// else into scratch memory; the ledger's verdict. A landing page's
+    /// tag is computed piece by piece as each read lands (still in cache),
+    /// not in a pass over the page of its own.
     pub async fn page<R: AsyncRead + Unpin>(
         &mut self,
         rd: &mut R,
@@ -68,8 +70,27 @@ impl Landing {
     ) -> Result<PageVerdict, WireError> {
         match landing_page(&self.ledger, &mut self.pages, h, len) {
             Some(page) => {
-                read_payload_into(rd, page, len).await?;
-                Ok(self.ledger.on_page(h, page.bytes()))
+                if bytes::BufMut::remaining_mut(page) < len {
+                    return Err(WireError::Malformed("payload larger than its landing page"));
+                }
+                let mut tagger = self.ledger.page_tagger(h);
+                let start = page.bytes().len();
+                let mut done = 0;
+                while done < len {
+                    let n = {
+                        let mut rest = bytes::BufMut::limit(&mut *page, len - done);
+                        rd.read_buf(&mut rest).await?
+                    };
+                    if n == 0 {
+                        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+                    }
+                    if let Some(t) = tagger.as_mut() {
+                        t.update(&page.bytes()[start + done..start + done + n]);
+                    }
+                    done += n;
+                }
+                let landed = tagger.map(PageTagger::finish);
+                Ok(self.ledger.on_landed_page(h, page.bytes(), landed))
             }
             None => {
                 self.scratch.resize(len, 0);
