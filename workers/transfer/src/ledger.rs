@@ -272,9 +272,13 @@ impl Ledger {
         } else if e.received[slot].is_some() {
             self.counters.duplicate_pages += 1;
             Fault::Duplicate
-        } else if let Some(fault) =
-            integrity_fault(self.checksums, &mut self.counters, (&e.key, landed), h, payload)
-        {
+        } else if let Some(fault) = integrity_fault(
+            self.checksums,
+            &mut self.counters,
+            (&e.key, landed),
+            h,
+            payload,
+        ) {
             fault
         } else {
             e.received[slot] = Some(h.checksum);
@@ -522,6 +526,50 @@ mod tests {
             DoneVerdict::Fail(TransferId::new(2), Fault::Tag)
         );
         assert_eq!(l.counters().tag_mismatches, 2);
+    }
+
+    #[test]
+    fn a_tag_hashed_as_the_bytes_landed_is_checked_like_any_other() {
+        let b = vec![5u8; 4];
+        let h = header(1, 0, 10, &b);
+        // Hashed in two pieces as they landed: accepted.
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 1);
+        let mut t = l.page_tagger(&h).expect("a live tagged transfer");
+        t.update(&b[..1]);
+        t.update(&b[1..]);
+        let landed = t.finish();
+        assert!(matches!(
+            l.on_landed_page(&h, &b, Some(landed)),
+            PageVerdict::Write { slot: 0, .. }
+        ));
+        // A landed tag over other bytes than the frame's fails it, as a
+        // wrong payload would: the landing code cannot vouch for bytes.
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 1);
+        let mut t = l.page_tagger(&h).expect("a live tagged transfer");
+        t.update(&[6u8; 4]);
+        let other = t.finish();
+        assert_eq!(
+            l.on_landed_page(&h, &b, Some(other)),
+            PageVerdict::Fail(TransferId::new(1), Fault::Tag)
+        );
+        assert_eq!(l.counters().tag_mismatches, 1);
+        // One that covers fewer bytes than the frame is not used: the
+        // payload is hashed again, and a right payload passes.
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 1);
+        let mut t = l.page_tagger(&h).expect("a live tagged transfer");
+        t.update(&b[..3]);
+        let short = t.finish();
+        assert!(matches!(
+            l.on_landed_page(&h, &b, Some(short)),
+            PageVerdict::Write { slot: 0, .. }
+        ));
+        // No tagger where frames carry no tags.
+        let mut l = Ledger::new(Checksums::CrcOnlyForBenchmark);
+        open(&mut l, 1);
+        assert!(l.page_tagger(&h).is_none());
     }
 
     #[test]

@@ -43,6 +43,4 @@ pub use polyhash::Width as TagWidth;
 #[cfg(feature = "test-hooks")]
 pub use transport::SlowTransport;
 pub use transport::{Grant, Slot, TcpTransport, Transport, TransportError, Written};
-pub use wire::{
-    Done, Head, Hello, Message, PageHeader, PrefillRequest, WireError, read_payload,
-};
+pub use wire::{Done, Head, Hello, Message, PageHeader, PrefillRequest, WireError, read_payload};
