@@ -24,6 +24,7 @@
 // Unit tests find Redis through the environment.
 #![cfg_attr(test, allow(clippy::disallowed_methods, clippy::disallowed_macros))]
 
+mod affinity;
 pub mod auth;
 mod bounds;
 mod budget;

@@ -18,6 +18,9 @@ pub struct AppState {
     pub(crate) upstream: Upstream,
     pub(crate) picker: Arc<Picker>,
     pub(crate) budgets: Budgets,
+    /// Whether a conversation's requests go to the worker its key ranks
+    /// highest (prefix-aware routing; on unless an operator turns it off).
+    pub(crate) affinity: bool,
 }
 
 impl AppState {
@@ -36,7 +39,14 @@ impl AppState {
             upstream,
             picker: Arc::new(Picker::default()),
             budgets: Budgets::memory(),
+            affinity: true,
         }
+    }
+
+    /// The same state with prefix-aware routing on or off: off, workers
+    /// are picked by load alone (a benchmark's baseline).
+    pub fn with_affinity(self, affinity: bool) -> AppState {
+        AppState { affinity, ..self }
     }
 
     /// The same state with budgets counted in `budgets` (in this process

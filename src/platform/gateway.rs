@@ -78,6 +78,12 @@ pub(crate) struct GatewayArgs {
     /// tenant port: metric labels name every model, private ones too.
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// Prefix-aware routing: a conversation's requests (its
+    /// `x-session-affinity` header, or its first messages) go to the
+    /// worker that holds its prefix, within its tenant's namespace, while
+    /// that worker's load is near the best. `false`: by load alone.
+    #[arg(long, env = "BULKHEAD_PREFIX_AFFINITY", default_value_t = true, action = clap::ArgAction::Set)]
+    prefix_affinity: bool,
 }
 
 pub(crate) fn run(args: &GatewayArgs) -> anyhow::Result<()> {
@@ -217,7 +223,9 @@ async fn serve(args: &GatewayArgs) -> anyhow::Result<()> {
     };
     bulkhead_gateway::serve(
         listener,
-        app(AppState::new(watch, jwt, limiter, upstream).with_budgets(budgets)),
+        app(AppState::new(watch, jwt, limiter, upstream)
+            .with_budgets(budgets)
+            .with_affinity(args.prefix_affinity)),
         conn,
         crate::process::shutdown(),
     )

@@ -16,6 +16,7 @@ use ends::{Ends, Held};
 pub(crate) use sse::{StreamEvent, sse};
 pub(crate) use void::void_calls;
 
+use crate::affinity::AffinityKey;
 use crate::auth::{self, Principal};
 use crate::budget::Reservation;
 use crate::errors::GatewayError;
@@ -46,6 +47,9 @@ pub(crate) struct Ctx {
     /// `n` choices that answers an error: its calls are voided in the
     /// ledger, so it bills nothing.
     pub(crate) calls: Arc<std::sync::Mutex<Vec<String>>>,
+    /// The client's `x-session-affinity` header, if it sent one: the
+    /// conversation its requests continue, for routing alone.
+    pub(crate) session: Option<String>,
 }
 
 /// Authenticates the request from its headers against the current table.
@@ -62,11 +66,16 @@ pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Ctx,
     let token = auth::bearer(header).map_err(|_| GatewayError::Unauthenticated)?;
     let principal = auth::authenticate(token, &snap.table, state.jwt.as_deref())
         .map_err(|_| GatewayError::Unauthenticated)?;
+    let session = headers
+        .get(crate::affinity::SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     Ok(Ctx {
         snap,
         principal,
         quota: Arc::default(),
         calls: Arc::default(),
+        session,
     })
 }
 
@@ -331,10 +340,26 @@ async fn call(
     // cannot be reached, or fails the request before its first token for a
     // reason another worker may not share, is skipped and the next tried.
     let workers = ctx.snap.table.workers(&model.slug);
+    // The conversation's key, within the tenant's own namespace.
+    let affinity = state
+        .affinity
+        .then(|| {
+            AffinityKey::of(
+                crate::affinity::Namespace {
+                    account: &ctx.principal.account_id,
+                    tenant: ctx.principal.tenant,
+                    model: model.slug.as_str(),
+                    config_version: model.config_version,
+                },
+                ctx.session.as_deref(),
+                body,
+            )
+        })
+        .flatten();
     let mut tried = Vec::new();
     let mut last: Option<UpstreamError> = None;
     let (first, rest, lease) = loop {
-        let Some((node, lease)) = state.picker.pick(workers, &tried) else {
+        let Some((node, lease)) = state.picker.pick(workers, &tried, affinity) else {
             // Every worker was tried: the last one's error is the answer.
             let e = last.take().map_or(
                 GatewayError::Unavailable("no worker serves this model now"),
