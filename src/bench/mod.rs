@@ -4,6 +4,7 @@
 
 pub(crate) mod chaos;
 pub(crate) mod engine;
+mod fleet;
 pub(crate) mod gateway;
 pub(crate) mod grammar;
 mod long;

@@ -8,6 +8,9 @@
 //! median per turn is reported with the ratio off/on. Decode throughput is
 //! measured on both too (the same short prompt, tokens/s after the first),
 //! so a cache that slowed decoding would show.
+//!
+//! `--fleet` measures the same chat through a platform with several
+//! workers instead, with prefix-aware routing on and off ([`super::fleet`]).
 
 use crate::config::ModelArgs;
 use anyhow::{Context, bail};
@@ -41,6 +44,13 @@ pub(crate) struct PrefixBenchArgs {
     /// machine's noise is about 2 % with fewer than 30).
     #[arg(long, default_value_t = 31)]
     decode_pairs: usize,
+    /// Through `bulkhead up` with `--fleet-workers` colocated workers,
+    /// prefix affinity on against off (turn-by-turn TTFT at the gateway).
+    #[arg(long)]
+    fleet: bool,
+    /// Workers of the `--fleet` platform.
+    #[arg(long, default_value_t = 2)]
+    fleet_workers: u8,
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -48,6 +58,15 @@ pub(crate) struct PrefixBenchArgs {
 pub(crate) fn run(args: &PrefixBenchArgs) -> anyhow::Result<()> {
     if args.turns == 0 || args.chats == 0 {
         bail!("--turns and --chats must be at least 1");
+    }
+    if args.fleet {
+        return super::fleet::run(&super::fleet::FleetArgs {
+            turns: args.turns,
+            chats: args.chats,
+            reply_tokens: args.reply_tokens,
+            workers: args.fleet_workers,
+            json: args.json,
+        });
     }
     let model = Arc::new(args.model.load()?.0);
     let mut config = args.model.engine_config();

@@ -20,6 +20,17 @@ impl UpChild {
     /// `bulkhead up ARGS --data-dir DIR` in a fresh directory named after
     /// `tag`, its stderr passed through when `logs`; returns once ready.
     pub(crate) fn start(tag: &str, args: &[&str], logs: bool) -> anyhow::Result<UpChild> {
+        UpChild::start_with_env(tag, args, &[], logs)
+    }
+
+    /// [`UpChild::start`] with `env` set for `up` and every component it
+    /// starts.
+    pub(crate) fn start_with_env(
+        tag: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        logs: bool,
+    ) -> anyhow::Result<UpChild> {
         let mut nonce = [0u8; 8];
         getrandom::fill(&mut nonce)?;
         let dir = std::env::temp_dir().join(format!(
@@ -32,6 +43,7 @@ impl UpChild {
             .args(args)
             .arg("--data-dir")
             .arg(&dir)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(if logs {
                 Stdio::inherit()
