@@ -9,6 +9,12 @@
 //! directory, one model) with `--pairs` prefill/decode pairs, or that many
 //! colocated workers with `--colocated`; `--url` and `--api-key` point it at
 //! any other OpenAI-compatible server instead, for comparison.
+//!
+//! `--against URL` measures the platform and another OpenAI-compatible
+//! server (llama.cpp's `llama-server`, say) in one run, alternating: each
+//! round sends a fresh prompt mix cold to both, then the same mix again
+//! warm (their prefix caches hold it), the order of the two swapped every
+//! round, and prints each side's medians over rounds with the ratios.
 
 use anyhow::Context;
 use clap::Args;
@@ -30,6 +36,19 @@ pub(crate) struct ServingBenchArgs {
     /// Bearer token for `--url` (a started platform uses its demo account).
     #[arg(long, env = "BULKHEAD_BENCH_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// Base URL of another OpenAI-compatible server measured in the same
+    /// run, alternating with the platform, cold and warm; ratios printed.
+    #[arg(long, conflicts_with = "url")]
+    against: Option<String>,
+    /// Bearer token for `--against`.
+    #[arg(long, env = "BULKHEAD_BENCH_AGAINST_API_KEY", hide_env_values = true)]
+    against_api_key: Option<String>,
+    /// Model name sent to `--against` (default: `--model`).
+    #[arg(long)]
+    against_model: Option<String>,
+    /// Rounds of `--against` (each a cold and a warm pass on both sides).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
     /// Model name sent in each request.
     #[arg(long, default_value = crate::platform::register::DEFAULT_SLUG)]
     model: String,
@@ -84,51 +103,266 @@ struct Sample {
     tokens: usize,
 }
 
+/// A server the benchmark drives.
+#[derive(Debug, Clone)]
+struct Endpoint {
+    url: String,
+    key: String,
+    model: String,
+    /// What serves it, in words.
+    target: String,
+}
+
 pub(crate) fn run(args: &ServingBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
-        args.concurrency >= 1 && args.requests >= 1 && args.max_tokens >= 1,
-        "--concurrency, --requests and --max-tokens must be at least 1"
+        args.concurrency >= 1 && args.requests >= 1 && args.max_tokens >= 1 && args.rounds >= 1,
+        "--concurrency, --requests, --max-tokens and --rounds must be at least 1"
     );
     let started = match &args.url {
         Some(_) => None,
         None => Some(Platform::start(args)?),
     };
-    let (url, key, target) = match (&args.url, &started) {
-        (Some(u), _) => (
-            u.trim_end_matches('/').to_owned(),
-            args.api_key.clone().unwrap_or_default(),
-            u.clone(),
-        ),
-        (None, Some(p)) => (p.gateway.clone(), p.token.clone(), p.describe.clone()),
+    let ours = match (&args.url, &started) {
+        (Some(u), _) => Endpoint {
+            url: u.trim_end_matches('/').to_owned(),
+            key: args.api_key.clone().unwrap_or_default(),
+            model: args.model.clone(),
+            target: u.clone(),
+        },
+        (None, Some(p)) => Endpoint {
+            url: p.gateway.clone(),
+            key: p.token.clone(),
+            model: args.model.clone(),
+            target: p.describe.clone(),
+        },
         (None, None) => anyhow::bail!("no endpoint"),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let figures = rt.block_on(drive(args, &url, &key, target))?;
+    let Some(other) = &args.against else {
+        let figures = rt.block_on(drive(args, &ours, args.seed))?;
+        drop(started);
+        if args.json {
+            println!("{}", serde_json::to_string(&figures)?);
+        } else {
+            print_figures(&figures);
+        }
+        return Ok(());
+    };
+    let theirs = Endpoint {
+        url: other.trim_end_matches('/').to_owned(),
+        key: args.against_api_key.clone().unwrap_or_default(),
+        model: args
+            .against_model
+            .clone()
+            .unwrap_or_else(|| args.model.clone()),
+        target: other.clone(),
+    };
+    let report = rt.block_on(alternate(args, &ours, &theirs))?;
     drop(started);
     if args.json {
-        println!("{}", serde_json::to_string(&figures)?);
+        println!("{}", serde_json::to_string(&report)?);
     } else {
-        println!("bench serving: {}", figures.target);
-        println!(
-            "  {} requests, concurrency {}, {} errors",
-            figures.requests, figures.concurrency, figures.errors
-        );
-        println!("  requests/s          {:>9.2}", figures.req_s);
-        println!("  output tokens/s     {:>9.1}", figures.out_tok_s);
-        println!(
-            "  TTFT p50 / p99      {:>9.1} / {:.1} ms",
-            figures.ttft_p50_ms, figures.ttft_p99_ms
-        );
-        println!("  TPOT p50            {:>9.1} ms", figures.tpot_p50_ms);
-        println!(
-            "  end-to-end p50 / p99 {:>8.1} / {:.1} ms",
-            figures.e2e_p50_ms, figures.e2e_p99_ms
-        );
+        print_comparison(&report);
     }
     Ok(())
+}
+
+fn print_figures(figures: &Figures) {
+    println!("bench serving: {}", figures.target);
+    println!(
+        "  {} requests, concurrency {}, {} errors",
+        figures.requests, figures.concurrency, figures.errors
+    );
+    println!("  requests/s          {:>9.2}", figures.req_s);
+    println!("  output tokens/s     {:>9.1}", figures.out_tok_s);
+    println!(
+        "  TTFT p50 / p99      {:>9.1} / {:.1} ms",
+        figures.ttft_p50_ms, figures.ttft_p99_ms
+    );
+    println!("  TPOT p50            {:>9.1} ms", figures.tpot_p50_ms);
+    println!(
+        "  end-to-end p50 / p99 {:>8.1} / {:.1} ms",
+        figures.e2e_p50_ms, figures.e2e_p99_ms
+    );
+}
+
+/// Both sides' medians over rounds, per pass (cold, warm).
+#[derive(Debug, Serialize)]
+struct Comparison {
+    ours: String,
+    theirs: String,
+    rounds: usize,
+    cold: Side,
+    warm: Side,
+    /// Every pass as measured, in the order run.
+    passes: Vec<Pass>,
+}
+
+/// One pass (cold or warm) of both sides: medians over rounds.
+#[derive(Debug, Serialize)]
+struct Side {
+    ours: Medians,
+    theirs: Medians,
+    /// ours / theirs (above 1: the platform has more).
+    out_tok_s_ratio: f64,
+    /// ours / theirs (below 1: the platform's first token comes sooner).
+    ttft_p50_ratio: f64,
+    tpot_p50_ratio: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Medians {
+    out_tok_s: f64,
+    ttft_p50_ms: f64,
+    ttft_p99_ms: f64,
+    tpot_p50_ms: f64,
+    errors: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct Pass {
+    round: usize,
+    warm: bool,
+    ours: bool,
+    figures: Figures,
+}
+
+/// Rounds of (cold, warm) on both sides, the side that goes first
+/// swapped every round; each round's cold pass is a prompt mix neither
+/// side has seen (seed + round), its warm pass the same mix again.
+async fn alternate(
+    args: &ServingBenchArgs,
+    ours: &Endpoint,
+    theirs: &Endpoint,
+) -> anyhow::Result<Comparison> {
+    let mut passes = Vec::new();
+    for round in 0..args.rounds {
+        let seed = args.seed.wrapping_add(round as u64);
+        for warm in [false, true] {
+            let order = if round % 2 == 0 {
+                [true, false]
+            } else {
+                [false, true]
+            };
+            for is_ours in order {
+                let endpoint = if is_ours { ours } else { theirs };
+                let figures = drive(args, endpoint, seed).await?;
+                eprintln!(
+                    "round {round} {} {}: {:.1} out tok/s, TTFT p50 {:.0} ms, TPOT p50 {:.1} ms, {} errors",
+                    if warm { "warm" } else { "cold" },
+                    endpoint.target,
+                    figures.out_tok_s,
+                    figures.ttft_p50_ms,
+                    figures.tpot_p50_ms,
+                    figures.errors
+                );
+                passes.push(Pass {
+                    round,
+                    warm,
+                    ours: is_ours,
+                    figures,
+                });
+            }
+        }
+    }
+    let side = |warm: bool| {
+        let of = |is_ours: bool| {
+            let runs: Vec<&Figures> = passes
+                .iter()
+                .filter(|p| p.warm == warm && p.ours == is_ours)
+                .map(|p| &p.figures)
+                .collect();
+            let med = |f: fn(&Figures) -> f64| median(runs.iter().map(|r| f(r)).collect());
+            Medians {
+                out_tok_s: med(|f| f.out_tok_s),
+                ttft_p50_ms: med(|f| f.ttft_p50_ms),
+                ttft_p99_ms: med(|f| f.ttft_p99_ms),
+                tpot_p50_ms: med(|f| f.tpot_p50_ms),
+                errors: runs.iter().map(|r| r.errors).sum(),
+            }
+        };
+        let (o, t) = (of(true), of(false));
+        Side {
+            out_tok_s_ratio: o.out_tok_s / t.out_tok_s,
+            ttft_p50_ratio: o.ttft_p50_ms / t.ttft_p50_ms,
+            tpot_p50_ratio: o.tpot_p50_ms / t.tpot_p50_ms,
+            ours: o,
+            theirs: t,
+        }
+    };
+    Ok(Comparison {
+        ours: ours.target.clone(),
+        theirs: theirs.target.clone(),
+        rounds: args.rounds,
+        cold: side(false),
+        warm: side(true),
+        passes,
+    })
+}
+
+/// The middle value, or the mean of the middle two.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn print_comparison(c: &Comparison) {
+    println!("bench serving: {} against {}", c.ours, c.theirs);
+    println!(
+        "  medians over {} round(s); ratio = bulkhead / other",
+        c.rounds
+    );
+    println!(
+        "  {:<22} {:>10} {:>10} {:>7}",
+        "", "bulkhead", "other", "ratio"
+    );
+    for (name, s) in [("cold", &c.cold), ("warm", &c.warm)] {
+        let rows = [
+            (
+                "output tok/s",
+                s.ours.out_tok_s,
+                s.theirs.out_tok_s,
+                s.out_tok_s_ratio,
+            ),
+            (
+                "TTFT p50 ms",
+                s.ours.ttft_p50_ms,
+                s.theirs.ttft_p50_ms,
+                s.ttft_p50_ratio,
+            ),
+            (
+                "TTFT p99 ms",
+                s.ours.ttft_p99_ms,
+                s.theirs.ttft_p99_ms,
+                s.ours.ttft_p99_ms / s.theirs.ttft_p99_ms,
+            ),
+            (
+                "TPOT p50 ms",
+                s.ours.tpot_p50_ms,
+                s.theirs.tpot_p50_ms,
+                s.tpot_p50_ratio,
+            ),
+        ];
+        for (metric, o, t, r) in rows {
+            println!(
+                "  {:<22} {o:>10.1} {t:>10.1} {r:>6.2}x",
+                format!("{name} {metric}")
+            );
+        }
+        println!(
+            "  {:<22} {:>10} {:>10}",
+            format!("{name} errors"),
+            s.ours.errors,
+            s.theirs.errors
+        );
+    }
 }
 
 /// The seeded prompt mix: 40 to 400 words each.
@@ -193,12 +427,7 @@ fn prompts(seed: u64, n: usize) -> Vec<String> {
 
 type Http = HttpClient<HttpConnector, Full<Bytes>>;
 
-async fn drive(
-    args: &ServingBenchArgs,
-    url: &str,
-    key: &str,
-    target: String,
-) -> anyhow::Result<Figures> {
+async fn drive(args: &ServingBenchArgs, to: &Endpoint, seed: u64) -> anyhow::Result<Figures> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     // A fresh connection per request: a pooled one that the server closed
@@ -207,12 +436,12 @@ async fn drive(
     let http: Http = HttpClient::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
         .build(connector);
-    let queue = std::sync::Arc::new(std::sync::Mutex::new(prompts(args.seed, args.requests)));
+    let queue = std::sync::Arc::new(std::sync::Mutex::new(prompts(seed, args.requests)));
     let start = Instant::now();
     let mut clients = Vec::new();
     for _ in 0..args.concurrency {
         let (http, queue) = (http.clone(), std::sync::Arc::clone(&queue));
-        let (url, key, model) = (url.to_owned(), key.to_owned(), args.model.clone());
+        let (url, key, model) = (to.url.clone(), to.key.clone(), to.model.clone());
         let max_tokens = args.max_tokens;
         clients.push(tokio::spawn(async move {
             let mut out = Vec::new();
@@ -264,7 +493,7 @@ async fn drive(
         e2e_p50_ms: percentile(&e2e, 0.50),
         e2e_p99_ms: percentile(&e2e, 0.99),
         errors,
-        target,
+        target: to.target.clone(),
     })
 }
 
