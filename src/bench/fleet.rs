@@ -9,18 +9,15 @@
 //! alone), each on a platform of its own started fresh, and prints each
 //! turn's median time to first token with the ratio off/on.
 
-use crate::bench::serving::sse_payloads;
+use crate::bench::serving::{Http, post_stream, sse_payloads};
 use crate::platform::up::child::UpChild;
 use anyhow::Context;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
+use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
-use std::time::{Duration, Instant};
-
-type Http = HttpClient<HttpConnector, Full<Bytes>>;
+use std::time::Duration;
 
 /// What the fleet benchmark runs.
 #[derive(Debug, Clone)]
@@ -179,22 +176,8 @@ async fn turn_of(
         "model": gw.model, "messages": messages, "max_tokens": max_tokens,
         "temperature": 0, "stream": true,
     });
-    let req = hyper::Request::post(format!("{}/v1/chat/completions", gw.url))
-        .header("content-type", "application/json")
-        .header("authorization", format!("Bearer {}", gw.token))
-        .body(Full::new(Bytes::from(body.to_string())))?;
-    let sent = Instant::now();
-    let resp = http.request(req).await.context("connecting")?;
-    let status = resp.status();
-    let mut body = resp.into_body();
-    if status != hyper::StatusCode::OK {
-        let bytes = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        anyhow::bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
-    }
+    let url = format!("{}/v1/chat/completions", gw.url);
+    let (sent, mut body) = post_stream(http, &url, &gw.token, &body).await?;
     let (mut buf, mut first, mut text) = (Vec::new(), None, String::new());
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.context("reading the stream")?.into_data() else {

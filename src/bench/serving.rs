@@ -425,7 +425,36 @@ fn prompts(seed: u64, n: usize) -> Vec<String> {
         .collect()
 }
 
-type Http = HttpClient<HttpConnector, Full<Bytes>>;
+pub(crate) type Http = HttpClient<HttpConnector, Full<Bytes>>;
+
+/// Posts `body` as JSON to `url` (with `key` as a bearer token unless
+/// empty); when it was sent and the streamed answer's body, or the
+/// answer's status and text when it is not 200.
+pub(crate) async fn post_stream(
+    http: &Http,
+    url: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<(Instant, hyper::body::Incoming)> {
+    let mut req = hyper::Request::post(url).header("content-type", "application/json");
+    if !key.is_empty() {
+        req = req.header("authorization", format!("Bearer {key}"));
+    }
+    let req = req.body(Full::new(Bytes::from(body.to_string())))?;
+    let sent = Instant::now();
+    let resp = http.request(req).await.context("connecting")?;
+    let status = resp.status();
+    let body = resp.into_body();
+    if status != hyper::StatusCode::OK {
+        let bytes = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        anyhow::bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
+    }
+    Ok((sent, body))
+}
 
 async fn drive(args: &ServingBenchArgs, to: &Endpoint, seed: u64) -> anyhow::Result<Figures> {
     let mut connector = HttpConnector::new();
@@ -533,24 +562,7 @@ async fn one(
         "model": model, "prompt": prompt, "max_tokens": max_tokens,
         "temperature": 0, "stream": true,
     });
-    let mut req = hyper::Request::post(format!("{url}/v1/completions"))
-        .header("content-type", "application/json");
-    if !key.is_empty() {
-        req = req.header("authorization", format!("Bearer {key}"));
-    }
-    let req = req.body(Full::new(Bytes::from(body.to_string())))?;
-    let sent = Instant::now();
-    let resp = http.request(req).await.context("connecting")?;
-    let status = resp.status();
-    let mut body = resp.into_body();
-    if status != hyper::StatusCode::OK {
-        let bytes = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        anyhow::bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
-    }
+    let (sent, mut body) = post_stream(http, &format!("{url}/v1/completions"), key, &body).await?;
     let (mut buf, mut first, mut tokens, mut done) = (Vec::new(), None, 0, false);
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.context("reading the stream")?.into_data() else {

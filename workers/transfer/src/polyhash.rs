@@ -154,7 +154,7 @@ impl Key {
     /// zero-padded tail and `last`, the hash; without `last`, `data` is
     /// whole chunks and the result is the running state after them.
     fn run(&self, start: [u8; 16], data: &[u8], last: Option<[u8; 16]>) -> [u8; 16] {
-        debug_assert!(last.is_some() || data.len() % CHUNK == 0);
+        debug_assert!(last.is_some() || data.len().is_multiple_of(CHUNK));
         #[cfg(target_arch = "x86_64")]
         if let Some(p) = &self.powers {
             // SAFETY (each arm): `width` was checked available on this CPU
