@@ -48,40 +48,51 @@ fn disaggregated_greedy_output_is_token_identical_to_colocated() {
 }
 
 /// The prefix cache on the disaggregated path: prefill copies a tenant's
-/// cached prompt pages instead of computing them (decode still lands every
-/// page), answers stay token-identical, and another tenant with the same
-/// prompt reuses nothing.
+/// cached prompt pages instead of computing them, and decode, which keeps
+/// what it served, finishes a prompt it holds all but a short suffix of
+/// itself, with no transfer at all; answers stay token-identical, and
+/// another tenant with the same prompt reuses nothing on either side.
 #[test]
 fn prefill_reuses_a_tenants_cached_prompt_and_no_other_tenants() {
     let p = prefill(&[]);
     let d = decode(&p.addr("transfer"), &[]);
-    let case = json!({"tokens": tokens(300), "max_tokens": 8, "ignore_eos": true});
-    let hits = || stats(&p.addr("http"))["pool"]["prefix_hit_tokens"].as_u64();
-    let run = |tenant: u64| {
-        let r = generate(&d.addr("http"), tenant, &case);
+    let prompt = tokens(400);
+    let case = |n: usize| json!({"tokens": &prompt[..n], "max_tokens": 8, "ignore_eos": true});
+    let hits = |addr: &str| stats(addr)["pool"]["prefix_hit_tokens"].as_u64();
+    let committed = || stats(&d.addr("http"))["transfer"]["committed"].as_u64();
+    let run = |tenant: u64, n: usize| {
+        let r = generate(&d.addr("http"), tenant, &case(n));
         assert_eq!(r.status, 200, "{}", r.body);
         // Published once the transfer is released.
         assert_baseline(&[&d.addr("http"), &p.addr("http")]);
         r.tokens().0
     };
-    let first = run(7);
-    assert_eq!(hits(), Some(0));
+    let first = run(7, 300);
+    assert_eq!((hits(&p.addr("http")), hits(&d.addr("http"))), (Some(0), Some(0)));
     assert!(stats(&p.addr("http"))["pool"]["cached_pages"].as_u64() > Some(0));
-    let other = run(8);
-    assert_eq!(hits(), Some(0), "another tenant reused a cached prompt");
-    let again = run(7);
-    // Every full page but the one holding the last prompt token.
-    assert_eq!(hits(), Some(299 / 16 * 16));
+    assert!(stats(&d.addr("http"))["pool"]["cached_pages"].as_u64() > Some(0));
+    let other = run(8, 300);
+    assert_eq!(
+        (hits(&p.addr("http")), hits(&d.addr("http"))),
+        (Some(0), Some(0)),
+        "another tenant reused a cached prompt"
+    );
+    assert_eq!(committed(), Some(2));
+    // The same prompt again: decode holds every full page but the one with
+    // the last prompt token, computes the 12 tokens left, and opens no
+    // transfer.
+    let again = run(7, 300);
+    assert_eq!(hits(&d.addr("http")), Some(299 / 16 * 16));
+    assert_eq!(committed(), Some(2), "a transfer for pages decode held");
     assert_eq!(again, first);
     assert_eq!(other, first);
+    // A longer continuation goes to prefill, which copies what it cached.
+    let longer = run(7, 400);
+    assert_eq!(hits(&p.addr("http")), Some(299 / 16 * 16));
+    assert_eq!(committed(), Some(3));
+    assert_eq!(longer.len(), 8);
     let s = stats(&d.addr("http"));
-    assert_eq!(
-        (
-            s["transfer"]["committed"].as_u64(),
-            s["transfer"]["failed"].as_u64()
-        ),
-        (Some(3), Some(0))
-    );
+    assert_eq!(s["transfer"]["failed"].as_u64(), Some(0));
 }
 
 #[test]

@@ -268,7 +268,7 @@ impl EngineCore {
     /// refuses it for good); gives it back when too few pages are free now.
     pub(super) fn join_new(&mut self, admitted: Admitted<Pending>) -> Option<Admitted<Pending>> {
         let allocated = self.allocate_for(&admitted);
-        let (table, cached) = match allocated {
+        let (table, cached, local) = match allocated {
             Ok(found) => found,
             // The tenant's turn: it waits for pages.
             Err(AllocError::Exhausted(_)) => return Some(admitted),
@@ -308,6 +308,10 @@ impl EngineCore {
             }) => {
                 let landing = match landing {
                     None => None,
+                    // This pool's cache holds all but a short suffix: the
+                    // prompt is finished here, and the grant's sender is
+                    // dropped, so decode opens no transfer at all.
+                    Some(_) if local => None,
                     Some((transfer, granted)) => {
                         let generations = table.generations().take(prompt_pages).collect();
                         let pages = self.pool.lend_landing(&table, transfer, self.home.as_ref());
@@ -362,19 +366,43 @@ impl EngineCore {
 
     /// Pages for an admitted request: a landing table for a transfer, a
     /// prefixed one where the cache holds part of the prompt, else fresh
-    /// ones; with the prompt tokens already computed.
+    /// ones; with the prompt tokens already computed, and whether a
+    /// request that was to land its prompt finishes it here instead (this
+    /// pool's cache holds all of it but at most [`LOCAL_SUFFIX_PAGES`]
+    /// pages, so a transfer round trip would cost more than the suffix).
     pub(super) fn allocate_for(
         &mut self,
         admitted: &Admitted<Pending>,
-    ) -> Result<(PageTable, usize), AllocError> {
+    ) -> Result<(PageTable, usize, bool), AllocError> {
         match admitted.payload() {
+            Pending::Generate(PendingRequest {
+                landing: Some((transfer, _)),
+                request: GenerateRequest {
+                    cache: Some(scope),
+                    prompt,
+                    ..
+                },
+                ..
+            }) if self.prefix_cache => {
+                let held = self.pool.cached_prefix_tokens(*scope, prompt);
+                let suffix_most = LOCAL_SUFFIX_PAGES * self.pool.geometry().page_size;
+                if held > 0 && prompt.len() - held <= suffix_most {
+                    return self
+                        .pool
+                        .allocate_prefixed(admitted, *scope, prompt)
+                        .map(|(t, hit)| (t, hit.tokens, true));
+                }
+                self.pool
+                    .allocate_receiving_in(admitted, *transfer, *scope)
+                    .map(|t| (t, 0, false))
+            }
             Pending::Generate(PendingRequest {
                 landing: Some((transfer, _)),
                 ..
             }) => self
                 .pool
                 .allocate_receiving(admitted, *transfer)
-                .map(|t| (t, 0)),
+                .map(|t| (t, 0, false)),
             // Prefix reuse: only a sequence that computes its own prompt
             // here (a landing or prefill table's pages are lent whole).
             Pending::Generate(PendingRequest {
@@ -389,7 +417,7 @@ impl EngineCore {
             }) if self.prefix_cache => self
                 .pool
                 .allocate_prefixed(admitted, *scope, prompt)
-                .map(|(t, hit)| (t, hit.tokens)),
+                .map(|(t, hit)| (t, hit.tokens, false)),
             // A prefill worker lends its pages whole: the cached part of
             // the prompt is copied into pages of its own, not computed.
             Pending::Prefill(PendingPrefill {
@@ -399,8 +427,8 @@ impl EngineCore {
             }) if self.prefix_cache => self
                 .pool
                 .allocate_prefixed_copy(admitted, *scope, prompt)
-                .map(|(t, hit)| (t, hit.tokens)),
-            _ => self.pool.allocate(admitted).map(|t| (t, 0)),
+                .map(|(t, hit)| (t, hit.tokens, false)),
+            _ => self.pool.allocate(admitted).map(|t| (t, 0, false)),
         }
     }
 
@@ -425,3 +453,7 @@ impl EngineCore {
         }
     }
 }
+
+/// A request that was to land its prompt finishes it on this pool instead
+/// when the pool's cache holds all but at most this many pages of it.
+const LOCAL_SUFFIX_PAGES: usize = 2;

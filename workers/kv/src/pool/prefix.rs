@@ -133,6 +133,30 @@ impl KvPool {
     /// cache holds never changes when a request starts (and so never shows
     /// in another tenant's wait). At least the prompt's last token is left
     /// to compute, since its logits are needed.
+    /// Prompt tokens of `prompt` this pool's cache holds for `scope` now,
+    /// in whole pages, at most all but its last token (what an allocation
+    /// with the scope would reuse). Pins nothing.
+    pub fn cached_prefix_tokens(&mut self, scope: CacheScope, prompt: &[u32]) -> usize {
+        let ps = self.geometry.page_size;
+        let most = prompt.len().saturating_sub(1) / ps;
+        self.lookup(scope, prompt, most).len() * ps
+    }
+
+    /// [`KvPool::allocate_receiving`] for a request with a cache scope: once
+    /// the sequence ends, its landed pages are published under `scope` as
+    /// if it had computed them here (the transfer's tags proved they are
+    /// what prefill computed for this request).
+    pub fn allocate_receiving_in<T>(
+        &mut self,
+        admitted: &Admitted<T>,
+        transfer: crate::ids::TransferId,
+        scope: CacheScope,
+    ) -> Result<PageTable, AllocError> {
+        let mut table = self.allocate_receiving(admitted, transfer)?;
+        table.scope = Some(scope);
+        Ok(table)
+    }
+
     fn pinned_hits<T>(
         &mut self,
         admitted: &Admitted<T>,
