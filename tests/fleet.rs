@@ -57,11 +57,18 @@ fn a_decode_worker_spreads_over_its_prefill_workers_and_survives_losing_one() {
             let stop = std::sync::Arc::clone(&stop);
             std::thread::spawn(move || {
                 let mut out = Vec::new();
+                let mut k = 0u32;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // A new first token each time: no prompt is one the
+                    // decode worker already holds (it would finish that
+                    // itself, with no transfer).
+                    let mut prompt = tokens(60);
+                    prompt[0] = 1000 + k;
+                    k += 1;
                     out.push(generate(
                         &a,
                         20 + i,
-                        &json!({"tokens": tokens(60), "max_tokens": 4}),
+                        &json!({"tokens": prompt, "max_tokens": 4}),
                     ));
                 }
                 out
@@ -147,7 +154,8 @@ fn a_decode_worker_spreads_over_its_prefill_workers_and_survives_losing_one() {
 
 /// With several prefill workers, a tenant's prompts keep meeting the one
 /// that cached them (ties in load go by the tenant's own namespace), so
-/// its second and third identical prompts reuse the cached pages there.
+/// its second and third prompts, each continuing the one before by more
+/// than the decode worker finishes itself, reuse the cached pages there.
 #[test]
 fn a_tenants_prompts_return_to_the_prefill_worker_that_cached_them() {
     let a = prefill(&[]);
@@ -155,18 +163,21 @@ fn a_tenants_prompts_return_to_the_prefill_worker_that_cached_them() {
     let d = decode_fleet(&[&a.addr("transfer"), &b.addr("transfer")], &[]);
     let daddr = d.addr("http");
     assert_eq!(linked(&wait_stats(&daddr, |s| linked(s) == 2)), 2);
-    let case = json!({"tokens": tokens(200), "max_tokens": 4, "ignore_eos": true});
+    let prompt = tokens(320);
     let hits = |w: &support::Worker| stats(&w.addr("http"))["pool"]["prefix_hit_tokens"].as_u64();
-    for _ in 0..3 {
+    for n in [200, 260, 320] {
+        let case = json!({"tokens": &prompt[..n], "max_tokens": 4, "ignore_eos": true});
         let r = generate(&daddr, 21, &case);
         assert_eq!(r.status, 200, "{}", r.body);
         assert_baseline(&[&daddr, &a.addr("http"), &b.addr("http")]);
     }
     let (ha, hb) = (hits(&a).unwrap_or(0), hits(&b).unwrap_or(0));
-    // Two reuses of every full page but the last prompt token's, on one worker.
+    // Each reuses every full page of the prompt before it, on one worker.
     assert_eq!(
         (ha.max(hb), ha.min(hb)),
-        (2 * (199 / 16 * 16), 0),
+        (199 / 16 * 16 + 259 / 16 * 16, 0),
         "{ha} {hb}"
     );
+    // The decode worker finished none of them itself.
+    assert_eq!(stats(&daddr)["transfer"]["committed"].as_u64(), Some(3));
 }
