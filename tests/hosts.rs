@@ -171,10 +171,14 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Durat
 /// `[DONE]`, `Ok(false)` ended cleanly with an error (an error event and no
 /// `[DONE]`, or an error status with an error body); `Err` anything else.
 fn chat(net: &Net, gateway: &str, tenant: &str, n: usize) -> Result<bool, String> {
-    let body =
-        json!({"model": SLUG, "messages": [{"role": "user", "content": format!("Say {n}.")}],
+    // New past the default system prompt by more than a decode worker
+    // finishes itself (so every request reaches a prefill host), and under
+    // four pages in all (about 60 tokens, so a decode host sends them to its
+    // prefill hosts in turn, not by the tenant's namespace).
+    let more = "Then name three rivers and three mountains, one per line. ".repeat(2);
+    let body = json!({"model": SLUG, "messages": [{"role": "user", "content": format!("Say {n}. {more}")}],
         "max_tokens": 12, "temperature": 0, "stream": true})
-        .to_string();
+    .to_string();
     let url = format!("http://{}:8787", addr(gateway));
     match call(net, "POST", &url, "/v1/chat/completions", tenant, &body) {
         Ok((200, b)) if b.contains("data: [DONE]") && !b.contains("\"error\"") => Ok(true),
@@ -432,10 +436,13 @@ fn a_fleet_across_hosts_loses_a_host_at_a_time_and_flips_on_every_gateway() {
         let (host, port, key) = survivor;
         let served = || stats(host, port)["transfer"][key].as_u64().unwrap_or(0);
         let before = served();
+        // Prompts not sent before (one the decode worker held would be
+        // finished there, not counted by the prefill host).
+        let fresh = if host == "d2" { 100 } else { 200 };
         for n in 0..4 {
             let gw = if n % 2 == 0 { "g1" } else { "g2" };
             assert_eq!(
-                chat(&net, gw, &tenant, n),
+                chat(&net, gw, &tenant, fresh + n),
                 Ok(true),
                 "after {name} was cut off"
             );

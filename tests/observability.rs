@@ -778,18 +778,25 @@ fn every_metric_the_dashboards_query_is_exposed_by_a_component_after_a_workload(
 
     // A workload that touches every path: plain and streamed answers in
     // both APIs, an over-long prompt refused at the worker's door, and a
-    // responder's flip private and back.
-    let (s, _, b) = run(&p, &json!({"prompt": "Say hi.", "max_tokens": 4}));
+    // responder's flip private and back. Each prompt is new past the
+    // default system prompt by more than a decode worker finishes itself
+    // (it would hold the system prompt's pages after the first), so each
+    // takes a transfer.
+    let more = "Then name three rivers and three mountains, one per line. ".repeat(4);
+    let (s, _, b) = run(
+        &p,
+        &json!({"prompt": format!("Say hi. {more}"), "max_tokens": 4}),
+    );
     assert_eq!(s, 200, "{b}");
     let (s, _, b) = run(
         &p,
-        &json!({"prompt": "Count to ten.", "max_tokens": 8, "stream": true}),
+        &json!({"prompt": format!("Count to ten. {more}"), "max_tokens": 8, "stream": true}),
     );
     assert_eq!(s, 200, "{b}");
     let (s, _, b) = openai(
         &p,
         "/v1/chat/completions",
-        &json!({"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}),
+        &json!({"model": MODEL, "messages": [{"role": "user", "content": format!("Hello. {more}")}], "max_tokens": 4}),
     );
     assert_eq!(s, 200, "{b}");
     let long = "word ".repeat(600);
