@@ -68,7 +68,10 @@ fn prefill_reuses_a_tenants_cached_prompt_and_no_other_tenants() {
         r.tokens().0
     };
     let first = run(7, 300);
-    assert_eq!((hits(&p.addr("http")), hits(&d.addr("http"))), (Some(0), Some(0)));
+    assert_eq!(
+        (hits(&p.addr("http")), hits(&d.addr("http"))),
+        (Some(0), Some(0))
+    );
     assert!(stats(&p.addr("http"))["pool"]["cached_pages"].as_u64() > Some(0));
     assert!(stats(&d.addr("http"))["pool"]["cached_pages"].as_u64() > Some(0));
     let other = run(8, 300);

@@ -377,11 +377,12 @@ impl EngineCore {
         match admitted.payload() {
             Pending::Generate(PendingRequest {
                 landing: Some((transfer, _)),
-                request: GenerateRequest {
-                    cache: Some(scope),
-                    prompt,
-                    ..
-                },
+                request:
+                    GenerateRequest {
+                        cache: Some(scope),
+                        prompt,
+                        ..
+                    },
                 ..
             }) if self.prefix_cache => {
                 let held = self.pool.cached_prefix_tokens(*scope, prompt);
