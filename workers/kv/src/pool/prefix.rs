@@ -467,6 +467,46 @@ mod tests {
         (pool, table, prompt)
     }
 
+    /// Lands `table`'s pages for transfer `t` (zeros) and commits them.
+    fn land(pool: &mut KvPool, table: &PageTable, t: crate::ids::TransferId) {
+        let mut lent = pool.lend_landing(table, t, None);
+        for page in &mut lent {
+            let n = bytes::BufMut::remaining_mut(page);
+            bytes::BufMut::put_slice(page, &vec![0u8; n]);
+        }
+        for page in lent {
+            pool.restore(page);
+        }
+        assert!(pool.commit_received(table, t));
+    }
+
+    #[test]
+    fn a_landed_table_in_a_scope_publishes_there_and_the_peek_pins_nothing() {
+        let mut pool = KvPool::new(GEO, 8, false);
+        let prompt = [1, 2, 3, 4, 5];
+        assert_eq!(pool.cached_prefix_tokens(scope(1), &prompt), 0);
+        // Landed from a transfer, with the request's scope.
+        let t = crate::ids::TransferId::new(9);
+        let a = limits(&pool).admit(tenant(1), 5, 1, ()).unwrap();
+        let table = pool.allocate_receiving_in(&a, t, scope(1)).unwrap();
+        land(&mut pool, &table, t);
+        pool.publish_prefix(&table, &prompt, prompt.len());
+        pool.release(table);
+        // Its two full pages are cached in its scope, in no other.
+        assert_eq!(pool.cached_prefix_tokens(scope(1), &prompt), 4);
+        assert_eq!(pool.cached_prefix_tokens(scope(2), &prompt), 0);
+        // Peeking pinned nothing: every cached page is still evictable.
+        assert_eq!(pool.evictable(), pool.cached_pages());
+        // A landing table without a scope publishes nothing.
+        let mut other = KvPool::new(GEO, 8, false);
+        let a = limits(&other).admit(tenant(1), 5, 1, ()).unwrap();
+        let table = other.allocate_receiving(&a, t).unwrap();
+        land(&mut other, &table, t);
+        other.publish_prefix(&table, &prompt, prompt.len());
+        other.release(table);
+        assert_eq!(other.cached_pages(), 0);
+    }
+
     fn first(pool: &KvPool, table: &PageTable, index: usize) -> f32 {
         match pool.reader().page(table, index, 0).unwrap().keys(0) {
             crate::KvData::F32(k) => k[0],
