@@ -79,10 +79,16 @@ pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
     ))?;
     let long_tokens = window * 4 / 5;
     let text = |p: &Prompts, i: usize, n: usize| model.tokenizer().decode(&p.get(i, n), false);
-    let short = Prompts::new(&model, args.short_tokens, args.samples.max(1))?;
-    let short: Vec<String> = (0..args.samples.max(1))
+    // A's prompts: one to warm up, then a set for each phase, none sent
+    // twice (a prompt sent before would be found in a worker's prefix
+    // cache, which the other phase's would not).
+    let n = args.samples.max(1);
+    let short = Prompts::new(&model, args.short_tokens, 2 * n + 1)?;
+    let short: Vec<String> = (0..2 * n + 1)
         .map(|i| text(&short, i, args.short_tokens))
         .collect();
+    let (alone_prompts, flooded_prompts, warm_up) =
+        (&short[..n], &short[n..2 * n], &short[2 * n..]);
     let long = Prompts::new(&model, long_tokens, 8)?;
     let long: Vec<String> = (0..8).map(|i| text(&long, i, long_tokens)).collect();
     let mut connector = HttpConnector::new();
@@ -93,8 +99,8 @@ pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
     };
     let report = rt.block_on(async {
         // Warm-up, then A alone.
-        ttft_of_a(&gw, &a, &short[..1]).await?;
-        let alone = ttft_of_a(&gw, &a, &short).await?;
+        ttft_of_a(&gw, &a, warm_up).await?;
+        let alone = ttft_of_a(&gw, &a, alone_prompts).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut flood = JoinSet::new();
         for i in 0..args.long_streams {
@@ -117,7 +123,7 @@ pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
             .clamp(1, max_output);
         for i in 0..args.reserve_streams {
             let (gw, b, stop) = (gw.clone(), b.clone(), Arc::clone(&stop));
-            let prompt = short[i % short.len()].clone();
+            let prompt = alone_prompts[i % alone_prompts.len()].clone();
             flood.spawn(async move {
                 let mut ends = Ends::new();
                 while !stop.load(Ordering::Relaxed) {
@@ -128,7 +134,7 @@ pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
             });
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let flooded = ttft_of_a(&gw, &a, &short).await?;
+        let flooded = ttft_of_a(&gw, &a, flooded_prompts).await?;
         stop.store(true, Ordering::Relaxed);
         let mut ends = Ends::new();
         while let Some(e) = flood.join_next().await {
