@@ -246,22 +246,26 @@ impl DecodeWorker {
         );
         let events = link.events.clone();
         tokio::spawn(async move {
-            // No grant means the request ended before its pages existed.
-            if let Ok(grant) = grant.await {
-                let opening = Opening {
-                    transfer,
-                    tenant,
-                    prompt,
-                    max_tokens,
-                    cache,
-                    context,
-                    grant,
-                    span,
-                    load,
-                    progress,
-                };
-                let _ = events.send(LinkEvent::Open(opening));
-            }
+            // No grant means no transfer: the request ended before its
+            // pages existed, or the engine finished the prompt from this
+            // worker's own cache.
+            let Ok(grant) = grant.await else {
+                span.record("bulkhead.transfer.outcome", "not_opened");
+                return;
+            };
+            let opening = Opening {
+                transfer,
+                tenant,
+                prompt,
+                max_tokens,
+                cache,
+                context,
+                grant,
+                span,
+                load,
+                progress,
+            };
+            let _ = events.send(LinkEvent::Open(opening));
         });
         Ok(handle)
     }

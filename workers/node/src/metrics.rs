@@ -8,7 +8,8 @@
 //! The worker's spans, made where the work happens: `POST /v1/generate`
 //! (server), `generate`, `kv.transfer` (decode, from submission to commit,
 //! rejection, abort, timeout or connection loss, recorded in
-//! `bulkhead.transfer.outcome`), `prefill`, `prefill.compute` and
+//! `bulkhead.transfer.outcome`; `not_opened` when the engine finished the
+//! prompt from decode's own cache), `prefill`, `prefill.compute` and
 //! `kv.transfer.send` (prefill, from admission to release or abort).
 
 use bulkhead_kv::AdmissionError;
