@@ -113,6 +113,19 @@ struct Endpoint {
     target: String,
 }
 
+impl Endpoint {
+    /// The server at base URL `url`, called with bearer `key` (none: no
+    /// header) and model name `model`; named by its URL.
+    fn at(url: &str, key: Option<&str>, model: &str) -> Endpoint {
+        Endpoint {
+            url: url.trim_end_matches('/').to_owned(),
+            key: key.unwrap_or_default().to_owned(),
+            model: model.to_owned(),
+            target: url.to_owned(),
+        }
+    }
+}
+
 pub(crate) fn run(args: &ServingBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.concurrency >= 1 && args.requests >= 1 && args.max_tokens >= 1 && args.rounds >= 1,
@@ -123,12 +136,7 @@ pub(crate) fn run(args: &ServingBenchArgs) -> anyhow::Result<()> {
         None => Some(Platform::start(args)?),
     };
     let ours = match (&args.url, &started) {
-        (Some(u), _) => Endpoint {
-            url: u.trim_end_matches('/').to_owned(),
-            key: args.api_key.clone().unwrap_or_default(),
-            model: args.model.clone(),
-            target: u.clone(),
-        },
+        (Some(u), _) => Endpoint::at(u, args.api_key.as_deref(), &args.model),
         (None, Some(p)) => Endpoint {
             url: p.gateway.clone(),
             key: p.token.clone(),
@@ -151,15 +159,11 @@ pub(crate) fn run(args: &ServingBenchArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    let theirs = Endpoint {
-        url: other.trim_end_matches('/').to_owned(),
-        key: args.against_api_key.clone().unwrap_or_default(),
-        model: args
-            .against_model
-            .clone()
-            .unwrap_or_else(|| args.model.clone()),
-        target: other.clone(),
-    };
+    let theirs = Endpoint::at(
+        other,
+        args.against_api_key.as_deref(),
+        args.against_model.as_deref().unwrap_or(&args.model),
+    );
     let report = rt.block_on(alternate(args, &ours, &theirs))?;
     drop(started);
     if args.json {

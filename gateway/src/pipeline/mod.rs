@@ -341,21 +341,17 @@ async fn call(
     // reason another worker may not share, is skipped and the next tried.
     let workers = ctx.snap.table.workers(&model.slug);
     // The conversation's key, within the tenant's own namespace.
-    let affinity = state
-        .affinity
-        .then(|| {
-            AffinityKey::of(
-                crate::affinity::Namespace {
-                    account: &ctx.principal.account_id,
-                    tenant: ctx.principal.tenant,
-                    model: model.slug.as_str(),
-                    config_version: model.config_version,
-                },
-                ctx.session.as_deref(),
-                body,
-            )
-        })
-        .flatten();
+    let namespace = crate::affinity::Namespace {
+        account: &ctx.principal.account_id,
+        tenant: ctx.principal.tenant,
+        model: model.slug.as_str(),
+        config_version: model.config_version,
+    };
+    let affinity = if state.affinity {
+        AffinityKey::of(namespace, ctx.session.as_deref(), body)
+    } else {
+        None
+    };
     let mut tried = Vec::new();
     let mut last: Option<UpstreamError> = None;
     let (first, rest, lease) = loop {

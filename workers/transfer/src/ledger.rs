@@ -528,28 +528,32 @@ mod tests {
         assert_eq!(l.counters().tag_mismatches, 2);
     }
 
+    /// A ledger with transfer 1 open, and the tag of frame `h`'s payload
+    /// hashed from `fed`, a byte at a time, as if it landed so.
+    fn landed(h: &PageHeader, fed: &[u8]) -> (Ledger, LandedTag) {
+        let mut l = Ledger::new(Checksums::On);
+        open(&mut l, 1);
+        let mut t = l.page_tagger(h).expect("a live tagged transfer");
+        for b in fed.chunks(1) {
+            t.update(b);
+        }
+        let tag = t.finish();
+        (l, tag)
+    }
+
     #[test]
     fn a_tag_hashed_as_the_bytes_landed_is_checked_like_any_other() {
         let b = vec![5u8; 4];
         let h = header(1, 0, 10, &b);
-        // Hashed in two pieces as they landed: accepted.
-        let mut l = Ledger::new(Checksums::On);
-        open(&mut l, 1);
-        let mut t = l.page_tagger(&h).expect("a live tagged transfer");
-        t.update(&b[..1]);
-        t.update(&b[1..]);
-        let landed = t.finish();
+        // Hashed in pieces as they landed: accepted.
+        let (mut l, tag) = landed(&h, &b);
         assert!(matches!(
-            l.on_landed_page(&h, &b, Some(landed)),
+            l.on_landed_page(&h, &b, Some(tag)),
             PageVerdict::Write { slot: 0, .. }
         ));
         // A landed tag over other bytes than the frame's fails it, as a
         // wrong payload would: the landing code cannot vouch for bytes.
-        let mut l = Ledger::new(Checksums::On);
-        open(&mut l, 1);
-        let mut t = l.page_tagger(&h).expect("a live tagged transfer");
-        t.update(&[6u8; 4]);
-        let other = t.finish();
+        let (mut l, other) = landed(&h, &[6u8; 4]);
         assert_eq!(
             l.on_landed_page(&h, &b, Some(other)),
             PageVerdict::Fail(TransferId::new(1), Fault::Tag)
@@ -557,15 +561,19 @@ mod tests {
         assert_eq!(l.counters().tag_mismatches, 1);
         // One that covers fewer bytes than the frame is not used: the
         // payload is hashed again, and a right payload passes.
-        let mut l = Ledger::new(Checksums::On);
-        open(&mut l, 1);
-        let mut t = l.page_tagger(&h).expect("a live tagged transfer");
-        t.update(&b[..3]);
-        let short = t.finish();
+        let (mut l, short) = landed(&h, &b[..3]);
         assert!(matches!(
             l.on_landed_page(&h, &b, Some(short)),
             PageVerdict::Write { slot: 0, .. }
         ));
+        // Nor one made for another slot, or another generation.
+        for (slot, g) in [(1, 10), (0, 11)] {
+            let (mut l, elsewhere) = landed(&header(1, slot, g, &b), &b);
+            assert!(matches!(
+                l.on_landed_page(&h, &b, Some(elsewhere)),
+                PageVerdict::Write { slot: 0, .. }
+            ));
+        }
         // No tagger where frames carry no tags.
         let mut l = Ledger::new(Checksums::CrcOnlyForBenchmark);
         open(&mut l, 1);

@@ -145,7 +145,7 @@ impl Key {
         Stream {
             key: self,
             state: [0; 16],
-            held: Box::new([0; CHUNK]),
+            held: [0; CHUNK],
             held_len: 0,
         }
     }
@@ -184,7 +184,7 @@ impl Key {
 pub(crate) struct Stream<'k> {
     key: &'k Key,
     state: [u8; 16],
-    held: Box<[u8; CHUNK]>,
+    held: [u8; CHUNK],
     held_len: usize,
 }
 

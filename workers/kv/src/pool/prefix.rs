@@ -127,19 +127,18 @@ impl KvPool {
         Ok((table, self.count_hit(hits.len())))
     }
 
-    /// The cached blocks `prompt` starts with in `scope`, each referenced
-    /// (pinned, so no allocation evicts it), once the whole reservation
-    /// would fit: a request starts when it would on a miss, so what the
-    /// cache holds never changes when a request starts (and so never shows
-    /// in another tenant's wait). At least the prompt's last token is left
-    /// to compute, since its logits are needed.
     /// Prompt tokens of `prompt` this pool's cache holds for `scope` now,
     /// in whole pages, at most all but its last token (what an allocation
     /// with the scope would reuse). Pins nothing.
     pub fn cached_prefix_tokens(&mut self, scope: CacheScope, prompt: &[u32]) -> usize {
-        let ps = self.geometry.page_size;
-        let most = prompt.len().saturating_sub(1) / ps;
-        self.lookup(scope, prompt, most).len() * ps
+        let most = self.reusable_blocks(prompt);
+        self.lookup(scope, prompt, most).len() * self.geometry.page_size
+    }
+
+    /// The most whole blocks of `prompt` a cache hit may cover: at least
+    /// its last token is left to compute, since its logits are needed.
+    fn reusable_blocks(&self, prompt: &[u32]) -> usize {
+        prompt.len().saturating_sub(1) / self.geometry.page_size
     }
 
     /// [`KvPool::allocate_receiving`] for a request with a cache scope: once
@@ -157,6 +156,12 @@ impl KvPool {
         Ok(table)
     }
 
+    /// The cached blocks `prompt` starts with in `scope`, each referenced
+    /// (pinned, so no allocation evicts it), once the whole reservation
+    /// would fit: a request starts when it would on a miss, so what the
+    /// cache holds never changes when a request starts (and so never shows
+    /// in another tenant's wait). At least the prompt's last token is left
+    /// to compute, since its logits are needed.
     fn pinned_hits<T>(
         &mut self,
         admitted: &Admitted<T>,
@@ -170,7 +175,7 @@ impl KvPool {
             }
             .into());
         }
-        let most = prompt.len().saturating_sub(1) / self.geometry.page_size;
+        let most = self.reusable_blocks(prompt);
         let hits = self.lookup(scope, prompt, most.min(admitted.reserve()));
         for (page, _) in &hits {
             if let Some(e) = self.prefix.entries.get_mut(page) {
