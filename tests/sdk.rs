@@ -2,10 +2,13 @@
 //! it: `tests/sdk/openai_client.py` runs the `openai` package against a
 //! real `bulkhead up` (JSON schema and JSON mode, logprobs, `n`, streaming
 //! with usage, rate-limit headers, the context-length error's wording,
-//! refusals by name, the models list, `stop`), `tests/sdk/litellm_client.py`
-//! runs LiteLLM (its context-window error class, refusals, an answer) and
+//! refusals by name, the models list, `stop`), `tests/sdk/openai_tools.py`
+//! its tool calls (required, named, streamed, a follow-up),
+//! `tests/sdk/cloudflare_client.py` the cloudflare SDK's `ai.run` (with
+//! tools in both shapes), `tests/sdk/litellm_client.py` runs LiteLLM (its
+//! context-window error class, a tool call, refusals, an answer) and
 //! `tests/sdk/langchain_client.py` LangChain's `ChatOpenAI` (usage, JSON
-//! mode, `stop`, a tool binding refused, the context-length error).
+//! mode, `stop`, `bind_tools` giving `tool_calls`, the context-length error).
 //!
 //! The SDK is installed into a virtual environment under `target/`; where
 //! PyPI cannot be reached the test says so and passes, except in CI
@@ -16,8 +19,9 @@ mod support;
 use std::process::Command;
 use support::python;
 
-/// The pinned SDK: a major version users run today.
+/// The pinned SDKs: major versions users run today.
 const OPENAI: &str = "openai>=1.50,<3";
+const CLOUDFLARE: &str = "cloudflare>=4,<5";
 
 /// Runs each of `scripts` (in `tests/sdk/`) with `python` against one fresh
 /// `bulkhead up`; returns what each printed.
@@ -45,6 +49,8 @@ fn against_up(
         let mut cmd = Command::new(python);
         cmd.arg(python::script("sdk", script))
             .env("BULKHEAD_BASE_URL", format!("{gw}/v1"))
+            .env("BULKHEAD_GATEWAY_URL", gw)
+            .env("BULKHEAD_ACCOUNT_ID", &creds.accounts[0].id)
             .env("BULKHEAD_TOKEN", token)
             .env("BULKHEAD_MODEL", &creds.model)
             .env("BULKHEAD_SPENT_TOKEN", &spent.token)
@@ -57,15 +63,33 @@ fn against_up(
     seen
 }
 
+/// The openai SDK (`openai_client.py`; tool calls in `openai_tools.py`)
+/// and the cloudflare SDK's `ai.run` (`cloudflare_client.py`), against one
+/// `bulkhead up`.
 #[test]
-fn the_openai_python_sdk_gets_what_it_asks_for() {
-    let Some(python) = python::venv("sdk-venv", &[OPENAI]) else {
+fn the_openai_and_cloudflare_python_sdks_get_what_they_ask_for() {
+    let Some(python) = python::venv("sdk-venv", &[OPENAI, CLOUDFLARE]) else {
         return;
     };
-    let seen = against_up(&python, &["openai_client.py"], &[]).remove(0);
+    let scripts = [
+        "openai_client.py",
+        "openai_tools.py",
+        "cloudflare_client.py",
+    ];
+    let [seen, tools, cf] = <[_; 3]>::try_from(against_up(&python, &scripts, &[])).expect("three");
     assert_eq!(seen["n"], 3);
     assert_eq!(seen["over_budget_attempts"], 1, "not retried: {seen}");
     assert!(seen["json_schema"]["age"].is_i64(), "{seen}");
+    // Tool calls: required and named calls' arguments match the schema
+    // (the script checks them), streamed ones assemble, follow-ups answer.
+    assert!(tools["named"][0]["city"].is_string(), "{tools}");
+    assert!(tools["streamed"]["city"].is_string(), "{tools}");
+    assert_eq!(tools["raw_stream_calls"], 1, "{tools}");
+    assert!(tools["follow_up"].is_string(), "{tools}");
+    assert_eq!(tools["refused"], "tools");
+    for shape in ["flat", "openai"] {
+        assert!(cf[shape]["city"].is_string(), "{cf}");
+    }
 }
 
 /// LiteLLM and LangChain's OpenAI integration, pinned to the major
@@ -87,8 +111,13 @@ fn litellm_and_langchain_recognise_the_context_window_error_and_refusals() {
         litellm["context_window_error"],
         "ContextWindowExceededError"
     );
-    assert_eq!(litellm["tools_refused"], true);
-    assert_eq!(langchain["tools_refused"], "tools");
+    assert!(litellm["tool_call"]["city"].is_string(), "{litellm}");
+    assert_eq!(litellm["refused"], true);
+    assert_eq!(langchain["tool_call"]["name"], "get_weather");
+    assert!(
+        langchain["tool_call"]["args"]["city"].is_string(),
+        "{langchain}"
+    );
     assert_eq!(langchain["context_error"], "context_length_exceeded");
     assert!(langchain["json_mode"].is_object(), "{langchain}");
 }

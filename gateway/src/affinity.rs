@@ -135,6 +135,8 @@ mod tests {
                 .map(|(role, content)| Message {
                     role: (*role).to_owned(),
                     content: (*content).to_owned(),
+                    tool_calls: Vec::new(),
+                    tool_call_id: None,
                 })
                 .collect(),
         );

@@ -40,6 +40,7 @@ mod pipeline;
 mod serve;
 mod state;
 mod table;
+mod tools;
 mod upstream;
 mod watch;
 mod workers_ai;

@@ -61,6 +61,9 @@ struct Common {
 #[derive(Debug, Deserialize)]
 struct ChatBody {
     messages: Option<Vec<ChatMessage>>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<Value>,
     #[serde(flatten)]
     common: Common,
 }
@@ -69,6 +72,10 @@ struct ChatBody {
 struct ChatMessage {
     role: String,
     content: Option<Value>,
+    /// An assistant message's calls.
+    tool_calls: Option<Value>,
+    /// A `tool` message: the call it answers.
+    tool_call_id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -343,6 +350,30 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
     };
     req.common.apply(&mut worker, default_max(model))?;
     worker.logprobs = req.common.chat_logprobs()?;
+    worker.tools = crate::tools::offer(
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls.as_ref(),
+    )?;
+    // Calls are read out of the answer's text: they are not tokens of
+    // content with log-probabilities, nor a value of a response format.
+    if worker.tools.is_some() {
+        for (param, set) in [
+            ("logprobs", worker.logprobs.is_some()),
+            ("response_format", worker.response_format.is_some()),
+        ] {
+            if set {
+                return Err(GatewayError::UnsupportedValue {
+                    param: param.to_owned(),
+                    detail: "not served together with tools".to_owned(),
+                });
+            }
+        }
+    }
+    let calls = worker
+        .tools
+        .as_ref()
+        .is_some_and(|t| t.choice != bulkhead_worker_api::ToolChoice::None);
     let n = req.common.n()?;
     let id = request_id("chatcmpl");
     let created = now_secs();
@@ -356,6 +387,7 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
             with_logprobs: req.common.chat_logprobs()?.is_some(),
             include_usage: req.common.include_usage(),
             first: true,
+            calls: calls.then(|| (bulkhead_grammar::tools::Splitter::new(), 0)),
         };
         return Ok(pipeline::sse(g, move |ev| chunks.render(ev)));
     }
@@ -365,11 +397,12 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
         .iter()
         .enumerate()
         .map(|(i, c)| {
+            let (message, finish_reason) = chat_answer(c, calls);
             json!({
                 "index": i,
-                "message": {"role": "assistant", "content": c.text, "refusal": null},
+                "message": message,
                 "logprobs": if with_logprobs { logprobs_json(&c.logprobs) } else { Value::Null },
-                "finish_reason": c.finish_reason
+                "finish_reason": finish_reason
             })
         })
         .collect();
@@ -382,6 +415,39 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
         "usage": pipeline::usage_json(usage_of(&done))
     }))
     .into_response())
+}
+
+/// A chat answer's message and finish reason: with calls possible, the
+/// calls its text makes are `tool_calls` (and a stop to make them is
+/// `tool_calls`); the rest of the text is content.
+fn chat_answer(c: &pipeline::Collected, calls: bool) -> (Value, Value) {
+    if calls {
+        let (text, made) = bulkhead_grammar::tools::split(&c.text);
+        if !made.is_empty() {
+            let list: Vec<Value> = made
+                .iter()
+                .map(|call| crate::tools::openai_call(&crate::tools::call_id(), call))
+                .collect();
+            let finish = if c.finish_reason == "stop" {
+                "tool_calls"
+            } else {
+                c.finish_reason.as_str()
+            };
+            let content = if text.is_empty() {
+                Value::Null
+            } else {
+                Value::String(text)
+            };
+            return (
+                json!({"role": "assistant", "content": content, "refusal": null, "tool_calls": list}),
+                json!(finish),
+            );
+        }
+    }
+    (
+        json!({"role": "assistant", "content": c.text, "refusal": null}),
+        json!(c.finish_reason),
+    )
 }
 
 /// The worker's messages of a chat request (`developer` is `system`).
@@ -398,9 +464,21 @@ fn chat_messages(messages: &[ChatMessage]) -> Result<Vec<Message>, GatewayError>
                     ));
                 }
             };
+            let tool_calls = match &m.tool_calls {
+                None | Some(Value::Null) => Vec::new(),
+                Some(_) if role != "assistant" => {
+                    return Err(bad("only assistant messages have tool_calls"));
+                }
+                Some(v) => crate::tools::history_calls(v)?,
+            };
+            if role == "tool" && m.tool_call_id.is_none() {
+                return Err(bad("a tool message needs the tool_call_id it answers"));
+            }
             Ok(Message {
                 role: role.to_owned(),
                 content: text_of(&m.content)?,
+                tool_calls,
+                tool_call_id: m.tool_call_id.clone(),
             })
         })
         .collect()
@@ -418,9 +496,33 @@ struct ChatChunks {
     with_logprobs: bool,
     include_usage: bool,
     first: bool,
+    /// With calls possible: the text's splitter and the calls sent so far.
+    calls: Option<(bulkhead_grammar::tools::Splitter, usize)>,
 }
 
 impl ChatChunks {
+    /// Chunks of content and calls: each call whole, in one delta with its
+    /// index, id, name and arguments (the openai SDK assembles fragments,
+    /// and a single one is a fragment).
+    fn pieces(&mut self, pieces: Vec<bulkhead_grammar::tools::Piece>, out: &mut Vec<String>) {
+        use bulkhead_grammar::tools::Piece;
+        for p in pieces {
+            let delta = match p {
+                Piece::Text(t) => json!({"content": t}),
+                Piece::Call(call) => {
+                    let index = self.calls.as_ref().map_or(0, |(_, n)| *n);
+                    if let Some((_, n)) = &mut self.calls {
+                        *n += 1;
+                    }
+                    let mut c = crate::tools::openai_call(&crate::tools::call_id(), &call);
+                    c["index"] = json!(index);
+                    json!({"tool_calls": [c]})
+                }
+            };
+            out.push(self.chunk(delta, Value::Null, Value::Null).to_string());
+        }
+    }
+
     fn chunk(&self, delta: Value, logprobs: Value, finish: Value) -> Value {
         let choice = serde_json::Map::from_iter([
             ("index".to_owned(), json!(0)),
@@ -447,6 +549,11 @@ impl ChatChunks {
         }
         match ev {
             StreamEvent::Text(t, l) => {
+                if let Some((splitter, _)) = &mut self.calls {
+                    let pieces = splitter.push(t);
+                    self.pieces(pieces, &mut out);
+                    return out;
+                }
                 let logprobs = if self.with_logprobs {
                     logprobs_json(l)
                 } else {
@@ -461,6 +568,14 @@ impl ChatChunks {
                 finish_reason,
                 usage,
             } => {
+                let mut finish_reason = finish_reason;
+                if let Some((splitter, _)) = &mut self.calls {
+                    let held = std::mem::take(splitter).finish();
+                    self.pieces(held.into_iter().collect(), &mut out);
+                    if self.calls.as_ref().is_some_and(|(_, n)| *n > 0) && finish_reason == "stop" {
+                        finish_reason = "tool_calls".to_owned();
+                    }
+                }
                 let mut end = self.chunk(json!({}), Value::Null, json!(finish_reason));
                 if !self.include_usage {
                     end["usage"] = pipeline::usage_json(usage);

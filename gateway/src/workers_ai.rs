@@ -29,7 +29,10 @@ const W: Flavor = Flavor::WorkersAi;
 #[derive(Debug, Deserialize)]
 struct RunBody {
     prompt: Option<String>,
-    messages: Option<Vec<Message>>,
+    messages: Option<Vec<RunMessage>>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<Value>,
     #[serde(default)]
     raw: bool,
     #[serde(default)]
@@ -45,6 +48,49 @@ struct RunBody {
     /// Everything else the body holds.
     #[serde(flatten)]
     other: serde_json::Map<String, Value>,
+}
+
+/// A message of `ai/run`: `tool_calls` in Workers AI's flat
+/// `{name, arguments}` shape (the id is optional) or OpenAI's.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunMessage {
+    role: String,
+    content: String,
+    tool_calls: Option<Value>,
+    tool_call_id: Option<String>,
+    /// A `tool` message's function name (Workers AI's examples send it);
+    /// the call it answers is what the model is shown.
+    #[serde(rename = "name")]
+    _name: Option<String>,
+}
+
+impl RunMessage {
+    fn to_worker(&self) -> Result<Message, GatewayError> {
+        let tool_calls = match &self.tool_calls {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(calls)) => {
+                let openai: Vec<Value> = calls
+                    .iter()
+                    .map(|c| match c.get("function") {
+                        Some(_) => c.clone(),
+                        None => json!({
+                            "id": c.get("id").cloned().unwrap_or_else(|| json!(crate::tools::call_id())),
+                            "function": {"name": c.get("name"), "arguments": c.get("arguments")}
+                        }),
+                    })
+                    .collect();
+                crate::tools::history_calls(&Value::Array(openai))?
+            }
+            Some(_) => return Err(bad("tool_calls must be an array")),
+        };
+        Ok(Message {
+            role: self.role.clone(),
+            content: self.content.clone(),
+            tool_calls,
+            tool_call_id: self.tool_call_id.clone(),
+        })
+    }
 }
 
 fn bad(m: &str) -> GatewayError {
@@ -84,7 +130,11 @@ impl RunBody {
                         return Err(bad("message content must be at most 131072 characters"));
                     }
                 }
-                b.messages = Some(m.clone());
+                b.messages = Some(
+                    m.iter()
+                        .map(RunMessage::to_worker)
+                        .collect::<Result<_, _>>()?,
+                );
             }
             _ => return Err(bad("exactly one of prompt and messages is required")),
         }
@@ -120,6 +170,31 @@ impl RunBody {
                 .filter(|s| (1..=9_999_999_999).contains(s))
                 .ok_or_else(|| bad("seed must be between 1 and 9999999999"))?;
         }
+        b.tools = crate::tools::offer(
+            self.tools.as_ref(),
+            self.tool_choice.as_ref(),
+            self.parallel_tool_calls.as_ref(),
+        )?;
+        if b.tools.is_some() {
+            if b.messages.is_none() {
+                // A prompt is one user message: with tools, a chat of one.
+                b.messages = b.prompt.take().map(|p| {
+                    vec![Message {
+                        role: "user".to_owned(),
+                        content: p,
+                        tool_calls: Vec::new(),
+                        tool_call_id: None,
+                    }]
+                });
+            }
+            if b.messages.is_none() || b.response_format.is_some() {
+                return Err(GatewayError::UnsupportedValue {
+                    param: "tools".to_owned(),
+                    detail: "served with messages or a prompt, and without raw or response_format"
+                        .to_owned(),
+                });
+            }
+        }
         if let Some(r) = self.repetition_penalty {
             if !(r > 0.0 && r <= 2.0) {
                 return Err(bad("repetition_penalty must be above 0 and at most 2"));
@@ -144,32 +219,73 @@ pub(crate) async fn run(
     let req: RunBody = pipeline::parse_json(&body).map_err(|e| e.in_(W))?;
     let worker = req.to_worker().map_err(|e| e.in_(W))?;
     let json_mode = worker.response_format.is_some();
+    let calls = worker
+        .tools
+        .as_ref()
+        .is_some_and(|t| t.choice != bulkhead_worker_api::ToolChoice::None);
     let g = pipeline::start(&s, &ctx, model, worker)
         .await
         .map_err(|e| e.in_(W))?;
     if req.stream {
-        return Ok(pipeline::sse(g, |ev| match ev {
-            StreamEvent::Text(t, _) => vec![json!({"response": t}).to_string()],
+        let mut splitter = calls.then(bulkhead_grammar::tools::Splitter::new);
+        return Ok(pipeline::sse(g, move |ev| match ev {
+            StreamEvent::Text(t, _) => match &mut splitter {
+                None => vec![json!({"response": t}).to_string()],
+                Some(s) => s.push(t).iter().map(run_piece).collect(),
+            },
             StreamEvent::Finished { usage, .. } => {
-                vec![json!({"response": "", "usage": pipeline::usage_json(usage)}).to_string()]
+                let mut out: Vec<String> = splitter
+                    .take()
+                    .and_then(bulkhead_grammar::tools::Splitter::finish)
+                    .iter()
+                    .map(run_piece)
+                    .collect();
+                out.push(json!({"response": "", "usage": pipeline::usage_json(usage)}).to_string());
+                out
             }
             StreamEvent::Failed(e) => vec![e.stream_event(W).to_string()],
         }));
     }
     let done = pipeline::collect(g).await.map_err(|e| e.in_(W))?;
-    // In JSON mode Workers AI answers with the value itself; output cut
-    // short by max_tokens stays text.
-    let response = match serde_json::from_str::<Value>(&done.text) {
-        Ok(v) if json_mode => v,
-        _ => Value::String(done.text),
-    };
+    let mut result = json!({"usage": pipeline::usage_json(done.usage)});
+    if calls {
+        // Calls as Workers AI gives them: arguments as an object.
+        let (text, made) = bulkhead_grammar::tools::split(&done.text);
+        result["response"] = Value::String(text);
+        if !made.is_empty() {
+            result["tool_calls"] = made
+                .iter()
+                .map(|c| json!({"name": c.name, "arguments": c.arguments}))
+                .collect();
+        }
+    } else {
+        // In JSON mode Workers AI answers with the value itself; output cut
+        // short by max_tokens stays text.
+        result["response"] = match serde_json::from_str::<Value>(&done.text) {
+            Ok(v) if json_mode => v,
+            _ => Value::String(done.text),
+        };
+    }
     Ok(Json(json!({
-        "result": {"response": response, "usage": pipeline::usage_json(done.usage)},
+        "result": result,
         "success": true,
         "errors": [],
         "messages": []
     }))
     .into_response())
+}
+
+/// A streamed piece of an answer with tools: text as `response`, a whole
+/// call as `tool_calls`.
+fn run_piece(p: &bulkhead_grammar::tools::Piece) -> String {
+    use bulkhead_grammar::tools::Piece;
+    match p {
+        Piece::Text(t) => json!({"response": t}).to_string(),
+        Piece::Call(c) => {
+            json!({"response": "", "tool_calls": [{"name": c.name, "arguments": c.arguments}]})
+                .to_string()
+        }
+    }
 }
 
 /// An account route's query string, as axum extracted it.

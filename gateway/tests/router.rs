@@ -196,11 +196,18 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
     let msgs = json!([{"role": "user", "content": "hi"}]);
     for (extra, param) in [
         (json!({"n": 2, "stream": true}), "n"),
+        // Tools: a schema that cannot be enforced, a kind of tool that is
+        // not served, and settings that cannot go with tools.
         (
-            json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+            json!({"tools": [{"type": "function", "function": {"name": "f",
+                   "parameters": {"type": "object", "properties": {"a": {"oneOf": []}}}}}]}),
             "tools",
         ),
-        (json!({"tool_choice": "required"}), "tool_choice"),
+        (json!({"tools": [{"type": "file_search"}]}), "tools[0].type"),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f"}}], "logprobs": true}),
+            "logprobs",
+        ),
         (
             json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                    "schema": {"type": "string", "pattern": "^a+$"}}}}),
@@ -250,13 +257,32 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
         "the keyword is named: {}",
         r.body
     );
-    // Workers AI's `tools` follow the same rule: refused by name.
-    let tools =
-        json!({"prompt": "x", "tools": [{"name": "w", "description": "d", "parameters": {}}]});
+    // Workers AI's `tools` follow the same rule: what cannot be enforced
+    // is refused by name.
+    let tools = json!({"prompt": "x", "tools": [{"name": "w", "description": "d",
+        "parameters": {"type": "object", "properties": {"a": {"allOf": []}}}}]});
     let r = post(&gw, &run_path(&p.a, OPEN), &a, &tools.to_string()).await;
     assert_eq!(r.status, 400, "{}", r.body);
     assert_wa(&r.json(), 5006);
     assert!(r.body.contains("'tools'"), "{}", r.body);
+    assert!(r.body.contains("`allOf`"), "{}", r.body);
+    // Tool settings that make no sense are bad input: a choice without
+    // tools, a function not among them, a tool message answering no call.
+    for extra in [
+        json!({"tool_choice": "required"}),
+        json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+               "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+        json!({"messages": [{"role": "tool", "content": "42"}]}),
+        json!({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}),
+    ] {
+        let mut body = json!({"model": OPEN, "messages": msgs});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let r = post(&gw, "/v1/chat/completions", &a, &body.to_string()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_oa(&r.json(), "invalid_request_error", &Value::Null);
+    }
     // Defaults a client library sends explicitly ask for nothing: admitted.
     let defaults = json!({"model": OPEN, "messages": msgs, "n": 1, "user": "u-1", "logprobs": false,
                           "frequency_penalty": 0, "presence_penalty": 0, "tools": null,

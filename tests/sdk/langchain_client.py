@@ -1,7 +1,7 @@
 """LangChain's ChatOpenAI against Bulkhead's OpenAI-compatible routes, as an
 agent built on it calls them: an answer with its token usage, JSON mode
-through with_structured_output, a stop sequence, a tool binding refused by
-name (not silently answered in plain text), and an over-long prompt raised
+through with_structured_output, a stop sequence, a tool binding answered
+with a parsed call, and an over-long prompt raised
 as the context-length error its fallbacks look for.
 
 Environment: BULKHEAD_BASE_URL (ending in /v1), BULKHEAD_TOKEN,
@@ -60,13 +60,17 @@ def get_weather(city: str) -> str:
     return "sunny"
 
 
-# Tools are refused by name: an agent learns it cannot call them here.
-try:
-    chat(max_tokens=8).bind_tools([get_weather]).invoke("What is the weather in Paris?")
-    raise AssertionError("a tool binding was answered")
-except openai.BadRequestError as e:
-    assert e.code == "unsupported_parameter" and e.param == "tools", e.body
-    seen["tools_refused"] = e.param
+# bind_tools: the model's answer is a call LangChain parses into tool_calls,
+# with the arguments the function's signature asks for.
+m = chat(max_tokens=64).bind_tools([get_weather], tool_choice="get_weather").invoke(
+    "What is the weather in Paris?"
+)
+assert m.tool_calls, m
+call = m.tool_calls[0]
+assert call["name"] == "get_weather" and isinstance(call["args"].get("city"), str), call
+assert call["id"].startswith("call_"), call
+assert m.response_metadata["finish_reason"] == "tool_calls", m.response_metadata
+seen["tool_call"] = {"name": call["name"], "args": call["args"]}
 
 # An over-long prompt is OpenAI's context-length error.
 try:

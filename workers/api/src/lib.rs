@@ -90,6 +90,61 @@ pub struct GenerateBody {
     /// (0 to 20).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<u8>,
+    /// Functions the model may call (chat only), and which calls it may or
+    /// must make; calls are written in `bulkhead_grammar::tools`' format.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Tools>,
+}
+
+/// The functions a chat request offers the model (OpenAI's `tools`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tools {
+    /// The functions, at least one.
+    pub functions: Vec<ToolFunction>,
+    /// Which calls the answer may or must make.
+    pub choice: ToolChoice,
+    /// Whether one answer may make several calls.
+    pub parallel: bool,
+}
+
+/// One function on offer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFunction {
+    /// Its name.
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON Schema of its arguments.
+    pub parameters: serde_json::Value,
+}
+
+/// OpenAI's `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// No call: the functions are described, the answer is text.
+    None,
+    /// Text or calls, as the model decides.
+    Auto,
+    /// At least one call.
+    Required,
+    /// A call of this function.
+    Function(String),
+}
+
+/// A call an assistant message made (earlier in a conversation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    /// Its id, which the `tool` message answering it names.
+    pub id: String,
+    /// The function called.
+    pub name: String,
+    /// Its arguments, as JSON text.
+    pub arguments: String,
 }
 
 impl Default for GenerateBody {
@@ -110,6 +165,7 @@ impl Default for GenerateBody {
             context_limit: None,
             response_format: None,
             logprobs: None,
+            tools: None,
         }
     }
 }
@@ -130,6 +186,12 @@ pub struct Message {
     pub role: String,
     /// Its text.
     pub content: String,
+    /// An assistant message's calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 /// One NDJSON line of a generate answer.

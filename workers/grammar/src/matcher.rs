@@ -5,6 +5,7 @@
 use crate::schema::{
     ANY_ARRAY, ANY_NUMBER, ANY_OBJECT, ANY_STRING, BOOLEAN, Grammar, NULL, Node, NodeId,
 };
+use crate::tools;
 use std::sync::Arc;
 
 /// Where an output stands against its grammar.
@@ -67,6 +68,33 @@ enum Frame {
         pos: usize,
         alive: Vec<u16>,
     },
+    /// Inside a [`Node::Calls`]: `count` calls made so far.
+    Calls {
+        node: NodeId,
+        count: u32,
+        phase: CallsPhase,
+    },
+    /// Plain text instead of calls: any byte from here on.
+    Free,
+    /// A [`Node::Tagged`]'s text so far, `pos` bytes: the alternatives it
+    /// is still a prefix of.
+    Tag {
+        node: NodeId,
+        pos: usize,
+        alive: Vec<u16>,
+    },
+    /// A [`Node::Tagged`]'s closing text, from byte `pos`.
+    Close { node: NodeId, pos: usize },
+}
+
+/// Where a [`Frame::Calls`] stands: reading [`tools::OPEN`] (before the
+/// first call), [`tools::CLOSE`] (after a call's value) or [`tools::NEXT`]
+/// (after a call: another, or the end), `n` bytes of it so far.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum CallsPhase {
+    Open(usize),
+    Close(usize),
+    Next(usize),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -137,9 +165,18 @@ impl Matcher {
     /// A matcher at the start of the output.
     pub fn new(grammar: Arc<Grammar>) -> Matcher {
         let root = grammar.root;
+        // Calls start at once: no whitespace before a call's opening text.
+        let first = match grammar.nodes[root] {
+            Node::Calls { .. } => Frame::Calls {
+                node: root,
+                count: 0,
+                phase: CallsPhase::Open(0),
+            },
+            _ => Frame::Value(root),
+        };
         Matcher {
             grammar,
-            stack: vec![Frame::Value(root)],
+            stack: vec![first],
             ws_run: 0,
         }
     }
@@ -171,6 +208,21 @@ impl Matcher {
                 let lits = self.literals(*node);
                 alive.iter().any(|i| lits[usize::from(*i)].len() == *pos)
             }
+            [Frame::Free]
+            | [
+                Frame::Calls {
+                    phase: CallsPhase::Next(0),
+                    ..
+                },
+            ] => true,
+            // Text that is (so far) a prefix of a call's opening.
+            [
+                Frame::Calls {
+                    node,
+                    count: 0,
+                    phase: CallsPhase::Open(_),
+                },
+            ] => matches!(self.node(*node), Node::Calls { free: true, .. }),
             _ => false,
         }
     }
@@ -257,6 +309,10 @@ impl Matcher {
                 len,
             } => self.number(integer, phase, len, b),
             Frame::Literal { node, pos, alive } => self.literal(node, pos, &alive, b),
+            Frame::Calls { node, count, phase } => self.calls(node, count, phase, b),
+            Frame::Free => Action::Take,
+            Frame::Tag { node, pos, alive } => self.tag(node, pos, &alive, b),
+            Frame::Close { node, pos } => self.close(node, pos, b),
         }
     }
 
@@ -302,6 +358,18 @@ impl Matcher {
                     len: 0,
                 })
             }
+            Node::Tagged { alts, .. } => Action::Become(Frame::Tag {
+                node,
+                pos: 0,
+                alive: (0..alts.len())
+                    .map(|i| u16::try_from(i).unwrap_or(u16::MAX))
+                    .collect(),
+            }),
+            Node::Calls { .. } => Action::Become(Frame::Calls {
+                node,
+                count: 0,
+                phase: CallsPhase::Open(0),
+            }),
             Node::Literals(l) => Action::Become(Frame::Literal {
                 node,
                 pos: 0,
@@ -533,6 +601,107 @@ impl Matcher {
             pos,
             alive: next,
         });
+        Action::Take
+    }
+}
+
+impl Matcher {
+    fn calls(&mut self, node: NodeId, count: u32, phase: CallsPhase, b: u8) -> Action {
+        let Node::Calls { call, max, free } = *self.node(node) else {
+            return Action::Reject;
+        };
+        let at = |phase| Frame::Calls { node, count, phase };
+        match phase {
+            CallsPhase::Open(pos) | CallsPhase::Next(pos) => {
+                let opening = matches!(phase, CallsPhase::Open(_));
+                let text = if opening { tools::OPEN } else { tools::NEXT }.as_bytes();
+                // No call may be made: text may not begin with a call's
+                // opening tag (the byte that would close it is refused).
+                if max == 0 && text.get(pos) == Some(&b) && pos + 2 >= text.len() {
+                    return Action::Reject;
+                }
+                if text.get(pos) != Some(&b) {
+                    // With a free choice, output that is not a call is text.
+                    return if free && opening && count == 0 {
+                        Action::Become(Frame::Free)
+                    } else {
+                        Action::Reject
+                    };
+                }
+                if pos + 1 < text.len() {
+                    self.set_top(at(if opening {
+                        CallsPhase::Open(pos + 1)
+                    } else {
+                        CallsPhase::Next(pos + 1)
+                    }));
+                    return Action::Take;
+                }
+                self.set_top(at(CallsPhase::Close(0)));
+                Action::Push(Frame::Value(call))
+            }
+            CallsPhase::Close(pos) => {
+                let text = tools::CLOSE.as_bytes();
+                if text.get(pos) != Some(&b) {
+                    return Action::Reject;
+                }
+                if pos + 1 < text.len() {
+                    self.set_top(at(CallsPhase::Close(pos + 1)));
+                    return Action::Take;
+                }
+                if count + 1 >= max {
+                    return Action::Complete;
+                }
+                self.set_top(Frame::Calls {
+                    node,
+                    count: count + 1,
+                    phase: CallsPhase::Next(0),
+                });
+                Action::Take
+            }
+        }
+    }
+
+    fn tag(&mut self, node: NodeId, pos: usize, alive: &[u16], b: u8) -> Action {
+        let Node::Tagged { alts, .. } = self.node(node) else {
+            return Action::Reject;
+        };
+        let next: Vec<u16> = alive
+            .iter()
+            .copied()
+            .filter(|i| alts[usize::from(*i)].0.get(pos) == Some(&b))
+            .collect();
+        let pos = pos + 1;
+        match next.as_slice() {
+            [] => Action::Reject,
+            // No alternative's text is a prefix of another's: a whole one
+            // is the only one left.
+            [i] if alts[usize::from(*i)].0.len() == pos => {
+                let value = alts[usize::from(*i)].1;
+                self.set_top(Frame::Close { node, pos: 0 });
+                Action::Push(Frame::Value(value))
+            }
+            _ => {
+                self.set_top(Frame::Tag {
+                    node,
+                    pos,
+                    alive: next,
+                });
+                Action::Take
+            }
+        }
+    }
+
+    fn close(&mut self, node: NodeId, pos: usize, b: u8) -> Action {
+        let Node::Tagged { close, .. } = self.node(node) else {
+            return Action::Reject;
+        };
+        if close.get(pos) != Some(&b) {
+            return Action::Reject;
+        }
+        if pos + 1 == close.len() {
+            return Action::Complete;
+        }
+        self.set_top(Frame::Close { node, pos: pos + 1 });
         Action::Take
     }
 }

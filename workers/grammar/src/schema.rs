@@ -45,6 +45,18 @@ pub(crate) enum Node {
     Number { integer: bool },
     /// One of these JSON texts exactly (`enum`, `const`, `true`, `null`).
     Literals(Vec<Vec<u8>>),
+    /// One of several values chosen by fixed text before it: the text
+    /// `alts[i].0`, a value of `alts[i].1`, then `close`. No alternative's
+    /// text is a prefix of another's, so the text names the value.
+    Tagged {
+        alts: Vec<(Vec<u8>, NodeId)>,
+        close: Vec<u8>,
+    },
+    /// Tool calls in the default format of [`crate::tools`]: `call`
+    /// between [`crate::tools::OPEN`] and [`crate::tools::CLOSE`], up to
+    /// `max` times, one right after another; with `free`, any text that does not
+    /// begin with [`crate::tools::OPEN`] instead.
+    Calls { call: NodeId, max: u32, free: bool },
 }
 
 /// Nodes every grammar has, at fixed places.
@@ -130,7 +142,7 @@ impl Grammar {
     }
 }
 
-fn base() -> Vec<Node> {
+pub(crate) fn base() -> Vec<Node> {
     vec![
         Node::Any,
         Node::Object {
@@ -150,16 +162,16 @@ fn base() -> Vec<Node> {
     ]
 }
 
-fn push(nodes: &mut Vec<Node>, n: Node) -> NodeId {
+pub(crate) fn push(nodes: &mut Vec<Node>, n: Node) -> NodeId {
     nodes.push(n);
     nodes.len() - 1
 }
 
-fn unsupported(at: &str, what: &str) -> SchemaError {
+pub(crate) fn unsupported(at: &str, what: &str) -> SchemaError {
     SchemaError::Unsupported(format!("{at}: {what} is not supported"))
 }
 
-fn invalid(at: &str, what: &str) -> SchemaError {
+pub(crate) fn invalid(at: &str, what: &str) -> SchemaError {
     SchemaError::Invalid(format!("{at}: {what}"))
 }
 
@@ -193,7 +205,7 @@ const KNOWN: &[&str] = &[
     "$schema",
 ];
 
-fn compile(
+pub(crate) fn compile(
     nodes: &mut Vec<Node>,
     schema: &Value,
     at: &str,

@@ -264,3 +264,183 @@ fn names_values_and_sizes_past_the_stated_limits_are_refused_by_name() {
         "{e}"
     );
 }
+
+fn weather_tools() -> Vec<tools::Function> {
+    vec![
+        tools::Function {
+            name: "get_weather".to_owned(),
+            description: Some("The weather in a city".to_owned()),
+            parameters: json!({
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city"],
+                "additionalProperties": false
+            }),
+        },
+        tools::Function {
+            name: "get".to_owned(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
+        },
+    ]
+}
+
+#[test]
+fn a_required_call_is_one_call_whose_arguments_match_its_function() {
+    let g = Grammar::tool_calls(&weather_tools(), &tools::Choice::Required, false).unwrap();
+    let one = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>";
+    check(
+        &g,
+        &[
+            one,
+            "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"url\": \"x\"}}\n</tool_call>",
+        ],
+        &[
+            "<tool_call>\n",
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
+        ],
+        &[
+            "Sure! ",
+            " <tool_call>",
+            // Arguments against the other function's schema, or none.
+            "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"url\": 5",
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"days\": 1}}",
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"P\", \"x\": 1",
+            "<tool_call>\n{\"name\": \"set\"",
+            // Not parallel: nothing after the call.
+            &format!("{one}\n"),
+        ],
+    );
+    assert!(!Matcher::new(g.clone()).can_end(), "a call is required");
+    let mut m = Matcher::new(g);
+    assert!(m.feed(one.as_bytes()));
+    assert!(m.is_done(), "one call and the output is over");
+}
+
+#[test]
+fn a_named_choice_allows_only_that_function_and_parallel_calls_repeat() {
+    let g = Grammar::tool_calls(
+        &weather_tools(),
+        &tools::Choice::Named("get".to_owned()),
+        true,
+    )
+    .unwrap();
+    let call = "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"url\": \"a\"}}\n</tool_call>";
+    let two = format!(
+        "{call}<tool_call>\n{{\"name\": \"get\", \"arguments\": {{\"url\": \"b\"}}}}\n</tool_call>"
+    );
+    check(
+        &g,
+        &[call, &two],
+        &[&format!("{call}<tool")],
+        &[
+            "<tool_call>\n{\"name\": \"get_weather\"",
+            &format!("{call} "),
+            &format!("{call}\nmore text"),
+            &format!("{call}\n<tool_call>"),
+        ],
+    );
+    let mut m = Matcher::new(g);
+    assert!(m.feed(two.as_bytes()));
+    assert!(!m.is_done(), "parallel calls may go on");
+    assert!(
+        Grammar::tool_calls(&weather_tools(), &tools::Choice::Named("nope".into()), true).is_err()
+    );
+}
+
+#[test]
+fn an_auto_choice_allows_text_or_calls() {
+    let g = Grammar::tool_calls(&weather_tools(), &tools::Choice::Auto, true).unwrap();
+    check(
+        &g,
+        &[
+            "It is sunny.",
+            "<tool",
+            "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"url\": \"a\"}}\n</tool_call>",
+            "<tool_calls are not this>",
+        ],
+        &["<tool_call>\n{\"name\": \"get\""],
+        &["<tool_call>\n{\"name\": \"other\"", "<tool_call>\nhello"],
+    );
+    assert!(Matcher::new(g).can_end(), "an empty answer is text");
+}
+
+#[test]
+fn tool_definitions_are_checked() {
+    let mut bad_name = weather_tools();
+    bad_name[0].name = "get weather".to_owned();
+    let mut not_object = weather_tools();
+    not_object[1].parameters = json!({"type": "string"});
+    let mut twice = weather_tools();
+    twice[1].name = "get_weather".to_owned();
+    let mut unknown = weather_tools();
+    unknown[0].parameters = json!({"type": "object", "properties": {"a": {"anyOf": []}}});
+    for (tools, want) in [
+        (bad_name, "function name"),
+        (not_object, "type object"),
+        (twice, "twice"),
+        (unknown, "anyOf"),
+        (Vec::new(), "at least one"),
+    ] {
+        let e = Grammar::tool_calls(&tools, &tools::Choice::Auto, false).unwrap_err();
+        assert!(e.to_string().contains(want), "{e} lacks {want}");
+    }
+}
+
+#[test]
+fn the_splitter_reads_back_what_the_grammar_allows_as_it_streams() {
+    let args = json!({"city": "Paris"});
+    let text = tools::calls_text([("get_weather", &args), ("get", &json!({"url": "u"}))]);
+    let g = Grammar::tool_calls(&weather_tools(), &tools::Choice::Required, true).unwrap();
+    assert_eq!(verdict(&g, &text), Some(true), "{text}");
+    // Fed a byte at a time, or whole, the same calls come out.
+    for step in [1, 3, text.len()] {
+        let mut s = tools::Splitter::new();
+        let mut pieces = Vec::new();
+        for chunk in text.as_bytes().chunks(step) {
+            pieces.extend(s.push(std::str::from_utf8(chunk).unwrap()));
+        }
+        pieces.extend(s.finish());
+        assert_eq!(
+            pieces,
+            vec![
+                tools::Piece::Call(tools::Call {
+                    name: "get_weather".into(),
+                    arguments: args.clone()
+                }),
+                tools::Piece::Call(tools::Call {
+                    name: "get".into(),
+                    arguments: json!({"url": "u"})
+                }),
+            ],
+            "chunks of {step}"
+        );
+    }
+    // Text is text, and held text that could open a call comes out at the end.
+    assert_eq!(tools::split("Hello"), ("Hello".to_owned(), vec![]));
+    assert_eq!(tools::split("<tool"), ("<tool".to_owned(), vec![]));
+    // A call cut short by the token limit is not lost: it is text.
+    let cut = "<tool_call>\n{\"name\": \"get\", \"argu";
+    assert_eq!(tools::split(cut), (cut.to_owned(), vec![]));
+    let mut s = tools::Splitter::new();
+    assert!(s.push("<tool_").is_empty(), "held");
+    assert_eq!(s.push("x"), vec![tools::Piece::Text("<tool_x".into())]);
+    assert_eq!(s.push("y"), vec![tools::Piece::Text("y".into())]);
+}
+
+#[test]
+fn a_none_choice_allows_text_that_does_not_open_a_call() {
+    let g = Grammar::tool_calls(&weather_tools(), &tools::Choice::None, true).unwrap();
+    check(
+        &g,
+        &[
+            "It is sunny.",
+            "<tool",
+            "<tool_call",
+            "<tool_calls",
+            "Sure: <tool_call>\n{",
+        ],
+        &[],
+        &["<tool_call>", "<tool_call>\n"],
+    );
+}

@@ -401,19 +401,14 @@ fn prompt_of(engine: &Engine, body: &GenerateBody) -> Result<Vec<u32>, ApiError>
             }],
         ),
         (None, Some(m), None, None) => {
-            let messages: Vec<ChatMessage> = m
-                .iter()
-                .map(|m| ChatMessage {
-                    role: m.role.clone(),
-                    content: m.content.clone(),
-                })
-                .collect();
-            if messages.is_empty() {
+            if m.is_empty() {
                 return Err(ApiError::bad(
                     "invalid_request",
                     "messages must not be empty",
                 ));
             }
+            let messages = crate::tools::chat_messages(m, body.tools.as_ref())
+                .map_err(|m| ApiError::bad("invalid_request", m))?;
             render(engine, &messages)
         }
         (None, None, Some(r), None) => encode(engine, r),
@@ -438,16 +433,34 @@ fn prompt_of(engine: &Engine, body: &GenerateBody) -> Result<Vec<u32>, ApiError>
 fn sampling_extras(
     body: &GenerateBody,
 ) -> Result<(Option<Arc<bulkhead_grammar::Grammar>>, Option<u8>), ApiError> {
-    let constraint = match &body.response_format {
-        None => None,
-        Some(f) => bulkhead_grammar::Grammar::from_response_format(f).map_err(|e| match e {
+    let refused = |what: &str| {
+        let what = what.to_owned();
+        move |e| match e {
             bulkhead_grammar::SchemaError::Unsupported(m) => {
-                ApiError::bad("unsupported_parameter", format!("response_format: {m}"))
+                ApiError::bad("unsupported_parameter", format!("{what}: {m}"))
             }
             bulkhead_grammar::SchemaError::Invalid(m) => {
-                ApiError::bad("invalid_request", format!("response_format: {m}"))
+                ApiError::bad("invalid_request", format!("{what}: {m}"))
             }
-        })?,
+        }
+    };
+    if body.tools.is_some() && body.messages.is_none() {
+        return Err(ApiError::bad(
+            "invalid_request",
+            "tools are offered in a chat (messages) only",
+        ));
+    }
+    let constraint = match (&body.response_format, &body.tools) {
+        (None, None) => None,
+        (Some(f), None) => bulkhead_grammar::Grammar::from_response_format(f)
+            .map_err(refused("response_format"))?,
+        (None, Some(t)) => Some(crate::tools::grammar(t).map_err(refused("tools"))?),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad(
+                "unsupported_parameter",
+                "response_format: not served together with tools",
+            ));
+        }
     };
     let logprobs = match body.logprobs {
         Some(n) if n > bulkhead_engine::MAX_TOP_LOGPROBS => {

@@ -23,6 +23,7 @@ pub mod prefix;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod role;
+mod tools;
 pub mod usage;
 
 pub use decode::{DecodeOptions, DecodeWorker, SubmitError};

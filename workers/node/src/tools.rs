@@ -1,0 +1,189 @@
+//! Tool calling on the worker: a conversation with functions on offer
+//! rendered in the default format of `bulkhead_grammar::tools` (the
+//! functions described in the system message, earlier calls written as
+//! the model is held to write them, `tool` messages as turns of their own),
+//! and the grammar that holds the answer to calls.
+//!
+//! Every chat template is given the default format, also one with tool
+//! syntax of its own: the grammar produces that one format, and a model
+//! shown earlier calls in another would be shown one thing and held to
+//! write another.
+
+use bulkhead_engine::ChatMessage;
+use bulkhead_grammar::{Grammar, SchemaError, tools};
+use bulkhead_worker_api::{Message, ToolChoice, Tools};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// A conversation's messages as the chat template is given them.
+pub(crate) fn chat_messages(
+    messages: &[Message],
+    tools: Option<&Tools>,
+) -> Result<Vec<ChatMessage>, String> {
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    for m in messages {
+        let mut content = m.content.clone();
+        if !m.tool_calls.is_empty() {
+            if m.role != "assistant" {
+                return Err("only assistant messages make tool calls".to_owned());
+            }
+            let calls = m
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    tools::check_name(&c.name).map_err(|e| e.to_string())?;
+                    let args: Value = serde_json::from_str(&c.arguments)
+                        .ok()
+                        .filter(Value::is_object)
+                        .ok_or_else(|| {
+                            format!(
+                                "the arguments of tool call {:?} must be a JSON object",
+                                c.id.chars().take(64).collect::<String>()
+                            )
+                        })?;
+                    Ok((c.name.as_str(), args))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            let text = tools::calls_text(calls.iter().map(|(n, a)| (*n, a)));
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(&text);
+        }
+        out.push(ChatMessage {
+            role: m.role.clone(),
+            content,
+        });
+    }
+    if let Some(t) = tools {
+        let described = tools::system_text(&functions(t));
+        match out.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content = format!("{}\n\n{described}", first.content);
+            }
+            _ => out.insert(
+                0,
+                ChatMessage {
+                    role: "system".to_owned(),
+                    content: described,
+                },
+            ),
+        }
+    }
+    Ok(out)
+}
+
+fn functions(t: &Tools) -> Vec<tools::Function> {
+    t.functions
+        .iter()
+        .map(|f| tools::Function {
+            name: f.name.clone(),
+            description: f.description.clone(),
+            parameters: f.parameters.clone(),
+        })
+        .collect()
+}
+
+/// The grammar a request's tools hold the answer to (with `tool_choice`
+/// `none`, text that does not begin with a call).
+pub(crate) fn grammar(t: &Tools) -> Result<Arc<Grammar>, SchemaError> {
+    let choice = match &t.choice {
+        ToolChoice::None => tools::Choice::None,
+        ToolChoice::Auto => tools::Choice::Auto,
+        ToolChoice::Required => tools::Choice::Required,
+        ToolChoice::Function(name) => tools::Choice::Named(name.clone()),
+    };
+    Grammar::tool_calls(&functions(t), &choice, t.parallel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bulkhead_worker_api::{ToolCall, ToolFunction};
+    use serde_json::json;
+
+    fn msg(role: &str, content: &str) -> Message {
+        Message {
+            role: role.to_owned(),
+            content: content.to_owned(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    fn offer() -> Tools {
+        Tools {
+            functions: vec![ToolFunction {
+                name: "get_weather".to_owned(),
+                description: Some("Weather by city".to_owned()),
+                parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+            }],
+            choice: ToolChoice::Auto,
+            parallel: false,
+        }
+    }
+
+    #[test]
+    fn a_follow_up_shows_the_model_its_call_in_the_format_it_is_held_to() {
+        let mut call = msg("assistant", "");
+        call.tool_calls = vec![ToolCall {
+            id: "call_1".to_owned(),
+            name: "get_weather".to_owned(),
+            arguments: "{\"city\":\"Paris\"}".to_owned(),
+        }];
+        let mut result = msg("tool", "22 C, sunny");
+        result.tool_call_id = Some("call_1".to_owned());
+        let rendered = chat_messages(
+            &[msg("user", "Weather in Paris?"), call, result],
+            Some(&offer()),
+        )
+        .unwrap();
+        assert_eq!(rendered[0].role, "system");
+        assert!(rendered[0].content.contains("\"get_weather\""));
+        assert!(rendered[0].content.contains("Weather by city"));
+        let written = &rendered[2].content;
+        let (text, calls) = tools::split(written);
+        assert_eq!(text, "");
+        assert_eq!(calls[0].arguments, json!({"city": "Paris"}));
+        // What the model is shown is what the grammar lets it write.
+        let g = grammar(&offer()).unwrap();
+        let mut m = bulkhead_grammar::Matcher::new(g);
+        assert!(m.feed(written.as_bytes()) && m.can_end(), "{written}");
+        assert_eq!(rendered[3].role, "tool");
+        assert_eq!(rendered[3].content, "22 C, sunny");
+    }
+
+    #[test]
+    fn a_system_message_keeps_its_text_and_gains_the_functions() {
+        let rendered = chat_messages(
+            &[msg("system", "Be brief."), msg("user", "hi")],
+            Some(&offer()),
+        )
+        .unwrap();
+        assert_eq!(rendered.len(), 2);
+        assert!(rendered[0].content.starts_with("Be brief.\n\n"));
+        let plain = chat_messages(&[msg("user", "hi")], None).unwrap();
+        assert_eq!(plain.len(), 1, "no tools, no system text");
+    }
+
+    #[test]
+    fn malformed_calls_in_a_conversation_are_refused() {
+        let mut bad = msg("assistant", "");
+        bad.tool_calls = vec![ToolCall {
+            id: "c".to_owned(),
+            name: "get_weather".to_owned(),
+            arguments: "not json".to_owned(),
+        }];
+        assert!(
+            chat_messages(&[bad.clone()], None)
+                .unwrap_err()
+                .contains("JSON object")
+        );
+        bad.role = "user".to_owned();
+        assert!(
+            chat_messages(&[bad], None)
+                .unwrap_err()
+                .contains("assistant")
+        );
+    }
+}
