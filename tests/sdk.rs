@@ -87,7 +87,7 @@ fn the_openai_and_cloudflare_python_sdks_get_what_they_ask_for() {
     assert_eq!(tools["raw_stream_calls"], 1, "{tools}");
     assert!(tools["follow_up"].is_string(), "{tools}");
     assert_eq!(tools["refused"], "tools");
-    for shape in ["flat", "openai"] {
+    for shape in ["flat", "openai", "streamed"] {
         assert!(cf[shape]["city"].is_string(), "{cf}");
     }
 }

@@ -370,10 +370,7 @@ async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, Gate
             }
         }
     }
-    let calls = worker
-        .tools
-        .as_ref()
-        .is_some_and(|t| t.choice != bulkhead_worker_api::ToolChoice::None);
+    let calls = crate::tools::may_call(&worker);
     let n = req.common.n()?;
     let id = request_id("chatcmpl");
     let created = now_secs();

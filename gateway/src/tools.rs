@@ -144,6 +144,14 @@ fn check(t: &Tools) -> Result<(), GatewayError> {
     }
 }
 
+/// Whether an answer to `body` may make calls (and its text must be split
+/// into content and calls).
+pub(crate) fn may_call(body: &bulkhead_worker_api::GenerateBody) -> bool {
+    body.tools
+        .as_ref()
+        .is_some_and(|t| t.choice != ToolChoice::None)
+}
+
 /// An assistant message's `tool_calls`, in OpenAI's shape.
 pub(crate) fn history_calls(v: &Value) -> Result<Vec<ToolCall>, GatewayError> {
     let list = v

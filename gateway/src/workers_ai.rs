@@ -219,10 +219,7 @@ pub(crate) async fn run(
     let req: RunBody = pipeline::parse_json(&body).map_err(|e| e.in_(W))?;
     let worker = req.to_worker().map_err(|e| e.in_(W))?;
     let json_mode = worker.response_format.is_some();
-    let calls = worker
-        .tools
-        .as_ref()
-        .is_some_and(|t| t.choice != bulkhead_worker_api::ToolChoice::None);
+    let calls = crate::tools::may_call(&worker);
     let g = pipeline::start(&s, &ctx, model, worker)
         .await
         .map_err(|e| e.in_(W))?;

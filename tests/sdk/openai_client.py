@@ -138,7 +138,8 @@ except openai.BadRequestError as e:
 
 # What Bulkhead cannot do is refused by name.
 for kwargs, param in [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "^a+$"}}}}}]}, "tools"),
     ({"response_format": {"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "string", "pattern": "^a+$"}}}}, "response_format"),
     ({"n": 2, "stream": True}, "n"),

@@ -373,6 +373,16 @@ fn tool_definitions_are_checked() {
     not_object[1].parameters = json!({"type": "string"});
     let mut twice = weather_tools();
     twice[1].name = "get_weather".to_owned();
+    // A schema without a type is an object's: no parameters.
+    let mut untyped = weather_tools();
+    untyped[1].parameters = json!({});
+    let g = Grammar::tool_calls(&untyped, &tools::Choice::Named("get".into()), false).unwrap();
+    check(
+        &g,
+        &["<tool_call>\n{\"name\": \"get\", \"arguments\": {}}\n</tool_call>"],
+        &[],
+        &["<tool_call>\n{\"name\": \"get\", \"arguments\": 1"],
+    );
     let mut unknown = weather_tools();
     unknown[0].parameters = json!({"type": "object", "properties": {"a": {"anyOf": []}}});
     for (tools, want) in [

@@ -156,10 +156,17 @@ impl Grammar {
                 continue;
             }
             let at = format!("tools[{i}].function.parameters");
-            if f.parameters.get("type").and_then(Value::as_str) != Some("object") {
-                return Err(invalid(&at, "must be a schema of type object"));
+            // Arguments are an object: a schema that says no type (`{}`,
+            // as clients send for a function without parameters) is one.
+            let mut params = f.parameters.clone();
+            match params.as_object_mut() {
+                Some(o) if !o.contains_key("type") => {
+                    o.insert("type".to_owned(), Value::from("object"));
+                }
+                Some(o) if o.get("type").and_then(Value::as_str) == Some("object") => {}
+                _ => return Err(invalid(&at, "must be a schema of type object")),
             }
-            let args = compile(&mut nodes, &f.parameters, &at, 0)?;
+            let args = compile(&mut nodes, &params, &at, 0)?;
             alts.push((call_head(&f.name).into_bytes(), args));
         }
         if let Choice::Named(n) = choice
@@ -260,7 +267,9 @@ impl Splitter {
         self.buf.push_str(text);
         loop {
             match self.state {
-                State::Undecided => {
+                // At the start, or after a call: another call opens, or what
+                // follows is text.
+                State::Undecided | State::Between => {
                     if let Some(rest) = self.buf.strip_prefix(OPEN) {
                         self.buf = rest.to_owned();
                         self.state = State::InCall;
@@ -283,18 +292,6 @@ impl Splitter {
                         None => out.push(Piece::Text(format!("{OPEN}{body}{CLOSE}"))),
                     }
                     self.state = State::Between;
-                }
-                State::Between => {
-                    if let Some(rest) = self.buf.strip_prefix(NEXT) {
-                        self.buf = rest.to_owned();
-                        self.state = State::InCall;
-                    } else if NEXT.starts_with(self.buf.as_str()) {
-                        return out;
-                    } else {
-                        self.state = State::Text;
-                        out.push(Piece::Text(std::mem::take(&mut self.buf)));
-                        return out;
-                    }
                 }
                 State::Text => return out,
             }
