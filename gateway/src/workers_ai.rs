@@ -56,7 +56,9 @@ struct RunBody {
 #[serde(deny_unknown_fields)]
 struct RunMessage {
     role: String,
-    content: String,
+    /// Text; an assistant message that only calls may leave it null.
+    #[serde(default)]
+    content: Option<String>,
     tool_calls: Option<Value>,
     tool_call_id: Option<String>,
     /// A `tool` message's function name (Workers AI's examples send it);
@@ -86,7 +88,7 @@ impl RunMessage {
         };
         Ok(Message {
             role: self.role.clone(),
-            content: self.content.clone(),
+            content: self.content.clone().unwrap_or_default(),
             tool_calls,
             tool_call_id: self.tool_call_id.clone(),
         })
@@ -126,7 +128,7 @@ impl RunBody {
                     if !["system", "user", "assistant", "tool"].contains(&msg.role.as_str()) {
                         return Err(bad("message role must be system, user, assistant or tool"));
                     }
-                    if msg.content.len() > 131_072 {
+                    if msg.content.as_ref().is_some_and(|c| c.len() > 131_072) {
                         return Err(bad("message content must be at most 131072 characters"));
                     }
                 }

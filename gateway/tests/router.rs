@@ -289,6 +289,25 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
                           "response_format": {"type": "text"}, "stream": false});
     let r = post(&gw, "/v1/chat/completions", &a, &defaults.to_string()).await;
     assert_eq!(r.status, 503, "admitted: {}", r.body);
+    // Conversations that went through a call are admitted on both APIs: an
+    // assistant message with no text and its calls (OpenAI's shape;
+    // Workers AI's flat one), then the tool's result.
+    let weather = json!({"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}});
+    let openai = json!({"model": OPEN, "tools": [{"type": "function", "function": weather}],
+        "messages": [{"role": "user", "content": "w?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]});
+    let r = post(&gw, "/v1/chat/completions", &a, &openai.to_string()).await;
+    assert_eq!(r.status, 503, "admitted: {}", r.body);
+    let flat = json!({"tools": [weather],
+        "messages": [{"role": "user", "content": "w?"},
+            {"role": "assistant", "content": null,
+             "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]},
+            {"role": "tool", "name": "get_weather", "content": "sunny"}]});
+    let r = post(&gw, &run_path(&p.a, OPEN), &a, &flat.to_string()).await;
+    assert_eq!(r.status, 503, "admitted: {}", r.body);
     let r = post(
         &gw,
         "/v1/completions",

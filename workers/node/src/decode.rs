@@ -187,12 +187,19 @@ impl DecodeWorker {
     /// turn.
     fn pick(&self, cache: Option<&CacheScope>) -> Option<Arc<LinkHandle>> {
         let links = self.links.borrow();
-        let ready: Vec<&Arc<LinkHandle>> =
-            links.iter().filter(|l| l.peer.borrow().is_some()).collect();
-        let least = ready.iter().map(|l| l.load.load(Ordering::Relaxed)).min()?;
-        let tied: Vec<&&Arc<LinkHandle>> = ready
+        // Each link's load read once: transfers start and end on other
+        // threads meanwhile, and a second read could leave no link tied
+        // with the least one seen.
+        let ready: Vec<(&Arc<LinkHandle>, usize)> = links
             .iter()
-            .filter(|l| l.load.load(Ordering::Relaxed) == least)
+            .filter(|l| l.peer.borrow().is_some())
+            .map(|l| (l, l.load.load(Ordering::Relaxed)))
+            .collect();
+        let least = ready.iter().map(|(_, load)| *load).min()?;
+        let tied: Vec<&Arc<LinkHandle>> = ready
+            .iter()
+            .filter(|(_, load)| *load == least)
+            .map(|(l, _)| *l)
             .collect();
         if let Some(scope) = cache {
             let score = |l: &LinkHandle| {
