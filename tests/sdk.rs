@@ -4,6 +4,8 @@
 //! with usage, rate-limit headers, the context-length error's wording,
 //! refusals by name, the models list, `stop`), `tests/sdk/openai_tools.py`
 //! its tool calls (required, named, streamed, a follow-up),
+//! `tests/sdk/openai_files.py` its Files API (a 100-line batch input file
+//! up, back and deleted; another account's reads are not found),
 //! `tests/sdk/cloudflare_client.py` the cloudflare SDK's `ai.run` (with
 //! tools in both shapes), `tests/sdk/litellm_client.py` runs LiteLLM (its
 //! context-window error class, a tool call, refusals, an answer) and
@@ -74,9 +76,11 @@ fn the_openai_and_cloudflare_python_sdks_get_what_they_ask_for() {
     let scripts = [
         "openai_client.py",
         "openai_tools.py",
+        "openai_files.py",
         "cloudflare_client.py",
     ];
-    let [seen, tools, cf] = <[_; 3]>::try_from(against_up(&python, &scripts, &[])).expect("three");
+    let [seen, tools, files, cf] =
+        <[_; 4]>::try_from(against_up(&python, &scripts, &[])).expect("four");
     assert_eq!(seen["n"], 3);
     assert_eq!(seen["over_budget_attempts"], 1, "not retried: {seen}");
     assert!(seen["json_schema"]["age"].is_i64(), "{seen}");
@@ -87,6 +91,11 @@ fn the_openai_and_cloudflare_python_sdks_get_what_they_ask_for() {
     assert_eq!(tools["raw_stream_calls"], 1, "{tools}");
     assert!(tools["follow_up"].is_string(), "{tools}");
     assert_eq!(tools["refused"], "tools");
+    // Batch input files: 100 lines up and back, another account's reads
+    // answered as an unknown id's, deleted.
+    assert!(files["file"]["id"].is_string(), "{files}");
+    assert_eq!(files["another_account"], "not found");
+    assert_eq!(files["deleted"], true);
     for shape in ["flat", "openai", "streamed"] {
         assert!(cf[shape]["city"].is_string(), "{cf}");
     }

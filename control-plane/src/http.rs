@@ -13,6 +13,7 @@
 mod admin;
 mod auth;
 mod error;
+mod files;
 mod public;
 
 use crate::{Db, Hub};
@@ -91,10 +92,12 @@ pub fn app(state: AppState) -> Router {
     let router = Router::new()
         .nest(
             "/admin/v1",
-            admin::routes().layer(middleware::from_fn_with_state(
-                state.clone(),
-                publish_writes,
-            )),
+            admin::routes()
+                .layer(middleware::from_fn_with_state(
+                    state.clone(),
+                    publish_writes,
+                ))
+                .merge(files::routes()),
         )
         .merge(public::routes())
         .fallback(|| async {

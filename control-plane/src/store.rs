@@ -27,6 +27,7 @@ pub mod accounts;
 pub mod api_tokens;
 pub mod audit;
 pub mod configs;
+pub mod files;
 pub mod incidents;
 pub mod models;
 pub mod nodes;

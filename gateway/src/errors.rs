@@ -33,6 +33,9 @@ pub(crate) enum GatewayError {
     WrongAccount,
     /// No such model, or not one this account may call.
     ModelNotFound(String),
+    /// An object (a file, a batch) the account has no such one of: an
+    /// unknown id and another account's are the same answer.
+    NoSuchObject { what: &'static str, id: String },
     /// The request is malformed or out of range.
     BadInput(String),
     /// The request asks for something this platform does not do (the
@@ -163,6 +166,7 @@ impl GatewayError {
             GatewayError::Unauthenticated => "unauthenticated",
             GatewayError::WrongAccount => "wrong_account",
             GatewayError::ModelNotFound(_) => "model_not_found",
+            GatewayError::NoSuchObject { .. } => "not_found",
             GatewayError::BadInput(_) => "invalid_request",
             GatewayError::Unsupported(_) | GatewayError::UnsupportedValue { .. } => {
                 "unsupported_parameter"
@@ -206,6 +210,7 @@ impl GatewayError {
                 Flavor::WorkersAi => StatusCode::BAD_REQUEST,
                 Flavor::OpenAi => StatusCode::NOT_FOUND,
             },
+            GatewayError::NoSuchObject { .. } => StatusCode::NOT_FOUND,
             GatewayError::BadInput(_)
             | GatewayError::Unsupported(_)
             | GatewayError::UnsupportedValue { .. } => StatusCode::BAD_REQUEST,
@@ -238,6 +243,10 @@ impl GatewayError {
             GatewayError::Unauthenticated => "Authentication error".to_owned(),
             GatewayError::WrongAccount => "the token is not valid for this account".to_owned(),
             GatewayError::ModelNotFound(m) => format!("No such model {m} or task"),
+            GatewayError::NoSuchObject { what, id } => format!(
+                "No such {what} object: {}",
+                id.chars().take(64).collect::<String>()
+            ),
             GatewayError::BadInput(m) => format!("Bad input: {m}"),
             GatewayError::Unsupported(p) => format!(
                 "Unsupported parameter: '{p}' is not supported by Bulkhead; remove it (the README lists what is supported)"
@@ -294,6 +303,7 @@ impl GatewayError {
         match self {
             GatewayError::Unauthenticated | GatewayError::WrongAccount => 10000,
             GatewayError::ModelNotFound(_) => 5007,
+            GatewayError::NoSuchObject { .. } => 7003,
             GatewayError::BadInput(_)
             | GatewayError::Unsupported(_)
             | GatewayError::UnsupportedValue { .. } => 5006,
@@ -316,7 +326,9 @@ impl GatewayError {
             GatewayError::Unauthenticated => ("authentication_error", Some("invalid_api_key")),
             GatewayError::WrongAccount => ("permission_error", None),
             GatewayError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
-            GatewayError::BadInput(_) => ("invalid_request_error", None),
+            GatewayError::NoSuchObject { .. } | GatewayError::BadInput(_) => {
+                ("invalid_request_error", None)
+            }
             GatewayError::Unsupported(_) | GatewayError::UnsupportedValue { .. } => {
                 ("invalid_request_error", Some("unsupported_parameter"))
             }

@@ -4,7 +4,7 @@
 
 use crate::errors::GatewayError;
 use crate::state::AppState;
-use crate::{openai, workers_ai};
+use crate::{files, openai, workers_ai};
 use axum::Router;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
@@ -26,6 +26,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*model}", get(openai::model))
+        .route("/v1/files", post(files::upload).get(files::list))
+        .route("/v1/files/{id}", get(files::one).delete(files::delete))
+        .route("/v1/files/{id}/content", get(files::content))
         .route("/health", get(health))
         // Before any handler: strangers and declared over-large bodies are
         // refused without reading a byte of the body.

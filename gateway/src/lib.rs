@@ -30,6 +30,7 @@ mod bounds;
 mod budget;
 mod edge;
 mod errors;
+mod files;
 mod http;
 mod limits;
 pub mod metrics;

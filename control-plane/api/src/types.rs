@@ -831,3 +831,50 @@ pub struct UsageRow {
     #[serde(default)]
     pub micro_neurons: u64,
 }
+
+/// The most bytes one uploaded file may hold (under the gateway's 2 MiB
+/// body bound, with room for the multipart envelope).
+pub const MAX_FILE_BYTES: usize = 2_000_000;
+/// The most lines one uploaded file may hold.
+pub const MAX_FILE_LINES: usize = 10_000;
+
+/// A tenant's uploaded file, without its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileView {
+    /// `file-` and 24 hex digits.
+    pub id: String,
+    /// Whose it is.
+    pub account_id: String,
+    /// What it is for (`batch`).
+    pub purpose: String,
+    /// The name the client gave it.
+    pub filename: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Its non-empty lines.
+    pub lines: u64,
+    /// When it was uploaded.
+    pub created_at: Timestamp,
+}
+
+/// `POST /admin/v1/files`: a file the gateway received for the account it
+/// authenticated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileUpload {
+    /// The account it belongs to.
+    pub account_id: String,
+    /// What it is for (`batch`).
+    pub purpose: String,
+    /// The client's name for it.
+    pub filename: String,
+    /// Its text (JSON Lines).
+    pub content: String,
+}
+
+/// `GET /admin/v1/files/{id}/content`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileContent {
+    /// The file's text.
+    pub content: String,
+}

@@ -425,13 +425,16 @@ pub fn from_gateway(mut req: axum::http::Request<Body>) -> axum::http::Request<B
 
 /// The certificate a real caller of `path` would present on the internal
 /// port (as the server's mutual TLS would record it): a worker's, of the
-/// role it registers, for node calls; the gateway's for the routing table
-/// and usage voids.
+/// role it registers, for node calls; the gateway's for the routing table,
+/// usage voids and tenants' files.
 /// Tests of what a missing or wrong certificate gets live in the root
 /// crate's tests/control_plane.rs, over real sockets.
 fn caller(path: &str, body: Option<&Value>) -> Option<bulkhead_trust::Role> {
     use bulkhead_trust::Role;
-    if path.starts_with("/admin/v1/routing") || path.starts_with("/admin/v1/usage/void") {
+    if path.starts_with("/admin/v1/routing")
+        || path.starts_with("/admin/v1/usage/void")
+        || path.starts_with("/admin/v1/files")
+    {
         return Some(Role::Gateway);
     }
     if path.starts_with("/admin/v1/usage") && body.is_some() {
