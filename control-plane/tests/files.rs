@@ -171,3 +171,36 @@ backend_test!(
         Ok(())
     }
 );
+
+backend_test!(an_accounts_files_have_a_quota_of_their_own, |h| {
+    let max = bulkhead_control_api::MAX_FILES_PER_ACCOUNT;
+    for _ in 0..max {
+        let (code, v) = file_call(
+            &h,
+            Method::POST,
+            "/admin/v1/files",
+            Some(upload(ALICE, "{}\n")),
+        )
+        .await;
+        anyhow::ensure!(code == StatusCode::OK, "{code} {v}");
+    }
+    let (code, v) = file_call(
+        &h,
+        Method::POST,
+        "/admin/v1/files",
+        Some(upload(ALICE, "{}\n")),
+    )
+    .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v.to_string().contains("delete some first"), "{v}");
+    // Another account's quota is its own.
+    let (code, v) = file_call(
+        &h,
+        Method::POST,
+        "/admin/v1/files",
+        Some(upload(BOB, "{}\n")),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{v}");
+    Ok(())
+});

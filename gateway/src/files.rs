@@ -139,18 +139,14 @@ async fn upload_for(
     let mut form =
         form.map_err(|_| bad("the body must be multipart/form-data with a file and a purpose"))?;
     let (mut purpose, mut file) = (None, None);
-    while let Some(field) = form
-        .next_field()
-        .await
-        .map_err(|e| bad(format!("the multipart body is malformed: {e}")))?
-    {
+    while let Some(field) = form.next_field().await.map_err(|e| multipart_error(&e))? {
         match field.name() {
             Some("purpose") => {
-                purpose = Some(field.text().await.map_err(|e| bad(e.to_string()))?);
+                purpose = Some(field.text().await.map_err(|e| multipart_error(&e))?);
             }
             Some("file") => {
                 let name = field.file_name().unwrap_or("upload.jsonl").to_owned();
-                let bytes = field.bytes().await.map_err(|e| bad(e.to_string()))?;
+                let bytes = field.bytes().await.map_err(|e| multipart_error(&e))?;
                 file = Some((name, bytes));
             }
             Some(other) => {
@@ -190,11 +186,31 @@ async fn upload_for(
     Ok(Json(file_json(&f)).into_response())
 }
 
-/// `GET /v1/files`.
+/// A multipart body that cannot be read: past the body bound is too large
+/// (413), anything else malformed.
+fn multipart_error(e: &axum::extract::multipart::MultipartError) -> GatewayError {
+    if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        GatewayError::TooLarge
+    } else {
+        bad(format!(
+            "the multipart body is malformed: {}",
+            e.body_text()
+        ))
+    }
+}
+
+/// `GET /v1/files`: every file of the account, newest first. Its query
+/// options (`purpose`, `limit`, `after`, `order`) are not served, and are
+/// refused by name rather than ignored.
 pub(crate) async fn list(
     State(s): State<AppState>,
     Extension(ctx): Extension<Ctx>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Result<Response, ApiError> {
+    if let Some(q) = query.filter(|q| !q.is_empty()) {
+        let name = q.split(['=', '&']).next().unwrap_or_default();
+        return Err(GatewayError::Unsupported(name.chars().take(64).collect()).in_(O));
+    }
     let path = format!("/admin/v1/files?account={}", ctx.principal.account_id);
     let files: Vec<FileView> = s
         .control_plane()

@@ -165,14 +165,25 @@ pub(crate) fn history_calls(v: &Value) -> Result<Vec<ToolCall>, GatewayError> {
                 field("/function/name"),
                 c.pointer("/function/arguments"),
             ) {
-                (Some(id), Some(name), Some(args)) => Ok(ToolCall {
-                    id: id.to_owned(),
-                    name: name.to_owned(),
-                    arguments: match args {
+                (Some(id), Some(name), Some(args)) => {
+                    tools::check_name(name).map_err(|e| bad(e.to_string()))?;
+                    let arguments = match args {
                         Value::String(s) => s.clone(),
                         other => other.to_string(),
-                    },
-                }),
+                    };
+                    // Shown to the model as written: it must be an object.
+                    if !serde_json::from_str::<Value>(&arguments).is_ok_and(|a| a.is_object()) {
+                        return Err(bad(format!(
+                            "the arguments of tool call {:?} must be a JSON object",
+                            id.chars().take(64).collect::<String>()
+                        )));
+                    }
+                    Ok(ToolCall {
+                        id: id.to_owned(),
+                        name: name.to_owned(),
+                        arguments,
+                    })
+                }
                 _ => Err(bad(
                     "each tool call needs an id, function.name and function.arguments",
                 )),
@@ -181,10 +192,20 @@ pub(crate) fn history_calls(v: &Value) -> Result<Vec<ToolCall>, GatewayError> {
         .collect()
 }
 
-/// A fresh call id, as OpenAI's look: `call_` and 24 characters.
+/// A fresh call id, as OpenAI's look: `call_` and 24 characters. Ids
+/// name calls within one conversation: without randomness they still
+/// differ, by a process-wide count and the time.
 pub(crate) fn call_id() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut b = [0u8; 12];
-    let _ = getrandom::fill(&mut b);
+    if getrandom::fill(&mut b).is_err() {
+        let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        b[..8].copy_from_slice(&n.to_le_bytes());
+        b[8..].copy_from_slice(&t.to_le_bytes());
+    }
     format!("call_{}", hex::encode(b))
 }
 
@@ -193,8 +214,14 @@ pub(crate) fn openai_call(id: &str, call: &tools::Call) -> Value {
     json!({
         "id": id,
         "type": "function",
-        "function": {"name": call.name, "arguments": call.arguments.to_string()}
+        "function": {"name": call.name, "arguments": call.arguments}
     })
+}
+
+/// A call's arguments as an object, as Workers AI gives them (the text
+/// is an object: the splitter reads back only calls whose arguments are).
+pub(crate) fn arguments_object(call: &tools::Call) -> Value {
+    serde_json::from_str(&call.arguments).unwrap_or_else(|_| json!({}))
 }
 
 #[cfg(test)]

@@ -24,8 +24,8 @@ use std::collections::HashMap;
 const W: Flavor = Flavor::WorkersAi;
 
 /// `POST run/{model}` body: a prompt or messages, and sampling settings.
-/// `response_format` is enforced; any other field that asks for something
-/// (`tools`, `lora`, …) is refused, not ignored.
+/// `response_format` and `tools` are enforced; any other field that asks
+/// for something (`lora`, …) is refused, not ignored.
 #[derive(Debug, Deserialize)]
 struct RunBody {
     prompt: Option<String>,
@@ -254,7 +254,7 @@ pub(crate) async fn run(
         if !made.is_empty() {
             result["tool_calls"] = made
                 .iter()
-                .map(|c| json!({"name": c.name, "arguments": c.arguments}))
+                .map(|c| json!({"name": c.name, "arguments": crate::tools::arguments_object(c)}))
                 .collect();
         }
     } else {
@@ -281,7 +281,7 @@ fn run_piece(p: &bulkhead_grammar::tools::Piece) -> String {
     match p {
         Piece::Text(t) => json!({"response": t}).to_string(),
         Piece::Call(c) => {
-            json!({"response": "", "tool_calls": [{"name": c.name, "arguments": c.arguments}]})
+            json!({"response": "", "tool_calls": [{"name": c.name, "arguments": crate::tools::arguments_object(c)}]})
                 .to_string()
         }
     }

@@ -837,6 +837,10 @@ pub struct UsageRow {
 pub const MAX_FILE_BYTES: usize = 2_000_000;
 /// The most lines one uploaded file may hold.
 pub const MAX_FILE_LINES: usize = 10_000;
+/// The most files one account keeps at once.
+pub const MAX_FILES_PER_ACCOUNT: u64 = 100;
+/// The most bytes of files one account keeps at once.
+pub const MAX_FILE_BYTES_PER_ACCOUNT: u64 = 50_000_000;
 
 /// A tenant's uploaded file, without its bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -147,8 +147,13 @@ impl FromRequestParts<AppState> for GatewayAgent {
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let gateway = |r| r == CertRole::Gateway;
-        let (GatewayToken(op), _) =
-            agent(parts, state, gateway, "the routing table and usage voids").await?;
+        let (GatewayToken(op), _) = agent(
+            parts,
+            state,
+            gateway,
+            "the routing table, usage voids and tenants' files",
+        )
+        .await?;
         Ok(GatewayAgent(op))
     }
 }

@@ -35,15 +35,24 @@ struct ForAccount {
     account: String,
 }
 
+impl ForAccount {
+    /// The account id, checked to be one.
+    fn id(&self) -> Result<&str, ApiError> {
+        crate::AccountId::parse(&self.account)
+            .map(|_| self.account.as_str())
+            .ok_or_else(|| ApiError::bad_request("account is 32 hex digits"))
+    }
+}
+
 async fn create(
     State(s): State<AppState>,
     _: GatewayAgent,
     AppJson(upload): AppJson<FileUpload>,
 ) -> ApiResult<FileView> {
-    let mut conn = s.db.pool().acquire().await?;
-    Ok(Json(
-        files::create(&mut conn, &upload, Timestamp::now()).await?,
-    ))
+    let mut tx = s.db.begin().await?;
+    let made = files::create(&mut tx, &upload, Timestamp::now()).await?;
+    tx.commit().await?;
+    Ok(Json(made))
 }
 
 async fn list(
@@ -52,7 +61,7 @@ async fn list(
     AppQuery(q): AppQuery<ForAccount>,
 ) -> ApiResult<Vec<FileView>> {
     let mut conn = s.db.pool().acquire().await?;
-    Ok(Json(files::list(&mut conn, &q.account).await?))
+    Ok(Json(files::list(&mut conn, q.id()?).await?))
 }
 
 async fn one(
@@ -62,7 +71,7 @@ async fn one(
     AppQuery(q): AppQuery<ForAccount>,
 ) -> ApiResult<FileView> {
     let mut conn = s.db.pool().acquire().await?;
-    Ok(Json(files::get(&mut conn, &q.account, &id).await?))
+    Ok(Json(files::get(&mut conn, q.id()?, &id).await?))
 }
 
 async fn content(
@@ -72,7 +81,7 @@ async fn content(
     AppQuery(q): AppQuery<ForAccount>,
 ) -> ApiResult<FileContent> {
     let mut conn = s.db.pool().acquire().await?;
-    let content = files::content(&mut conn, &q.account, &id).await?;
+    let content = files::content(&mut conn, q.id()?, &id).await?;
     Ok(Json(FileContent { content }))
 }
 
@@ -83,8 +92,8 @@ async fn remove(
     AppQuery(q): AppQuery<ForAccount>,
 ) -> ApiResult<FileView> {
     let mut tx = s.db.begin().await?;
-    let gone = files::get(&mut tx, &q.account, &id).await?;
-    files::delete(&mut tx, &q.account, &id).await?;
+    let gone = files::get(&mut tx, q.id()?, &id).await?;
+    files::delete(&mut tx, q.id()?, &id).await?;
     tx.commit().await?;
     Ok(Json(gone))
 }

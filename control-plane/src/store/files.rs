@@ -4,7 +4,10 @@
 
 use super::{Conn, get_time, get_u64, to_i64};
 use crate::Error;
-use bulkhead_control_api::{FileUpload, FileView, MAX_FILE_BYTES, MAX_FILE_LINES, Timestamp};
+use bulkhead_control_api::{
+    FileUpload, FileView, MAX_FILE_BYTES, MAX_FILE_BYTES_PER_ACCOUNT, MAX_FILE_LINES,
+    MAX_FILES_PER_ACCOUNT, Timestamp,
+};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -19,7 +22,9 @@ select_macro!(
     "files"
 );
 
-/// Stores `upload` as a new file.
+/// Stores `upload` as a new file, within the account's quota of files
+/// and bytes (the caller's transaction holds the count and the insert
+/// together).
 pub async fn create(
     conn: &mut Conn,
     upload: &FileUpload,
@@ -49,6 +54,20 @@ pub async fn create(
         lines: check_content(&upload.content)?,
         created_at: now,
     };
+    let kept = sqlx::query(
+        "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(bytes), 0) AS BIGINT) AS total \
+         FROM files WHERE account_id = $1",
+    )
+    .bind(view.account_id.as_str())
+    .fetch_one(&mut *conn)
+    .await?;
+    let (n, total) = (get_u64(&kept, "n")?, get_u64(&kept, "total")?);
+    if n >= MAX_FILES_PER_ACCOUNT || total + view.bytes > MAX_FILE_BYTES_PER_ACCOUNT {
+        return Err(Error::Invalid(format!(
+            "an account keeps at most {MAX_FILES_PER_ACCOUNT} files and {MAX_FILE_BYTES_PER_ACCOUNT} bytes \
+             of them ({n} files, {total} bytes now): delete some first"
+        )));
+    }
     sqlx::query(
         "INSERT INTO files (id, account_id, purpose, filename, bytes, lines, created_at, content) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",

@@ -301,7 +301,7 @@ fn max_prompt_tokens(body: &GenerateBody) -> u64 {
     }
     let messages = body.messages.as_deref().unwrap_or_default();
     let roles: usize = messages.iter().map(|m| m.role.len()).sum();
-    (text_bytes(body) + roles + 16 * (messages.len() + 1) + 64) as u64
+    (text_bytes(body) + tool_bytes(body, 6) + roles + 16 * (messages.len() + 1) + 64) as u64
 }
 
 /// Bytes of the request's text: prompt, raw text and message contents.
@@ -312,6 +312,44 @@ fn text_bytes(body: &GenerateBody) -> usize {
             .messages
             .as_ref()
             .map_or(0, |m| m.iter().map(|m| m.content.len()).sum())
+}
+
+/// What the worker adds to the prompt for tools: the functions'
+/// description in the system message, earlier calls written out, and each
+/// result's `<tool_response>`, with text escaped as JSON taking `escape`
+/// bytes a byte (6 bounds it: a control character's `\u00XX`; 1 is what
+/// text usually takes).
+fn tool_bytes(body: &GenerateBody, escape: usize) -> usize {
+    let offered = body.tools.as_ref().map_or(0, |t| {
+        1024 + t
+            .functions
+            .iter()
+            .map(|f| {
+                128 + 2 * f.name.len()
+                    + escape * f.description.as_ref().map_or(0, String::len)
+                    + escape * f.parameters.to_string().len()
+            })
+            .sum::<usize>()
+    });
+    let history: usize = body.messages.as_ref().map_or(0, |m| {
+        m.iter()
+            .map(|m| {
+                let calls: usize = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| 64 + 2 * c.name.len() + c.arguments.len())
+                    .sum();
+                // The content itself is counted with the messages' text.
+                let result = if m.role == "tool" {
+                    128 + (escape - 1) * m.content.len()
+                } else {
+                    0
+                };
+                calls + result
+            })
+            .sum()
+    });
+    offered + history
 }
 
 /// What [`call`] hands back: the first line, the rest, and what is held
@@ -486,7 +524,8 @@ fn call_id() -> String {
 /// Tokens a request may use, for the tokens-per-minute limit: about four
 /// characters per prompt token, plus `max_tokens`.
 fn estimate(body: &GenerateBody) -> u64 {
-    let chars = text_bytes(body) + body.tokens.as_ref().map_or(0, |t| t.len() * 4);
+    let chars =
+        text_bytes(body) + tool_bytes(body, 1) + body.tokens.as_ref().map_or(0, |t| t.len() * 4);
     (chars / 4 + body.max_tokens) as u64
 }
 

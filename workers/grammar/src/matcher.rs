@@ -74,8 +74,9 @@ enum Frame {
         count: u32,
         phase: CallsPhase,
     },
-    /// Plain text instead of calls: any byte from here on.
-    Free,
+    /// Plain text before any call: any byte, `pos` bytes of
+    /// [`tools::AFTER_TEXT`] seen last, which opens calls after it.
+    Free { node: NodeId, pos: usize },
     /// A [`Node::Tagged`]'s text so far, `pos` bytes: the alternatives it
     /// is still a prefix of.
     Tag {
@@ -208,7 +209,7 @@ impl Matcher {
                 let lits = self.literals(*node);
                 alive.iter().any(|i| lits[usize::from(*i)].len() == *pos)
             }
-            [Frame::Free]
+            [Frame::Free { .. }]
             | [
                 Frame::Calls {
                     phase: CallsPhase::Next(0),
@@ -310,7 +311,7 @@ impl Matcher {
             } => self.number(integer, phase, len, b),
             Frame::Literal { node, pos, alive } => self.literal(node, pos, &alive, b),
             Frame::Calls { node, count, phase } => self.calls(node, count, phase, b),
-            Frame::Free => Action::Take,
+            Frame::Free { node, pos } => self.free(node, pos, b),
             Frame::Tag { node, pos, alive } => self.tag(node, pos, &alive, b),
             Frame::Close { node, pos } => self.close(node, pos, b),
         }
@@ -623,7 +624,7 @@ impl Matcher {
                 if text.get(pos) != Some(&b) {
                     // With a free choice, output that is not a call is text.
                     return if free && opening && count == 0 {
-                        Action::Become(Frame::Free)
+                        Action::Become(Frame::Free { node, pos: 0 })
                     } else {
                         Action::Reject
                     };
@@ -659,6 +660,35 @@ impl Matcher {
                 Action::Take
             }
         }
+    }
+
+    /// Text, watching for [`tools::AFTER_TEXT`]: once it is whole, calls
+    /// follow (none may, with `max` 0: its `>` is refused).
+    fn free(&mut self, node: NodeId, pos: usize, b: u8) -> Action {
+        let Node::Calls { call, max, .. } = *self.node(node) else {
+            return Action::Reject;
+        };
+        let text = tools::AFTER_TEXT.as_bytes();
+        if text.get(pos) == Some(&b) {
+            if max == 0 && pos + 2 >= text.len() {
+                return Action::Reject;
+            }
+            if pos + 1 == text.len() {
+                self.set_top(Frame::Calls {
+                    node,
+                    count: 0,
+                    phase: CallsPhase::Close(0),
+                });
+                return Action::Push(Frame::Value(call));
+            }
+            self.set_top(Frame::Free { node, pos: pos + 1 });
+            return Action::Take;
+        }
+        // The text's only newline is its first byte: a newline starts it
+        // again, anything else starts it over.
+        let pos = usize::from(b == text[0]);
+        self.set_top(Frame::Free { node, pos });
+        Action::Take
     }
 
     fn tag(&mut self, node: NodeId, pos: usize, alive: &[u16], b: u8) -> Action {

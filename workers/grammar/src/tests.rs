@@ -358,9 +358,22 @@ fn an_auto_choice_allows_text_or_calls() {
             "<tool",
             "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"url\": \"a\"}}\n</tool_call>",
             "<tool_calls are not this>",
+            // Text, then calls after a newline.
+            "Let me look.\n<tool_call>\n{\"name\": \"get\", \"arguments\": {\"url\": \"a\"}}\n</tool_call>",
+            "a\n\n<tool_call>\n{\"name\": \"get\", \"arguments\": {\"url\": \"a\"}}\n</tool_call>",
+            "A line\n<tool_calls are not this>",
         ],
-        &["<tool_call>\n{\"name\": \"get\""],
-        &["<tool_call>\n{\"name\": \"other\"", "<tool_call>\nhello"],
+        &[
+            "<tool_call>\n{\"name\": \"get\"",
+            "Let me look.\n<tool_call>\n",
+        ],
+        &[
+            "<tool_call>\n{\"name\": \"other\"",
+            "<tool_call>\nhello",
+            // Once calls open after text, they are held like any.
+            "Text\n<tool_call>\nhello",
+            "Text\n<tool_call>\n{\"name\": \"get\", \"arguments\": {\"url\": 1",
+        ],
     );
     assert!(Matcher::new(g).can_end(), "an empty answer is text");
 }
@@ -385,11 +398,17 @@ fn tool_definitions_are_checked() {
     );
     let mut unknown = weather_tools();
     unknown[0].parameters = json!({"type": "object", "properties": {"a": {"anyOf": []}}});
+    // Values at the top would stand for the arguments object itself.
+    let mut listed = weather_tools();
+    listed[0].parameters = json!({"type": "object", "enum": [1]});
+    // With no call possible, schemas are not enforced, so not refused.
+    assert!(Grammar::tool_calls(&unknown, &tools::Choice::None, true).is_ok());
     for (tools, want) in [
         (bad_name, "function name"),
         (not_object, "type object"),
         (twice, "twice"),
         (unknown, "anyOf"),
+        (listed, "top of the parameters"),
         (Vec::new(), "at least one"),
     ] {
         let e = Grammar::tool_calls(&tools, &tools::Choice::Auto, false).unwrap_err();
@@ -416,11 +435,11 @@ fn the_splitter_reads_back_what_the_grammar_allows_as_it_streams() {
             vec![
                 tools::Piece::Call(tools::Call {
                     name: "get_weather".into(),
-                    arguments: args.clone()
+                    arguments: r#"{"city":"Paris"}"#.into()
                 }),
                 tools::Piece::Call(tools::Call {
                     name: "get".into(),
-                    arguments: json!({"url": "u"})
+                    arguments: r#"{"url":"u"}"#.into()
                 }),
             ],
             "chunks of {step}"
@@ -436,6 +455,36 @@ fn the_splitter_reads_back_what_the_grammar_allows_as_it_streams() {
     assert!(s.push("<tool_").is_empty(), "held");
     assert_eq!(s.push("x"), vec![tools::Piece::Text("<tool_x".into())]);
     assert_eq!(s.push("y"), vec![tools::Piece::Text("y".into())]);
+    // Text, then calls: both, in order, however the text is cut; an
+    // ending that could open calls is held, then given back as text.
+    let mixed = "Let me look.\n<tool_call>\n{\"name\": \"get\", \"arguments\": {\"url\": \"u\", \"n\": 123456789012345678901234}}\n</tool_call>";
+    for step in [1, 5, mixed.len()] {
+        let mut s = tools::Splitter::new();
+        let mut pieces = Vec::new();
+        for chunk in mixed.as_bytes().chunks(step) {
+            pieces.extend(s.push(std::str::from_utf8(chunk).unwrap()));
+        }
+        pieces.extend(s.finish());
+        let text: String = pieces
+            .iter()
+            .filter_map(|p| match p {
+                tools::Piece::Text(t) => Some(t.as_str()),
+                tools::Piece::Call(_) => None,
+            })
+            .collect();
+        assert_eq!(text, "Let me look.", "chunks of {step}");
+        // The arguments as written: order and digits kept.
+        assert_eq!(
+            pieces.last(),
+            Some(&tools::Piece::Call(tools::Call {
+                name: "get".into(),
+                arguments: r#"{"url": "u", "n": 123456789012345678901234}"#.into()
+            }))
+        );
+    }
+    let mut s = tools::Splitter::new();
+    assert_eq!(s.push("Hi\n<tool"), vec![tools::Piece::Text("Hi".into())]);
+    assert_eq!(s.finish(), Some(tools::Piece::Text("\n<tool".into())));
 }
 
 #[test]
@@ -451,6 +500,11 @@ fn a_none_choice_allows_text_that_does_not_open_a_call() {
             "Sure: <tool_call>\n{",
         ],
         &[],
-        &["<tool_call>", "<tool_call>\n"],
+        &[
+            "<tool_call>",
+            "<tool_call>\n",
+            "Text\n<tool_call>",
+            "Text\n<tool_call>\n",
+        ],
     );
 }

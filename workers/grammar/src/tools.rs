@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Several calls follow one another, each [`OPEN`] right after the last
-//! [`CLOSE`]. Earlier calls in
+//! [`CLOSE`]. With `auto`, text may come first: calls then open after a
+//! newline ([`AFTER_TEXT`]). Earlier calls in
 //! a conversation are shown to the model in the same format, so what it
 //! reads is what it is held to write.
 
@@ -25,6 +26,9 @@ use std::sync::Arc;
 pub const OPEN: &str = "<tool_call>\n";
 /// What closes a call.
 pub const CLOSE: &str = "\n</tool_call>";
+/// What opens calls after text (with [`Choice::Auto`]): a newline, then
+/// [`OPEN`]. From there on the output is calls, as at the start.
+pub const AFTER_TEXT: &str = "\n<tool_call>\n";
 /// What opens a call after another: [`OPEN`] right after the [`CLOSE`]
 /// (no newline between: after a call's close a model is then held to
 /// open another or end its turn, which it does far more often than it
@@ -97,6 +101,20 @@ pub fn calls_text<'a>(calls: impl IntoIterator<Item = (&'a str, &'a Value)>) -> 
         .collect()
 }
 
+/// A function's result as the model is shown it: in `<tool_response>`
+/// tags, naming the function when the call it answers is known.
+pub fn response_text(name: Option<&str>, content: &str) -> String {
+    let body = match name {
+        Some(n) => format!(
+            "{{\"name\": {}, \"content\": {}}}",
+            Value::from(n),
+            Value::from(content)
+        ),
+        None => format!("{{\"content\": {}}}", Value::from(content)),
+    };
+    format!("<tool_response>\n{body}\n</tool_response>")
+}
+
 /// The system text that tells a model without tool syntax in its chat
 /// template which functions it has and how to call them.
 pub fn system_text(functions: &[Function]) -> String {
@@ -115,7 +133,8 @@ pub fn system_text(functions: &[Function]) -> String {
     s.push_str(
         "</tools>\nTo call a function, answer with a JSON object of its name and \
          arguments between <tool_call> and </tool_call> tags:\n<tool_call>\n\
-         {\"name\": <function-name>, \"arguments\": <arguments-object>}\n</tool_call>",
+         {\"name\": <function-name>, \"arguments\": <arguments-object>}\n</tool_call>\n\
+         Results come back between <tool_response> and </tool_response> tags.",
     );
     s
 }
@@ -155,6 +174,11 @@ impl Grammar {
             {
                 continue;
             }
+            // No call can be made: the schemas are shown to the model,
+            // never enforced, so none is refused for what it uses.
+            if *choice == Choice::None {
+                continue;
+            }
             let at = format!("tools[{i}].function.parameters");
             // Arguments are an object: a schema that says no type (`{}`,
             // as clients send for a function without parameters) is one.
@@ -165,6 +189,14 @@ impl Grammar {
                 }
                 Some(o) if o.get("type").and_then(Value::as_str) == Some("object") => {}
                 _ => return Err(invalid(&at, "must be a schema of type object")),
+            }
+            // Values listed at the top would stand for the object itself:
+            // the arguments must be an object the schema's properties say.
+            if params.get("enum").is_some() || params.get("const").is_some() {
+                return Err(unsupported(
+                    &at,
+                    "`enum` or `const` at the top of the parameters",
+                ));
             }
             let args = compile(&mut nodes, &params, &at, 0)?;
             alts.push((call_head(&f.name).into_bytes(), args));
@@ -205,8 +237,9 @@ impl Grammar {
 pub struct Call {
     /// The function's name.
     pub name: String,
-    /// Its arguments (a JSON object, as the grammar holds them to be).
-    pub arguments: Value,
+    /// Its arguments, the JSON object's text exactly as the model wrote it
+    /// (key order, number digits and all).
+    pub arguments: String,
 }
 
 /// A piece of output: text for the client, or a whole call.
@@ -222,7 +255,8 @@ pub enum Piece {
 enum State {
     /// The output so far is a prefix of [`OPEN`]: text or a call.
     Undecided,
-    /// Plain text: everything passes as it comes.
+    /// Plain text: it passes as it comes, but for an ending that could
+    /// begin [`AFTER_TEXT`].
     Text,
     /// Inside a call, after its [`OPEN`].
     InCall,
@@ -238,6 +272,9 @@ enum State {
 pub struct Splitter {
     buf: String,
     state: State,
+    /// The text that opened the call being read ([`OPEN`] or
+    /// [`AFTER_TEXT`]), given back with it if it does not parse.
+    opening: &'static str,
 }
 
 impl Default for Splitter {
@@ -252,18 +289,13 @@ impl Splitter {
         Splitter {
             buf: String::new(),
             state: State::Undecided,
+            opening: OPEN,
         }
     }
 
     /// Takes the next text of the output; the pieces now known.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         let mut out = Vec::new();
-        if self.state == State::Text {
-            if !text.is_empty() {
-                out.push(Piece::Text(text.to_owned()));
-            }
-            return out;
-        }
         self.buf.push_str(text);
         loop {
             match self.state {
@@ -273,38 +305,58 @@ impl Splitter {
                     if let Some(rest) = self.buf.strip_prefix(OPEN) {
                         self.buf = rest.to_owned();
                         self.state = State::InCall;
+                        self.opening = OPEN;
                     } else if OPEN.starts_with(self.buf.as_str()) {
                         return out;
                     } else {
                         self.state = State::Text;
-                        out.push(Piece::Text(std::mem::take(&mut self.buf)));
-                        return out;
                     }
                 }
                 State::InCall => {
                     let Some(end) = self.buf.find(CLOSE) else {
                         return out;
                     };
-                    let body = self.buf[..end].to_owned();
-                    self.buf.drain(..end + CLOSE.len());
+                    let body: String = self.buf.drain(..end).collect();
+                    self.buf.drain(..CLOSE.len());
                     match parse_call(&body) {
                         Some(c) => out.push(Piece::Call(c)),
-                        None => out.push(Piece::Text(format!("{OPEN}{body}{CLOSE}"))),
+                        None => out.push(Piece::Text(format!("{}{body}{CLOSE}", self.opening))),
                     }
                     self.state = State::Between;
                 }
-                State::Text => return out,
+                // Text passes as it comes, but for an ending that could be
+                // the start of [`AFTER_TEXT`], held until it is clear.
+                State::Text => {
+                    if let Some(at) = self.buf.find(AFTER_TEXT) {
+                        let before: String = self.buf.drain(..at).collect();
+                        if !before.is_empty() {
+                            out.push(Piece::Text(before));
+                        }
+                        self.buf.drain(..AFTER_TEXT.len());
+                        self.state = State::InCall;
+                        self.opening = AFTER_TEXT;
+                        continue;
+                    }
+                    let held = (1..AFTER_TEXT.len())
+                        .rev()
+                        .find(|&k| self.buf.ends_with(&AFTER_TEXT[..k]))
+                        .unwrap_or(0);
+                    // The held ending is ASCII: the cut is a char boundary.
+                    let cut = self.buf.len() - held;
+                    if cut > 0 {
+                        out.push(Piece::Text(self.buf.drain(..cut).collect()));
+                    }
+                    return out;
+                }
             }
         }
     }
 
     /// The end of the output: whatever is held comes out as text (a call
-    /// cut short by the token limit, or text that was a prefix of
-    /// [`OPEN`]).
+    /// cut short by the token limit, or text that could have opened one).
     pub fn finish(self) -> Option<Piece> {
         let held = match self.state {
-            State::InCall => format!("{OPEN}{}", self.buf),
-            State::Between if self.buf.trim().is_empty() => String::new(),
+            State::InCall => format!("{}{}", self.opening, self.buf),
             _ => self.buf,
         };
         (!held.is_empty()).then_some(Piece::Text(held))
@@ -328,8 +380,19 @@ pub fn split(output: &str) -> (String, Vec<Call>) {
 }
 
 fn parse_call(body: &str) -> Option<Call> {
-    let v: Value = serde_json::from_str(body.trim()).ok()?;
+    let body = body.trim();
+    let v: Value = serde_json::from_str(body).ok()?;
     let name = v.get("name")?.as_str()?.to_owned();
-    let arguments = v.get("arguments")?.clone();
-    arguments.is_object().then_some(Call { name, arguments })
+    if !v.get("arguments")?.is_object() {
+        return None;
+    }
+    // The grammar writes the head exactly, then the arguments, then `}`:
+    // the arguments' own text is what lies between.
+    let arguments = body
+        .strip_prefix(call_head(&name).as_str())
+        .and_then(|rest| rest.strip_suffix('}'))
+        .map(str::trim)
+        .filter(|a| serde_json::from_str::<Value>(a).is_ok_and(|a| a.is_object()))
+        .map_or_else(|| v["arguments"].to_string(), str::to_owned);
+    Some(Call { name, arguments })
 }

@@ -1,7 +1,9 @@
 //! Tool calling on the worker: a conversation with functions on offer
 //! rendered in the default format of `bulkhead_grammar::tools` (the
 //! functions described in the system message, earlier calls written as
-//! the model is held to write them, `tool` messages as turns of their own),
+//! the model is held to write them, and each `tool` message's result in a
+//! `<tool_response>` naming its function, consecutive results in one user
+//! turn, so templates that insist on user and assistant turns take them),
 //! and the grammar that holds the answer to calls.
 //!
 //! Every chat template is given the default format, also one with tool
@@ -20,8 +22,34 @@ pub(crate) fn chat_messages(
     messages: &[Message],
     tools: Option<&Tools>,
 ) -> Result<Vec<ChatMessage>, String> {
-    let mut out = Vec::with_capacity(messages.len() + 1);
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    // The function each earlier call named, by call id.
+    let mut called: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    let mut last_was_result = false;
     for m in messages {
+        if m.role == "tool" {
+            let name = m
+                .tool_call_id
+                .as_deref()
+                .and_then(|id| called.get(id).copied());
+            let response = tools::response_text(name, &m.content);
+            match out.last_mut() {
+                Some(prev) if last_was_result => {
+                    prev.content.push('\n');
+                    prev.content.push_str(&response);
+                }
+                _ => out.push(ChatMessage {
+                    role: "user".to_owned(),
+                    content: response,
+                }),
+            }
+            last_was_result = true;
+            continue;
+        }
+        last_was_result = false;
+        for c in &m.tool_calls {
+            called.insert(c.id.as_str(), c.name.as_str());
+        }
         let mut content = m.content.clone();
         if !m.tool_calls.is_empty() {
             if m.role != "assistant" {
@@ -144,13 +172,42 @@ mod tests {
         let written = &rendered[2].content;
         let (text, calls) = tools::split(written);
         assert_eq!(text, "");
-        assert_eq!(calls[0].arguments, json!({"city": "Paris"}));
+        assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
         // What the model is shown is what the grammar lets it write.
         let g = grammar(&offer()).unwrap();
         let mut m = bulkhead_grammar::Matcher::new(g);
         assert!(m.feed(written.as_bytes()) && m.can_end(), "{written}");
-        assert_eq!(rendered[3].role, "tool");
-        assert_eq!(rendered[3].content, "22 C, sunny");
+        // The result, in a user turn, naming the function it came from.
+        assert_eq!(rendered[3].role, "user");
+        assert_eq!(
+            rendered[3].content,
+            "<tool_response>\n{\"name\": \"get_weather\", \"content\": \"22 C, sunny\"}\n</tool_response>"
+        );
+    }
+
+    #[test]
+    fn consecutive_results_share_one_user_turn() {
+        let mut call = msg("assistant", "");
+        for (id, city) in [("a", "Oslo"), ("b", "Rome")] {
+            call.tool_calls.push(ToolCall {
+                id: id.to_owned(),
+                name: "get_weather".to_owned(),
+                arguments: format!("{{\"city\": \"{city}\"}}"),
+            });
+        }
+        let mut results = Vec::new();
+        for (id, text) in [("a", "cold"), ("b", "warm")] {
+            let mut r = msg("tool", text);
+            r.tool_call_id = Some(id.to_owned());
+            results.push(r);
+        }
+        let mut convo = vec![msg("user", "Oslo and Rome?"), call];
+        convo.extend(results);
+        let rendered = chat_messages(&convo, Some(&offer())).unwrap();
+        let roles: Vec<&str> = rendered.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert_eq!(rendered[3].content.matches("<tool_response>").count(), 2);
+        assert!(rendered[3].content.contains(r#""content": "warm""#));
     }
 
     #[test]
