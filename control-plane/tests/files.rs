@@ -68,23 +68,13 @@ backend_test!(a_file_is_its_accounts_alone_and_survives_as_written, |h| {
 
     // Bob asks for Alice's file: what an unknown id gets, byte for byte.
     let unknown = "file-000000000000000000000000";
+    let as_bob = |file: String| {
+        let h = &h;
+        async move { h.raw(Method::GET, &file, Some(&h.gateway), None).await }
+    };
     for suffix in ["", "/content"] {
-        let theirs = h
-            .raw(
-                Method::GET,
-                &format!("/admin/v1/files/{id}{suffix}?account={BOB}"),
-                Some(&h.gateway),
-                None,
-            )
-            .await;
-        let none = h
-            .raw(
-                Method::GET,
-                &format!("/admin/v1/files/{unknown}{suffix}?account={BOB}"),
-                Some(&h.gateway),
-                None,
-            )
-            .await;
+        let theirs = as_bob(format!("/admin/v1/files/{id}{suffix}?account={BOB}")).await;
+        let none = as_bob(format!("/admin/v1/files/{unknown}{suffix}?account={BOB}")).await;
         assert_eq!(theirs.0, StatusCode::NOT_FOUND);
         assert_eq!(
             theirs.2.replace(&id, unknown),

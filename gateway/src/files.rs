@@ -233,21 +233,36 @@ fn file_id(path: Result<Path<String>, PathRejection>) -> Result<String, GatewayE
     }
 }
 
+/// The control plane's answer on one of the account's files: `rest` is
+/// what follows its id in the route (`""` or `/content`).
+async fn for_file<T: serde::de::DeserializeOwned>(
+    s: &AppState,
+    ctx: &Ctx,
+    path: Result<Path<String>, PathRejection>,
+    rest: &str,
+    delete: bool,
+) -> Result<T, ApiError> {
+    let id = file_id(path).map_err(|e| e.in_(O))?;
+    let url = format!(
+        "/admin/v1/files/{id}{rest}?account={}",
+        ctx.principal.account_id
+    );
+    let cp = s.control_plane();
+    let answer = if delete {
+        cp.delete(&url).await
+    } else {
+        cp.get(&url).await
+    };
+    answer.map_err(|e| cp_error(&e, &id).in_(O))
+}
+
 /// `GET /v1/files/{id}`.
 pub(crate) async fn one(
     State(s): State<AppState>,
     path: Result<Path<String>, PathRejection>,
     Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
-    let id = file_id(path).map_err(|e| e.in_(O))?;
-    let f: FileView = s
-        .control_plane()
-        .get(&format!(
-            "/admin/v1/files/{id}?account={}",
-            ctx.principal.account_id
-        ))
-        .await
-        .map_err(|e| cp_error(&e, &id).in_(O))?;
+    let f: FileView = for_file(&s, &ctx, path, "", false).await?;
     Ok(Json(file_json(&f)).into_response())
 }
 
@@ -257,15 +272,7 @@ pub(crate) async fn content(
     path: Result<Path<String>, PathRejection>,
     Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
-    let id = file_id(path).map_err(|e| e.in_(O))?;
-    let c: FileContent = s
-        .control_plane()
-        .get(&format!(
-            "/admin/v1/files/{id}/content?account={}",
-            ctx.principal.account_id
-        ))
-        .await
-        .map_err(|e| cp_error(&e, &id).in_(O))?;
+    let c: FileContent = for_file(&s, &ctx, path, "/content", false).await?;
     Ok(([(header::CONTENT_TYPE, "application/jsonl")], c.content).into_response())
 }
 
@@ -275,15 +282,7 @@ pub(crate) async fn delete(
     path: Result<Path<String>, PathRejection>,
     Extension(ctx): Extension<Ctx>,
 ) -> Result<Response, ApiError> {
-    let id = file_id(path).map_err(|e| e.in_(O))?;
-    let f: FileView = s
-        .control_plane()
-        .delete(&format!(
-            "/admin/v1/files/{id}?account={}",
-            ctx.principal.account_id
-        ))
-        .await
-        .map_err(|e| cp_error(&e, &id).in_(O))?;
+    let f: FileView = for_file(&s, &ctx, path, "", true).await?;
     Ok(Json(json!({"id": f.id, "object": "file", "deleted": true})).into_response())
 }
 
