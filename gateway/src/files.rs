@@ -53,6 +53,24 @@ fn file_json(f: &FileView) -> Value {
     })
 }
 
+/// Counts a file call against the account's request limits (files reach
+/// the control plane's database: an account cannot call them faster than
+/// it may call a model), holding its concurrency slot while it runs.
+async fn admitted(s: &AppState, ctx: &Ctx) -> Result<crate::limits::Permit, GatewayError> {
+    match s.limiter.admit(&ctx.principal.account_id, 0).await {
+        Ok(p) => {
+            let _ = ctx.quota.set(p.quota());
+            Ok(p)
+        }
+        Err(e) => {
+            if let crate::limits::LimiterError::Limited { quota, .. } = &e {
+                let _ = ctx.quota.set(*quota);
+            }
+            Err(GatewayError::from(e))
+        }
+    }
+}
+
 /// A control-plane answer as the tenant sees it: not found is the file's
 /// own 404, a refusal is bad input, anything else is unavailability (never
 /// the control plane's words).
@@ -136,6 +154,7 @@ async fn upload_for(
     ctx: &Ctx,
     form: Result<Multipart, MultipartRejection>,
 ) -> Result<Response, GatewayError> {
+    let _permit = admitted(s, ctx).await?;
     let mut form =
         form.map_err(|_| bad("the body must be multipart/form-data with a file and a purpose"))?;
     let (mut purpose, mut file) = (None, None);
@@ -211,6 +230,7 @@ pub(crate) async fn list(
         let name = q.split(['=', '&']).next().unwrap_or_default();
         return Err(GatewayError::Unsupported(name.chars().take(64).collect()).in_(O));
     }
+    let _permit = admitted(&s, &ctx).await.map_err(|e| e.in_(O))?;
     let path = format!("/admin/v1/files?account={}", ctx.principal.account_id);
     let files: Vec<FileView> = s
         .control_plane()
@@ -243,6 +263,7 @@ async fn for_file<T: serde::de::DeserializeOwned>(
     delete: bool,
 ) -> Result<T, ApiError> {
     let id = file_id(path).map_err(|e| e.in_(O))?;
+    let _permit = admitted(s, ctx).await.map_err(|e| e.in_(O))?;
     let url = format!(
         "/admin/v1/files/{id}{rest}?account={}",
         ctx.principal.account_id

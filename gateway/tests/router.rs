@@ -470,6 +470,11 @@ async fn per_account_limits_answer_429_with_retry_after() {
     let r = post(&gw, "/v1/chat/completions", &a, &chat(OPEN)).await;
     assert_eq!(r.status, 429);
     assert_oa(&r.json(), "rate_limit_error", &json!("rate_limit_exceeded"));
+    // File calls count against the same limits: they reach the control
+    // plane's database no faster than requests reach a model.
+    let r = call(&gw, "GET", "/v1/files", Some(&a), None).await;
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert_oa(&r.json(), "rate_limit_error", &json!("rate_limit_exceeded"));
     // Another account has its own budget.
     let r = post(&gw, &run_path(&p.b, OPEN), &bearer(&p.b_token), PROMPT).await;
     assert_eq!(r.status, 503);
