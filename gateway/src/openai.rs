@@ -733,3 +733,92 @@ pub(crate) async fn model(
     let m = pipeline::model(&ctx, &slug).map_err(|e| e.in_(O))?;
     Ok(Json(model_json(m)).into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunks(calls: bool) -> ChatChunks {
+        ChatChunks {
+            id: "chatcmpl-1".to_owned(),
+            created: 1,
+            name: "@cf/m/m".to_owned(),
+            with_logprobs: false,
+            include_usage: false,
+            first: true,
+            calls: calls.then(|| (bulkhead_grammar::tools::Splitter::new(), 0)),
+        }
+    }
+
+    /// Every chunk's delta, in order, and the last one's finish reason.
+    fn stream(c: &mut ChatChunks, pieces: &[&str], finish: &str) -> (Vec<Value>, Value) {
+        let mut out = Vec::new();
+        for p in pieces {
+            out.extend(c.render(StreamEvent::Text(p, &[])));
+        }
+        out.extend(c.render(StreamEvent::Finished {
+            finish_reason: finish.to_owned(),
+            usage: Usage {
+                prompt_tokens: 1,
+                completion_tokens: 1,
+            },
+        }));
+        let parsed: Vec<Value> = out
+            .iter()
+            .map(|s| serde_json::from_str(s).expect("JSON"))
+            .collect();
+        let last = parsed.last().expect("a chunk")["choices"][0]["finish_reason"].clone();
+        let deltas = parsed
+            .iter()
+            .map(|c| c["choices"][0]["delta"].clone())
+            .collect();
+        (deltas, last)
+    }
+
+    #[test]
+    fn streamed_calls_come_whole_after_their_text_however_the_text_is_cut() {
+        let answer = "Checking.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"b\": 2, \"a\": 1}}\n</tool_call><tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>";
+        for cut in [1, 4, answer.len()] {
+            let pieces: Vec<&str> = answer
+                .as_bytes()
+                .chunks(cut)
+                .map(|b| std::str::from_utf8(b).expect("ASCII"))
+                .collect();
+            let (deltas, finish) = stream(&mut chunks(true), &pieces, "stop");
+            assert_eq!(finish, "tool_calls", "a stop to make calls");
+            assert_eq!(deltas[0]["role"], "assistant");
+            let text: String = deltas
+                .iter()
+                .filter_map(|d| d["content"].as_str())
+                .collect();
+            assert_eq!(text, "Checking.", "cut {cut}");
+            let calls: Vec<&Value> = deltas
+                .iter()
+                .filter_map(|d| d.get("tool_calls"))
+                .map(|c| &c[0])
+                .collect();
+            assert_eq!(calls.len(), 2, "cut {cut}: {deltas:?}");
+            for (i, c) in calls.iter().enumerate() {
+                assert_eq!(c["index"], i);
+                assert_eq!(c["type"], "function");
+                assert!(c["id"].as_str().is_some_and(|id| id.starts_with("call_")));
+            }
+            // Arguments as the model wrote them, key order included.
+            assert_eq!(calls[0]["function"]["arguments"], "{\"b\": 2, \"a\": 1}");
+            assert_eq!(calls[1]["function"]["name"], "g");
+        }
+    }
+
+    #[test]
+    fn without_calls_a_stream_is_text_and_its_own_finish() {
+        let (deltas, finish) = stream(&mut chunks(true), &["<to", "ol"], "length");
+        assert_eq!(finish, "length");
+        let text: String = deltas
+            .iter()
+            .filter_map(|d| d["content"].as_str())
+            .collect();
+        assert_eq!(text, "<tool", "held text is given back at the end");
+        let (_, finish) = stream(&mut chunks(false), &["<tool_call>\n"], "stop");
+        assert_eq!(finish, "stop", "no tools: no calls read");
+    }
+}
