@@ -77,6 +77,7 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         stop: args.stop.clone(),
         ignore_eos: false,
         cache: None,
+        class: bulkhead_engine::WorkClass::Interactive,
     };
     let mut handle = engine.submit(TenantId::new(0), request)?;
     let mut out = std::io::stdout().lock();

@@ -36,6 +36,7 @@ fn greedy(prompt: Vec<u32>) -> GenerateRequest {
         stop: Vec::new(),
         ignore_eos: true,
         cache: None,
+        class: bulkhead_engine::WorkClass::Interactive,
     }
 }
 

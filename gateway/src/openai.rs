@@ -15,6 +15,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use bulkhead_control_api::RoutedModel;
+use bulkhead_worker_api::context::WorkClass;
 use bulkhead_worker_api::{GenerateBody, Message, TokenLogprobs, Usage};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -53,6 +54,7 @@ struct Common {
     response_format: Option<Value>,
     logprobs: Option<Value>,
     top_logprobs: Option<Value>,
+    service_tier: Option<Value>,
     /// Everything else the body holds.
     #[serde(flatten)]
     other: serde_json::Map<String, Value>,
@@ -186,6 +188,23 @@ impl Common {
         };
         bulkhead_worker_api::check_stops(&b.stop).map_err(|m| bad(&m))?;
         Ok(())
+    }
+
+    /// `service_tier`: `flex` is served after every interactive request's
+    /// prompt work (of any tenant), from what it leaves of each step;
+    /// `auto` and `default` (or none) are interactive.
+    fn class(&self) -> Result<WorkClass, GatewayError> {
+        match self.service_tier.as_ref().and_then(Value::as_str) {
+            _ if self.service_tier.as_ref().is_none_or(Value::is_null) => {
+                Ok(WorkClass::Interactive)
+            }
+            Some("auto" | "default") => Ok(WorkClass::Interactive),
+            Some("flex") => Ok(WorkClass::Batch),
+            _ => Err(GatewayError::UnsupportedValue {
+                param: "service_tier".to_owned(),
+                detail: "auto, default and flex are served".to_owned(),
+            }),
+        }
     }
 
     fn include_usage(&self) -> bool {
@@ -337,6 +356,10 @@ pub(crate) async fn account_chat(
 
 async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, GatewayError> {
     let req: ChatBody = pipeline::parse_json(body)?;
+    let ctx = &Ctx {
+        class: req.common.class()?,
+        ..ctx.clone()
+    };
     let slug = req.common.model()?;
     let model = pipeline::model(ctx, slug)?;
     let messages = req
@@ -605,6 +628,10 @@ pub(crate) async fn completions(
 
 async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, GatewayError> {
     let req: CompletionBody = pipeline::parse_json(body)?;
+    let ctx = &Ctx {
+        class: req.common.class()?,
+        ..ctx.clone()
+    };
     let slug = req.common.model()?;
     let model = pipeline::model(ctx, slug)?;
     // One string, or (as OpenAI's API allows) one prompt's token ids.

@@ -24,7 +24,7 @@ pub(crate) fn refuse_unsupported(
         let harmless = match key.as_str() {
             // `null` is the same as leaving the field out.
             _ if value.is_null() => true,
-            "user" | "metadata" | "service_tier" => true,
+            "user" | "metadata" => true,
             // vLLM's per-request prefix-cache salt (and the like): the
             // platform chooses the cache namespace from the account, so a
             // client's salt can change nothing, not even the answer.

@@ -221,6 +221,8 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
             "response_format",
         ),
         (json!({"presence_penalty": 1.5}), "presence_penalty"),
+        // Tiers not served are refused by name; `flex` is served.
+        (json!({"service_tier": "priority"}), "service_tier"),
         (json!({"max_tokns": 8}), "max_tokns"),
     ] {
         let mut body = json!({"model": OPEN, "messages": msgs});
@@ -308,6 +310,11 @@ async fn routes_slugs_and_errors_in_each_apis_shape() {
             {"role": "tool", "name": "get_weather", "content": "sunny"}]});
     let r = post(&gw, &run_path(&p.a, OPEN), &a, &flat.to_string()).await;
     assert_eq!(r.status, 503, "admitted: {}", r.body);
+    for tier in ["flex", "auto", "default"] {
+        let body = json!({"model": OPEN, "messages": msgs, "service_tier": tier});
+        let r = post(&gw, "/v1/chat/completions", &a, &body.to_string()).await;
+        assert_eq!(r.status, 503, "admitted: {}", r.body);
+    }
     let r = post(
         &gw,
         "/v1/completions",

@@ -274,6 +274,7 @@ fn request(prompt: Vec<u32>, max_tokens: usize, cache: Option<CacheScope>) -> Ge
         stop: Vec::new(),
         ignore_eos: false,
         cache,
+        class: bulkhead_engine::WorkClass::Interactive,
     }
 }
 

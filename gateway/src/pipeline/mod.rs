@@ -28,7 +28,7 @@ use crate::upstream::{LineStream, UpstreamError};
 use crate::watch::{Snapshot, WatchError};
 use axum::http::{HeaderMap, header};
 use bulkhead_control_api::{Price, RoutedModel, Timestamp};
-use bulkhead_worker_api::context::TenantContext;
+use bulkhead_worker_api::context::{TenantContext, WorkClass};
 use bulkhead_worker_api::{GenerateBody, Line, Usage};
 use std::sync::{Arc, OnceLock};
 use tracing::Instrument;
@@ -50,6 +50,10 @@ pub(crate) struct Ctx {
     /// The client's `x-session-affinity` header, if it sent one: the
     /// conversation its requests continue, for routing alone.
     pub(crate) session: Option<String>,
+    /// Whether its prompt work goes before or after interactive work, as
+    /// its API's handler read it (OpenAI's `service_tier`); signed into
+    /// each worker call.
+    pub(crate) class: WorkClass,
 }
 
 /// Authenticates the request from its headers against the current table.
@@ -76,6 +80,7 @@ pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Ctx,
         quota: Arc::default(),
         calls: Arc::default(),
         session,
+        class: WorkClass::Interactive,
     })
 }
 
@@ -497,6 +502,7 @@ async fn attempt(
         std::time::SystemTime::now(),
     );
     statement.choice = choice;
+    statement.class = ctx.class;
     let (first, mut rest) = tokio::select! {
         r = state
             .upstream

@@ -299,7 +299,8 @@ impl Engine {
     /// finished pages and the last logits. With a cache scope (the decode
     /// worker's, from the signed context) the cached part of the prompt
     /// is copied instead of computed, and the pages are published once
-    /// the transfer is released.
+    /// the transfer is released. `class` orders its prompt work against
+    /// other requests' (the signed context's, as for the decode side).
     pub fn submit_prefill(
         &self,
         tenant: TenantId,
@@ -307,6 +308,7 @@ impl Engine {
         max_tokens: usize,
         transfer: TransferId,
         cache: Option<CacheScope>,
+        class: crate::WorkClass,
     ) -> Result<UnboundedReceiver<PrefillEvent>, AdmissionError> {
         self.check_tokens(&prompt)?;
         let (events, rx) = unbounded_channel();
@@ -321,9 +323,9 @@ impl Engine {
             cache,
         )?;
         let charge = self.reserve_prefill(n)?;
-        let _ = self
-            .commands
-            .send(Command::Prefill(admitted.map(|p| p.charged(charge))));
+        let _ = self.commands.send(Command::Prefill(
+            admitted.map(|p| p.charged(charge).of_class(class)),
+        ));
         Ok(rx)
     }
 

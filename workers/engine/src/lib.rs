@@ -48,6 +48,7 @@ pub use error::{ConfigError, EngineError, LoadError, TransferFault};
 pub use forward::Numerics;
 pub use gguf::{ModelConfig, ModelFile};
 pub use sampling::{Logprobs, MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob};
+pub use schedule::WorkClass;
 pub use speed::PrefillSpeed;
 pub use tokenizer::Tokenizer;
 
@@ -66,6 +67,9 @@ pub struct GenerateRequest {
     /// the authenticated tenant, never from the client); `None`: the
     /// request neither reuses nor leaves cached pages.
     pub cache: Option<CacheScope>,
+    /// Whether its prompt work goes before or after interactive work (the
+    /// platform's signed context says, never the client alone).
+    pub class: WorkClass,
 }
 
 impl GenerateRequest {
@@ -79,6 +83,7 @@ impl GenerateRequest {
             stop: Vec::new(),
             ignore_eos: true,
             cache: None,
+            class: WorkClass::Interactive,
         }
     }
 }

@@ -17,8 +17,25 @@
 //! tenant two tokens (many tenants, a short step measured under load), the
 //! whole step goes to the tenant served least lately, so a step is never empty
 //! while prompts wait.
+//!
+//! Work comes in two classes ([`WorkClass`]): interactive prompts share the
+//! step first, and batch prompts (OpenAI's `service_tier: "flex"`) share
+//! what interactive work leaves, so batch work never slows an interactive
+//! prompt of any tenant, and moves whenever interactive work leaves room
+//! ([`tiered_chunks`]).
 
 use bulkhead_kv::{RequestId, TenantId};
+
+/// Whether a request's prompt work goes first, or after every interactive
+/// prompt's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkClass {
+    /// Served first.
+    #[default]
+    Interactive,
+    /// Served from what interactive work leaves of each step.
+    Batch,
+}
 
 /// One sequence with prompt tokens still to compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +48,42 @@ pub(crate) struct PrefillWork {
     pub(crate) remaining: usize,
     /// What one of its next tokens costs, in budget units (at least 1).
     pub(crate) unit: usize,
+    /// Its class.
+    pub(crate) class: WorkClass,
+}
+
+/// [`fair_chunks`] in two tiers: the interactive entries share `budget` and
+/// `max_tokens` first, and the batch entries share what they leave. With
+/// only one class waiting, it is [`fair_chunks`] over all of them.
+pub(crate) fn tiered_chunks(
+    work: &[PrefillWork],
+    budget: usize,
+    max_tokens: usize,
+    turn: usize,
+    first: Option<TenantId>,
+) -> Vec<usize> {
+    let (first_tier, second): (Vec<usize>, Vec<usize>) =
+        (0..work.len()).partition(|&i| work[i].class == WorkClass::Interactive);
+    if first_tier.is_empty() || second.is_empty() {
+        return fair_chunks(work, budget, max_tokens, turn, first);
+    }
+    let mut chunks = vec![0; work.len()];
+    let (mut budget, mut tokens) = (budget, max_tokens);
+    for tier in [first_tier, second] {
+        let entries: Vec<PrefillWork> = tier.iter().map(|&i| work[i]).collect();
+        let leader = first.filter(|t| entries.iter().any(|w| w.tenant == *t));
+        let given = if budget == 0 || tokens == 0 {
+            vec![0; entries.len()]
+        } else {
+            fair_chunks(&entries, budget, tokens, turn, leader)
+        };
+        for ((&i, w), c) in tier.iter().zip(&entries).zip(given) {
+            chunks[i] = c;
+            budget = budget.saturating_sub(c * w.unit.max(1));
+            tokens = tokens.saturating_sub(c);
+        }
+    }
+    chunks
 }
 
 /// Splits a `budget` (in cost units) among `work` and returns each
@@ -219,9 +272,45 @@ mod tests {
                     request: a.owner().request(),
                     remaining,
                     unit: 1,
+                    class: WorkClass::Interactive,
                 }
             })
             .collect()
+    }
+
+    #[test]
+    fn batch_work_takes_only_what_interactive_work_leaves() {
+        // Tenant 2's batch prompt was queued first, then tenant 1's
+        // interactive one and tenant 3's.
+        let mut w = work(&[(2, 5_000), (1, 300), (3, 1_000)]);
+        w[0].class = WorkClass::Batch;
+        // A step the interactive prompts fill: the batch prompt waits.
+        let c = tiered_chunks(&w, 512, usize::MAX, 0, Some(TenantId::new(2)));
+        assert_eq!(c[0], 0, "{c:?}");
+        assert_eq!(c[1] + c[2], 512, "{c:?}");
+        // Room left over goes to it, and only what is left.
+        let c = tiered_chunks(&w, 2_000, usize::MAX, 0, None);
+        assert_eq!((c[1], c[2]), (300, 1_000), "{c:?}");
+        assert_eq!(c[0], 700, "{c:?}");
+        // So does a token cap's.
+        let c = tiered_chunks(&w, 10_000, 1_500, 0, None);
+        assert_eq!(c.iter().sum::<usize>(), 1_500, "{c:?}");
+        assert_eq!(c[0], 200, "{c:?}");
+        // Alone, batch work is shared like any.
+        let mut alone = work(&[(2, 5_000), (4, 5_000)]);
+        for e in &mut alone {
+            e.class = WorkClass::Batch;
+        }
+        assert_eq!(
+            tiered_chunks(&alone, 512, usize::MAX, 0, None),
+            fair_chunks(&alone, 512, usize::MAX, 0, None)
+        );
+        // With no batch work, the same plan as before the tiers.
+        let w = work(&[(1, 1_000), (2, 1_000), (3, 1_000)]);
+        assert_eq!(
+            tiered_chunks(&w, 512, usize::MAX, 1, None),
+            fair_chunks(&w, 512, usize::MAX, 1, None)
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ fn request(prompt: Vec<u32>, sampling: SamplingParams) -> GenerateRequest {
         stop: Vec::new(),
         ignore_eos: false,
         cache: None,
+        class: bulkhead_engine::WorkClass::Interactive,
     }
 }
 

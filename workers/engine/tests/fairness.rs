@@ -7,7 +7,7 @@
 
 mod common;
 
-use bulkhead_engine::{EngineConfig, EngineCore, SeqEvent};
+use bulkhead_engine::{EngineConfig, EngineCore, GenerateRequest, SeqEvent, WorkClass};
 use bulkhead_kv::{Limits, TenantId};
 use common::{greedy, model};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -55,6 +55,40 @@ fn a_short_prompt_runs_in_the_first_step_despite_another_tenants_long_prompts() 
         }
     }
     assert_eq!(ends, 3);
+}
+
+#[test]
+fn batch_prompt_work_waits_for_interactive_work_of_any_tenant() {
+    let mut core =
+        EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("engine core");
+    let limits = core.limits();
+    // Tenant B's short batch prompt (OpenAI's `service_tier: "flex"`) was
+    // queued first; unclassed, it would run in the first step as the
+    // tenant served least lately.
+    let (tx, mut b) = unbounded_channel();
+    let flex = GenerateRequest {
+        class: WorkClass::Batch,
+        ..greedy(vec![30; 8], 2)
+    };
+    core.submit(EngineCore::admit(&limits, TenantId::new(2), flex, tx).expect("admitted"));
+    // Tenant A's interactive prompt fills a whole step and more.
+    let (tx, mut a) = unbounded_channel();
+    let long = greedy(vec![28; 600], 2);
+    core.submit(EngineCore::admit(&limits, TenantId::new(1), long, tx).expect("admitted"));
+
+    assert!(core.step());
+    assert!(b.try_recv().is_err(), "the batch prompt waited this step");
+    assert!(a.try_recv().is_err(), "A's prompt is still being computed");
+    // Once interactive work leaves room, batch work moves, and all ends.
+    while core.step() {}
+    for rx in [&mut a, &mut b] {
+        let mut finished = false;
+        while let Ok(ev) = rx.try_recv() {
+            assert!(!matches!(ev, SeqEvent::Failed(_)), "{ev:?}");
+            finished |= matches!(ev, SeqEvent::Finished { .. });
+        }
+        assert!(finished);
+    }
 }
 
 #[test]

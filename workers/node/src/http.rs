@@ -350,6 +350,7 @@ async fn generate(
         stop: body.stop,
         ignore_eos: body.ignore_eos,
         cache: Some(crate::prefix::scope(&ctx)),
+        class: crate::engine_class(ctx.class),
     };
     let mut handle = {
         let _in = span.enter();

@@ -31,3 +31,15 @@ pub use hello::{TransportKind, hello};
 pub use http::{ContextCheck, app};
 pub use prefill::{AdminCommand, LinkFault, PrefillOptions, PrefillWorker};
 pub use role::Role;
+
+/// The engine's work class for a signed context's.
+pub(crate) fn engine_class(
+    c: bulkhead_worker_api::context::WorkClass,
+) -> bulkhead_engine::WorkClass {
+    match c {
+        bulkhead_worker_api::context::WorkClass::Interactive => {
+            bulkhead_engine::WorkClass::Interactive
+        }
+        bulkhead_worker_api::context::WorkClass::Batch => bulkhead_engine::WorkClass::Batch,
+    }
+}

@@ -399,6 +399,7 @@ impl PrefillWorker {
             max_tokens,
             transfer,
             cache,
+            crate::engine_class(ctx.class),
         ) {
             Err(e) => {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);

@@ -45,6 +45,7 @@ pub fn publish_shared(engine: &Engine, model: &str, text: &str) -> Result<usize,
         stop: Vec::new(),
         ignore_eos: true,
         cache: Some(CacheScope::new(shared(model), None)),
+        class: bulkhead_engine::WorkClass::Interactive,
     };
     // Tenant 0 is the platform's own (no account maps to it).
     let mut handle = engine.submit(TenantId::new(0), request)?;
@@ -106,6 +107,7 @@ mod tests {
             config_version: version,
             max_tokens: 16,
             context_limit: None,
+            class: Default::default(),
             issued_ms: 0,
             expires_ms: 1,
         }

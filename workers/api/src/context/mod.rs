@@ -68,6 +68,10 @@ pub struct TenantContext {
     pub max_tokens: u64,
     /// The context window the call is held to (the model's configured one).
     pub context_limit: Option<u64>,
+    /// Whether its prompt work goes before or after interactive work
+    /// (OpenAI's `service_tier: "flex"` asks for after).
+    #[serde(default, skip_serializing_if = "WorkClass::is_interactive")]
+    pub class: WorkClass,
     /// When it was signed (ms since the Unix epoch).
     pub issued_ms: u64,
     /// When it stops being valid.
@@ -128,6 +132,24 @@ impl ContextError {
     }
 }
 
+/// Whether a call's prompt work goes before or after interactive work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkClass {
+    /// Served first.
+    #[default]
+    Interactive,
+    /// Served from what interactive work leaves.
+    Batch,
+}
+
+impl WorkClass {
+    /// The default, left out of a signed statement.
+    pub fn is_interactive(&self) -> bool {
+        *self == WorkClass::Interactive
+    }
+}
+
 impl TenantContext {
     /// A statement for a generate call, issued at `now`, valid for
     /// [`CONTEXT_TTL`].
@@ -153,6 +175,7 @@ impl TenantContext {
             config_version,
             max_tokens,
             context_limit,
+            class: WorkClass::Interactive,
             issued_ms,
             expires_ms: issued_ms + CONTEXT_TTL.as_millis() as u64,
         }

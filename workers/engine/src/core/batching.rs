@@ -5,7 +5,7 @@
 //! the pool or a tenant's share says so, and reaping what ended.
 
 use super::*;
-use crate::schedule::{PrefillWork, fair_chunks};
+use crate::schedule::{PrefillWork, tiered_chunks};
 use crate::speed::UNIT;
 
 impl EngineCore {
@@ -51,7 +51,8 @@ impl EngineCore {
 
     /// This step's work: decode tokens first, then prefill chunks, within a
     /// budget of about `step_time` of compute at the measured speed, shared
-    /// fairly across tenants by cost (`schedule::fair_chunks`). Each entry
+    /// fairly across tenants by cost, interactive work before batch work
+    /// (`schedule::tiered_chunks`). Each entry
     /// is (sequence, start, length).
     pub(super) fn plan(&mut self, stalled: &[RequestId]) -> Vec<(usize, usize, usize)> {
         let ps = self.pool.geometry().page_size;
@@ -87,6 +88,7 @@ impl EngineCore {
                     request: s.owner.request(),
                     remaining: s.prompt_len - s.computed,
                     unit: self.speed.unit_at(s.computed),
+                    class: s.class,
                 }
             })
             .collect();
@@ -102,7 +104,7 @@ impl EngineCore {
             .iter()
             .map(|w| w.tenant)
             .min_by_key(|t| self.served.get(t).copied().unwrap_or(0));
-        let chunks = fair_chunks(
+        let chunks = tiered_chunks(
             &work,
             prefill_budget,
             self.step_tokens.saturating_sub(plan.len()),

@@ -252,6 +252,12 @@ impl PendingPrefill {
         self.charge = Some(charge);
         self
     }
+
+    /// Of `class` (interactive when not said).
+    pub(crate) fn of_class(mut self, class: crate::WorkClass) -> Self {
+        self.class = class;
+        self
+    }
 }
 
 /// A prefill-only job waiting for pages (opaque).
@@ -261,6 +267,7 @@ pub struct PendingPrefill {
     transfer: TransferId,
     events: PrefillSink,
     cache: Option<CacheScope>,
+    class: crate::WorkClass,
     /// Its share of the prefill queue.
     charge: Option<QueueCharge>,
 }
@@ -307,6 +314,8 @@ struct Sequence {
     /// Prompt tokens computed so far, as its handle reads them (none for a
     /// prefill job).
     progress: Option<PromptProgress>,
+    /// Whether its prompt work goes before or after interactive work.
+    class: crate::WorkClass,
 }
 
 /// Prompt tokens computed so far for one request, shared between the

@@ -55,6 +55,7 @@ impl EngineCore {
             transfer,
             events,
             cache,
+            class: crate::WorkClass::Interactive,
             charge: None,
         };
         Ok(limits.admit(tenant, n, max_tokens, job)?.prompt_only())
@@ -298,6 +299,7 @@ impl EngineCore {
                 },
                 charge: p.charge,
                 progress: None,
+                class: p.class,
             },
             Pending::Generate(PendingRequest {
                 request,
@@ -330,6 +332,7 @@ impl EngineCore {
                     }
                 };
                 let prompt_len = request.prompt.len();
+                let class = request.class;
                 let mut tokens = request.prompt;
                 tokens.reserve(max_tokens);
                 Sequence {
@@ -354,6 +357,7 @@ impl EngineCore {
                     }),
                     charge,
                     progress: Some(progress),
+                    class,
                 }
             }
         };
