@@ -170,6 +170,11 @@ except openai.RateLimitError as e:
     assert int(e.response.headers["retry-after"]) > 0, dict(e.response.headers)
 seen["over_budget_attempts"] = len(attempts)
 
+# A flex request (batch class: served after interactive work) is answered.
+r = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=4, temperature=0, service_tier="flex")
+assert r.choices[0].message.content, r
+seen["flex"] = r.choices[0].message.content
+
 # The models list, as the SDK pages it.
 ids = [m.id for m in client.models.list()]
 assert MODEL in ids, ids
