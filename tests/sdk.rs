@@ -84,7 +84,10 @@ fn the_openai_and_cloudflare_python_sdks_get_what_they_ask_for() {
     assert_eq!(seen["n"], 3);
     assert_eq!(seen["over_budget_attempts"], 1, "not retried: {seen}");
     assert!(seen["json_schema"]["age"].is_i64(), "{seen}");
-    assert!(seen["flex"].is_string(), "a flex request is answered: {seen}");
+    assert!(
+        seen["flex"].is_string(),
+        "a flex request is answered: {seen}"
+    );
     // Tool calls: required and named calls' arguments match the schema
     // (the script checks them), streamed ones assemble, follow-ups answer.
     assert!(tools["named"][0]["city"].is_string(), "{tools}");
