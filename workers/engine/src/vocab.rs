@@ -46,6 +46,17 @@ impl SortedVocab {
         bytes_of: impl Fn(u32) -> Option<&'a [u8]>,
         accepted: &mut [bool],
     ) {
+        // Free text: a token is taken unless it holds the guard's bytes
+        // (then the matcher decides), with no matcher step per byte.
+        if let Some(guard) = m.free_text_guard() {
+            for &id in &self.order {
+                if let (Some(bytes), Some(a)) = (bytes_of(id), accepted.get_mut(id as usize)) {
+                    let held = bytes.windows(guard.len()).any(|w| w == guard);
+                    *a = !held || m.accepts(bytes);
+                }
+            }
+            return;
+        }
         // states[d]: the matcher after the current token's first d bytes.
         let mut states: Vec<Matcher> = vec![m.clone()];
         // The current prefix's first `dead + 1` bytes were refused.
@@ -103,6 +114,15 @@ mod tests {
             "kkkkkkkkkkkkkkkk",
             "\": 1}",
             "{\"a\":-1}",
+            // Tool calls' openings, whole and in parts, alone and after text.
+            "<tool_call>\n",
+            "\n<tool_call>",
+            "\n<tool_call>\n",
+            "a\n<tool_call>\n{",
+            "\n<tool_call>x",
+            "\n<tool",
+            "_call>\n",
+            "\n<tool_calls",
         ] {
             v.push(Some(long.as_bytes().into()));
         }
@@ -116,9 +136,21 @@ mod tests {
         let bytes_of = |id: u32| v.get(id as usize).and_then(|b| b.as_deref());
         let schema = json!({"type": "object", "properties": {"kkkkkkkkkkkk": {"type": "integer"},
             "a": {"type": "string"}}, "additionalProperties": false});
+        let function = bulkhead_grammar::tools::Function {
+            name: "a".to_owned(),
+            description: None,
+            parameters: json!({"type": "object"}),
+        };
+        let tools = |choice| {
+            Grammar::tool_calls(std::slice::from_ref(&function), &choice, true).expect("tools")
+        };
         let grammars = [
             Grammar::json_object(),
             Grammar::from_schema(&schema).expect("schema"),
+            // Free text under both choices that allow it (the walk's fast
+            // path), and calls.
+            tools(bulkhead_grammar::tools::Choice::Auto),
+            tools(bulkhead_grammar::tools::Choice::None),
         ];
         let prefixes = [
             "",
@@ -128,6 +160,10 @@ mod tests {
             "{\"kkkkkkkkkkkk\"",
             "{\"kkkkkkkkkkkk\":",
             "{\"a\":\"x",
+            // Tool grammars: free text, a pending opening, inside a call.
+            "Sure",
+            "Sure\n<tool",
+            "<tool_call>\n",
         ];
         let mut checked = 0;
         for g in &grammars {

@@ -199,6 +199,24 @@ impl Matcher {
         self.stack.is_empty()
     }
 
+    /// In free text (a tool offer's `auto` or `none` answering in text),
+    /// with nothing of [`tools::AFTER_TEXT`] pending: the bytes whose
+    /// presence alone can make a byte string refused or leave free text.
+    /// Any string without them is taken whole, so a vocabulary walk can
+    /// accept such a token without stepping the matcher through it.
+    /// `None` in every other state.
+    pub fn free_text_guard(&self) -> Option<&'static [u8]> {
+        match self.stack.as_slice() {
+            // Free text is left (calls follow) or refused (no call may)
+            // only at the opening's last two bytes, after `\n<tool_call`.
+            [Frame::Free { pos: 0, .. }] => {
+                let text = tools::AFTER_TEXT.as_bytes();
+                Some(&text[..text.len() - 1])
+            }
+            _ => None,
+        }
+    }
+
     /// The output may end here: it is complete, or it is a number or
     /// literal at the top level that could end now.
     pub fn can_end(&self) -> bool {
