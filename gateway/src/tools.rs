@@ -6,7 +6,7 @@
 //! conversation read back; and each call an answer makes given its id.
 
 use crate::errors::GatewayError;
-use bulkhead_grammar::{Grammar, SchemaError, tools};
+use bulkhead_grammar::{SchemaError, tools};
 use bulkhead_worker_api::{ToolCall, ToolChoice, ToolFunction, Tools};
 use serde_json::{Value, json};
 
@@ -119,22 +119,7 @@ fn function(i: usize, t: &Value) -> Result<ToolFunction, GatewayError> {
 /// Compiles the offer's grammar (the worker compiles it again): what cannot
 /// be enforced is refused here, naming it.
 fn check(t: &Tools) -> Result<(), GatewayError> {
-    let functions: Vec<tools::Function> = t
-        .functions
-        .iter()
-        .map(|f| tools::Function {
-            name: f.name.clone(),
-            description: f.description.clone(),
-            parameters: f.parameters.clone(),
-        })
-        .collect();
-    let choice = match &t.choice {
-        ToolChoice::None => tools::Choice::None,
-        ToolChoice::Auto => tools::Choice::Auto,
-        ToolChoice::Required => tools::Choice::Required,
-        ToolChoice::Function(n) => tools::Choice::Named(n.clone()),
-    };
-    match Grammar::tool_calls(&functions, &choice, t.parallel) {
+    match t.grammar() {
         Ok(_) => Ok(()),
         Err(SchemaError::Unsupported(detail)) => Err(GatewayError::UnsupportedValue {
             param: "tools".to_owned(),

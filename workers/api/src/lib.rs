@@ -108,6 +108,36 @@ pub struct Tools {
     pub parallel: bool,
 }
 
+impl Tools {
+    /// The functions, as the grammar's tool format describes them.
+    pub fn functions(&self) -> Vec<bulkhead_grammar::tools::Function> {
+        self.functions
+            .iter()
+            .map(|f| bulkhead_grammar::tools::Function {
+                name: f.name.clone(),
+                description: f.description.clone(),
+                parameters: f.parameters.clone(),
+            })
+            .collect()
+    }
+
+    /// The grammar the offer holds an answer to (with `none`, text that
+    /// opens no call): what the gateway compiles to refuse an offer early
+    /// and the worker samples within.
+    pub fn grammar(
+        &self,
+    ) -> Result<std::sync::Arc<bulkhead_grammar::Grammar>, bulkhead_grammar::SchemaError> {
+        use bulkhead_grammar::tools::Choice;
+        let choice = match &self.choice {
+            ToolChoice::None => Choice::None,
+            ToolChoice::Auto => Choice::Auto,
+            ToolChoice::Required => Choice::Required,
+            ToolChoice::Function(name) => Choice::Named(name.clone()),
+        };
+        bulkhead_grammar::Grammar::tool_calls(&self.functions(), &choice, self.parallel)
+    }
+}
+
 /// One function on offer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -384,11 +384,6 @@ impl Matcher {
                     .map(|i| u16::try_from(i).unwrap_or(u16::MAX))
                     .collect(),
             }),
-            Node::Calls { .. } => Action::Become(Frame::Calls {
-                node,
-                count: 0,
-                phase: CallsPhase::Open(0),
-            }),
             Node::Literals(l) => Action::Become(Frame::Literal {
                 node,
                 pos: 0,

@@ -455,7 +455,7 @@ fn sampling_extras(
         (None, None) => None,
         (Some(f), None) => bulkhead_grammar::Grammar::from_response_format(f)
             .map_err(refused("response_format"))?,
-        (None, Some(t)) => Some(crate::tools::grammar(t).map_err(refused("tools"))?),
+        (None, Some(t)) => Some(t.grammar().map_err(refused("tools"))?),
         (Some(_), Some(_)) => {
             return Err(ApiError::bad(
                 "unsupported_parameter",

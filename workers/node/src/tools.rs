@@ -3,8 +3,9 @@
 //! functions described in the system message, earlier calls written as
 //! the model is held to write them, and each `tool` message's result in a
 //! `<tool_response>` naming its function, consecutive results in one user
-//! turn, so templates that insist on user and assistant turns take them),
-//! and the grammar that holds the answer to calls.
+//! turn, so templates that insist on user and assistant turns take them).
+//! The grammar that holds the answer to calls is `Tools::grammar`, the one
+//! the gateway compiles too.
 //!
 //! Every chat template is given the default format, also one with tool
 //! syntax of its own: the grammar produces that one format, and a model
@@ -12,10 +13,9 @@
 //! write another.
 
 use bulkhead_engine::ChatMessage;
-use bulkhead_grammar::{Grammar, SchemaError, tools};
-use bulkhead_worker_api::{Message, ToolChoice, Tools};
+use bulkhead_grammar::tools;
+use bulkhead_worker_api::{Message, Tools};
 use serde_json::Value;
-use std::sync::Arc;
 
 /// A conversation's messages as the chat template is given them.
 pub(crate) fn chat_messages(
@@ -84,7 +84,7 @@ pub(crate) fn chat_messages(
         });
     }
     if let Some(t) = tools {
-        let described = tools::system_text(&functions(t));
+        let described = tools::system_text(&t.functions());
         match out.first_mut() {
             Some(first) if first.role == "system" => {
                 first.content = format!("{}\n\n{described}", first.content);
@@ -101,33 +101,10 @@ pub(crate) fn chat_messages(
     Ok(out)
 }
 
-fn functions(t: &Tools) -> Vec<tools::Function> {
-    t.functions
-        .iter()
-        .map(|f| tools::Function {
-            name: f.name.clone(),
-            description: f.description.clone(),
-            parameters: f.parameters.clone(),
-        })
-        .collect()
-}
-
-/// The grammar a request's tools hold the answer to (with `tool_choice`
-/// `none`, text that does not begin with a call).
-pub(crate) fn grammar(t: &Tools) -> Result<Arc<Grammar>, SchemaError> {
-    let choice = match &t.choice {
-        ToolChoice::None => tools::Choice::None,
-        ToolChoice::Auto => tools::Choice::Auto,
-        ToolChoice::Required => tools::Choice::Required,
-        ToolChoice::Function(name) => tools::Choice::Named(name.clone()),
-    };
-    Grammar::tool_calls(&functions(t), &choice, t.parallel)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bulkhead_worker_api::{ToolCall, ToolFunction};
+    use bulkhead_worker_api::{ToolCall, ToolChoice, ToolFunction};
     use serde_json::json;
 
     fn msg(role: &str, content: &str) -> Message {
@@ -174,7 +151,7 @@ mod tests {
         assert_eq!(text, "");
         assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
         // What the model is shown is what the grammar lets it write.
-        let g = grammar(&offer()).unwrap();
+        let g = offer().grammar().unwrap();
         let mut m = bulkhead_grammar::Matcher::new(g);
         assert!(m.feed(written.as_bytes()) && m.can_end(), "{written}");
         // The result, in a user turn, naming the function it came from.
