@@ -148,6 +148,16 @@ backend_test!(
         )
         .await;
         assert_eq!(list, json!([]), "nothing written");
+        // Every route names a real account id: anything else is refused
+        // before a query runs.
+        for path in [
+            "/admin/v1/files?account=a%3Fb",
+            "/admin/v1/files/file-000000000000000000000000?account=x",
+        ] {
+            let (code, v) = file_call(&h, Method::GET, path, None).await;
+            assert_eq!(code, StatusCode::BAD_REQUEST, "{path}: {v}");
+            assert!(v.to_string().contains("32 hex digits"), "{v}");
+        }
         // Only the gateway's token: a responder's is refused.
         let (code, _) = h
             .call(

@@ -57,18 +57,7 @@ fn file_json(f: &FileView) -> Value {
 /// the control plane's database: an account cannot call them faster than
 /// it may call a model), holding its concurrency slot while it runs.
 async fn admitted(s: &AppState, ctx: &Ctx) -> Result<crate::limits::Permit, GatewayError> {
-    match s.limiter.admit(&ctx.principal.account_id, 0).await {
-        Ok(p) => {
-            let _ = ctx.quota.set(p.quota());
-            Ok(p)
-        }
-        Err(e) => {
-            if let crate::limits::LimiterError::Limited { quota, .. } = &e {
-                let _ = ctx.quota.set(*quota);
-            }
-            Err(GatewayError::from(e))
-        }
-    }
+    crate::pipeline::admit(s, ctx, 0).await
 }
 
 /// A control-plane answer as the tenant sees it: not found is the file's

@@ -61,8 +61,9 @@ struct RunMessage {
     content: Option<String>,
     tool_calls: Option<Value>,
     tool_call_id: Option<String>,
-    /// A `tool` message's function name (Workers AI's examples send it);
-    /// the call it answers is what the model is shown.
+    /// A `tool` message's function name (Workers AI's examples send it):
+    /// accepted, not used; a result names its function through the call
+    /// its `tool_call_id` answers.
     #[serde(rename = "name")]
     _name: Option<String>,
 }

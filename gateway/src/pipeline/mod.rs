@@ -216,7 +216,7 @@ pub(crate) async fn start_choice(
             return Err(e);
         }
     };
-    let permit = match admit(state, ctx, body).await {
+    let permit = match admit(state, ctx, estimate(body)).await {
         Ok(p) => p,
         Err(e) => {
             reservation.settle(0);
@@ -248,14 +248,15 @@ pub(crate) async fn start_choice(
     }
 }
 
-/// Admits the request against the account's limits; the door shows the
-/// account's standing either way.
-async fn admit(state: &AppState, ctx: &Ctx, body: &GenerateBody) -> Result<Permit, GatewayError> {
-    match state
-        .limiter
-        .admit(&ctx.principal.account_id, estimate(body))
-        .await
-    {
+/// Admits a request of about `tokens` against the account's limits (a
+/// generation's estimate; 0 for a call that generates nothing, such as a
+/// file's); the door shows the account's standing either way.
+pub(crate) async fn admit(
+    state: &AppState,
+    ctx: &Ctx,
+    tokens: u64,
+) -> Result<Permit, GatewayError> {
+    match state.limiter.admit(&ctx.principal.account_id, tokens).await {
         Ok(p) => {
             let _ = ctx.quota.set(p.quota());
             Ok(p)
@@ -561,4 +562,67 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result
     }
     serde_json::from_slice(bytes)
         .map_err(|e| GatewayError::BadInput(format!("invalid JSON body: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bulkhead_worker_api::{Message, ToolCall, ToolChoice, ToolFunction, Tools};
+
+    fn chat(messages: Vec<Message>, tools: Option<Tools>) -> GenerateBody {
+        GenerateBody {
+            messages: Some(messages),
+            tools,
+            ..GenerateBody::default()
+        }
+    }
+
+    fn message(role: &str, content: &str) -> Message {
+        Message {
+            role: role.to_owned(),
+            content: content.to_owned(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+
+    #[test]
+    fn the_prompt_bound_covers_what_the_worker_renders_for_tools() {
+        let tools = Tools {
+            functions: vec![ToolFunction {
+                name: "get_weather".to_owned(),
+                // Quotes and control characters grow when escaped as JSON.
+                description: Some("\"\u{1}".repeat(2_000)),
+                parameters: serde_json::json!({"type": "object",
+                    "properties": {"city": {"type": "string", "description": "\u{2}".repeat(500)}}}),
+            }],
+            choice: ToolChoice::Auto,
+            parallel: true,
+        };
+        let mut call = message("assistant", "");
+        call.tool_calls.push(ToolCall {
+            id: "c1".to_owned(),
+            name: "get_weather".to_owned(),
+            arguments: "{\"city\": \"Oslo\"}".to_owned(),
+        });
+        let mut result = message("tool", &"\u{3}".repeat(1_000));
+        result.tool_call_id = Some("c1".to_owned());
+        let plain = max_prompt_tokens(&chat(vec![message("user", "hi")], None));
+        let convo = vec![message("user", "hi"), call, result];
+        let offered = max_prompt_tokens(&chat(convo, Some(tools.clone())));
+        // What the worker adds: the functions' description, the call and
+        // the result written out (one token per byte bounds each).
+        let added = bulkhead_grammar::tools::system_text(&tools.functions()).len()
+            + bulkhead_grammar::tools::calls_text([(
+                "get_weather",
+                &serde_json::json!({"city": "Oslo"}),
+            )])
+            .len()
+            + bulkhead_grammar::tools::response_text(Some("get_weather"), &"\u{3}".repeat(1_000))
+                .len();
+        assert!(
+            offered >= plain + added as u64,
+            "{offered} < {plain} + {added}"
+        );
+    }
 }

@@ -1,0 +1,68 @@
+//! OpenAI's Files API through the real router, against a real control
+//! plane on a socket: a file uploaded by one account is found by it and by
+//! no other, and no id a client sends reaches the control plane's URL as
+//! anything but an id (an id that smuggles a query is not found).
+
+// Tests read their services from the environment (clippy.toml keeps
+// library code from it).
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
+
+mod support;
+
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use support::{Platform, bearer, call, platform};
+use tower::ServiceExt;
+
+/// Uploads `text` as a batch file for the token's account.
+async fn upload(gw: &axum::Router, token: &str, text: &str) -> (u16, Value) {
+    let body = format!(
+        "--X\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --X\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{text}\r\n--X--\r\n"
+    );
+    let req = Request::post("/v1/files")
+        .header("authorization", bearer(token))
+        .header("content-type", "multipart/form-data; boundary=X")
+        .body(Body::from(body))
+        .expect("request");
+    let resp = gw.clone().oneshot(req).await.expect("router");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn a_file_is_found_by_its_account_alone_and_ids_stay_ids() {
+    let p = platform().await;
+    let gw = p.gateway(None, Platform::limiter()).await;
+    let line = json!({"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions",
+                      "body": {"model": "m", "messages": []}});
+    let (status, file) = upload(&gw, &p.a_token, &line.to_string()).await;
+    assert_eq!(status, 200, "{file}");
+    let id = file["id"].as_str().expect("an id").to_owned();
+    let (a, b) = (bearer(&p.a_token), bearer(&p.b_token));
+
+    let mine = call(&gw, "GET", &format!("/v1/files/{id}"), Some(&a), None).await;
+    assert_eq!(mine.status, 200, "{}", mine.body);
+    assert_eq!(mine.json()["bytes"], file["bytes"]);
+
+    // B: A's id is not found, exactly as an unknown one is not.
+    let unknown = "file-000000000000000000000000";
+    let theirs = call(&gw, "GET", &format!("/v1/files/{id}"), Some(&b), None).await;
+    let none = call(&gw, "GET", &format!("/v1/files/{unknown}"), Some(&b), None).await;
+    assert_eq!(theirs.status, 404);
+    assert_eq!(theirs.body.replace(&id, unknown), none.body);
+
+    // An id that carries a query of its own (A's account) is an id no file
+    // has: it is not found, and never read as the control plane's query.
+    let smuggled = format!("/v1/files/{id}%3Faccount%3D{}", p.a);
+    let r = call(&gw, "GET", &smuggled, Some(&b), None).await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.body.contains("No such File object"), "{}", r.body);
+}
