@@ -183,7 +183,7 @@ pub(crate) fn write_bundle(
         Role::ControlPlane | Role::Prefill | Role::Decode | Role::Colocated => {
             copies.push((dir.join(CONTEXT_PUB), CONTEXT_PUB.to_owned()));
         }
-        Role::Operator => {}
+        Role::Operator | Role::BatchRunner => {}
     }
     for (from, to) in copies {
         let to = out.join(to);

@@ -12,6 +12,7 @@
 
 mod admin;
 mod auth;
+mod batches;
 mod error;
 mod files;
 mod public;
@@ -97,7 +98,8 @@ pub fn app(state: AppState) -> Router {
                     state.clone(),
                     publish_writes,
                 ))
-                .merge(files::routes()),
+                .merge(files::routes())
+                .merge(batches::routes()),
         )
         .merge(public::routes())
         .fallback(|| async {

@@ -26,6 +26,7 @@ macro_rules! select_macro {
 pub mod accounts;
 pub mod api_tokens;
 pub mod audit;
+pub mod batches;
 pub mod configs;
 pub mod files;
 pub mod incidents;

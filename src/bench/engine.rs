@@ -2,7 +2,7 @@
 //! the cost of owner-tag checks and of scrub-on-free, and llama.cpp on the
 //! same file and thread count, measured side by side in one run.
 
-use super::{Prompts, llama_cpp_importable, per_sec, run_llama_cpp, timed_batch};
+use super::{Prompts, decode_rate, llama_cpp_importable, per_sec, run_llama_cpp, timed_batch};
 use crate::config::ModelArgs;
 use anyhow::{Context, bail};
 use bulkhead_engine::{Engine, EngineCore, GenerateRequest, ModelFile, SeqEvent, SimdLevel};
@@ -75,8 +75,7 @@ pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
         prefill.push(per_sec(args.prefill_tokens, t.first_token));
         for (slot, b) in [1usize, 4, 16].into_iter().enumerate() {
             let ps: Vec<Vec<u32>> = (0..b).map(decode_prompt).collect();
-            let t = timed_batch(&engine, &ps, args.decode_tokens)?;
-            decode[slot].push(t.decode_tok_s());
+            decode[slot].push(decode_rate(&engine, &ps, args.decode_tokens)?);
         }
         eprintln!(
             "round {round}: prefill {:.1} tok/s, decode {:.1} / {:.1} / {:.1} tok/s at 1 / 4 / 16 sequences",

@@ -4,7 +4,7 @@
 //! same threads, flash attention off) measured beside them in the same run
 //! where llama-cpp-python is importable.
 
-use crate::bench::{Prompts, run_llama_cpp, timed_batch};
+use crate::bench::{Prompts, decode_rate, run_llama_cpp, timed_batch};
 use bulkhead_engine::{Engine, EngineConfig, ModelFile};
 use clap::Args;
 use serde_json::{Value, json};
@@ -21,8 +21,9 @@ pub(crate) struct LongArgs {
     /// Context of the long-context decode measurements (0 skips them).
     #[arg(long, default_value_t = 2000)]
     long_decode_context: usize,
-    /// Tokens generated per stream in them (enough that every stream still
-    /// decodes once the last has prefilled: only that stretch is counted).
+    /// Tokens generated per stream in them (the prompts are prefilled
+    /// beforehand, so every stream decodes from the start; the stretch
+    /// until the first stream ends is counted).
     #[arg(long, default_value_t = 256)]
     long_decode_tokens: usize,
     /// Rounds of the prefill table: in each, every length is timed on
@@ -109,12 +110,9 @@ pub(crate) fn run(
         decode["context"] = json!(ctx);
         for b in STREAMS {
             let ps: Vec<Vec<u32>> = (0..b).map(|i| streams.get(i, ctx)).collect();
-            let t = timed_batch(&engine, &ps, args.long_decode_tokens)?;
-            eprintln!(
-                "long context: decode {:.1} tok/s with {b} streams of {ctx} tokens",
-                t.decode_tok_s()
-            );
-            decode[format!("tok_s_{b}")] = json!(t.decode_tok_s());
+            let rate = decode_rate(&engine, &ps, args.long_decode_tokens)?;
+            eprintln!("long context: decode {rate:.1} tok/s with {b} streams of {ctx} tokens");
+            decode[format!("tok_s_{b}")] = json!(rate);
         }
         decode["16_over_1"] = json!(ratio(&decode["tok_s_16"], &decode["tok_s_1"]));
     }

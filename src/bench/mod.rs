@@ -60,24 +60,36 @@ pub(crate) fn timed_batch(
                 .map_err(anyhow::Error::from)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    // Every token's arrival, per sequence.
-    let mut arrivals: Vec<Vec<Instant>> = vec![Vec::new(); handles.len()];
-    let mut live = handles.len();
-    // Sequences progress together; poll each in turn until all finish.
-    while live > 0 {
-        live = 0;
-        for (i, h) in handles.iter_mut().enumerate() {
-            let Some(ev) = h.blocking_next() else {
-                continue;
-            };
-            live += 1;
-            match ev {
-                SeqEvent::Token { .. } => arrivals[i].push(Instant::now()),
-                SeqEvent::Finished { .. } => {}
-                SeqEvent::Failed(e) => bail!("benchmark request failed: {e}"),
-            }
-        }
-    }
+    // Every token's arrival, per sequence, read by a thread of its own so
+    // that each is stamped when the engine sends it: one thread polling
+    // the sequences in turn stamps a sequence's buffered tokens when it
+    // gets round to them, at the pace of the slowest (a sequence that had
+    // finished early then looked as if it decoded beside the others).
+    let arrivals = std::thread::scope(|s| {
+        let readers: Vec<_> = handles
+            .iter_mut()
+            .map(|h| {
+                s.spawn(move || {
+                    let mut times = Vec::new();
+                    while let Some(ev) = h.blocking_next() {
+                        match ev {
+                            SeqEvent::Token { .. } => times.push(Instant::now()),
+                            SeqEvent::Finished { .. } => {}
+                            SeqEvent::Failed(e) => bail!("benchmark request failed: {e}"),
+                        }
+                    }
+                    Ok(times)
+                })
+            })
+            .collect();
+        readers
+            .into_iter()
+            .map(|r| {
+                r.join()
+                    .map_err(|_| anyhow::anyhow!("a benchmark reader panicked"))?
+            })
+            .collect::<anyhow::Result<Vec<Vec<Instant>>>>()
+    })?;
     // Every sequence decodes from the last first token (`first_all`) to
     // the first last token (`first_done`).
     let (mut first_all, mut first_done) = (start, None::<Instant>);
@@ -101,6 +113,22 @@ pub(crate) fn timed_batch(
         together,
         together_time: first_done.saturating_duration_since(first_all),
     })
+}
+
+/// Decode throughput of `prompts` decoding together, `max_tokens` each.
+///
+/// Each prompt is prefilled once beforehand (one token each), so that the
+/// measured batch finds its prompts in the prefix cache and every sequence
+/// starts decoding at about the same moment: cold, the engine prefills
+/// them one after another while the first ones decode, and with long
+/// prompts the first could finish before the last had begun.
+pub(crate) fn decode_rate(
+    engine: &Engine,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> anyhow::Result<f64> {
+    timed_batch(engine, prompts, 1)?;
+    Ok(timed_batch(engine, prompts, max_tokens)?.decode_tok_s())
 }
 
 /// Deterministic benchmark prompts: distinct texts cut to exact token counts.

@@ -71,17 +71,22 @@ pub enum Role {
     /// An operator's tool (`up`'s readiness checks, tests): may read a
     /// worker's `/stats`, never generate.
     Operator,
+    /// The batch runner: takes batches from the control plane and records
+    /// their answers; calls the gateway's public API as the batch's
+    /// account, like any client.
+    BatchRunner,
 }
 
 impl Role {
     /// Every role, in a fixed order.
-    pub const ALL: [Role; 6] = [
+    pub const ALL: [Role; 7] = [
         Role::Gateway,
         Role::ControlPlane,
         Role::Prefill,
         Role::Decode,
         Role::Colocated,
         Role::Operator,
+        Role::BatchRunner,
     ];
 
     /// The name used in flags, file names and errors.
@@ -93,6 +98,7 @@ impl Role {
             Role::Decode => "decode",
             Role::Colocated => "colocated",
             Role::Operator => "operator",
+            Role::BatchRunner => "batch-runner",
         }
     }
 

@@ -6,12 +6,14 @@
 //! the enumerations and JSON shapes that cross the wire, so the gateway can
 //! depend on it without compiling either.
 
+mod batches;
 mod client;
 mod enums;
 mod slug;
 mod time;
 mod types;
 
+pub use batches::*;
 pub use client::{Answer, Client, ClientError, Credentials, CredentialsError, error_chain};
 pub use enums::{
     ComponentStatus, Impact, IncidentStatus, NodeRole, Role, UnknownVariant, Visibility,

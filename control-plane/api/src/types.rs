@@ -743,6 +743,11 @@ pub struct RoutedToken {
     pub sha256: String,
     /// Its account.
     pub account_id: String,
+    /// The batch it was made for, when the batch runner holds it: the
+    /// gateway runs its calls in the batch class and bills each batch line
+    /// once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_id: Option<String>,
 }
 
 /// One worker call's usage, as the worker counted it: the prompt once

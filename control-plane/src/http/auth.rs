@@ -175,3 +175,24 @@ where
         _ => Err(needs_cert(what)),
     }
 }
+
+/// The batch runner: its certificate, over the internal port. No operator
+/// token stands in for it, and it grants nothing beyond the runner's routes.
+#[derive(Debug, Clone)]
+pub(crate) struct RunnerAgent;
+
+impl FromRequestParts<AppState> for RunnerAgent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, ApiError> {
+        match cert_role(parts) {
+            Some(CertRole::BatchRunner) => Ok(RunnerAgent),
+            _ => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "batch runs must come over the control plane's internal port (mutual TLS) \
+                 with the batch runner's certificate",
+            )),
+        }
+    }
+}

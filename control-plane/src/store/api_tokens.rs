@@ -33,6 +33,40 @@ pub async fn create(
     Ok(ApiTokenCreated { meta, token })
 }
 
+/// A token for the batch runner to call the gateway as `account` while it
+/// runs batch `batch`; the batch's earlier tokens are revoked.
+pub async fn create_for_batch(
+    conn: &mut Conn,
+    account: &str,
+    batch: &str,
+    now: Timestamp,
+) -> Result<String, Error> {
+    revoke_batch(conn, batch, now).await?;
+    let (token, hash) = super::new_token(TOKEN_PREFIX)?;
+    sqlx::query(
+        "INSERT INTO api_tokens (account_id, name, token_sha256, created_at, batch_id) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(account)
+    .bind(format!("batch runner: {batch}"))
+    .bind(hash)
+    .bind(now.millis())
+    .bind(batch)
+    .execute(&mut *conn)
+    .await?;
+    Ok(token)
+}
+
+/// Revokes every live token made for batch `batch`.
+pub async fn revoke_batch(conn: &mut Conn, batch: &str, now: Timestamp) -> Result<(), Error> {
+    sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE batch_id = $2 AND revoked_at IS NULL")
+        .bind(now.millis())
+        .bind(batch)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// An account's tokens, oldest first.
 pub async fn list(conn: &mut Conn, account: &AccountId) -> Result<Vec<ApiTokenView>, Error> {
     let q = sqlx::query(
@@ -64,12 +98,13 @@ pub async fn revoke(
 /// Every live token, as hashes, for the routing table.
 pub async fn live(conn: &mut Conn) -> Result<Vec<RoutedToken>, Error> {
     let q = sqlx::query(
-        "SELECT token_sha256, account_id FROM api_tokens WHERE revoked_at IS NULL ORDER BY id",
+        "SELECT token_sha256, account_id, batch_id FROM api_tokens WHERE revoked_at IS NULL ORDER BY id",
     );
     super::all(conn, q, |r| {
         Ok(RoutedToken {
             sha256: r.try_get("token_sha256")?,
             account_id: r.try_get("account_id")?,
+            batch_id: r.try_get("batch_id")?,
         })
     })
     .await

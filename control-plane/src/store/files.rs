@@ -68,6 +68,35 @@ pub async fn create(
              of them ({n} files, {total} bytes now): delete some first"
         )));
     }
+    insert(conn, &view, &upload.content).await?;
+    Ok(view)
+}
+
+/// Stores a batch's output for `account` (purpose `batch_output`): written
+/// by the control plane itself, so outside the upload bounds and the
+/// account's quota (a batch's answers are never refused for their size;
+/// they are bounded by its lines and each answer's length).
+pub async fn insert_output(
+    conn: &mut Conn,
+    account: &str,
+    filename: &str,
+    content: &str,
+    now: Timestamp,
+) -> Result<FileView, Error> {
+    let view = FileView {
+        id: new_id()?,
+        account_id: account.to_owned(),
+        purpose: "batch_output".to_owned(),
+        filename: filename.to_owned(),
+        bytes: content.len() as u64,
+        lines: content.lines().count() as u64,
+        created_at: now,
+    };
+    insert(conn, &view, content).await?;
+    Ok(view)
+}
+
+async fn insert(conn: &mut Conn, view: &FileView, content: &str) -> Result<(), Error> {
     sqlx::query(
         "INSERT INTO files (id, account_id, purpose, filename, bytes, lines, created_at, content) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -78,11 +107,11 @@ pub async fn create(
     .bind(view.filename.as_str())
     .bind(to_i64(view.bytes, "bytes")?)
     .bind(to_i64(view.lines, "lines")?)
-    .bind(now.millis())
-    .bind(upload.content.as_str())
+    .bind(view.created_at.millis())
+    .bind(content)
     .execute(&mut *conn)
     .await?;
-    Ok(view)
+    Ok(())
 }
 
 /// The bounds every file's text keeps: its size, its lines, no NUL (no

@@ -426,7 +426,7 @@ pub fn from_gateway(mut req: axum::http::Request<Body>) -> axum::http::Request<B
 /// The certificate a real caller of `path` would present on the internal
 /// port (as the server's mutual TLS would record it): a worker's, of the
 /// role it registers, for node calls; the gateway's for the routing table,
-/// usage voids and tenants' files.
+/// usage voids, tenants' files and batches; the batch runner's for batch runs.
 /// Tests of what a missing or wrong certificate gets live in the root
 /// crate's tests/control_plane.rs, over real sockets.
 fn caller(path: &str, body: Option<&Value>) -> Option<bulkhead_trust::Role> {
@@ -434,8 +434,12 @@ fn caller(path: &str, body: Option<&Value>) -> Option<bulkhead_trust::Role> {
     if path.starts_with("/admin/v1/routing")
         || path.starts_with("/admin/v1/usage/void")
         || path.starts_with("/admin/v1/files")
+        || path.starts_with("/admin/v1/batches")
     {
         return Some(Role::Gateway);
+    }
+    if path.starts_with("/admin/v1/batch-runs") {
+        return Some(Role::BatchRunner);
     }
     if path.starts_with("/admin/v1/usage") && body.is_some() {
         return Some(Role::Decode);
