@@ -38,6 +38,9 @@ pub(crate) enum GatewayError {
     NoSuchObject { what: &'static str, id: String },
     /// The request is malformed or out of range.
     BadInput(String),
+    /// The request conflicts with the object's state (cancelling a
+    /// finished batch).
+    Conflict(String),
     /// The request asks for something this platform does not do (the
     /// parameter's name): refused rather than silently ignored.
     Unsupported(String),
@@ -168,6 +171,7 @@ impl GatewayError {
             GatewayError::ModelNotFound(_) => "model_not_found",
             GatewayError::NoSuchObject { .. } => "not_found",
             GatewayError::BadInput(_) => "invalid_request",
+            GatewayError::Conflict(_) => "conflict",
             GatewayError::Unsupported(_) | GatewayError::UnsupportedValue { .. } => {
                 "unsupported_parameter"
             }
@@ -211,6 +215,7 @@ impl GatewayError {
                 Flavor::OpenAi => StatusCode::NOT_FOUND,
             },
             GatewayError::NoSuchObject { .. } => StatusCode::NOT_FOUND,
+            GatewayError::Conflict(_) => StatusCode::CONFLICT,
             GatewayError::BadInput(_)
             | GatewayError::Unsupported(_)
             | GatewayError::UnsupportedValue { .. } => StatusCode::BAD_REQUEST,
@@ -248,6 +253,7 @@ impl GatewayError {
                 id.chars().take(64).collect::<String>()
             ),
             GatewayError::BadInput(m) => format!("Bad input: {m}"),
+            GatewayError::Conflict(m) => m.clone(),
             GatewayError::Unsupported(p) => format!(
                 "Unsupported parameter: '{p}' is not supported by Bulkhead; remove it (the README lists what is supported)"
             ),
@@ -305,6 +311,7 @@ impl GatewayError {
             GatewayError::ModelNotFound(_) => 5007,
             GatewayError::NoSuchObject { .. } => 7003,
             GatewayError::BadInput(_)
+            | GatewayError::Conflict(_)
             | GatewayError::Unsupported(_)
             | GatewayError::UnsupportedValue { .. } => 5006,
             GatewayError::ContextTooLong { .. } => 5021,
@@ -326,9 +333,9 @@ impl GatewayError {
             GatewayError::Unauthenticated => ("authentication_error", Some("invalid_api_key")),
             GatewayError::WrongAccount => ("permission_error", None),
             GatewayError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
-            GatewayError::NoSuchObject { .. } | GatewayError::BadInput(_) => {
-                ("invalid_request_error", None)
-            }
+            GatewayError::NoSuchObject { .. }
+            | GatewayError::BadInput(_)
+            | GatewayError::Conflict(_) => ("invalid_request_error", None),
             GatewayError::Unsupported(_) | GatewayError::UnsupportedValue { .. } => {
                 ("invalid_request_error", Some("unsupported_parameter"))
             }

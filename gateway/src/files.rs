@@ -56,19 +56,28 @@ fn file_json(f: &FileView) -> Value {
 /// Counts a file call against the account's request limits (files reach
 /// the control plane's database: an account cannot call them faster than
 /// it may call a model), holding its concurrency slot while it runs.
-async fn admitted(s: &AppState, ctx: &Ctx) -> Result<crate::limits::Permit, GatewayError> {
+pub(crate) async fn admitted(
+    s: &AppState,
+    ctx: &Ctx,
+) -> Result<crate::limits::Permit, GatewayError> {
     crate::pipeline::admit(s, ctx, 0).await
 }
 
-/// A control-plane answer as the tenant sees it: not found is the file's
-/// own 404, a refusal is bad input, anything else is unavailability (never
-/// the control plane's words).
-fn cp_error(e: &ClientError, id: &str) -> GatewayError {
+/// A control-plane answer as the tenant sees it: not found is the
+/// object's own 404 (`what` it is), a refusal is bad input, a conflict is
+/// the object's state, anything else is unavailability (never the control
+/// plane's words).
+pub(crate) fn cp_error_on(e: &ClientError, what: &'static str, id: &str) -> GatewayError {
     match e {
         ClientError::Api { status: 404, .. } => GatewayError::NoSuchObject {
-            what: "File",
+            what,
             id: id.to_owned(),
         },
+        ClientError::Api {
+            status: 409,
+            message,
+            ..
+        } => GatewayError::Conflict(message.clone()),
         ClientError::Api {
             status: 400,
             message,
@@ -76,7 +85,7 @@ fn cp_error(e: &ClientError, id: &str) -> GatewayError {
         } => bad(message.clone()),
         other => {
             tracing::warn!(error = %bulkhead_control_api::error_chain(other), "files at the control plane");
-            GatewayError::Unavailable("files cannot be reached now")
+            GatewayError::Unavailable("files and batches cannot be reached now")
         }
     }
 }
@@ -127,6 +136,10 @@ pub(crate) fn check_batch_lines(text: &str) -> Result<usize, GatewayError> {
         ))),
         n => Ok(n),
     }
+}
+
+fn cp_error(e: &ClientError, id: &str) -> GatewayError {
+    cp_error_on(e, "File", id)
 }
 
 /// `POST /v1/files`.

@@ -4,7 +4,7 @@
 
 use crate::errors::GatewayError;
 use crate::state::AppState;
-use crate::{files, openai, workers_ai};
+use crate::{batches, files, openai, workers_ai};
 use axum::Router;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
@@ -29,6 +29,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/files", post(files::upload).get(files::list))
         .route("/v1/files/{id}", get(files::one).delete(files::delete))
         .route("/v1/files/{id}/content", get(files::content))
+        .route("/v1/batches", post(batches::create).get(batches::list))
+        .route("/v1/batches/{id}", get(batches::one))
+        .route("/v1/batches/{id}/cancel", post(batches::cancel))
         .route("/health", get(health))
         // Before any handler: strangers and declared over-large bodies are
         // refused without reading a byte of the body.

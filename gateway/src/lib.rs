@@ -26,6 +26,7 @@
 
 mod affinity;
 pub mod auth;
+mod batches;
 mod bounds;
 mod budget;
 mod edge;

@@ -1,0 +1,142 @@
+//! OpenAI's Batch API through the real router, against a real control
+//! plane on a socket: a batch made from an account's file is found, listed
+//! and cancelled by that account alone (another account's id gets exactly
+//! an unknown id's answer); a second cancel of a finished batch is a
+//! conflict in OpenAI's error shape; a field not served is refused by name.
+
+// Tests read their services from the environment (clippy.toml keeps
+// library code from it).
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
+
+mod support;
+
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use support::{Platform, bearer, call, platform};
+use tower::ServiceExt;
+
+/// Uploads a two-line batch file for the token's account; its id.
+async fn upload(gw: &axum::Router, token: &str) -> String {
+    let line = |id: &str| {
+        json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions",
+               "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}]}})
+        .to_string()
+    };
+    let text = format!("{}\n{}\n", line("r1"), line("r2"));
+    let body = format!(
+        "--X\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --X\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{text}\r\n--X--\r\n"
+    );
+    let req = Request::post("/v1/files")
+        .header("authorization", bearer(token))
+        .header("content-type", "multipart/form-data; boundary=X")
+        .body(Body::from(body))
+        .expect("request");
+    let resp = gw.clone().oneshot(req).await.expect("router");
+    assert_eq!(resp.status().as_u16(), 200);
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    let v: Value = serde_json::from_slice(&bytes).expect("a file");
+    v["id"].as_str().expect("an id").to_owned()
+}
+
+#[tokio::test]
+async fn a_batch_is_its_accounts_alone_and_a_finished_one_cannot_be_cancelled() {
+    let p = platform().await;
+    let gw = p.gateway(None, Platform::limiter()).await;
+    let (a, b) = (bearer(&p.a_token), bearer(&p.b_token));
+    let file = upload(&gw, &p.a_token).await;
+    let create = json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
+                        "completion_window": "24h", "metadata": {"run": "1"}});
+    let made = call(&gw, "POST", "/v1/batches", Some(&a), Some(&create.to_string())).await;
+    assert_eq!(made.status, 200, "{}", made.body);
+    let batch = made.json();
+    let id = batch["id"].as_str().expect("an id").to_owned();
+    assert_eq!(batch["object"], "batch");
+    assert_eq!(batch["status"], "validating");
+    assert_eq!(
+        batch["request_counts"],
+        json!({"total": 2, "completed": 0, "failed": 0})
+    );
+    assert_eq!(batch["errors"], Value::Null);
+    assert!(batch["expires_at"].as_i64() > batch["created_at"].as_i64());
+
+    let mine = call(&gw, "GET", &format!("/v1/batches/{id}"), Some(&a), None).await;
+    assert_eq!(mine.json(), batch);
+    let listed = call(&gw, "GET", "/v1/batches?limit=5", Some(&a), None).await;
+    assert_eq!(
+        listed.json()["data"][0]["id"],
+        id.as_str(),
+        "{}",
+        listed.body
+    );
+    assert_eq!(listed.json()["first_id"], id.as_str());
+
+    // B: A's batch is not found, exactly as an unknown one is not; B's
+    // own list is empty; B cannot make a batch of A's file.
+    let unknown = "batch_000000000000000000000000";
+    for (method, suffix) in [("GET", ""), ("POST", "/cancel")] {
+        let theirs = call(
+            &gw,
+            method,
+            &format!("/v1/batches/{id}{suffix}"),
+            Some(&b),
+            None,
+        )
+        .await;
+        let none = call(
+            &gw,
+            method,
+            &format!("/v1/batches/{unknown}{suffix}"),
+            Some(&b),
+            None,
+        )
+        .await;
+        assert_eq!(theirs.status, 404, "{}", theirs.body);
+        assert_eq!(theirs.body.replace(&id, unknown), none.body);
+    }
+    let theirs = call(&gw, "GET", "/v1/batches", Some(&b), None).await;
+    assert_eq!(theirs.json()["data"], json!([]));
+    let stolen = call(&gw, "POST", "/v1/batches", Some(&b), Some(&create.to_string())).await;
+    assert_eq!(stolen.status, 404, "{}", stolen.body);
+    assert!(
+        stolen.body.contains("No such File object"),
+        "{}",
+        stolen.body
+    );
+
+    // Cancelled at once (no runner took it); a second cancel conflicts.
+    let c = call(
+        &gw,
+        "POST",
+        &format!("/v1/batches/{id}/cancel"),
+        Some(&a),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (c.status.as_u16(), &c.json()["status"]),
+        (200, &json!("cancelled"))
+    );
+    let again = call(
+        &gw,
+        "POST",
+        &format!("/v1/batches/{id}/cancel"),
+        Some(&a),
+        None,
+    )
+    .await;
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert_eq!(again.json()["error"]["type"], "invalid_request_error");
+
+    // Not served, refused by name; a list option not served, too.
+    let mut extra = create;
+    extra["output_expires_after"] = json!({"anchor": "created_at", "seconds": 3600});
+    let r = call(&gw, "POST", "/v1/batches", Some(&a), Some(&extra.to_string())).await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.contains("output_expires_after"), "{}", r.body);
+    let r = call(&gw, "GET", "/v1/batches?order=asc", Some(&a), None).await;
+    assert_eq!(r.status, 400, "{}", r.body);
+}
