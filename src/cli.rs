@@ -40,6 +40,9 @@ enum Command {
     /// Run the leak prober: sentinel accounts call every public model with
     /// golden prompts and canaries; a finding withdraws the model.
     Prober(crate::platform::prober::ProberArgs),
+    /// Run the batch runner: takes tenants' batches from the control plane
+    /// and runs their lines through the gateway, after interactive work.
+    BatchRunner(crate::platform::batch_runner::BatchRunnerArgs),
     /// Incidents on the status page (responders).
     Incident {
         #[command(subcommand)]
@@ -176,6 +179,10 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Prober(args) => {
             let _t = telemetry("bulkhead-prober")?;
             crate::platform::prober::run(&args)
+        }
+        Command::BatchRunner(args) => {
+            let _t = telemetry("bulkhead-batch-runner")?;
+            crate::platform::batch_runner::run(&args)
         }
         Command::Tls {
             command: TlsCommand::Init(args),

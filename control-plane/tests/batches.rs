@@ -418,3 +418,47 @@ backend_test!(
         Ok(())
     }
 );
+
+backend_test!(
+    a_batch_line_bills_once_the_run_whose_answer_was_delivered,
+    |h| {
+        use bulkhead_control_api::{ModelSlug, UsageEvent};
+        use bulkhead_control_plane::store::usage;
+        let alice = account(&h, "alice").await?;
+        let model: ModelSlug = "@cf/test/model".parse()?;
+        let event = |call: &str, completion: u64, finish: &str| UsageEvent {
+            call_id: call.to_owned(),
+            account_id: alice.clone(),
+            model: model.clone(),
+            prompt_tokens: 10,
+            completion_tokens: completion,
+            context: String::new(),
+            finish: finish.to_owned(),
+            at: Timestamp::now(),
+        };
+        let key = |line: u32| vec![Some(format!("batch:batch_x:{line}:0"))];
+        let mut c = h.db.pool().acquire().await?;
+        // Line 0: a run cut when the runner died, then the rerun's answer,
+        // then a third report under the same key: one call, the answer's.
+        let cut = usage::record_keyed(&mut c, "n", &[event("c1", 5, "cancelled")], &key(0)).await?;
+        let rerun = usage::record_keyed(&mut c, "n", &[event("c2", 20, "stop")], &key(0)).await?;
+        let third = usage::record_keyed(&mut c, "n", &[event("c3", 20, "stop")], &key(0)).await?;
+        assert_eq!((cut.recorded, rerun.recorded, third.duplicates), (1, 1, 1));
+        // Line 1: the answer first, the cut run's report late: the answer's.
+        usage::record_keyed(&mut c, "n", &[event("c4", 30, "stop")], &key(1)).await?;
+        let late =
+            usage::record_keyed(&mut c, "n", &[event("c5", 7, "cancelled")], &key(1)).await?;
+        assert_eq!(late.duplicates, 1);
+        let day = Timestamp::now();
+        let rows = usage::daily(&mut c, Some(&alice), day, day).await?;
+        let (requests, completion): (u64, u64) = rows.iter().fold((0, 0), |(r, t), row| {
+            (r + row.requests, t + row.completion_tokens)
+        });
+        assert_eq!((requests, completion), (2, 50), "{rows:?}");
+        // Without a key, each call is its own (the ledger as before).
+        usage::record(&mut c, "n", &[event("c6", 1, "stop")]).await?;
+        let rows = usage::daily(&mut c, Some(&alice), day, day).await?;
+        assert_eq!(rows.iter().map(|r| r.requests).sum::<u64>(), 3);
+        Ok(())
+    }
+);

@@ -21,6 +21,9 @@ pub struct Principal {
     pub account_id: String,
     /// The tenant number workers tag its KV pages with.
     pub tenant: u64,
+    /// The batch the credential was made for, when the batch runner calls
+    /// with it: its calls run in the batch class, each line billed once.
+    pub batch: Option<String>,
 }
 
 /// A refused credential. The variants are for logs and tests; clients see
@@ -200,16 +203,17 @@ pub fn authenticate(
     table: &Table,
     jwt: Option<&JwtConfig>,
 ) -> Result<Principal, AuthError> {
-    let account = if token.starts_with(API_TOKEN_PREFIX) {
+    let (account, batch) = if token.starts_with(API_TOKEN_PREFIX) {
         let hash = hex::encode(Sha256::digest(token.as_bytes()));
         table.token_account(&hash).ok_or(AuthError::Invalid)?
     } else {
         let jwt = jwt.filter(|j| j.enabled()).ok_or(AuthError::Invalid)?;
         let id = jwt.verify(token)?;
-        table.account(&id).ok_or(AuthError::Invalid)?
+        (table.account(&id).ok_or(AuthError::Invalid)?, None)
     };
     Ok(Principal {
         account_id: account.id.clone(),
         tenant: account.tenant,
+        batch: batch.map(str::to_owned),
     })
 }

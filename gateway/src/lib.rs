@@ -51,6 +51,7 @@ pub use auth::{JwtConfig, JwtKeys, Principal};
 pub use budget::{BudgetError, Budgets, Period, Reservation};
 pub use http::app;
 pub use limits::{Limiter, LimiterError, Limits, Quota};
+pub use pipeline::BATCH_LINE_HEADER;
 pub use serve::{ConnLimits, serve};
 pub use state::AppState;
 pub use table::Table;

@@ -357,7 +357,7 @@ pub(crate) async fn account_chat(
 async fn chat_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, GatewayError> {
     let req: ChatBody = pipeline::parse_json(body)?;
     let ctx = &Ctx {
-        class: req.common.class()?,
+        class: ctx.asks(req.common.class()?),
         ..ctx.clone()
     };
     let slug = req.common.model()?;
@@ -629,7 +629,7 @@ pub(crate) async fn completions(
 async fn completions_for(s: &AppState, ctx: &Ctx, body: &[u8]) -> Result<Response, GatewayError> {
     let req: CompletionBody = pipeline::parse_json(body)?;
     let ctx = &Ctx {
-        class: req.common.class()?,
+        class: ctx.asks(req.common.class()?),
         ..ctx.clone()
     };
     let slug = req.common.model()?;

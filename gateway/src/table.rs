@@ -12,7 +12,8 @@ pub struct Table {
     version: u64,
     models: HashMap<ModelSlug, RoutedModel>,
     accounts: HashMap<String, RoutedAccount>,
-    tokens: HashMap<String, String>,
+    /// Token hash to its account and, for a batch runner's token, its batch.
+    tokens: HashMap<String, (String, Option<String>)>,
     /// Routable generating workers (decode or colocated) per model.
     workers: HashMap<ModelSlug, Vec<NodeView>>,
     /// Models made private by a planned flip.
@@ -39,7 +40,7 @@ impl Table {
             tokens: t
                 .tokens
                 .into_iter()
-                .map(|k| (k.sha256, k.account_id))
+                .map(|k| (k.sha256, (k.account_id, k.batch_id)))
                 .collect(),
             workers,
             planned: t.planned_withdrawals.into_iter().collect(),
@@ -76,9 +77,11 @@ impl Table {
         changed
     }
 
-    /// The account a token hash belongs to.
-    pub fn token_account(&self, sha256: &str) -> Option<&RoutedAccount> {
-        self.accounts.get(self.tokens.get(sha256)?)
+    /// The account a token hash belongs to, and the batch it was made
+    /// for if the batch runner holds it.
+    pub fn token_account(&self, sha256: &str) -> Option<(&RoutedAccount, Option<&str>)> {
+        let (account, batch) = self.tokens.get(sha256)?;
+        Some((self.accounts.get(account)?, batch.as_deref()))
     }
 
     /// An account by id.

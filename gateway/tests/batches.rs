@@ -50,7 +50,14 @@ async fn a_batch_is_its_accounts_alone_and_a_finished_one_cannot_be_cancelled() 
     let file = upload(&gw, &p.a_token).await;
     let create = json!({"input_file_id": file, "endpoint": "/v1/chat/completions",
                         "completion_window": "24h", "metadata": {"run": "1"}});
-    let made = call(&gw, "POST", "/v1/batches", Some(&a), Some(&create.to_string())).await;
+    let made = call(
+        &gw,
+        "POST",
+        "/v1/batches",
+        Some(&a),
+        Some(&create.to_string()),
+    )
+    .await;
     assert_eq!(made.status, 200, "{}", made.body);
     let batch = made.json();
     let id = batch["id"].as_str().expect("an id").to_owned();
@@ -99,7 +106,14 @@ async fn a_batch_is_its_accounts_alone_and_a_finished_one_cannot_be_cancelled() 
     }
     let theirs = call(&gw, "GET", "/v1/batches", Some(&b), None).await;
     assert_eq!(theirs.json()["data"], json!([]));
-    let stolen = call(&gw, "POST", "/v1/batches", Some(&b), Some(&create.to_string())).await;
+    let stolen = call(
+        &gw,
+        "POST",
+        "/v1/batches",
+        Some(&b),
+        Some(&create.to_string()),
+    )
+    .await;
     assert_eq!(stolen.status, 404, "{}", stolen.body);
     assert!(
         stolen.body.contains("No such File object"),
@@ -134,7 +148,14 @@ async fn a_batch_is_its_accounts_alone_and_a_finished_one_cannot_be_cancelled() 
     // Not served, refused by name; a list option not served, too.
     let mut extra = create;
     extra["output_expires_after"] = json!({"anchor": "created_at", "seconds": 3600});
-    let r = call(&gw, "POST", "/v1/batches", Some(&a), Some(&extra.to_string())).await;
+    let r = call(
+        &gw,
+        "POST",
+        "/v1/batches",
+        Some(&a),
+        Some(&extra.to_string()),
+    )
+    .await;
     assert_eq!(r.status, 400);
     assert!(r.body.contains("output_expires_after"), "{}", r.body);
     let r = call(&gw, "GET", "/v1/batches?order=asc", Some(&a), None).await;

@@ -52,3 +52,8 @@ CREATE TABLE batch_results (
 );
 
 ALTER TABLE api_tokens ADD COLUMN batch_id TEXT;
+
+-- A call may bill under a key beside its id (a batch line: one key however
+-- often the line runs); the ledger keeps one event per key.
+ALTER TABLE usage_events ADD COLUMN billing_key TEXT;
+CREATE UNIQUE INDEX usage_events_by_billing_key ON usage_events (billing_key);

@@ -153,6 +153,7 @@ async fn serve(flags: &ServeFlags) -> anyhow::Result<()> {
         bulkhead_trust::Role::Prefill,
         bulkhead_trust::Role::Decode,
         bulkhead_trust::Role::Colocated,
+        bulkhead_trust::Role::BatchRunner,
     ])?;
     let db = flags.db.open().await?;
     let listener = tokio::net::TcpListener::bind(&flags.listen)

@@ -1,7 +1,8 @@
 //! The platform's long-running processes: the worker roles, the gateway,
-//! the control plane and the leak prober, what workers register and report,
+//! the control plane, the leak prober and the batch runner, what workers register and report,
 //! and `up`, which starts and supervises them all on one machine.
 
+pub(crate) mod batch_runner;
 pub(crate) mod control_plane;
 pub(crate) mod gateway;
 pub(crate) mod prober;

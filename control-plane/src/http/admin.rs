@@ -663,7 +663,9 @@ async fn report_usage(
         ));
     }
     // A worker bills only calls the gateway sent it: each event names the
-    // account, model and call id of the context the gateway signed.
+    // account, model and call id of the context the gateway signed, which
+    // also gives the key the call bills under, if any.
+    let mut keys = Vec::with_capacity(report.events.len());
     for e in &report.events {
         let signed = s.settings.contexts.statement(&e.context).ok();
         let matches = signed.as_ref().is_some_and(|c| {
@@ -684,9 +686,10 @@ async fn report_usage(
                 ),
             ));
         }
+        keys.push(signed.and_then(|c| c.bill_as));
     }
     let mut tx = s.db.begin().await?;
-    let recorded = usage::record(&mut tx, &op.name, &report.events).await?;
+    let recorded = usage::record_keyed(&mut tx, &op.name, &report.events, &keys).await?;
     tx.commit().await?;
     Ok(Json(recorded))
 }

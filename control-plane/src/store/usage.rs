@@ -29,6 +29,21 @@ pub async fn record(
     node: &str,
     events: &[UsageEvent],
 ) -> Result<UsageRecorded, Error> {
+    record_keyed(conn, node, events, &vec![None; events.len()]).await
+}
+
+/// [`record`], each event with the billing key its signed context gave
+/// (`keys[i]` for `events[i]`): an event whose key is in the ledger
+/// already is a duplicate too, whatever its call id.
+pub async fn record_keyed(
+    conn: &mut Conn,
+    node: &str,
+    events: &[UsageEvent],
+    keys: &[Option<String>],
+) -> Result<UsageRecorded, Error> {
+    if keys.len() != events.len() {
+        return Err(Error::Internal("one billing key per event".to_owned()));
+    }
     if events.len() > MAX_EVENTS {
         return Err(Error::Invalid(format!(
             "a usage report carries at most {MAX_EVENTS} events, not {}",
@@ -40,7 +55,7 @@ pub async fn record(
         duplicates: 0,
     };
     let mut prices: HashMap<&ModelSlug, Price> = HashMap::new();
-    for e in events {
+    for (e, key) in events.iter().zip(keys) {
         check(e)?;
         let day = e.at.day();
         let (prompt, completion) = (
@@ -69,9 +84,14 @@ pub async fn record(
             finish: e.finish.as_str(),
             node,
             at: e.at.millis(),
+            key: key.as_deref(),
         };
         if !insert_event(conn, &row).await? {
-            out.duplicates += 1;
+            if !replaces_cancelled(conn, &row).await? {
+                out.duplicates += 1;
+                continue;
+            }
+            out.recorded += 1;
             continue;
         }
         roll_up(conn, &row, 1).await?;
@@ -113,6 +133,7 @@ pub async fn void(conn: &mut Conn, v: &UsageVoid, at: Timestamp) -> Result<Usage
             finish: VOID,
             node: "gateway",
             at: at.millis(),
+            key: None,
         };
         let barred = insert_event(conn, &marker).await?;
         if barred {
@@ -156,6 +177,7 @@ pub async fn void(conn: &mut Conn, v: &UsageVoid, at: Timestamp) -> Result<Usage
             finish: VOID,
             node: "gateway",
             at: at.millis(),
+            key: None,
         };
         roll_up(conn, &recorded, -1).await?;
         sqlx::query(
@@ -186,14 +208,16 @@ struct Entry<'a> {
     finish: &'a str,
     node: &'a str,
     at: i64,
+    /// The billing key beside the call id, if any.
+    key: Option<&'a str>,
 }
 
-/// Inserts `r` unless its call id is in the ledger already; whether it was
-/// new.
+/// Inserts `r` unless its call id (or its billing key) is in the ledger
+/// already; whether it was new.
 async fn insert_event(conn: &mut Conn, r: &Entry<'_>) -> Result<bool, Error> {
     let inserted = sqlx::query(
-        "INSERT INTO usage_events (call_id, account_id, model, day, prompt_tokens, completion_tokens, finish, node, at, micro_neurons) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (call_id) DO NOTHING",
+        "INSERT INTO usage_events (call_id, account_id, model, day, prompt_tokens, completion_tokens, finish, node, at, micro_neurons, billing_key) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
     )
     .bind(r.call)
     .bind(r.account)
@@ -205,10 +229,75 @@ async fn insert_event(conn: &mut Conn, r: &Entry<'_>) -> Result<bool, Error> {
     .bind(r.node)
     .bind(r.at)
     .bind(r.cost)
+    .bind(r.key)
     .execute(&mut *conn)
     .await?
     .rows_affected();
     Ok(inserted == 1)
+}
+
+/// A keyed call whose key bills an earlier run that ended `cancelled` (its
+/// client went away: a batch runner that died mid-line) replaces that
+/// run: the line bills the run whose answer was delivered, once. Whether
+/// it did.
+async fn replaces_cancelled(conn: &mut Conn, r: &Entry<'_>) -> Result<bool, Error> {
+    use sqlx::Row;
+    let Some(key) = r.key else { return Ok(false) };
+    if r.finish == "cancelled" {
+        return Ok(false);
+    }
+    let Some(old) = sqlx::query(
+        "SELECT call_id, account_id, model, day, prompt_tokens, completion_tokens, micro_neurons, finish \
+         FROM usage_events WHERE billing_key = $1",
+    )
+    .bind(key)
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(false);
+    };
+    let (call, account, model, finish): (String, String, String, String) = (
+        old.try_get("call_id")?,
+        old.try_get("account_id")?,
+        old.try_get("model")?,
+        old.try_get("finish")?,
+    );
+    if finish != "cancelled" || call == r.call || account != r.account || model != r.model {
+        return Ok(false);
+    }
+    let before = Entry {
+        call: &call,
+        account: &account,
+        model: &model,
+        day: old.try_get("day")?,
+        tokens: (
+            old.try_get("prompt_tokens")?,
+            old.try_get("completion_tokens")?,
+        ),
+        cost: old.try_get("micro_neurons")?,
+        finish: &finish,
+        node: r.node,
+        at: r.at,
+        key: r.key,
+    };
+    roll_up(conn, &before, -1).await?;
+    sqlx::query(
+        "UPDATE usage_events SET call_id = $1, day = $2, prompt_tokens = $3, completion_tokens = $4, \
+         finish = $5, node = $6, at = $7, micro_neurons = $8 WHERE billing_key = $9",
+    )
+    .bind(r.call)
+    .bind(r.day)
+    .bind(r.tokens.0)
+    .bind(r.tokens.1)
+    .bind(r.finish)
+    .bind(r.node)
+    .bind(r.at)
+    .bind(r.cost)
+    .bind(key)
+    .execute(&mut *conn)
+    .await?;
+    roll_up(conn, r, 1).await?;
+    Ok(true)
 }
 
 /// Moves `r`'s day of its account and model by its call: `sign` 1 counts

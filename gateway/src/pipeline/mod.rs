@@ -52,9 +52,17 @@ pub(crate) struct Ctx {
     pub(crate) session: Option<String>,
     /// Whether its prompt work goes before or after interactive work, as
     /// its API's handler read it (OpenAI's `service_tier`); signed into
-    /// each worker call.
+    /// each worker call. A batch runner's credential is always the batch
+    /// class ([`Ctx::asks`]).
     pub(crate) class: WorkClass,
+    /// The batch line a batch runner's call runs (its
+    /// [`BATCH_LINE_HEADER`]), billed under one key however often it runs.
+    pub(crate) batch_line: Option<u64>,
 }
+
+/// The header with which the batch runner names the line a call runs.
+/// Read only from a batch runner's credential (and required of it).
+pub const BATCH_LINE_HEADER: &str = "bulkhead-batch-line";
 
 /// Authenticates the request from its headers against the current table.
 pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Ctx, GatewayError> {
@@ -74,17 +82,45 @@ pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Ctx,
         .get(crate::affinity::SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let batch_line = match &principal.batch {
+        None => None,
+        Some(_) => Some(
+            headers
+                .get(BATCH_LINE_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    GatewayError::BadInput(format!(
+                        "a batch runner's call names its line in {BATCH_LINE_HEADER}"
+                    ))
+                })?,
+        ),
+    };
+    let class = match principal.batch {
+        Some(_) => WorkClass::Batch,
+        None => WorkClass::Interactive,
+    };
     Ok(Ctx {
         snap,
         principal,
         quota: Arc::default(),
         calls: Arc::default(),
         session,
-        class: WorkClass::Interactive,
+        class,
+        batch_line,
     })
 }
 
 impl Ctx {
+    /// The class a request that asks for `class` runs in: as asked, except
+    /// that a batch runner's credential is always the batch class.
+    pub(crate) fn asks(&self, class: WorkClass) -> WorkClass {
+        match self.principal.batch {
+            Some(_) => WorkClass::Batch,
+            None => class,
+        }
+    }
+
     /// Refuses a credential used on another account's URL.
     pub(crate) fn for_account(&self, url_account: &str) -> Result<(), GatewayError> {
         if url_account == self.principal.account_id {
@@ -504,6 +540,10 @@ async fn attempt(
     );
     statement.choice = choice;
     statement.class = ctx.class;
+    statement.bill_as = match (&ctx.principal.batch, ctx.batch_line) {
+        (Some(batch), Some(line)) => Some(format!("batch:{batch}:{line}:{choice}")),
+        _ => None,
+    };
     let (first, mut rest) = tokio::select! {
         r = state
             .upstream

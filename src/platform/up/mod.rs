@@ -11,7 +11,7 @@
 //! By default it serves two models: the default file as it is (Q4_1) and
 //! converted to Q8_0 at load, each with `--prefill-workers` prefill and
 //! `--decode-workers` decode workers (colocated ones with `--colocated`); last
-//! it starts the leak prober (unless `--no-prober`). Tokens and the TLS
+//! it starts the leak prober (unless `--no-prober`) and the batch runner. Tokens and the TLS
 //! directory reach the components in their environment, never on a command
 //! line. If this machine cannot prefill a model's configured context window
 //! within `--prefill-deadline-secs`, `up` serves a smaller window, a quarter
@@ -229,7 +229,8 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     let mut components = Components::new(console);
     let started = start(args, &weights, &internal, &mut creds, &mut components)
         .and_then(|()| rt.block_on(check_routable(args, &creds, &internal)))
-        .and_then(|()| start_prober(args, &internal, &mut creds, &mut components));
+        .and_then(|()| start_prober(args, &internal, &mut creds, &mut components))
+        .and_then(|()| start_batch_runner(args, &creds, &mut components));
     if let Err(e) = started {
         components.stop();
         return Err(e);

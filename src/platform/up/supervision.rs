@@ -519,3 +519,26 @@ pub(super) fn start_prober(
     creds.metrics.insert("prober".to_owned(), metrics);
     Ok(())
 }
+
+/// Starts the batch runner: its certificate's bundle in its environment;
+/// it calls the control plane's internal port and the gateway.
+pub(super) fn start_batch_runner(
+    args: &UpArgs,
+    creds: &CredentialsFile,
+    c: &mut Components,
+) -> anyhow::Result<()> {
+    let tls = args.data_dir.join("tls");
+    let bundle = crate::tls::bundle_dir(&tls, CertRole::BatchRunner.as_str())
+        .to_str()
+        .context("the data directory must be UTF-8")?
+        .to_owned();
+    let a = [
+        "batch-runner",
+        "--control-plane",
+        &creds.internal_url,
+        "--gateway",
+        &creds.gateway_url,
+    ];
+    c.spawn_with("batch-runner", &a, vec![("BULKHEAD_TLS_DIR", bundle)])?;
+    Ok(())
+}

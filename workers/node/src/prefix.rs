@@ -108,6 +108,7 @@ mod tests {
             max_tokens: 16,
             context_limit: None,
             class: Default::default(),
+            bill_as: None,
             issued_ms: 0,
             expires_ms: 1,
         }

@@ -72,6 +72,12 @@ pub struct TenantContext {
     /// (OpenAI's `service_tier: "flex"` asks for after).
     #[serde(default, skip_serializing_if = "WorkClass::is_interactive")]
     pub class: WorkClass,
+    /// The ledger key the call bills under beside its id, when one work
+    /// item may be run more than once (a batch line after the batch
+    /// runner restarted: `batch:<id>:<line>:<choice>`). The ledger counts
+    /// one call per key, however many calls carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bill_as: Option<String>,
     /// When it was signed (ms since the Unix epoch).
     pub issued_ms: u64,
     /// When it stops being valid.
@@ -176,6 +182,7 @@ impl TenantContext {
             max_tokens,
             context_limit,
             class: WorkClass::Interactive,
+            bill_as: None,
             issued_ms,
             expires_ms: issued_ms + CONTEXT_TTL.as_millis() as u64,
         }
