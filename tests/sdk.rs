@@ -100,6 +100,8 @@ fn the_openai_and_cloudflare_python_sdks_get_what_they_ask_for() {
     assert!(files["file"]["id"].is_string(), "{files}");
     assert_eq!(files["another_account"], "not found");
     assert_eq!(files["deleted"], true);
+    // The 100 lines as a batch, completed with one answer each.
+    assert_eq!(files["batch"]["answers"], 100, "{files}");
     for shape in ["flat", "openai", "streamed"] {
         assert!(cf[shape]["city"].is_string(), "{cf}");
     }

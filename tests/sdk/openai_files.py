@@ -1,8 +1,10 @@
-"""Batch input files through the official `openai` Python SDK: a JSON Lines
-file of 100 requests uploaded with `files.create`, read back with
-`files.retrieve` and `files.content`, listed, and deleted; another account
-asking for it gets exactly what an unknown id gets; a malformed line is
-refused naming its line.
+"""Batch input files and batches through the official `openai` Python SDK:
+a JSON Lines file of 100 requests uploaded with `files.create`, read back
+with `files.retrieve` and `files.content`, listed; run as a batch
+(`batches.create`, `batches.retrieve` until it completes, the output read
+with `files.content`: one answer per line, by `custom_id`); then deleted.
+Another account asking for the file or the batch gets exactly what an
+unknown id gets; a malformed line is refused naming its line.
 
 Environment: BULKHEAD_BASE_URL (the gateway's /v1), BULKHEAD_TOKEN,
 BULKHEAD_SPENT_TOKEN (another account's token), BULKHEAD_MODEL. Prints one
@@ -12,6 +14,7 @@ JSON line of what it saw.
 import io
 import json
 import os
+import time
 
 import openai
 
@@ -74,6 +77,41 @@ try:
 except openai.BadRequestError as e:
     assert "line 101" in e.message, e.message
     seen["refused"] = e.message
+
+# The 100 lines as a batch, run by the platform's batch runner.
+batch = mine.batches.create(
+    input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+    metadata={"suite": "sdk"},
+)
+assert batch.status == "validating" and batch.request_counts.total == 100, batch
+started = time.time()
+while batch.status not in ("completed", "failed", "cancelled", "expired"):
+    assert time.time() - started < 600, f"the batch did not finish: {batch}"
+    time.sleep(0.5)
+    batch = mine.batches.retrieve(batch.id)
+assert batch.status == "completed", batch
+assert (batch.request_counts.completed, batch.request_counts.failed) == (100, 0), batch
+assert batch.metadata == {"suite": "sdk"} and batch.error_file_id is None, batch
+out = [json.loads(l) for l in mine.files.content(batch.output_file_id).text.splitlines()]
+assert sorted(o["custom_id"] for o in out) == sorted(l["custom_id"] for l in lines), "one answer per line"
+for o in out:
+    assert o["response"]["status_code"] == 200, o
+    assert o["response"]["body"]["choices"][0]["message"]["content"], o
+assert batch.id in [b.id for b in mine.batches.list()], "listed"
+ids = []
+for bid in (batch.id, "batch_000000000000000000000000"):
+    try:
+        theirs.batches.retrieve(bid)
+        raise AssertionError(f"another account read {bid}")
+    except openai.NotFoundError as e:
+        ids.append(json.dumps(e.body, sort_keys=True).replace(bid, "ID"))
+assert ids[0] == ids[1], ids
+try:
+    mine.batches.cancel(batch.id)
+    raise AssertionError("a finished batch was cancelled")
+except openai.ConflictError:
+    pass
+seen["batch"] = {"id": batch.id, "answers": len(out), "seconds": round(time.time() - started, 1)}
 
 deleted = mine.files.delete(f.id)
 assert deleted.deleted and deleted.id == f.id, deleted
