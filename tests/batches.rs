@@ -3,7 +3,9 @@
 //! the dead runner's hold lapses, and every line has exactly one answer in
 //! the output file and one call in the ledger, although the workers ran
 //! some lines twice (their own token counts exceed the ledger's: the proof
-//! that the kill cut lines mid-answer).
+//! that the kill cut lines mid-answer). Then Workers AI's queued requests
+//! (`queueRequest=true`) on the same platform: queued, polled until the
+//! runner has answered each, answered by place with their references.
 
 mod support;
 
@@ -174,5 +176,47 @@ fn a_batch_survives_its_runner_killed_mid_batch_with_each_line_answered_and_bill
         served > ledger_out,
         "the workers served {served} output tokens and the ledger bills {ledger_out}: \
          no line was cut by the kill, so nothing ran twice"
+    );
+
+    // Workers AI's queued requests, run by the same runner.
+    let run = format!(
+        "/client/v4/accounts/{}/ai/run/{model}?queueRequest=true",
+        account.id
+    );
+    let requests = json!({"requests": [
+        {"prompt": "Name a colour.", "max_tokens": 6, "external_reference": "first"},
+        {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 6},
+        {"prompt": "Name a city.", "max_tokens": 6},
+    ]});
+    let (status, queued) = post(gw, &run, &account.token, &requests.to_string());
+    assert_eq!(status, 200, "{queued}");
+    let queued: Value = serde_json::from_str(&queued).expect("JSON");
+    assert_eq!(queued["result"]["status"], "queued", "{queued}");
+    let poll = json!({"request_id": queued["result"]["request_id"]}).to_string();
+    let answered = wait_for("the queued requests' answers", 180, || {
+        let (status, body) = post(gw, &run, &account.token, &poll);
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).ok()?;
+        v["result"]["responses"].is_array().then_some(v)
+    });
+    let responses = answered["result"]["responses"]
+        .as_array()
+        .expect("responses");
+    let ids: Vec<u64> = responses.iter().filter_map(|r| r["id"].as_u64()).collect();
+    assert_eq!(ids, [0, 1, 2], "{answered}");
+    for r in responses {
+        assert_eq!(r["success"], true, "{r}");
+        assert!(
+            r["result"]["response"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty()),
+            "{r}"
+        );
+    }
+    assert_eq!(responses[0]["external_reference"], "first");
+    assert!(responses[1]["external_reference"].is_null());
+    assert!(
+        answered["result"]["usage"]["total_tokens"].as_u64() > Some(0),
+        "{answered}"
     );
 }

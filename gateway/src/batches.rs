@@ -83,6 +83,11 @@ fn create_body(
     };
     let input_file_id = text(&mut m, "input_file_id")?;
     let endpoint = text(&mut m, "endpoint")?;
+    if !["/v1/chat/completions", "/v1/completions"].contains(&endpoint.as_str()) {
+        return Err(bad(
+            "endpoint must be /v1/chat/completions or /v1/completions",
+        ));
+    }
     let completion_window = text(&mut m, "completion_window")?;
     let metadata = match m.remove("metadata") {
         None | Some(Value::Null) => None,
@@ -173,7 +178,7 @@ pub(crate) async fn list(
 
 /// The id in a batch route: what a batch id looks like, or it is not found
 /// (no other text reaches the control plane's URL).
-fn batch_id(id: String) -> Result<String, GatewayError> {
+pub(crate) fn batch_id(id: String) -> Result<String, GatewayError> {
     let ok = id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     if ok {
         Ok(id)

@@ -39,6 +39,7 @@ mod openai;
 mod params;
 mod pick;
 mod pipeline;
+mod queue;
 mod serve;
 mod state;
 mod table;

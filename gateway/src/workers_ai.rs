@@ -213,12 +213,18 @@ pub(crate) async fn run(
     State(s): State<AppState>,
     path: Result<Path<(String, String)>, PathRejection>,
     Extension(ctx): Extension<Ctx>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let Path((account, slug)) = path.map_err(|_| GatewayError::NoRoute.in_(W))?;
     ctx.for_account(&account).map_err(|e| e.in_(W))?;
     let model = pipeline::model(&ctx, &slug).map_err(|e| e.in_(W))?;
     let body = body.map_err(|e| crate::edge::body_refused(&e, W))?;
+    if crate::queue::asked(query.as_deref()) {
+        return crate::queue::run(&s, &ctx, model.slug.as_str(), &body)
+            .await
+            .map_err(|e| e.in_(W));
+    }
     let req: RunBody = pipeline::parse_json(&body).map_err(|e| e.in_(W))?;
     let worker = req.to_worker().map_err(|e| e.in_(W))?;
     let json_mode = worker.response_format.is_some();

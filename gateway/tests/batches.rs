@@ -3,6 +3,8 @@
 //! and cancelled by that account alone (another account's id gets exactly
 //! an unknown id's answer); a second cancel of a finished batch is a
 //! conflict in OpenAI's error shape; a field not served is refused by name.
+//! Workers AI's queued requests (`queueRequest=true`) answer a
+//! `request_id` that polls as `queued` for its account and model alone.
 
 // Tests read their services from the environment (clippy.toml keeps
 // library code from it).
@@ -14,7 +16,7 @@ use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use support::{Platform, bearer, call, platform};
+use support::{OPEN, Platform, SECRET, bearer, call, platform};
 use tower::ServiceExt;
 
 /// Uploads a two-line batch file for the token's account; its id.
@@ -160,4 +162,95 @@ async fn a_batch_is_its_accounts_alone_and_a_finished_one_cannot_be_cancelled() 
     assert!(r.body.contains("output_expires_after"), "{}", r.body);
     let r = call(&gw, "GET", "/v1/batches?order=asc", Some(&a), None).await;
     assert_eq!(r.status, 400, "{}", r.body);
+}
+
+#[tokio::test]
+async fn queued_workers_ai_requests_answer_a_request_id_for_their_account_and_model() {
+    let p = platform().await;
+    let gw = p.gateway(None, Platform::limiter()).await;
+    let (a, b) = (bearer(&p.a_token), bearer(&p.b_token));
+    let run = |account: &str, model: &str| {
+        format!("/client/v4/accounts/{account}/ai/run/{model}?queueRequest=true")
+    };
+    let requests = json!({"requests": [
+        {"prompt": "one", "max_tokens": 4, "external_reference": "ref-1"},
+        {"messages": [{"role": "user", "content": "two"}], "max_tokens": 4},
+    ]});
+    let queued = call(
+        &gw,
+        "POST",
+        &run(&p.a, OPEN),
+        Some(&a),
+        Some(&requests.to_string()),
+    )
+    .await;
+    assert_eq!(queued.status, 200, "{}", queued.body);
+    let v = queued.json();
+    assert_eq!(
+        (v["success"].as_bool(), v["result"]["status"].as_str()),
+        (Some(true), Some("queued"))
+    );
+    assert_eq!(v["result"]["model"], OPEN);
+    let id = v["result"]["request_id"]
+        .as_str()
+        .expect("a request id")
+        .to_owned();
+
+    // No runner here: it stays queued.
+    let poll = json!({"request_id": id}).to_string();
+    let mine = call(&gw, "POST", &run(&p.a, OPEN), Some(&a), Some(&poll)).await;
+    assert_eq!(mine.json()["result"]["status"], "queued", "{}", mine.body);
+    // Another account's poll and a poll under another model: not found,
+    // exactly as an unknown id is.
+    let unknown = json!({"request_id": "batch_000000000000000000000000"}).to_string();
+    let none = call(&gw, "POST", &run(&p.b, OPEN), Some(&b), Some(&unknown)).await;
+    let theirs = call(&gw, "POST", &run(&p.b, OPEN), Some(&b), Some(&poll)).await;
+    assert_eq!(theirs.status, 404, "{}", theirs.body);
+    assert_eq!(
+        theirs.body.replace(&id, "batch_000000000000000000000000"),
+        none.body
+    );
+    // B's queue of the private model B may call, polled under another model.
+    let bq = call(
+        &gw,
+        "POST",
+        &run(&p.b, SECRET),
+        Some(&b),
+        Some(&requests.to_string()),
+    )
+    .await;
+    assert_eq!(bq.status, 200, "{}", bq.body);
+    let bpoll = json!({"request_id": bq.json()["result"]["request_id"]}).to_string();
+    let other_model = call(&gw, "POST", &run(&p.b, OPEN), Some(&b), Some(&bpoll)).await;
+    assert_eq!(other_model.status, 404, "{}", other_model.body);
+    // The queue is a batch of the account's, listed as such.
+    let listed = call(&gw, "GET", "/v1/batches", Some(&a), None).await;
+    assert_eq!(listed.json()["data"][0]["endpoint"], "/ai/run");
+    // Refused before anything is queued.
+    for (body, want) in [
+        (json!({"requests": []}), "requests"),
+        (
+            json!({"requests": [{"prompt": "x", "stream": true}]}),
+            "not streamed",
+        ),
+        (
+            json!({"requests": [{"prompt": "x"}], "priority": 1}),
+            "priority",
+        ),
+        (
+            json!({"requests": [{"prompt": "x", "external_reference": 7}]}),
+            "external_reference",
+        ),
+    ] {
+        let r = call(
+            &gw,
+            "POST",
+            &run(&p.a, OPEN),
+            Some(&a),
+            Some(&body.to_string()),
+        )
+        .await;
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert!(r.body.contains(want), "{}", r.body);
+    }
 }

@@ -15,7 +15,7 @@ pub(crate) mod telemetry;
 pub(crate) mod transfer;
 
 use anyhow::{Context, bail};
-use bulkhead_engine::{Engine, GenerateRequest, ModelFile, SeqEvent};
+use bulkhead_engine::{CacheScope, Engine, GenerateRequest, ModelFile, Namespace, SeqEvent};
 use bulkhead_kv::TenantId;
 use serde_json::Value;
 use std::process::Command;
@@ -50,11 +50,23 @@ pub(crate) fn timed_batch(
     prompts: &[Vec<u32>],
     max_tokens: usize,
 ) -> anyhow::Result<BatchTiming> {
+    timed_batch_in(engine, prompts, max_tokens, None)
+}
+
+/// [`timed_batch`], its requests reading and leaving prefix-cache pages in
+/// `cache` when given.
+fn timed_batch_in(
+    engine: &Engine,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    cache: Option<CacheScope>,
+) -> anyhow::Result<BatchTiming> {
     let start = Instant::now();
     let mut handles = prompts
         .iter()
         .map(|p| {
-            let req = GenerateRequest::fixed_length(p.clone(), max_tokens);
+            let mut req = GenerateRequest::fixed_length(p.clone(), max_tokens);
+            req.cache = cache;
             engine
                 .submit(TenantId::new(1), req)
                 .map_err(anyhow::Error::from)
@@ -127,8 +139,9 @@ pub(crate) fn decode_rate(
     prompts: &[Vec<u32>],
     max_tokens: usize,
 ) -> anyhow::Result<f64> {
-    timed_batch(engine, prompts, 1)?;
-    Ok(timed_batch(engine, prompts, max_tokens)?.decode_tok_s())
+    let scope = CacheScope::new(Namespace::from_digest([0xbe; 16]), None);
+    timed_batch_in(engine, prompts, 1, Some(scope))?;
+    Ok(timed_batch_in(engine, prompts, max_tokens, Some(scope))?.decode_tok_s())
 }
 
 /// Deterministic benchmark prompts: distinct texts cut to exact token counts.

@@ -139,7 +139,6 @@ impl Runner {
     /// finishes the batch.
     async fn batch(&self, lease: BatchLease) -> anyhow::Result<BatchView> {
         let id = lease.batch.id.clone();
-        let url = format!("{}{}", self.gateway, lease.batch.endpoint);
         let mut lines = lease.lines.into_iter();
         let (mut running, mut pending) = (JoinSet::new(), Vec::new());
         let mut renew = tokio::time::interval(RENEW);
@@ -151,7 +150,7 @@ impl Runner {
                 let Some(line) = lines.next() else { break };
                 let call = Call {
                     http: self.http.clone(),
-                    url: url.clone(),
+                    url: format!("{}{}", self.gateway, line.url),
                     token: lease.token.clone(),
                 };
                 running.spawn(async move { call.answer(line).await });
@@ -226,8 +225,18 @@ impl Call {
                 .header("authorization", format!("Bearer {}", self.token))
                 .header("content-type", "application/json")
                 .header(bulkhead_gateway::BATCH_LINE_HEADER, line.index.to_string())
-                .body(Full::new(Bytes::from(line.body.clone())))
-                .ok()?;
+                .body(Full::new(Bytes::from(line.body.clone())));
+            let Ok(req) = req else {
+                // The control plane checked every url; still, a line that
+                // makes no request is answered, never retried for ever.
+                let body = json!({"error": {"message": "the line's url is not a path", "type": "invalid_request_error"}});
+                return Some(BatchAnswer {
+                    index: line.index,
+                    status_code: 400,
+                    request_id: None,
+                    body: body.to_string(),
+                });
+            };
             let resp = match self.http.request(req).await {
                 Ok(r) => r,
                 Err(e) if tries < 10 => {

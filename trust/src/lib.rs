@@ -25,7 +25,7 @@
 //! |---|---|---|---|
 //! | gateway `--listen` | tenants | none (the operator's TLS edge in front) | an API token or a JWT |
 //! | control plane `--listen` | operators, status page | none (plain HTTP behind the operator's edge) | an operator token; node and routing calls are refused here |
-//! | control plane `--internal-listen` | workers, gateways | gateway, prefill, decode, colocated | node calls: a node token and a worker certificate of the registered role; the routing table: a gateway token and the gateway certificate |
+//! | control plane `--internal-listen` | workers, gateways, the batch runner | gateway, prefill, decode, colocated, batch-runner | node calls: a node token and a worker certificate of the registered role; the routing table, files and batches: a gateway token and the gateway certificate; batch runs: the batch runner's certificate (no token) |
 //! | worker `--http` (decode, colocated) | the gateway, operators' tools | gateway, operator | generate: the gateway certificate and a signed tenant context; `/stats`, `/metrics`: either |
 //! | prefill `--http` | operators' tools | gateway, operator | `/admin/abort`: the operator certificate |
 //! | prefill `--listen` (transfer) | decode workers | decode | every page and end tagged under the transfer's key |

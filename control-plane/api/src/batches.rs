@@ -7,8 +7,10 @@ use crate::Timestamp;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// The endpoints a batch's lines may call.
-pub const BATCH_ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions"];
+/// The endpoints a batch's lines may call: OpenAI's, and `/ai/run`, Workers
+/// AI's queued requests, whose lines each call
+/// `/client/v4/accounts/{account}/ai/run/{model}` of the batch's account.
+pub const BATCH_ENDPOINTS: &[&str] = &["/v1/chat/completions", "/v1/completions", "/ai/run"];
 /// The completion windows a batch may ask for.
 pub const COMPLETION_WINDOWS: &[&str] = &["24h"];
 /// How long a batch may take before it expires (its completion window).
@@ -140,6 +142,8 @@ pub struct BatchLine {
     pub index: u64,
     /// The client's id for it.
     pub custom_id: String,
+    /// The gateway path it calls.
+    pub url: String,
     /// The request body, as JSON text.
     pub body: String,
 }

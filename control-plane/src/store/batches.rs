@@ -84,7 +84,7 @@ pub async fn create(
         )));
     }
     let input = super::files::content(conn, account, &req.input_file_id).await?;
-    let (total, errors) = check_lines(&input, &req.endpoint);
+    let (total, errors) = check_lines(&input, &req.endpoint, account);
     let status = if errors.is_empty() {
         "validating"
     } else {
@@ -196,7 +196,17 @@ pub async fn cancel(
 
 /// The lines of a batch input, checked against `endpoint`: how many there
 /// are, and what is wrong with them (at most 100 findings).
-fn check_lines(input: &str, endpoint: &str) -> (u64, Vec<BatchError>) {
+fn check_lines(input: &str, endpoint: &str, account: &str) -> (u64, Vec<BatchError>) {
+    let run_prefix = format!("/client/v4/accounts/{account}/ai/run/");
+    let url_fits = |url: &str| match endpoint {
+        // A model slug's characters only: no query, no escape.
+        "/ai/run" => url.strip_prefix(&run_prefix).is_some_and(|m| {
+            !m.is_empty()
+                && m.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"@/._-".contains(&b))
+        }),
+        _ => url == endpoint,
+    };
     let mut errors = Vec::new();
     let mut seen = HashSet::new();
     let mut total = 0u64;
@@ -232,7 +242,7 @@ fn check_lines(input: &str, endpoint: &str) -> (u64, Vec<BatchError>) {
                 at,
             ),
         }
-        if v.get("url").and_then(Value::as_str) != Some(endpoint) {
+        if !v.get("url").and_then(Value::as_str).is_some_and(url_fits) {
             error(
                 "invalid_url",
                 format!("the line's url must be the batch's endpoint, {endpoint}"),

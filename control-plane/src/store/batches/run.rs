@@ -254,6 +254,7 @@ fn parse_input(text: &str) -> Vec<BatchLine> {
             BatchLine {
                 index,
                 custom_id: v["custom_id"].as_str().unwrap_or_default().to_owned(),
+                url: v["url"].as_str().unwrap_or_default().to_owned(),
                 body: v["body"].to_string(),
             }
         })
