@@ -120,7 +120,7 @@ pub(crate) async fn run(
         .await
         .map_err(|e| cp_error_on(&e, "Batch", ""))?;
     Ok(envelope(
-        json!({"status": "queued", "request_id": b.id, "model": slug}),
+        &json!({"status": "queued", "request_id": b.id, "model": slug}),
     ))
 }
 
@@ -151,7 +151,7 @@ async fn poll(s: &AppState, ctx: &Ctx, slug: &str, id: &str) -> Result<Response,
     };
     if !status.is_empty() {
         return Ok(envelope(
-            json!({"status": status, "request_id": id, "model": slug}),
+            &json!({"status": status, "request_id": id, "model": slug}),
         ));
     }
     let mut answers = Vec::new();
@@ -173,7 +173,7 @@ async fn poll(s: &AppState, ctx: &Ctx, slug: &str, id: &str) -> Result<Response,
         }
     }
     let responses: Vec<Value> = answers.into_iter().map(|(_, a)| a).collect();
-    Ok(envelope(json!({
+    Ok(envelope(&json!({
         "responses": responses,
         "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": usage[2]},
     })))
@@ -199,7 +199,7 @@ fn answer(line: &str) -> Result<(u64, Value), serde_json::Error> {
 }
 
 /// Workers AI's envelope around a result.
-fn envelope(result: Value) -> Response {
+fn envelope(result: &Value) -> Response {
     Json(json!({"result": result, "success": true, "errors": [], "messages": []})).into_response()
 }
 
