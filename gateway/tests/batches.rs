@@ -12,12 +12,8 @@
 
 mod support;
 
-use axum::body::Body;
-use axum::http::Request;
-use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use support::{OPEN, Platform, SECRET, bearer, call, platform};
-use tower::ServiceExt;
 
 /// Uploads a two-line batch file for the token's account; its id.
 async fn upload(gw: &axum::Router, token: &str) -> String {
@@ -27,20 +23,8 @@ async fn upload(gw: &axum::Router, token: &str) -> String {
         .to_string()
     };
     let text = format!("{}\n{}\n", line("r1"), line("r2"));
-    let body = format!(
-        "--X\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
-         --X\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
-         Content-Type: application/jsonl\r\n\r\n{text}\r\n--X--\r\n"
-    );
-    let req = Request::post("/v1/files")
-        .header("authorization", bearer(token))
-        .header("content-type", "multipart/form-data; boundary=X")
-        .body(Body::from(body))
-        .expect("request");
-    let resp = gw.clone().oneshot(req).await.expect("router");
-    assert_eq!(resp.status().as_u16(), 200);
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    let v: Value = serde_json::from_slice(&bytes).expect("a file");
+    let (status, v) = support::upload_batch_file(gw, token, &text).await;
+    assert_eq!(status, 200, "{v}");
     v["id"].as_str().expect("an id").to_owned()
 }
 

@@ -9,32 +9,11 @@
 
 mod support;
 
-use axum::body::Body;
-use axum::http::Request;
-use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use support::{Platform, bearer, call, platform};
-use tower::ServiceExt;
 
-/// Uploads `text` as a batch file for the token's account.
 async fn upload(gw: &axum::Router, token: &str, text: &str) -> (u16, Value) {
-    let body = format!(
-        "--X\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
-         --X\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
-         Content-Type: application/jsonl\r\n\r\n{text}\r\n--X--\r\n"
-    );
-    let req = Request::post("/v1/files")
-        .header("authorization", bearer(token))
-        .header("content-type", "multipart/form-data; boundary=X")
-        .body(Body::from(body))
-        .expect("request");
-    let resp = gw.clone().oneshot(req).await.expect("router");
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    support::upload_batch_file(gw, token, text).await
 }
 
 #[tokio::test]

@@ -47,9 +47,7 @@ struct ForAccount {
 impl ForAccount {
     /// The account id, checked to be one.
     fn id(&self) -> Result<&str, ApiError> {
-        crate::AccountId::parse(&self.account)
-            .map(|_| self.account.as_str())
-            .ok_or_else(|| ApiError::bad_request("account is 32 hex digits"))
+        super::files::account_id(&self.account)
     }
 }
 

@@ -38,10 +38,16 @@ struct ForAccount {
 impl ForAccount {
     /// The account id, checked to be one.
     fn id(&self) -> Result<&str, ApiError> {
-        crate::AccountId::parse(&self.account)
-            .map(|_| self.account.as_str())
-            .ok_or_else(|| ApiError::bad_request("account is 32 hex digits"))
+        account_id(&self.account)
     }
+}
+
+/// `account`, checked to be an account id (the gateway names the account
+/// it authenticated on every call about a tenant's objects).
+pub(crate) fn account_id(account: &str) -> Result<&str, ApiError> {
+    crate::AccountId::parse(account)
+        .map(|_| account)
+        .ok_or_else(|| ApiError::bad_request("account is 32 hex digits"))
 }
 
 async fn create(

@@ -369,3 +369,26 @@ pub async fn serve_on_loopback(
     ));
     addr
 }
+
+/// Uploads `text` as a batch file (`POST /v1/files`, multipart) with the
+/// token `token`: status and JSON answer.
+#[allow(dead_code)] // Not every test binary uploads.
+pub async fn upload_batch_file(app: &Router, token: &str, text: &str) -> (u16, Value) {
+    let body = format!(
+        "--X\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n\
+         --X\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n\
+         Content-Type: application/jsonl\r\n\r\n{text}\r\n--X--\r\n"
+    );
+    let req = Request::post("/v1/files")
+        .header("authorization", bearer(token))
+        .header("content-type", "multipart/form-data; boundary=X")
+        .body(Body::from(body))
+        .expect("request");
+    let resp = app.clone().oneshot(req).await.expect("router");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
