@@ -103,6 +103,9 @@ enum BenchCommand {
     /// Tenant A's time to first token alone and while tenant B floods the
     /// pair with long prompts and with maximal reservations.
     Neighbours(crate::bench::neighbours::NeighboursBenchArgs),
+    /// Tenant A's time to first token alone and beside tenant B's batch of
+    /// 1,000 lines (target: p99 at most 1.2x), and the batch's throughput.
+    Batch(crate::bench::batch::BatchBenchArgs),
     /// An OpenAI-compatible endpoint under closed-loop load, as `vllm bench
     /// serve` measures one: requests/s, output tokens/s, TTFT, TPOT, latency.
     Serving(crate::bench::serving::ServingBenchArgs),
@@ -126,6 +129,7 @@ impl BenchCommand {
             B::Gateway(args) => crate::bench::gateway::run(&args),
             B::Telemetry(args) => crate::bench::telemetry::run(&args),
             B::Neighbours(args) => crate::bench::neighbours::run(&args),
+            B::Batch(args) => crate::bench::batch::run(&args),
             B::Chaos(args) => crate::bench::chaos::run(&args),
             B::Prefix(args) => crate::bench::prefix::run(&args),
             B::Serving(args) => crate::bench::serving::run(&args),

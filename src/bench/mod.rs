@@ -2,6 +2,7 @@
 //! prompts of exact token lengths, timing a batch through the engine, and
 //! running llama.cpp (through llama-cpp-python) beside Bulkhead.
 
+pub(crate) mod batch;
 pub(crate) mod chaos;
 pub(crate) mod engine;
 mod fleet;

@@ -12,7 +12,7 @@
 //! platform `bulkhead up` starts, its gateway and its workers ([`up`]).
 
 mod costly;
-mod up;
+pub(crate) mod up;
 
 use crate::bench::Prompts;
 use crate::bench::transfer::{Pair, in_process_pair};
@@ -380,7 +380,7 @@ fn short_len(p: &Prompts) -> usize {
     p.len()
 }
 
-fn percentile(xs: &[f64], p: usize) -> f64 {
+pub(crate) fn percentile(xs: &[f64], p: usize) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
     if v.is_empty() {

@@ -28,9 +28,9 @@ type Http = HttpClient<HttpConnector, Full<Bytes>>;
 
 /// Where and as whom to call.
 #[derive(Clone)]
-struct Gateway {
-    http: Http,
-    url: String,
+pub(crate) struct Gateway {
+    pub(crate) http: Http,
+    pub(crate) url: String,
 }
 
 /// How B's requests ended: a count by [`End`].
@@ -194,7 +194,11 @@ async fn served_window(control_plane: &str, admin: &str) -> anyhow::Result<(usiz
 }
 
 /// Tenant A's prompts one after another: seconds to each first text.
-async fn ttft_of_a(gw: &Gateway, key: &str, prompts: &[String]) -> anyhow::Result<Vec<f64>> {
+pub(crate) async fn ttft_of_a(
+    gw: &Gateway,
+    key: &str,
+    prompts: &[String],
+) -> anyhow::Result<Vec<f64>> {
     let mut out = Vec::with_capacity(prompts.len());
     for p in prompts {
         match complete(gw, key, p, 1, None).await {
