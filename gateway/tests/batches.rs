@@ -238,3 +238,34 @@ async fn queued_workers_ai_requests_answer_a_request_id_for_their_account_and_mo
         assert!(r.body.contains(want), "{}", r.body);
     }
 }
+
+#[tokio::test]
+async fn a_batch_runners_token_must_name_the_line_it_runs() {
+    let p = platform().await;
+    // A token the control plane made for a batch of A's, before the
+    // gateway reads its first routing table.
+    let mut c = p.db.pool().acquire().await.expect("connection");
+    let now = bulkhead_control_api::Timestamp::now();
+    let token =
+        bulkhead_control_plane::store::api_tokens::create_for_batch(&mut c, &p.a, "batch_x", now)
+            .await
+            .expect("a batch token");
+    drop(c);
+    let gw = p.gateway(None, Platform::limiter()).await;
+    let body =
+        json!({"model": OPEN, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let r = call(
+        &gw,
+        "POST",
+        "/v1/chat/completions",
+        Some(&bearer(&token)),
+        Some(&body.to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(
+        r.body.contains(bulkhead_gateway::BATCH_LINE_HEADER),
+        "{}",
+        r.body
+    );
+}
