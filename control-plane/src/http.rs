@@ -115,9 +115,17 @@ pub fn app(state: AppState) -> Router {
         .with_state(state);
     // The admin API is called by gateways, workers and the CLI (their
     // trace context is honoured); the status page by anyone (it is not).
+    // Quiet: the polls every component makes whether or not anything
+    // happens (the routing long-poll, heartbeats, the batch runner asking
+    // for work and renewing its hold).
     bulkhead_telemetry::instrument(
         router,
         bulkhead_telemetry::Hop::InternalUnder("/admin/"),
-        &["/admin/v1/routing", "/admin/v1/nodes/{id}/heartbeat"],
+        &[
+            "/admin/v1/routing",
+            "/admin/v1/nodes/{id}/heartbeat",
+            "/admin/v1/batch-runs/take",
+            "/admin/v1/batch-runs/{id}/renew",
+        ],
     )
 }
