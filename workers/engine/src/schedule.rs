@@ -18,11 +18,12 @@
 //! whole step goes to the tenant served least lately, so a step is never empty
 //! while prompts wait.
 //!
-//! Work comes in two classes ([`WorkClass`]): interactive prompts share the
-//! step first, and batch prompts (OpenAI's `service_tier: "flex"`) share
-//! what interactive work leaves, so batch work never slows an interactive
-//! prompt of any tenant, and moves whenever interactive work leaves room
-//! ([`tiered_chunks`]).
+//! Work comes in two classes ([`WorkClass`]): batch prompts (OpenAI's
+//! `service_tier: "flex"`, batch lines) share only steps that carry no
+//! interactive prompt work ([`tiered_chunks`]). Filling an interactive
+//! prompt's step with batch work would make that step, and so the prompt's
+//! first token, as long as the whole budget; alone, the step is as long as
+//! the prompt needs, and batch work moves in the steps between.
 
 use bulkhead_kv::{RequestId, TenantId};
 
@@ -52,9 +53,8 @@ pub(crate) struct PrefillWork {
     pub(crate) class: WorkClass,
 }
 
-/// [`fair_chunks`] in two tiers: the interactive entries share `budget` and
-/// `max_tokens` first, and the batch entries share what they leave. With
-/// only one class waiting, it is [`fair_chunks`] over all of them.
+/// [`fair_chunks`] over the interactive entries while there are any (the
+/// batch entries get nothing this step), else over the batch entries.
 pub(crate) fn tiered_chunks(
     work: &[PrefillWork],
     budget: usize,
@@ -62,26 +62,19 @@ pub(crate) fn tiered_chunks(
     turn: usize,
     first: Option<TenantId>,
 ) -> Vec<usize> {
-    let (first_tier, second): (Vec<usize>, Vec<usize>) =
+    let (interactive, batch): (Vec<usize>, Vec<usize>) =
         (0..work.len()).partition(|&i| work[i].class == WorkClass::Interactive);
-    if first_tier.is_empty() || second.is_empty() {
+    if interactive.is_empty() || batch.is_empty() {
         return fair_chunks(work, budget, max_tokens, turn, first);
     }
+    let entries: Vec<PrefillWork> = interactive.iter().map(|&i| work[i]).collect();
+    let leader = first.filter(|t| entries.iter().any(|w| w.tenant == *t));
     let mut chunks = vec![0; work.len()];
-    let (mut budget, mut tokens) = (budget, max_tokens);
-    for tier in [first_tier, second] {
-        let entries: Vec<PrefillWork> = tier.iter().map(|&i| work[i]).collect();
-        let leader = first.filter(|t| entries.iter().any(|w| w.tenant == *t));
-        let given = if budget == 0 || tokens == 0 {
-            vec![0; entries.len()]
-        } else {
-            fair_chunks(&entries, budget, tokens, turn, leader)
-        };
-        for ((&i, w), c) in tier.iter().zip(&entries).zip(given) {
-            chunks[i] = c;
-            budget = budget.saturating_sub(c * w.unit.max(1));
-            tokens = tokens.saturating_sub(c);
-        }
+    for (&i, c) in interactive
+        .iter()
+        .zip(fair_chunks(&entries, budget, max_tokens, turn, leader))
+    {
+        chunks[i] = c;
     }
     chunks
 }
@@ -279,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn batch_work_takes_only_what_interactive_work_leaves() {
+    fn batch_work_shares_no_step_with_interactive_work() {
         // Tenant 2's batch prompt was queued first, then tenant 1's
         // interactive one and tenant 3's.
         let mut w = work(&[(2, 5_000), (1, 300), (3, 1_000)]);
@@ -288,14 +281,15 @@ mod tests {
         let c = tiered_chunks(&w, 512, usize::MAX, 0, Some(TenantId::new(2)));
         assert_eq!(c[0], 0, "{c:?}");
         assert_eq!(c[1] + c[2], 512, "{c:?}");
-        // Room left over goes to it, and only what is left.
+        // Room left over is not filled with it: the step ends when the
+        // interactive prompts are computed.
         let c = tiered_chunks(&w, 2_000, usize::MAX, 0, None);
-        assert_eq!((c[1], c[2]), (300, 1_000), "{c:?}");
-        assert_eq!(c[0], 700, "{c:?}");
-        // So does a token cap's.
+        assert_eq!(c, vec![0, 300, 1_000], "{c:?}");
         let c = tiered_chunks(&w, 10_000, 1_500, 0, None);
-        assert_eq!(c.iter().sum::<usize>(), 1_500, "{c:?}");
-        assert_eq!(c[0], 200, "{c:?}");
+        assert_eq!(c, vec![0, 300, 1_000], "{c:?}");
+        // Once they are, it moves.
+        let c = tiered_chunks(&w[..1], 2_000, usize::MAX, 0, None);
+        assert_eq!(c, vec![2_000], "{c:?}");
         // Alone, batch work is shared like any.
         let mut alone = work(&[(2, 5_000), (4, 5_000)]);
         for e in &mut alone {

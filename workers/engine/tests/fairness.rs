@@ -92,6 +92,45 @@ fn batch_prompt_work_waits_for_interactive_work_of_any_tenant() {
 }
 
 #[test]
+fn batch_sequences_pause_while_an_interactive_prompt_is_computed() {
+    let mut core =
+        EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("engine core");
+    let limits = core.limits();
+    // Tenant B's batch line is decoding.
+    let (tx, mut b) = unbounded_channel();
+    let flex = GenerateRequest {
+        class: WorkClass::Batch,
+        ..greedy(vec![30; 8], 40)
+    };
+    core.submit(EngineCore::admit(&limits, TenantId::new(2), flex, tx).expect("admitted"));
+    let tokens = |rx: &mut UnboundedReceiver<SeqEvent>| {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .filter(|ev| matches!(ev, SeqEvent::Token { .. }))
+            .count()
+    };
+    while tokens(&mut b) == 0 {
+        assert!(core.step(), "B's line ran");
+    }
+    assert!(core.step());
+    assert_eq!(tokens(&mut b), 1, "B decodes a token a step");
+    // Tenant A's interactive prompt takes more than one step: B's line
+    // gets no token in them, and goes on once A's first token is out.
+    let (tx, mut a) = unbounded_channel();
+    let long = greedy(vec![28; 1_200], 4);
+    core.submit(EngineCore::admit(&limits, TenantId::new(1), long, tx).expect("admitted"));
+    let mut paused = 0;
+    while tokens(&mut a) == 0 {
+        assert!(core.step(), "A's prompt moved");
+        assert_eq!(tokens(&mut b), 0, "B decoded while A's prompt was computed");
+        paused += 1;
+    }
+    assert!(paused >= 2, "A's prompt took {paused} step(s)");
+    assert!(core.step());
+    assert_eq!(tokens(&mut b), 1, "B goes on beside A's decoding");
+    while core.step() {}
+}
+
+#[test]
 fn a_request_that_fits_is_not_queued_behind_another_tenants_waiting_ones() {
     // 45 pages of 16 tokens; every request reserves all its pages at once.
     let mut config = EngineConfig::with_budget(16 << 20);

@@ -5,6 +5,7 @@
 //! the pool or a tenant's share says so, and reaping what ended.
 
 use super::*;
+use crate::WorkClass;
 use crate::schedule::{PrefillWork, tiered_chunks};
 use crate::speed::UNIT;
 
@@ -52,8 +53,11 @@ impl EngineCore {
     /// This step's work: decode tokens first, then prefill chunks, within a
     /// budget of about `step_time` of compute at the measured speed, shared
     /// fairly across tenants by cost, interactive work before batch work
-    /// (`schedule::tiered_chunks`). Each entry
-    /// is (sequence, start, length).
+    /// (`schedule::tiered_chunks`). While an interactive request waits for
+    /// its first token ([`EngineCore::interactive_pending`]), batch
+    /// sequences do not decode: the step that serves its prompt is no
+    /// longer than it needs, and a prefill worker computing it beside this
+    /// engine has the cores. Each entry is (sequence, start, length).
     pub(super) fn plan(&mut self, stalled: &[RequestId]) -> Vec<(usize, usize, usize)> {
         let ps = self.pool.geometry().page_size;
         let budget = self
@@ -62,9 +66,11 @@ impl EngineCore {
             .clamp(2 * UNIT as usize, self.step_tokens * UNIT as usize);
         let mut decode_units = 0;
         let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
+        let batch_yields = self.interactive_pending();
         for (i, s) in self.running.iter().enumerate() {
             if s.runnable()
                 && s.decoding()
+                && !(batch_yields && s.class == WorkClass::Batch)
                 && plan.len() < self.step_tokens
                 && s.table.len() * ps >= s.tokens.len()
                 && !stalled.contains(&s.owner.request())
@@ -125,6 +131,16 @@ impl EngineCore {
             }
         }
         plan
+    }
+
+    /// Whether a running interactive request has yet to get its first
+    /// token: its prompt computing here or landing from a prefill worker.
+    /// (One still waiting to join waits for pages, which batch sequences
+    /// free only by going on.)
+    pub(super) fn interactive_pending(&self) -> bool {
+        self.running
+            .iter()
+            .any(|s| s.class == WorkClass::Interactive && !s.done && s.computed < s.prompt_len)
     }
 
     /// What a forward pass of `plan` gave: violations quarantined and
