@@ -1,0 +1,92 @@
+//! The embedding thread: calls over the limits are refused before they are
+//! queued; queued calls share passes, a small call is not held behind a
+//! large one, and every call gets exactly the vectors it would get alone.
+
+// Tests read their services from the environment (clippy.toml keeps
+// library code from it).
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
+
+use bulkhead_embed::{EmbedService, Embedder, Limits, Refusal, Tokens, package};
+use bulkhead_engine::fetch::{Progress, Source};
+use std::time::Instant;
+
+fn service(limits: Limits, pass_tokens: usize) -> EmbedService {
+    let source = Source::from_vars(|k| std::env::var_os(k), Progress::Quiet);
+    let dir = package::ensure(&source).expect("embedding model");
+    let e = Embedder::load(&dir).expect("model loads");
+    EmbedService::start(e, limits, 2, pass_tokens).expect("started")
+}
+
+fn tokens(s: &EmbedService, texts: &[String]) -> Vec<Tokens> {
+    texts
+        .iter()
+        .map(|t| s.embedder().tokenize(t).expect("tokenized"))
+        .collect()
+}
+
+#[test]
+fn calls_over_the_limits_are_refused_before_they_are_queued() {
+    let s = service(
+        Limits {
+            max_inputs: 3,
+            max_tokens: 40,
+        },
+        1_024,
+    );
+    assert_eq!(s.admit(Vec::new()).unwrap_err(), Refusal::Empty);
+    let four: Vec<String> = (0..4).map(|i| format!("input {i}")).collect();
+    assert_eq!(
+        s.admit(tokens(&s, &four)).unwrap_err(),
+        Refusal::TooManyInputs { given: 4, limit: 3 }
+    );
+    let long = vec!["word ".repeat(50)];
+    let err = s.admit(tokens(&s, &long)).unwrap_err();
+    assert_eq!(
+        err,
+        Refusal::TooManyTokens {
+            given: 52,
+            limit: 40
+        }
+    );
+    assert!(err.to_string().contains("at most 40"), "{err}");
+    let ok = s.admit(tokens(&s, &four[..3])).expect("within the limits");
+    assert_eq!(
+        ok.tokens(),
+        ok.inputs().iter().map(Tokens::len).sum::<usize>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_call_is_answered_before_a_large_one_queued_ahead_of_it() {
+    // Passes of 512 tokens: the large call takes 16 of them.
+    let s = service(Limits::default(), 512);
+    let large: Vec<String> = (0..32)
+        .map(|i| format!("paragraph {i}: ") + &"the river runs past the mill. ".repeat(40))
+        .collect();
+    let small = vec!["A short question?".to_owned()];
+    let (large_t, small_t) = (tokens(&s, &large), tokens(&s, &small));
+    assert!(large_t.iter().all(|t| t.len() == 256));
+    let alone = s.embedder().embed(&small_t).expect("alone");
+    let large_alone = s.embedder().embed(&large_t[..2]).expect("alone");
+
+    let started = Instant::now();
+    let big = {
+        let (s, call) = (s.clone(), s.admit(large_t).expect("admitted"));
+        tokio::spawn(async move { (s.embed(call).await, started.elapsed()) })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let v = s
+        .embed(s.admit(small_t).expect("admitted"))
+        .await
+        .expect("small");
+    let small_done = started.elapsed();
+    let (big, big_done) = big.await.expect("joined");
+    let big = big.expect("large");
+    assert!(
+        small_done < big_done,
+        "small answered at {small_done:?}, large at {big_done:?}"
+    );
+    assert_eq!(v, alone, "the small call's vector, packed with another's");
+    assert_eq!(big.len(), 32);
+    assert_eq!(&big[..2], large_alone.as_slice());
+}
