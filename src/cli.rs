@@ -118,6 +118,9 @@ enum BenchCommand {
     /// What a constrained-sampling step costs at each point of a long
     /// object key: flat, however far into it the output is.
     Grammar(crate::bench::grammar::GrammarBenchArgs),
+    /// Embeddings a second at batch 1, 8 and 32 on short and 256-token
+    /// inputs, with sentence-transformers' figures where it imports.
+    Embeddings(crate::bench::embeddings::EmbeddingsBenchArgs),
 }
 
 impl BenchCommand {
@@ -134,6 +137,7 @@ impl BenchCommand {
             B::Prefix(args) => crate::bench::prefix::run(&args),
             B::Serving(args) => crate::bench::serving::run(&args),
             B::Grammar(args) => crate::bench::grammar::run(&args),
+            B::Embeddings(args) => crate::bench::embeddings::run(&args),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod chaos;
+pub(crate) mod embeddings;
 pub(crate) mod engine;
 mod fleet;
 pub(crate) mod gateway;
