@@ -102,7 +102,9 @@ impl EmbedConfig {
                 bert.position_embedding_type
             )));
         }
-        if bert.num_attention_heads == 0 || bert.hidden_size % bert.num_attention_heads != 0 {
+        if bert.num_attention_heads == 0
+            || !bert.hidden_size.is_multiple_of(bert.num_attention_heads)
+        {
             return Err(refuse(format!(
                 "{} heads do not divide hidden_size {}",
                 bert.num_attention_heads, bert.hidden_size

@@ -166,7 +166,7 @@ impl Encoder {
         let ctx = Tensor::cat(&mixed, 0)?;
         let attended = linear(&ctx, &l.out_w, &l.out_b)?;
         let x = layer_norm(&x.add(&attended)?, &l.attn_norm, self.eps)?;
-        let up = linear(&x, &l.up_w, &l.up_b)?.gelu_erf()?;
+        let up = gelu(&linear(&x, &l.up_w, &l.up_b)?)?;
         let down = linear(&up, &l.down_w, &l.down_b)?;
         Ok(layer_norm(&x.add(&down)?, &l.out_norm, self.eps)?)
     }
@@ -222,6 +222,18 @@ impl Weights {
 
 fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
     x.matmul(w)?.broadcast_add(b)
+}
+
+/// BERT's exact GELU, by the project's vectorized kernel (candle's calls
+/// `erf` one value at a time), its rows shared across the pool.
+fn gelu(x: &Tensor) -> candle_core::Result<Tensor> {
+    use rayon::prelude::*;
+    let shape = x.shape().clone();
+    let mut v = x.flatten_all()?.to_vec1::<f32>()?;
+    let row = shape.dims().last().copied().unwrap_or(1).max(1);
+    v.par_chunks_mut(row * 16)
+        .for_each(bulkhead_kernels::ops::gelu_erf);
+    Tensor::from_vec(v, shape, &Device::Cpu)
 }
 
 fn layer_norm(x: &Tensor, (w, b): &(Tensor, Tensor), eps: f32) -> candle_core::Result<Tensor> {
