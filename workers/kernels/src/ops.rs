@@ -118,6 +118,19 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// the same function keeps greedy output identical to it.
 #[inline(always)]
 pub fn exp_ggml(x: f32) -> f32 {
+    let (j, n) = exp_parts(x);
+    // scalef: j · 2^n rounded once. For n in [-126, 127], 2^n is a normal
+    // f32 and one multiplication does exactly that.
+    if (-126.0..=127.0).contains(&n) {
+        return j * pow2(n);
+    }
+    exp_ggml_edge(j, n)
+}
+
+/// `e^x = j · 2^n`: `n` the nearest integer to `x · log2(e)`, `j` the
+/// degree-5 polynomial for `e^b` at the rest `b` (ggml's constants).
+#[inline(always)]
+fn exp_parts(x: f32) -> (f32, f32) {
     let shift = f32::from_bits(0x4b40_0000); // 1.5 · 2^23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), shift); // log2(e)
     let n = z - shift;
@@ -133,14 +146,15 @@ pub fn exp_ggml(x: f32) -> f32 {
             f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
         )
         .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
-    // scalef: j · 2^n rounded once. For n in [-126, 127], 2^n is a normal
-    // f32 and one multiplication does exactly that.
-    if (-126.0..=127.0).contains(&n) {
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let pow2 = f32::from_bits(((n as i32 + 127) as u32) << 23);
-        return j * pow2;
-    }
-    exp_ggml_edge(j, n)
+    (j, n)
+}
+
+/// `2^n` for an integral `n` in [-126, 127].
+#[inline(always)]
+fn pow2(n: f32) -> f32 {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let bits = ((n as i32 + 127) as u32) << 23;
+    f32::from_bits(bits)
 }
 
 /// [`exp_ggml`] far from zero: flushes beyond |n| > 192, else scales in f64
@@ -437,24 +451,8 @@ const ERFC_FIT: [f32; 10] = [
 /// [`exp_ggml`] computes it but with no branch for the edges.
 #[inline(always)]
 fn exp_normal(x: f32) -> f32 {
-    let shift = f32::from_bits(0x4b40_0000); // 1.5 · 2^23
-    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), shift); // log2(e)
-    let n = z - shift;
-    let b = (-n).mul_add(
-        f32::from_bits(0x35bf_be8e),
-        (-n).mul_add(f32::from_bits(0x3f31_7200), x),
-    );
-    let u = b * b;
-    let j = f32::from_bits(0x3c07_2010)
-        .mul_add(b, f32::from_bits(0x3d2b_9f17))
-        .mul_add(
-            u,
-            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)),
-        )
-        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0));
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let pow2 = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    j * pow2
+    let (j, n) = exp_parts(x);
+    j * pow2(n)
 }
 
 #[cfg(test)]
