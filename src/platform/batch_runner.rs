@@ -43,7 +43,7 @@ pub(crate) struct BatchRunnerArgs {
     #[command(flatten)]
     tls: crate::tls::TlsArgs,
     /// Lines of a batch in flight at once.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, env = "BULKHEAD_BATCH_CONCURRENCY", default_value_t = 4)]
     concurrency: usize,
     /// Seconds between looks for work while there is none.
     #[arg(long, default_value_t = 1.0)]
