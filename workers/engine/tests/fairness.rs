@@ -57,20 +57,36 @@ fn a_short_prompt_runs_in_the_first_step_despite_another_tenants_long_prompts() 
     assert_eq!(ends, 3);
 }
 
+/// An engine core with room for the tests' prompts, and its limits.
+fn core_with_batch_line() -> (EngineCore, Limits) {
+    let core = EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("engine core");
+    let limits = core.limits();
+    (core, limits)
+}
+
+/// Queues tenant 2's batch-class line (an 8-token prompt, `max_tokens`
+/// greedy tokens) and returns its events.
+fn batch_line(
+    core: &mut EngineCore,
+    limits: &Limits,
+    max_tokens: usize,
+) -> UnboundedReceiver<SeqEvent> {
+    let (tx, rx) = unbounded_channel();
+    let flex = GenerateRequest {
+        class: WorkClass::Batch,
+        ..greedy(vec![30; 8], max_tokens)
+    };
+    core.submit(EngineCore::admit(limits, TenantId::new(2), flex, tx).expect("admitted"));
+    rx
+}
+
 #[test]
 fn batch_prompt_work_waits_for_interactive_work_of_any_tenant() {
-    let mut core =
-        EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("engine core");
-    let limits = core.limits();
+    let (mut core, limits) = core_with_batch_line();
     // Tenant B's short batch prompt (OpenAI's `service_tier: "flex"`) was
     // queued first; unclassed, it would run in the first step as the
     // tenant served least lately.
-    let (tx, mut b) = unbounded_channel();
-    let flex = GenerateRequest {
-        class: WorkClass::Batch,
-        ..greedy(vec![30; 8], 2)
-    };
-    core.submit(EngineCore::admit(&limits, TenantId::new(2), flex, tx).expect("admitted"));
+    let mut b = batch_line(&mut core, &limits, 2);
     // Tenant A's interactive prompt fills a whole step and more.
     let (tx, mut a) = unbounded_channel();
     let long = greedy(vec![28; 600], 2);
@@ -93,16 +109,9 @@ fn batch_prompt_work_waits_for_interactive_work_of_any_tenant() {
 
 #[test]
 fn batch_sequences_pause_while_an_interactive_prompt_is_computed() {
-    let mut core =
-        EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("engine core");
-    let limits = core.limits();
+    let (mut core, limits) = core_with_batch_line();
     // Tenant B's batch line is decoding.
-    let (tx, mut b) = unbounded_channel();
-    let flex = GenerateRequest {
-        class: WorkClass::Batch,
-        ..greedy(vec![30; 8], 40)
-    };
-    core.submit(EngineCore::admit(&limits, TenantId::new(2), flex, tx).expect("admitted"));
+    let mut b = batch_line(&mut core, &limits, 40);
     let tokens = |rx: &mut UnboundedReceiver<SeqEvent>| {
         std::iter::from_fn(|| rx.try_recv().ok())
             .filter(|ev| matches!(ev, SeqEvent::Token { .. }))
