@@ -146,7 +146,8 @@ impl Encoder {
     fn layer(&self, l: &Layer, x: &Tensor, spans: &[(usize, usize)]) -> Result<Tensor, EmbedError> {
         let hidden = self.heads * self.head_dim;
         let qkv = linear(x, &l.qkv_w, &l.qkv_b)?;
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        #[allow(clippy::cast_precision_loss)]
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
         let mut mixed = Vec::with_capacity(spans.len());
         for &(off, len) in spans {
             let rows = qkv.narrow(0, off, len)?;
@@ -158,8 +159,7 @@ impl Encoder {
                     .contiguous()
             };
             let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-            let scores = (q.matmul(&k.t()?)? * scale)?;
-            let p = candle_nn::ops::softmax_last_dim(&scores)?;
+            let p = softmax_rows(&q.matmul(&k.t()?)?, scale)?;
             let ctx = p.matmul(&v)?.transpose(0, 1)?.reshape((len, hidden))?;
             mixed.push(ctx);
         }
@@ -233,6 +233,19 @@ fn gelu(x: &Tensor) -> candle_core::Result<Tensor> {
     let row = shape.dims().last().copied().unwrap_or(1).max(1);
     v.par_chunks_mut(row * 16)
         .for_each(bulkhead_kernels::ops::gelu_erf);
+    Tensor::from_vec(v, shape, &Device::Cpu)
+}
+
+/// `softmax(scale · row)` of every row of `scores` (the last dimension),
+/// by the project's vectorized kernel (candle's calls `exp` one value at a
+/// time).
+fn softmax_rows(scores: &Tensor, scale: f32) -> candle_core::Result<Tensor> {
+    use rayon::prelude::*;
+    let shape = scores.shape().clone();
+    let mut v = scores.flatten_all()?.to_vec1::<f32>()?;
+    let row = shape.dims().last().copied().unwrap_or(1).max(1);
+    v.par_chunks_mut(row)
+        .for_each(|r| bulkhead_kernels::ops::attention_softmax(r, scale, false));
     Tensor::from_vec(v, shape, &Device::Cpu)
 }
 
