@@ -7,16 +7,12 @@
 //! p99 alone. The batch's throughput (lines and output tokens a second,
 //! until it completes) is reported beside it.
 
-use crate::bench::Prompts;
 use crate::bench::neighbours::percentile;
-use crate::bench::neighbours::up::{Gateway, ttft_of_a};
+use crate::bench::neighbours::up::{Gateway, Platform, a_prompts, text_of, ttft_of_a};
 use anyhow::Context;
 use clap::Args;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -44,33 +40,16 @@ pub(crate) struct BatchBenchArgs {
 
 pub(crate) fn run(args: &BatchBenchArgs) -> anyhow::Result<()> {
     let model = args.model.load()?.0;
-    let up = crate::platform::up::child::UpChild::start(
-        "bench-batch",
-        &["--port", "0", "--models", "q4_1", "--no-prober"],
-        false,
-    )?;
-    let creds = up.read("credentials.json")?;
-    let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-    let (a, b) = (
-        s(&creds["accounts"][0]["token"]),
-        s(&creds["accounts"][1]["token"]),
-    );
-    let slug = s(&creds["model"]);
+    let Platform {
+        up,
+        creds,
+        a,
+        b,
+        gw,
+    } = Platform::start("bench-batch")?;
+    let slug = text_of(&creds["model"]);
     let n = args.samples.max(1);
-    let short = Prompts::new(&model, args.short_tokens, 2 * n + 1)?;
-    let short: Vec<String> = (0..2 * n + 1)
-        .map(|i| {
-            model
-                .tokenizer()
-                .decode(&short.get(i, args.short_tokens), false)
-        })
-        .collect();
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let gw = Gateway {
-        http: HttpClient::builder(TokioExecutor::new()).build(connector),
-        url: s(&creds["gateway_url"]),
-    };
+    let short = a_prompts(&model, args.short_tokens, n)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -12,6 +12,7 @@
 
 use super::{NeighboursBenchArgs, percentile};
 use crate::bench::Prompts;
+use crate::platform::up::child::UpChild;
 use anyhow::Context;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -55,20 +56,72 @@ enum Call {
     Failed(String),
 }
 
+/// A platform `bulkhead up` started for a benchmark (one model, no
+/// prober): its credentials, tenant A's and B's API keys, a client of its
+/// gateway. Dropping it stops the platform.
+pub(crate) struct Platform {
+    pub(crate) up: UpChild,
+    pub(crate) creds: Value,
+    pub(crate) a: String,
+    pub(crate) b: String,
+    pub(crate) gw: Gateway,
+}
+
+impl Platform {
+    /// Starts `up` in a data directory named after `bench`.
+    pub(crate) fn start(bench: &str) -> anyhow::Result<Platform> {
+        let up = UpChild::start(
+            bench,
+            &["--port", "0", "--models", "q4_1", "--no-prober"],
+            false,
+        )?;
+        let creds = up.read("credentials.json")?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        Ok(Platform {
+            a: text_of(&creds["accounts"][0]["token"]),
+            b: text_of(&creds["accounts"][1]["token"]),
+            gw: Gateway {
+                http: HttpClient::builder(TokioExecutor::new()).build(connector),
+                url: text_of(&creds["gateway_url"]),
+            },
+            up,
+            creds,
+        })
+    }
+}
+
+/// A JSON string's text ("" for anything else).
+pub(crate) fn text_of(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+/// Tenant A's prompts of `tokens` tokens as text: `2n + 1` distinct ones,
+/// one to warm up (the last) and `n` for each of two phases, none sent
+/// twice (a prompt sent before would be found in a worker's prefix cache,
+/// which the other phase's would not).
+pub(crate) fn a_prompts(
+    model: &bulkhead_engine::ModelFile,
+    tokens: usize,
+    n: usize,
+) -> anyhow::Result<Vec<String>> {
+    let p = Prompts::new(model, tokens, 2 * n + 1)?;
+    Ok((0..2 * n + 1)
+        .map(|i| model.tokenizer().decode(&p.get(i, tokens), false))
+        .collect())
+}
+
 pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
     let model = args.model.load()?.0;
-    let up = crate::platform::up::child::UpChild::start(
-        "bench-neighbours",
-        &["--port", "0", "--models", "q4_1", "--no-prober"],
-        false,
-    )?;
-    let creds = up.read("credentials.json")?;
+    let Platform {
+        up,
+        creds,
+        a,
+        b,
+        gw,
+    } = Platform::start("bench-neighbours")?;
     let internal = up.read("internal-tokens.json")?;
-    let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-    let (a, b) = (
-        s(&creds["accounts"][0]["token"]),
-        s(&creds["accounts"][1]["token"]),
-    );
+    let s = text_of;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -78,25 +131,14 @@ pub(super) fn run(args: &NeighboursBenchArgs) -> anyhow::Result<()> {
         &s(&internal["admin"]),
     ))?;
     let long_tokens = window * 4 / 5;
-    let text = |p: &Prompts, i: usize, n: usize| model.tokenizer().decode(&p.get(i, n), false);
-    // A's prompts: one to warm up, then a set for each phase, none sent
-    // twice (a prompt sent before would be found in a worker's prefix
-    // cache, which the other phase's would not).
     let n = args.samples.max(1);
-    let short = Prompts::new(&model, args.short_tokens, 2 * n + 1)?;
-    let short: Vec<String> = (0..2 * n + 1)
-        .map(|i| text(&short, i, args.short_tokens))
-        .collect();
+    let short = a_prompts(&model, args.short_tokens, n)?;
     let (alone_prompts, flooded_prompts, warm_up) =
         (&short[..n], &short[n..2 * n], &short[2 * n..]);
     let long = Prompts::new(&model, long_tokens, 8)?;
-    let long: Vec<String> = (0..8).map(|i| text(&long, i, long_tokens)).collect();
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    let gw = Gateway {
-        http: HttpClient::builder(TokioExecutor::new()).build(connector),
-        url: s(&creds["gateway_url"]),
-    };
+    let long: Vec<String> = (0..8)
+        .map(|i| model.tokenizer().decode(&long.get(i, long_tokens), false))
+        .collect();
     let report = rt.block_on(async {
         // Warm-up, then A alone.
         ttft_of_a(&gw, &a, warm_up).await?;

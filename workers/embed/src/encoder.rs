@@ -225,27 +225,32 @@ fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
 }
 
 /// BERT's exact GELU, by the project's vectorized kernel (candle's calls
-/// `erf` one value at a time), its rows shared across the pool.
+/// `erf` one value at a time).
 fn gelu(x: &Tensor) -> candle_core::Result<Tensor> {
-    use rayon::prelude::*;
-    let shape = x.shape().clone();
-    let mut v = x.flatten_all()?.to_vec1::<f32>()?;
-    let row = shape.dims().last().copied().unwrap_or(1).max(1);
-    v.par_chunks_mut(row * 16)
-        .for_each(bulkhead_kernels::ops::gelu_erf);
-    Tensor::from_vec(v, shape, &Device::Cpu)
+    by_rows(x, 16, bulkhead_kernels::ops::gelu_erf)
 }
 
 /// `softmax(scale · row)` of every row of `scores` (the last dimension),
 /// by the project's vectorized kernel (candle's calls `exp` one value at a
 /// time).
 fn softmax_rows(scores: &Tensor, scale: f32) -> candle_core::Result<Tensor> {
+    by_rows(scores, 1, |r| {
+        bulkhead_kernels::ops::attention_softmax(r, scale, false);
+    })
+}
+
+/// `x` with `f` applied in place to groups of `rows` rows (the last
+/// dimension), the groups shared across the pool.
+fn by_rows(
+    x: &Tensor,
+    rows: usize,
+    f: impl Fn(&mut [f32]) + Send + Sync,
+) -> candle_core::Result<Tensor> {
     use rayon::prelude::*;
-    let shape = scores.shape().clone();
-    let mut v = scores.flatten_all()?.to_vec1::<f32>()?;
+    let shape = x.shape().clone();
+    let mut v = x.flatten_all()?.to_vec1::<f32>()?;
     let row = shape.dims().last().copied().unwrap_or(1).max(1);
-    v.par_chunks_mut(row)
-        .for_each(|r| bulkhead_kernels::ops::attention_softmax(r, scale, false));
+    v.par_chunks_mut(row * rows).for_each(f);
     Tensor::from_vec(v, shape, &Device::Cpu)
 }
 
