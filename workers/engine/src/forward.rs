@@ -18,7 +18,7 @@ use bulkhead_kernels::attention::{
     HeadPages, KvElement, QueryTile, Softmax, SumOrder, TileScratch, attend_tile,
 };
 use bulkhead_kernels::ops::{add_assign, rms_norm, rope_pairs, round_f16_slice, silu_mul};
-use bulkhead_kernels::{Matrix, QuantScratch, Workspace};
+use bulkhead_kernels::{Matrix, QuantScratch, Workspace, matmul_all};
 use bulkhead_kv::{KvData, KvDtype, KvPool, OwnerViolation, PageTable, PageView};
 use rayon::prelude::*;
 use std::cell::RefCell;
@@ -210,9 +210,10 @@ pub(crate) fn forward(
     for (l, lw) in w.layers.iter().enumerate() {
         norm_rows(x, &lw.attn_norm, c.rms_eps, xn, h);
         let mut ws = Workspace::new(xn, n, h, quant);
-        lw.wq.matmul(&mut ws, q);
-        lw.wk.matmul(&mut ws, k);
-        lw.wv.matmul(&mut ws, v);
+        matmul_all(
+            &mut ws,
+            &mut [(&lw.wq, &mut *q), (&lw.wk, &mut *k), (&lw.wv, &mut *v)],
+        );
         let layer = Layer {
             l,
             rows: &rows,
@@ -231,8 +232,7 @@ pub(crate) fn forward(
 
         norm_rows(x, &lw.ffn_norm, c.rms_eps, xn, h);
         let mut ws = Workspace::new(xn, n, h, quant);
-        lw.gate.matmul(&mut ws, gate);
-        lw.up.matmul(&mut ws, up);
+        matmul_all(&mut ws, &mut [(&lw.gate, &mut *gate), (&lw.up, &mut *up)]);
         silu_mul(gate, up);
         let mut ws = Workspace::new(gate, n, c.ffn, quant);
         lw.down.matmul(&mut ws, o);

@@ -412,12 +412,32 @@ pub(crate) mod avx2 {
                     out: OutPtr,
                     stride: usize,
                 ) {
-                    // SAFETY: every call stays inside `rows`.
-                    in_blocks::<2>(
-                        rows,
-                        |j| unsafe { $tile::<K, 2, AR>(w, j, a, r, out, stride) },
-                        |j| unsafe { $tile::<K, 1, AR>(w, j, a, r, out, stride) },
-                    );
+                    // Rows in runs of `MIN_RUN`: each run's minimum terms
+                    // first, as independent chains (one per weight row, lane
+                    // t: activation row r + t), then its tiles. Within the
+                    // tiles, the chains of two weight rows ran one behind
+                    // the other at the latency of a fused multiply-add.
+                    let mut start = rows.start;
+                    while start < rows.end {
+                        let end = (start + MIN_RUN).min(rows.end);
+                        let mut mins = [_mm_setzero_ps(); MIN_RUN];
+                        if K::HAS_MIN && AR == 4 {
+                            // SAFETY: rows and activations as the driver's.
+                            unsafe { min_terms4(w, start..end, (a, r), &mut mins) };
+                        }
+                        let mins = &mins;
+                        // SAFETY: every call stays inside `rows`.
+                        in_blocks::<2>(
+                            start..end,
+                            |j| unsafe {
+                                $tile::<K, 2, AR>(w, j, a, r, (out, stride), &mins[j - start..])
+                            },
+                            |j| unsafe {
+                                $tile::<K, 1, AR>(w, j, a, r, (out, stride), &mins[j - start..])
+                            },
+                        );
+                        start = end;
+                    }
                 }
                 // SAFETY: every call stays inside the activation rows.
                 in_blocks::<4>(
@@ -429,7 +449,9 @@ pub(crate) mod avx2 {
 
         };
         (@tile $tile:ident, $features:literal, $dot:ident) => {
-            /// `WR` weight rows from `j` by `AR` activation rows from `r`.
+            /// `WR` weight rows from `j` by `AR` activation rows from `r`;
+            /// with four activation rows, `mins[u]` holds weight row
+            /// `j + u`'s minimum terms ([`min_terms4`]).
             ///
             /// # Safety
             /// As the driver's: rows `j..j + WR` of the weights and `r..r + AR` of
@@ -440,8 +462,8 @@ pub(crate) mod avx2 {
                 j: usize,
                 a: &ActivationsQ8,
                 r: usize,
-                out: OutPtr,
-                stride: usize,
+                (out, stride): (OutPtr, usize),
+                mins: &[__m128],
             ) {
                 let nb = w.blocks_per_row();
                 let (wq, wd, wm) = (w.qs().as_ptr(), w.d().as_ptr(), w.m().as_ptr());
@@ -488,37 +510,25 @@ pub(crate) mod avx2 {
                         }
                         b0 += run;
                     }
-                    // Minimum terms, a chain of their own (so after the
-                    // products, in the same order): with four rows, the four
-                    // running sums of a weight row sit in one vector (lane t:
-                    // row r + t); each lane is the same sequential chain of
-                    // fused multiply-adds.
-                    let mut summs4 = [_mm_setzero_ps(); WR];
+                    // Minimum terms of single activation rows, a chain of
+                    // their own per output (so after the products, in the
+                    // same order); four rows' came in `mins`.
                     let mut summs = [[0f32; AR]; WR];
-                    if K::HAS_MIN {
-                        let s4 = a.s4.as_ptr().add((r / 4) * nb * 4);
+                    if K::HAS_MIN && AR != 4 {
                         for b in 0..nb {
-                            if AR == 4 {
-                                let sv = _mm_loadu_ps(s4.add(b * 4));
-                                for u in 0..WR {
-                                    let m = _mm_set1_ps(*wm.add((j + u) * nb + b));
-                                    summs4[u] = _mm_fmadd_ps(m, sv, summs4[u]);
-                                }
-                            } else {
-                                for u in 0..WR {
-                                    for t in 0..AR {
-                                        let m = _mm_set_ss(*wm.add((j + u) * nb + b));
-                                        let s = _mm_set_ss(*asum.add((r + t) * nb + b));
-                                        let c = _mm_set_ss(summs[u][t]);
-                                        summs[u][t] = _mm_cvtss_f32(_mm_fmadd_ss(m, s, c));
-                                    }
+                            for u in 0..WR {
+                                for t in 0..AR {
+                                    let m = _mm_set_ss(*wm.add((j + u) * nb + b));
+                                    let s = _mm_set_ss(*asum.add((r + t) * nb + b));
+                                    let c = _mm_set_ss(summs[u][t]);
+                                    summs[u][t] = _mm_cvtss_f32(_mm_fmadd_ss(m, s, c));
                                 }
                             }
                         }
                     }
                     for u in 0..WR {
                         let mut lanes = [0f32; 4];
-                        _mm_storeu_ps(lanes.as_mut_ptr(), summs4[u]);
+                        _mm_storeu_ps(lanes.as_mut_ptr(), mins[u]);
                         for t in 0..AR {
                             let m = if AR == 4 { lanes[t] } else { summs[u][t] };
                             out.write((r + t) * stride + j + u, hsum(acc[u][t]) + m);
@@ -531,6 +541,54 @@ pub(crate) mod avx2 {
 
     /// Blocks whose scale products a tile forms at once.
     const DD_RUN: usize = 32;
+
+    /// Weight rows whose minimum terms are summed at once.
+    const MIN_RUN: usize = 8;
+
+    /// Each of weight rows `rows`' (at most [`MIN_RUN`]) minimum terms
+    /// against activation rows `r..r + 4` into `mins`: lane t of
+    /// `mins[u]` is `Σ_b m[j + u, b] · s[r + t, b]`, one sequential chain of
+    /// fused multiply-adds over the blocks in order, as ggml sums `summs`;
+    /// the rows' chains are independent, so they run side by side.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `rows` lies within the weights' rows and
+    /// `r..r + 4` within the activations' (with `r` a multiple of four).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn min_terms4(
+        w: &WeightsQ,
+        rows: std::ops::Range<usize>,
+        (a, r): (&ActivationsQ8, usize),
+        mins: &mut [__m128; MIN_RUN],
+    ) {
+        let nb = w.blocks_per_row();
+        let wm = w.m().as_ptr();
+        // SAFETY (whole body): indices stay below rows x blocks of the
+        // weights' minima and groups x blocks x 4 of the activations' sums.
+        unsafe {
+            let s4 = a.s4.as_ptr().add((r / 4) * nb * 4);
+            if rows.len() == MIN_RUN {
+                let mut acc = [_mm_setzero_ps(); MIN_RUN];
+                for b in 0..nb {
+                    let sv = _mm_loadu_ps(s4.add(b * 4));
+                    for (u, acc) in acc.iter_mut().enumerate() {
+                        let m = _mm_set1_ps(*wm.add((rows.start + u) * nb + b));
+                        *acc = _mm_fmadd_ps(m, sv, *acc);
+                    }
+                }
+                *mins = acc;
+            } else {
+                for (u, j) in rows.enumerate() {
+                    let mut acc = _mm_setzero_ps();
+                    for b in 0..nb {
+                        let m = _mm_set1_ps(*wm.add(j * nb + b));
+                        acc = _mm_fmadd_ps(m, _mm_loadu_ps(s4.add(b * 4)), acc);
+                    }
+                    mins[u] = acc;
+                }
+            }
+        }
+    }
 
     tile_kernel!(tiles_madd, tile_madd, "avx2,fma,f16c", dot_madd);
 

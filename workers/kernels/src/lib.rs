@@ -42,5 +42,5 @@ mod sum_order;
 #[cfg(feature = "test-hooks")]
 pub use cpu::cap_simd_level;
 pub use cpu::{SimdLevel, simd_available, simd_level};
-pub use matmul::{Matrix, QuantScratch, Workspace};
+pub use matmul::{Matrix, QuantScratch, Workspace, matmul_all};
 pub use quant::{ActivationKind, ActivationsQ8, FormatError, WeightFormat, WeightsQ};

@@ -142,6 +142,54 @@ impl Matrix {
     }
 }
 
+/// Matmuls that read one input, run as one parallel section.
+///
+/// Each `(matrix, out)` pair gets exactly what [`Matrix::matmul`] would
+/// write (the same tiles over the same chunks); only the threads meet once
+/// for all of them instead of once per matrix. Matrices whose activations
+/// differ in kind (or that are not quantized) run one after another.
+///
+/// # Panics
+/// As [`Matrix::matmul`], if a pair's shapes disagree with the input.
+pub fn matmul_all(ws: &mut Workspace<'_>, jobs: &mut [(&Matrix, &mut [f32])]) {
+    let kind = |m: &Matrix| match m {
+        Matrix::Quant(w) => Some(w.format().activation_kind()),
+        Matrix::F32 { .. } => None,
+    };
+    let shared = jobs.first().and_then(|(m, _)| kind(m));
+    let Some(shared) = shared.filter(|k| jobs.iter().all(|(m, _)| kind(m) == Some(*k))) else {
+        for (m, out) in jobs.iter_mut() {
+            m.matmul(ws, out);
+        }
+        return;
+    };
+    // (weights, output, its columns, first chunk of the section)
+    let mut parts = Vec::with_capacity(jobs.len());
+    let mut chunks = 0;
+    for (m, out) in jobs.iter_mut() {
+        let Matrix::Quant(w) = *m else {
+            unreachable!("every job was found quantized above")
+        };
+        assert_eq!(ws.cols, w.cols(), "matmul inner dimension");
+        let n_out = w.rows();
+        assert_eq!(out.len(), ws.rows * n_out, "matmul output shape");
+        parts.push((w, OutPtr(out.as_mut_ptr()), n_out, chunks));
+        chunks += n_out.div_ceil(CHUNK);
+    }
+    let act = ws.quantized(shared);
+    (0..chunks).into_par_iter().for_each(|c| {
+        let Some(&(w, ptr, n_out, first)) = parts.iter().rev().find(|p| p.3 <= c) else {
+            return;
+        };
+        let c = c - first;
+        let cols = c * CHUNK..((c + 1) * CHUNK).min(n_out);
+        // SAFETY: each output has rows x n_out elements (asserted above),
+        // the outputs are distinct slices, and task `c` alone writes the
+        // columns of its chunk of its output.
+        unsafe { weight_rows_dots(w, cols, act, ptr, n_out) };
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +223,63 @@ mod tests {
             }
         }
         bytes
+    }
+
+    #[test]
+    fn matmuls_run_together_write_what_each_writes_alone() {
+        let mut seed = 11;
+        let (rows_in, cols) = (5, 96);
+        let x: Vec<f32> = (0..rows_in * cols)
+            .map(|_| (lcg(&mut seed) % 2000) as f32 / 1000.0 - 1.0)
+            .collect();
+        let quant = |format, rows, seed: &mut u64| {
+            let bytes = random_gguf(format, rows, cols, seed);
+            Matrix::Quant(WeightsQ::from_gguf_bytes(format, rows, cols, &bytes).unwrap())
+        };
+        let f32s = Matrix::F32 {
+            rows: 24,
+            cols,
+            data: (0..24 * cols).map(|i| (i % 7) as f32 * 0.1).collect(),
+        };
+        // Same activation kind (one section), then mixed kinds and plain
+        // f32 weights (one after another).
+        let sets = [
+            vec![
+                quant(WeightFormat::Q4_1, 40, &mut seed),
+                quant(WeightFormat::Q4_1, 17, &mut seed),
+                quant(WeightFormat::Q4_1, 33, &mut seed),
+            ],
+            vec![
+                quant(WeightFormat::Q4_0, 40, &mut seed),
+                quant(WeightFormat::Q4_1, 17, &mut seed),
+                f32s,
+            ],
+        ];
+        for set in &sets {
+            let alone: Vec<Vec<f32>> = set
+                .iter()
+                .map(|m| {
+                    let mut scratch = QuantScratch::default();
+                    let mut ws = Workspace::new(&x, rows_in, cols, &mut scratch);
+                    let mut out = vec![f32::NAN; rows_in * m.rows()];
+                    m.matmul(&mut ws, &mut out);
+                    out
+                })
+                .collect();
+            let mut outs: Vec<Vec<f32>> = set
+                .iter()
+                .map(|m| vec![f32::NAN; rows_in * m.rows()])
+                .collect();
+            let mut scratch = QuantScratch::default();
+            let mut ws = Workspace::new(&x, rows_in, cols, &mut scratch);
+            let mut jobs: Vec<(&Matrix, &mut [f32])> = set
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|(m, o)| (m, o.as_mut_slice()))
+                .collect();
+            matmul_all(&mut ws, &mut jobs);
+            assert_eq!(outs, alone);
+        }
     }
 
     #[test]
