@@ -1,4 +1,5 @@
-//! Wire types of the worker HTTP API (`POST /v1/generate`), shared by the
+//! Wire types of the worker HTTP API (`POST /v1/generate`, and
+//! `POST /v1/embed` on embedding workers: [`embed`]), shared by the
 //! workers that serve it and the gateway that calls it. The gateway must not
 //! compile the model engine, so these types live here and not in
 //! `bulkhead-node`.
@@ -9,6 +10,7 @@
 //! after authenticating the account ([`context::CONTEXT_HEADER`]).
 
 pub mod context;
+pub mod embed;
 
 /// Most stop strings a request may give.
 pub const MAX_STOPS: usize = 4;

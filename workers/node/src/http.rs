@@ -65,13 +65,13 @@ pub fn app(role: Role, contexts: Arc<ContextCheck>) -> Router {
 
 /// An error in the API's own format.
 #[derive(Debug)]
-struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-    overflow: Option<Overflow>,
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+    pub(crate) overflow: Option<Overflow>,
     /// A refusal for now, not for good: when to try again.
-    retry_after_ms: Option<u64>,
+    pub(crate) retry_after_ms: Option<u64>,
 }
 
 impl IntoResponse for ApiError {
@@ -100,7 +100,7 @@ impl ApiError {
         }
     }
 
-    fn forbidden(message: impl Into<String>) -> Self {
+    pub(crate) fn forbidden(message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::FORBIDDEN,
             code: "forbidden",
@@ -110,7 +110,7 @@ impl ApiError {
         }
     }
 
-    fn bad(code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn bad(code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             code,
@@ -227,9 +227,14 @@ impl ContextCheck {
         })
     }
 
-    /// The verified statement of a call, before its body is read, and the
-    /// signed header itself (a decode worker forwards it to prefill).
-    fn statement(&self, headers: &HeaderMap) -> Result<(TenantContext, String), ApiError> {
+    /// The verified statement of a call to the API `audience` names,
+    /// before its body is read, and the signed header itself (a decode
+    /// worker forwards it to prefill).
+    pub(crate) fn statement(
+        &self,
+        headers: &HeaderMap,
+        audience: Audience,
+    ) -> Result<(TenantContext, String), ApiError> {
         let header = headers
             .get(CONTEXT_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -242,7 +247,7 @@ impl ContextCheck {
         if ctx.model != self.model {
             return Err(refused(&ContextError::WrongModel(ctx.model)));
         }
-        if ctx.audience != Audience::Generate {
+        if ctx.audience != audience {
             return Err(refused(&ContextError::WrongAudience(ctx.audience)));
         }
         Ok((ctx, header.to_owned()))
@@ -269,6 +274,12 @@ impl ContextCheck {
                 ctx.context_limit
             ))));
         }
+        self.spend(ctx)
+    }
+
+    /// Spends the statement's call id (a replay is refused): the last
+    /// check before anything is allocated for the call.
+    pub(crate) fn spend(&self, ctx: &TenantContext) -> Result<TenantId, ApiError> {
         self.replay
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -276,9 +287,14 @@ impl ContextCheck {
             .map_err(|e| refused(&e))?;
         Ok(TenantId::new(ctx.tenant))
     }
+
+    /// Where admitted calls' usage goes, if they are metered.
+    pub(crate) fn usage(&self) -> Option<&crate::usage::UsageSink> {
+        self.usage.as_ref()
+    }
 }
 
-fn refused(e: &ContextError) -> ApiError {
+pub(crate) fn refused(e: &ContextError) -> ApiError {
     crate::metrics::context_refused(e.code());
     ApiError {
         status: StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN),
@@ -301,7 +317,7 @@ async fn generate(
             "only the gateway generates: call with its certificate over mutual TLS",
         ));
     }
-    let (ctx, signed) = check.statement(&headers)?;
+    let (ctx, signed) = check.statement(&headers, Audience::Generate)?;
     let body: GenerateBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad("invalid_request", format!("invalid JSON body: {e}")))?;
     let tenant = check.admit(&ctx, &body)?;

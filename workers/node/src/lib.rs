@@ -7,6 +7,8 @@
 //!   transfers, generates.
 //! - [`hello`]: what workers tell each other, and compatibility.
 //! - [`http`]: `fn app(role, contexts) -> Router`.
+//! - [`embed`]: `fn embed_app(service, contexts) -> Router`, the
+//!   embedding worker's API.
 //! - [`metrics`]: the worker's counters, moved where the work happens.
 //! - [`gauges`]: the instruments read from the engine and the transfer
 //!   owners when a reader collects, registered for the worker's role.
@@ -14,6 +16,7 @@
 //! - [`usage`]: metering every call at the source.
 
 pub mod decode;
+pub mod embed;
 pub mod gauges;
 pub mod hello;
 pub mod http;
@@ -27,6 +30,7 @@ mod tools;
 pub mod usage;
 
 pub use decode::{DecodeOptions, DecodeWorker, SubmitError};
+pub use embed::embed_app;
 pub use hello::{TransportKind, hello};
 pub use http::{ContextCheck, app};
 pub use prefill::{AdminCommand, LinkFault, PrefillOptions, PrefillWorker};

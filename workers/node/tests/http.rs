@@ -152,6 +152,8 @@ async fn a_missing_forged_expired_replayed_or_mismatched_context_is_refused_befo
     other_model.model = "@cf/meta/llama-3.1-8b-instruct".to_owned();
     let mut window = statement(1, 100, Duration::ZERO);
     window.context_limit = Some(512);
+    let mut embedding = statement(1, 100, Duration::ZERO);
+    embedding.audience = bulkhead_worker_api::context::Audience::Embed;
     let cases: Vec<(Option<String>, &str, StatusCode, &str)> = vec![
         (None, body, StatusCode::UNAUTHORIZED, "missing_context"),
         (
@@ -183,6 +185,12 @@ async fn a_missing_forged_expired_replayed_or_mismatched_context_is_refused_befo
             body,
             StatusCode::FORBIDDEN,
             "wrong_model",
+        ),
+        (
+            Some(ring().sign(&embedding)),
+            body,
+            StatusCode::FORBIDDEN,
+            "wrong_audience",
         ),
         (
             Some(ring().sign(&statement(1, 3, Duration::ZERO))),

@@ -41,6 +41,8 @@ pub enum Audience {
     /// `POST /v1/generate` on a decode or colocated worker (and the prefill
     /// request a decode worker forwards it in).
     Generate,
+    /// `POST /v1/embed` on an embedding worker.
+    Embed,
 }
 
 /// What the gateway states about one worker call.
@@ -157,6 +159,32 @@ impl WorkClass {
 }
 
 impl TenantContext {
+    /// A statement for an embedding call of at most `max_tokens` tokens,
+    /// issued at `now`, valid for [`CONTEXT_TTL`].
+    pub fn embed(
+        account: &str,
+        tenant: u64,
+        request_id: String,
+        model: &str,
+        config_version: Option<u64>,
+        max_tokens: u64,
+        now: SystemTime,
+    ) -> TenantContext {
+        TenantContext {
+            audience: Audience::Embed,
+            ..TenantContext::new(
+                account,
+                tenant,
+                request_id,
+                model,
+                config_version,
+                max_tokens,
+                None,
+                now,
+            )
+        }
+    }
+
     /// A statement for a generate call, issued at `now`, valid for
     /// [`CONTEXT_TTL`].
     #[allow(clippy::too_many_arguments)]

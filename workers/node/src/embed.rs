@@ -1,0 +1,177 @@
+//! The embedding worker's API: `POST /v1/embed` (one vector per input),
+//! `GET /health`, `GET /stats` and `GET /metrics`, behind the same mutual
+//! TLS and signed tenant contexts as the generating workers.
+//!
+//! A call is checked in this order, nothing computed before the last
+//! check: the caller is the gateway; its statement is valid, for this
+//! model and for embeddings (a statement signed for generation is
+//! refused); the body parses; the call id is spent; every input tokenizes
+//! (an unknown token id is refused); the call is within the worker's
+//! limits and the tokens the statement allows. It is billed its tokens
+//! once its vectors are computed, and nothing if it is refused or fails.
+//!
+//! Inputs of different calls share the model's passes, never its
+//! attention: each input attends only to its own tokens
+//! (`bulkhead_embed::EmbedService`), so no tenant's vector depends on
+//! another's text.
+
+use crate::http::{ApiError, ContextCheck, refused};
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use bulkhead_embed::{EmbedError, EmbedService, Refusal, Tokens};
+use bulkhead_trust::{CallerRole, Role as CertRole};
+use bulkhead_worker_api::context::{Audience, ContextError};
+use bulkhead_worker_api::embed::{EmbedAnswer, EmbedBody, EmbedInput};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// The router of an embedding worker serving `service`; calls are checked
+/// by `contexts`.
+pub fn embed_app(service: EmbedService, contexts: Arc<ContextCheck>) -> Router {
+    let r = Router::new()
+        .route("/health", get(|| async { "ok\n" }))
+        .route("/stats", get(stats))
+        .route("/v1/embed", post(embed))
+        .layer(axum::Extension(contexts));
+    bulkhead_telemetry::instrument(
+        r.with_state(service)
+            .merge(bulkhead_telemetry::metrics_router()),
+        bulkhead_telemetry::Hop::Internal,
+        &["/health", "/stats", "/metrics"],
+    )
+}
+
+async fn embed(
+    State(service): State<EmbedService>,
+    CallerRole(caller): CallerRole,
+    axum::Extension(check): axum::Extension<Arc<ContextCheck>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<EmbedAnswer>, ApiError> {
+    if caller != Some(CertRole::Gateway) {
+        return Err(ApiError::forbidden(
+            "only the gateway embeds: call with its certificate over mutual TLS",
+        ));
+    }
+    let (ctx, signed) = check.statement(&headers, Audience::Embed)?;
+    let body: EmbedBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad("invalid_request", format!("invalid JSON body: {e}")))?;
+    if body.inputs.len() > service.limits().max_inputs {
+        // Refused before tokenizing anything.
+        return Err(refusal(&Refusal::TooManyInputs {
+            given: body.inputs.len(),
+            limit: service.limits().max_inputs,
+        }));
+    }
+    let tenant = check.spend(&ctx)?;
+    let span = tracing::info_span!(
+        target: "bulkhead::worker",
+        "embed",
+        otel.kind = "internal",
+        bulkhead.tenant = bulkhead_telemetry::int(tenant.get()),
+        bulkhead.embed.inputs = bulkhead_telemetry::int(body.inputs.len()),
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+    );
+    let tokens = {
+        let service = service.clone();
+        tokio::task::spawn_blocking(move || tokenize(&service, &body.inputs))
+            .await
+            .map_err(|_| failed("tokenizing failed"))??
+    };
+    let truncated = tokens.iter().filter(|t| t.truncated() > 0).count() as u64;
+    let call = service.admit(tokens).map_err(|e| refusal(&e))?;
+    let computed = call.tokens() as u64;
+    if computed > ctx.max_tokens {
+        return Err(refused(&ContextError::Limits(format!(
+            "{computed} tokens above the signed {}",
+            ctx.max_tokens
+        ))));
+    }
+    span.record(
+        "gen_ai.usage.input_tokens",
+        bulkhead_telemetry::int(computed),
+    );
+    let vectors = service.embed(call).await.map_err(|e| match e {
+        EmbedError::Stopped => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "unavailable",
+            message: "the embedding thread has stopped".into(),
+            overflow: None,
+            retry_after_ms: None,
+        },
+        _ => failed("embedding failed"),
+    })?;
+    if let Some(sink) = check.usage() {
+        sink.record(crate::usage::UsageRecord {
+            call_id: ctx.request_id,
+            account: ctx.account,
+            model: ctx.model,
+            prompt_tokens: computed,
+            completion_tokens: 0,
+            context: signed,
+            finish: "stop".to_owned(),
+            at_ms: crate::usage::now_ms(),
+        });
+    }
+    Ok(axum::Json(EmbedAnswer {
+        vectors,
+        prompt_tokens: computed,
+        truncated,
+    }))
+}
+
+/// Every input as the model reads it; an unknown token id is the
+/// client's error, a tokenizer failure ours.
+fn tokenize(service: &EmbedService, inputs: &[EmbedInput]) -> Result<Vec<Tokens>, ApiError> {
+    let model = service.embedder();
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| {
+            let t = match input {
+                EmbedInput::Text(text) => model.tokenize(text),
+                EmbedInput::Tokens(ids) => model.from_ids(ids),
+            };
+            t.map_err(|e| match e {
+                EmbedError::UnknownToken { .. } => {
+                    ApiError::bad("invalid_request", format!("input {i}: {e}"))
+                }
+                _ => failed("tokenizing failed"),
+            })
+        })
+        .collect()
+}
+
+/// A call over the worker's limits: the client's to fix.
+fn refusal(e: &Refusal) -> ApiError {
+    let code = match e {
+        Refusal::Empty => "invalid_request",
+        Refusal::TooManyInputs { .. } => "too_many_inputs",
+        Refusal::TooManyTokens { .. } => "too_many_tokens",
+    };
+    ApiError::bad(code, e.to_string())
+}
+
+/// Our failure, worded without its internals.
+fn failed(message: &str) -> ApiError {
+    ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        code: "internal_error",
+        message: message.to_owned(),
+        overflow: None,
+        retry_after_ms: None,
+    }
+}
+
+async fn stats(State(service): State<EmbedService>) -> axum::Json<Value> {
+    let c = service.embedder().config();
+    let l = service.limits();
+    axum::Json(json!({
+        "embedding": {
+            "dimensions": c.hidden_size, "max_seq_length": c.max_seq_length,
+            "max_inputs": l.max_inputs, "max_tokens": l.max_tokens,
+        },
+    }))
+}
