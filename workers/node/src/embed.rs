@@ -21,7 +21,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use bulkhead_embed::{EmbedError, EmbedService, Refusal, Tokens};
-use bulkhead_trust::{CallerRole, Role as CertRole};
+use bulkhead_trust::CallerRole;
 use bulkhead_worker_api::context::{Audience, ContextError};
 use bulkhead_worker_api::embed::{EmbedAnswer, EmbedBody, EmbedInput};
 use serde_json::{Value, json};
@@ -50,14 +50,8 @@ async fn embed(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<axum::Json<EmbedAnswer>, ApiError> {
-    if caller != Some(CertRole::Gateway) {
-        return Err(ApiError::forbidden(
-            "only the gateway embeds: call with its certificate over mutual TLS",
-        ));
-    }
-    let (ctx, signed) = check.statement(&headers, Audience::Embed)?;
-    let body: EmbedBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad("invalid_request", format!("invalid JSON body: {e}")))?;
+    let (ctx, signed, body) =
+        check.gateway_call::<EmbedBody>(caller, &headers, Audience::Embed, &body)?;
     if body.inputs.len() > service.limits().max_inputs {
         // Refused before tokenizing anything.
         return Err(refusal(&Refusal::TooManyInputs {

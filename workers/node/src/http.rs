@@ -227,10 +227,34 @@ impl ContextCheck {
         })
     }
 
+    /// A call only the gateway may make, to the API `audience` names: the
+    /// caller's certificate, then the statement, then the body.
+    pub(crate) fn gateway_call<T: serde::de::DeserializeOwned>(
+        &self,
+        caller: Option<CertRole>,
+        headers: &HeaderMap,
+        audience: Audience,
+        body: &[u8],
+    ) -> Result<(TenantContext, String, T), ApiError> {
+        if caller != Some(CertRole::Gateway) {
+            let verb = match audience {
+                Audience::Generate => "generates",
+                Audience::Embed => "embeds",
+            };
+            return Err(ApiError::forbidden(format!(
+                "only the gateway {verb}: call with its certificate over mutual TLS"
+            )));
+        }
+        let (ctx, signed) = self.statement(headers, audience)?;
+        let body = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad("invalid_request", format!("invalid JSON body: {e}")))?;
+        Ok((ctx, signed, body))
+    }
+
     /// The verified statement of a call to the API `audience` names,
     /// before its body is read, and the signed header itself (a decode
     /// worker forwards it to prefill).
-    pub(crate) fn statement(
+    fn statement(
         &self,
         headers: &HeaderMap,
         audience: Audience,
@@ -312,14 +336,8 @@ async fn generate(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    if caller != Some(CertRole::Gateway) {
-        return Err(ApiError::forbidden(
-            "only the gateway generates: call with its certificate over mutual TLS",
-        ));
-    }
-    let (ctx, signed) = check.statement(&headers, Audience::Generate)?;
-    let body: GenerateBody = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad("invalid_request", format!("invalid JSON body: {e}")))?;
+    let (ctx, signed, body) =
+        check.gateway_call::<GenerateBody>(caller, &headers, Audience::Generate, &body)?;
     let tenant = check.admit(&ctx, &body)?;
     let engine = match &role {
         Role::Colocated(e) => Arc::clone(e),
