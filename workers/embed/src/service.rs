@@ -24,6 +24,24 @@ pub struct Limits {
     pub max_tokens: usize,
 }
 
+impl Limits {
+    /// Whether a call of `inputs` inputs may be asked at all (its tokens
+    /// are checked once tokenized): a caller refuses what fails before
+    /// tokenizing anything.
+    pub fn check_inputs(&self, inputs: usize) -> Result<(), Refusal> {
+        if inputs == 0 {
+            return Err(Refusal::Empty);
+        }
+        if inputs > self.max_inputs {
+            return Err(Refusal::TooManyInputs {
+                given: inputs,
+                limit: self.max_inputs,
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -141,15 +159,7 @@ impl EmbedService {
 
     /// Checks a call's inputs against the limits.
     pub fn admit(&self, inputs: Vec<Tokens>) -> Result<Admitted, Refusal> {
-        if inputs.is_empty() {
-            return Err(Refusal::Empty);
-        }
-        if inputs.len() > self.limits.max_inputs {
-            return Err(Refusal::TooManyInputs {
-                given: inputs.len(),
-                limit: self.limits.max_inputs,
-            });
-        }
+        self.limits.check_inputs(inputs.len())?;
         let tokens = inputs.iter().map(Tokens::len).sum();
         if tokens > self.limits.max_tokens {
             return Err(Refusal::TooManyTokens {

@@ -110,43 +110,36 @@ impl Matrix {
     /// # Panics
     /// If the shapes disagree; they are fixed when a model loads.
     pub fn matmul(&self, ws: &mut Workspace<'_>, out: &mut [f32]) {
-        assert_eq!(ws.cols, self.cols(), "matmul inner dimension");
+        let Matrix::F32 { cols, data, .. } = self else {
+            // A section of one.
+            return matmul_all(ws, &mut [(self, out)]);
+        };
+        assert_eq!(ws.cols, *cols, "matmul inner dimension");
         let n_out = self.rows();
         assert_eq!(out.len(), ws.rows * n_out, "matmul output shape");
         let ptr = OutPtr(out.as_mut_ptr());
-        let chunks = n_out.div_ceil(CHUNK);
-        match self {
-            Matrix::Quant(w) => {
-                let act = ws.quantized(w.format().activation_kind());
-                (0..chunks).into_par_iter().for_each(|c| {
-                    let cols = c * CHUNK..((c + 1) * CHUNK).min(n_out);
-                    // SAFETY: `out` has rows x n_out elements (asserted above)
-                    // and task `c` alone writes the columns of chunk `c`.
-                    unsafe { weight_rows_dots(w, cols, act, ptr, n_out) };
-                });
+        let (x, rows, cols) = (ws.x, ws.rows, *cols);
+        (0..n_out.div_ceil(CHUNK)).into_par_iter().for_each(|c| {
+            for j in c * CHUNK..((c + 1) * CHUNK).min(n_out) {
+                let wr = &data[j * cols..(j + 1) * cols];
+                for r in 0..rows {
+                    let v = dot_f32(wr, &x[r * cols..(r + 1) * cols]);
+                    // SAFETY: `out` has rows x n_out elements (asserted
+                    // above) and task `c` alone writes the columns of
+                    // chunk `c`.
+                    unsafe { ptr.write(r * n_out + j, v) };
+                }
             }
-            Matrix::F32 { cols, data, .. } => {
-                let (x, rows, cols) = (ws.x, ws.rows, *cols);
-                (0..chunks).into_par_iter().for_each(|c| {
-                    for j in c * CHUNK..((c + 1) * CHUNK).min(n_out) {
-                        let wr = &data[j * cols..(j + 1) * cols];
-                        for r in 0..rows {
-                            let v = dot_f32(wr, &x[r * cols..(r + 1) * cols]);
-                            // SAFETY: as for the quantized branch.
-                            unsafe { ptr.write(r * n_out + j, v) };
-                        }
-                    }
-                });
-            }
-        }
+        });
     }
 }
 
 /// Matmuls that read one input, run as one parallel section.
 ///
-/// Each `(matrix, out)` pair gets exactly what [`Matrix::matmul`] would
-/// write (the same tiles over the same chunks); only the threads meet once
-/// for all of them instead of once per matrix. Matrices whose activations
+/// Each `(matrix, out)` pair gets what [`Matrix::matmul`] writes for it
+/// (a quantized matrix's `matmul` is this with one pair): the same tiles
+/// over the same chunks of sixteen columns; only the threads meet once for
+/// all of them instead of once per matrix. Matrices whose activations
 /// differ in kind (or that are not quantized) run one after another.
 ///
 /// # Panics

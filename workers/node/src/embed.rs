@@ -26,6 +26,7 @@ use bulkhead_worker_api::context::{Audience, ContextError};
 use bulkhead_worker_api::embed::{EmbedAnswer, EmbedBody, EmbedInput};
 use serde_json::{Value, json};
 use std::sync::Arc;
+use tracing::Instrument;
 
 /// The router of an embedding worker serving `service`; calls are checked
 /// by `contexts`.
@@ -52,13 +53,11 @@ async fn embed(
 ) -> Result<axum::Json<EmbedAnswer>, ApiError> {
     let (ctx, signed, body) =
         check.gateway_call::<EmbedBody>(caller, &headers, Audience::Embed, &body)?;
-    if body.inputs.len() > service.limits().max_inputs {
-        // Refused before tokenizing anything.
-        return Err(refusal(&Refusal::TooManyInputs {
-            given: body.inputs.len(),
-            limit: service.limits().max_inputs,
-        }));
-    }
+    // Refused before tokenizing anything.
+    service
+        .limits()
+        .check_inputs(body.inputs.len())
+        .map_err(|e| refusal(&e))?;
     let tenant = check.spend(&ctx)?;
     let span = tracing::info_span!(
         target: "bulkhead::worker",
@@ -87,16 +86,20 @@ async fn embed(
         "gen_ai.usage.input_tokens",
         bulkhead_telemetry::int(computed),
     );
-    let vectors = service.embed(call).await.map_err(|e| match e {
-        EmbedError::Stopped => ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "unavailable",
-            message: "the embedding thread has stopped".into(),
-            overflow: None,
-            retry_after_ms: None,
-        },
-        _ => failed("embedding failed"),
-    })?;
+    let vectors = service
+        .embed(call)
+        .instrument(span)
+        .await
+        .map_err(|e| match e {
+            EmbedError::Stopped => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "unavailable",
+                message: "the embedding thread has stopped".into(),
+                overflow: None,
+                retry_after_ms: None,
+            },
+            _ => failed("embedding failed"),
+        })?;
     if let Some(sink) = check.usage() {
         sink.record(crate::usage::UsageRecord {
             call_id: ctx.request_id,

@@ -100,7 +100,7 @@ impl ApiError {
         }
     }
 
-    pub(crate) fn forbidden(message: impl Into<String>) -> Self {
+    fn forbidden(message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::FORBIDDEN,
             code: "forbidden",
