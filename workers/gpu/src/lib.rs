@@ -1,0 +1,121 @@
+//! Bulkhead's CUDA path, behind the `cuda` feature: finding a device
+//! without ever panicking where there is none ([`open`]), and the kernels,
+//! CUDA C kept in `kernels/` and compiled to PTX with NVRTC at start
+//! ([`kernels`]), cached per architecture.
+//!
+//! The kernels keep the CPU pool's rules on the device: every physical
+//! page carries its owner tag (tenant, request, generation), and the
+//! attention and KV-write kernels compare it with the sequence's
+//! page-table entry once per page, before any byte of the page is read or
+//! written; a mismatch fails that sequence (its error word), not the
+//! process.
+//!
+//! A build without the feature compiles no CUDA at all and answers every
+//! request for a device with [`GpuError::NotBuilt`]. With it, the driver
+//! and NVRTC are loaded at run time (cudarc's dynamic loading): the build
+//! needs no CUDA, and a machine without a driver gets
+//! [`GpuError::NoDriver`], one sentence.
+
+pub mod check;
+mod device;
+pub mod kernels;
+
+pub use device::{DeviceInfo, open};
+
+/// Which compute a worker runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceKind {
+    /// The CPU engine.
+    #[default]
+    Cpu,
+    /// CUDA device `n`.
+    Cuda(u32),
+}
+
+impl std::str::FromStr for DeviceKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu" => Ok(DeviceKind::Cpu),
+            "cuda" => Ok(DeviceKind::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceKind::Cuda)
+                .ok_or_else(|| format!("{s}: a device is cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+/// Why no GPU could be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// This binary was built without CUDA.
+    #[error("this build has no CUDA support: build it with `--features cuda`")]
+    NotBuilt,
+    /// No CUDA driver library on this machine.
+    #[error(
+        "no CUDA driver (libcuda.so.1) was found on this machine: --device cuda needs an NVIDIA GPU and its driver"
+    )]
+    NoDriver,
+    /// The driver is there, but refused (no device, too old, ...).
+    #[error("the CUDA driver could not open device {device}: {message}")]
+    Driver {
+        /// The device asked for.
+        device: u32,
+        /// What the driver said.
+        message: String,
+    },
+    /// No NVRTC library to compile the kernels with.
+    #[error(
+        "NVRTC (libnvrtc.so.12) was not found: install the CUDA toolkit, or `pip install nvidia-cuda-nvrtc-cu12` and put its `nvidia/cuda_nvrtc/lib` directory in LD_LIBRARY_PATH"
+    )]
+    NoNvrtc,
+    /// A kernel file did not compile (or compiled with warnings).
+    #[error("kernel file {file} does not compile for {arch}: {log}")]
+    Compile {
+        /// The file under `kernels/`.
+        file: &'static str,
+        /// The architecture asked for.
+        arch: String,
+        /// NVRTC's log.
+        log: String,
+    },
+    /// The device was found, but this build has no CUDA engine to run on
+    /// it yet.
+    #[error(
+        "found {name} (compute capability {major}.{minor}), but this build has no CUDA engine yet: serve with --device cpu"
+    )]
+    NoEngine {
+        /// The device's name.
+        name: String,
+        /// Compute capability.
+        major: i32,
+        /// Compute capability.
+        minor: i32,
+    },
+    /// The PTX cache could not be read or written.
+    #[error("PTX cache {path}: {source}")]
+    Cache {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_others_are_refused() {
+        assert_eq!("cpu".parse(), Ok(DeviceKind::Cpu));
+        assert_eq!("cuda".parse(), Ok(DeviceKind::Cuda(0)));
+        assert_eq!("cuda:3".parse(), Ok(DeviceKind::Cuda(3)));
+        for bad in ["gpu", "cuda:", "cuda:x", "CUDA", ""] {
+            assert!(bad.parse::<DeviceKind>().is_err(), "{bad}");
+        }
+    }
+}
