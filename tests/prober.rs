@@ -5,7 +5,9 @@
 //! the next one, within an interval, a round and the flip: the model is private, a major incident is open on the status
 //! page, the finding is counted, the webhook got it, and no tenant request
 //! is served by the model afterwards. A prober that cannot reach the
-//! gateway counts errors and flips nothing.
+//! gateway counts errors and flips nothing. An embedding worker whose
+//! answers cross between calls is caught the same way, and only its model
+//! is withdrawn.
 
 mod support;
 
@@ -183,5 +185,95 @@ fn the_prober_withdraws_a_model_whose_answers_went_wrong_and_opens_an_incident()
         prober_metric(metrics, "bulkhead_prober_withdrawals_total", ""),
         1.0
     );
+    drop(platform);
+}
+
+const EMBED_MODEL: &str = "@cf/sentence-transformers/all-minilm-l6-v2";
+const EMBED_PATH: &str = "%40cf%2Fsentence-transformers%2Fall-minilm-l6-v2";
+
+/// The embedding worker's fault: every call after the 7th is answered with
+/// the previous call's vectors (another tenant's, as a leak would give
+/// them). The prober's first round on the embedding model takes seven
+/// calls (the golden vector twice, B's texts alone, then A's marker texts
+/// and B's texts three ways, those four at once, so a fault inside them
+/// could land on A's call and go unseen); a later round finds B's or the
+/// golden text's vectors not their own, and withdraws that model alone.
+#[test]
+fn the_prober_withdraws_an_embedding_model_whose_vectors_cross_between_calls() {
+    let dir = support::platform::data_dir("prober-embed");
+    let interval = 2;
+    let platform = support::platform::up_with_embeddings(
+        &dir,
+        &[
+            "--models",
+            "q4_1",
+            "--kv-budget-mib",
+            "16",
+            "--context-window",
+            "512",
+            "--max-output",
+            "128",
+            "--prober-interval-secs",
+            &interval.to_string(),
+            "--corrupt-embeddings-after",
+            "7",
+        ],
+    );
+    let creds = credentials(&dir);
+    let (cp, gw, op) = (
+        &creds.control_plane_url,
+        &creds.gateway_url,
+        &creds.operator_token,
+    );
+    let metrics = &creds.metrics["prober"];
+    let until = Instant::now() + Duration::from_secs(180);
+    loop {
+        let m = get(cp, &format!("/admin/v1/models/{EMBED_PATH}"), op);
+        if m["visibility"] == "private" {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the prober did not withdraw the embedding model: {m}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // It had passed its checks before the fault began.
+    assert!(
+        prober_metric(
+            metrics,
+            "bulkhead_prober_checks_total",
+            "check=\"embedding_canary\""
+        ) >= 1.0
+    );
+    // The flip names the check that saw the crossing, with request ids.
+    let audit = get(cp, "/admin/v1/audit?limit=20", op);
+    let reason = items(&audit)
+        .find(|e| e["subject"] == EMBED_MODEL && e["after"] == "private")
+        .and_then(|e| e["reason"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        (reason.contains("leak prober: canary_crossed")
+            || reason.contains("leak prober: golden_vector"))
+            && reason.contains("request"),
+        "{audit}"
+    );
+    // The fault was seen: a finding counted against the embedding model.
+    assert!(
+        prober_metric(
+            metrics,
+            "bulkhead_prober_findings_total",
+            "sentence-transformers"
+        ) >= 1.0
+    );
+    // The generating model, whose answers are right, stays public.
+    let m = get(cp, &format!("/admin/v1/models/{MODEL_PATH}"), op);
+    assert_eq!(m["visibility"], "public", "{m}");
+    // No tenant gets vectors from the withdrawn model.
+    let a = &creds.accounts[0];
+    let body = serde_json::json!({"model": EMBED_MODEL, "input": "hello"}).to_string();
+    let (status, text) = post(gw, "/v1/embeddings", &a.token, &body);
+    assert_eq!(status, 404, "{text}");
     drop(platform);
 }

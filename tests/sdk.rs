@@ -7,10 +7,12 @@
 //! `tests/sdk/openai_files.py` its Files API (a 100-line batch input file
 //! up, back and deleted; another account's reads are not found),
 //! `tests/sdk/cloudflare_client.py` the cloudflare SDK's `ai.run` (with
-//! tools in both shapes), `tests/sdk/litellm_client.py` runs LiteLLM (its
+//! tools in both shapes), `tests/sdk/openai_embeddings.py` and
+//! `tests/sdk/cloudflare_embeddings.py` both SDKs' embeddings, `tests/sdk/litellm_client.py` runs LiteLLM (its
 //! context-window error class, a tool call, refusals, an answer) and
 //! `tests/sdk/langchain_client.py` LangChain's `ChatOpenAI` (usage, JSON
-//! mode, `stop`, `bind_tools` giving `tool_calls`, the context-length error).
+//! mode, `stop`, `bind_tools` giving `tool_calls`, the context-length error,
+//! `OpenAIEmbeddings`).
 //!
 //! The SDK is installed into a virtual environment under `target/`; where
 //! PyPI cannot be reached the test says so and passes, except in CI
@@ -33,7 +35,7 @@ fn against_up(
     env: &[(&str, &str)],
 ) -> Vec<serde_json::Value> {
     let dir = support::platform::data_dir("sdk");
-    let up = support::platform::up(&dir, &["--prober-interval-secs", "3600"]);
+    let up = support::platform::up_with_embeddings(&dir, &["--prober-interval-secs", "3600"]);
     let creds = support::platform::credentials(&dir);
     let gw = &creds.gateway_url;
     // The second account's budget is spent: nothing at all a day.
@@ -55,6 +57,10 @@ fn against_up(
             .env("BULKHEAD_ACCOUNT_ID", &creds.accounts[0].id)
             .env("BULKHEAD_TOKEN", token)
             .env("BULKHEAD_MODEL", &creds.model)
+            .env(
+                "BULKHEAD_EMBED_MODEL",
+                creds.embedding_model.as_deref().unwrap_or_default(),
+            )
             .env("BULKHEAD_SPENT_TOKEN", &spent.token)
             .envs(env.iter().copied());
         python::run_json(cmd, script)
@@ -78,9 +84,11 @@ fn the_openai_and_cloudflare_python_sdks_get_what_they_ask_for() {
         "openai_tools.py",
         "openai_files.py",
         "cloudflare_client.py",
+        "openai_embeddings.py",
+        "cloudflare_embeddings.py",
     ];
-    let [seen, tools, files, cf] =
-        <[_; 4]>::try_from(against_up(&python, &scripts, &[])).expect("four");
+    let [seen, tools, files, cf, emb, cf_emb] =
+        <[_; 6]>::try_from(against_up(&python, &scripts, &[])).expect("six");
     assert_eq!(seen["n"], 3);
     assert_eq!(seen["over_budget_attempts"], 1, "not retried: {seen}");
     assert!(seen["json_schema"]["age"].is_i64(), "{seen}");
@@ -105,6 +113,39 @@ fn the_openai_and_cloudflare_python_sdks_get_what_they_ask_for() {
     for shape in ["flat", "openai", "streamed"] {
         assert!(cf[shape]["city"].is_string(), "{cf}");
     }
+    // Embeddings: the SDK's base64 default decodes to the float answer, a
+    // text and its word pieces as ids are one vector, similar texts are
+    // closer than unrelated ones, and another width is refused.
+    assert_eq!(emb["dimensions"], 384, "{emb}");
+    assert_eq!(emb["token_ids_dimensions"], 384, "{emb}");
+    assert_eq!(emb["usage"]["prompt_tokens"], emb["usage"]["total_tokens"]);
+    assert!(emb["usage"]["prompt_tokens"].as_u64() > Some(2), "{emb}");
+    let cos = |k: &str| emb[k].as_f64().unwrap_or(0.0);
+    for same in [
+        "same_text_cosine",
+        "float_vs_base64_cosine",
+        "token_ids_cosine",
+    ] {
+        assert!(cos(same) > 0.9999, "{same}: {emb}");
+    }
+    assert!(
+        cos("similar_cosine") > cos("unrelated_cosine") + 0.3,
+        "{emb}"
+    );
+    assert!(
+        emb["dimensions_refused"]
+            .as_str()
+            .is_some_and(|m| m.contains("384")),
+        "{emb}"
+    );
+    assert_eq!(cf_emb["one_shape"], serde_json::json!([1, 384]), "{cf_emb}");
+    assert_eq!(
+        cf_emb["many_shape"],
+        serde_json::json!([3, 384]),
+        "{cf_emb}"
+    );
+    assert_eq!(cf_emb["rows"], serde_json::json!([384, 384, 384]));
+    assert_eq!(cf_emb["pooling"], "mean");
 }
 
 /// LiteLLM and LangChain's OpenAI integration, pinned to the major
@@ -135,4 +176,8 @@ fn litellm_and_langchain_recognise_the_context_window_error_and_refusals() {
     );
     assert_eq!(langchain["context_error"], "context_length_exceeded");
     assert!(langchain["json_mode"].is_object(), "{langchain}");
+    assert_eq!(
+        langchain["embeddings"],
+        serde_json::json!({"documents": [384, 384], "query": 384})
+    );
 }

@@ -106,7 +106,11 @@ impl From<UpstreamError> for GatewayError {
                 },
                 // Names only the prompt's length and the deployment's limit.
                 "prefill_too_long" => GatewayError::ContextTooLong { message, overflow },
-                "invalid_request" => GatewayError::BadInput(message),
+                // An embedding call over the worker's limits: the message
+                // names the limit.
+                "invalid_request" | "too_many_inputs" | "too_many_tokens" => {
+                    GatewayError::BadInput(message)
+                }
                 "unavailable" => GatewayError::Unavailable("no worker can take the request now"),
                 // Every worker tried had too much prefill queued: when the
                 // last one expects room, never the queue's contents.

@@ -4,7 +4,7 @@
 
 use crate::errors::GatewayError;
 use crate::state::AppState;
-use crate::{batches, files, openai, workers_ai};
+use crate::{batches, embeddings, files, openai, workers_ai};
 use axum::Router;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
@@ -21,9 +21,14 @@ pub fn app(state: AppState) -> Router {
             &format!("{v4}/v1/chat/completions"),
             post(openai::account_chat),
         )
+        .route(
+            &format!("{v4}/v1/embeddings"),
+            post(embeddings::account_create),
+        )
         .route(&format!("{v4}/v1/models"), get(openai::account_models))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(embeddings::create))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*model}", get(openai::model))
         .route("/v1/files", post(files::upload).get(files::list))

@@ -30,6 +30,7 @@ mod batches;
 mod bounds;
 mod budget;
 mod edge;
+mod embeddings;
 mod errors;
 mod files;
 mod http;

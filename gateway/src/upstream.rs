@@ -1,4 +1,5 @@
-//! Calling a worker: `POST https://{address}/v1/generate` over mutual TLS
+//! Calling a worker: `POST https://{address}/v1/generate` (or
+//! `/v1/embed`, an embedding worker's one answer) over mutual TLS
 //! (the gateway's certificate; the worker's must name decode or colocated,
 //! and may not be scoped to another model than the call's)
 //! with the signed tenant context, then reading its NDJSON lines as they
@@ -17,6 +18,7 @@
 use bulkhead_trust::connect::Connector;
 use bulkhead_trust::{Identity, Role as CertRole, TrustError};
 use bulkhead_worker_api::context::{CONTEXT_HEADER, SigningKey, TenantContext};
+use bulkhead_worker_api::embed::{EmbedAnswer, EmbedBody};
 use bulkhead_worker_api::{ErrorBody, GenerateBody, Line};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -32,6 +34,10 @@ use std::time::Duration;
 /// keeps a live transfer alive however long it queues, so this only catches
 /// a worker that hangs.
 const UPSTREAM_HEAD_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The largest embedding answer read from a worker (2,048 vectors of
+/// 1,024 floats written out as JSON fit several times over).
+const MAX_EMBED_ANSWER: usize = 64 << 20;
 
 /// Why a worker call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,8 +136,56 @@ impl Upstream {
         ctx: &TenantContext,
         body: &GenerateBody,
     ) -> Result<(Line, LineStream), UpstreamError> {
+        let resp = self.post(address, "/v1/generate", ctx, body).await?;
+        let mut stream = LineStream {
+            body: resp.into_body(),
+            buf: Vec::new(),
+            done: false,
+            gone: None,
+        };
+        match stream.next().await {
+            Some(Ok(Line::Error { error })) => Err(UpstreamError::Worker {
+                status: status_of(&error.code),
+                code: error.code,
+                message: error.message,
+                overflow: error.overflow,
+                retry_after_ms: error.retry_after_ms,
+            }),
+            Some(Ok(first)) => Ok((first, stream)),
+            Some(Err(e)) => Err(e),
+            None => Err(UpstreamError::Protocol),
+        }
+    }
+
+    /// The vectors of an embedding call (`POST /v1/embed`), or the
+    /// worker's error.
+    pub(crate) async fn embed(
+        &self,
+        address: &str,
+        ctx: &TenantContext,
+        body: &EmbedBody,
+    ) -> Result<EmbedAnswer, UpstreamError> {
+        let resp = self.post(address, "/v1/embed", ctx, body).await?;
+        let bytes = http_body_util::Limited::new(resp.into_body(), MAX_EMBED_ANSWER)
+            .collect()
+            .await
+            .map_err(|_| UpstreamError::Unreachable)?
+            .to_bytes();
+        serde_json::from_slice(&bytes).map_err(|_| UpstreamError::Protocol)
+    }
+
+    /// `POST https://{address}{path}` with `body` as JSON and `ctx` signed,
+    /// in this request's trace; a worker's answer other than 200 is its
+    /// error.
+    async fn post(
+        &self,
+        address: &str,
+        path: &str,
+        ctx: &TenantContext,
+        body: &impl serde::Serialize,
+    ) -> Result<hyper::Response<Incoming>, UpstreamError> {
         let bytes = serde_json::to_vec(body).map_err(|_| UpstreamError::Protocol)?;
-        let mut req = Request::post(format!("https://{address}/v1/generate"))
+        let mut req = Request::post(format!("https://{address}{path}"))
             .header(CONTEXT_HEADER, self.keys.sign(ctx))
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(bytes)))
@@ -153,41 +207,23 @@ impl Upstream {
                 UpstreamError::Unreachable
             })?;
         let status = resp.status();
-        if status != StatusCode::OK {
-            let bytes = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|_| UpstreamError::Unreachable)?
-                .to_bytes();
-            let err: ErrorBody =
-                serde_json::from_slice(&bytes).map_err(|_| UpstreamError::Protocol)?;
-            return Err(UpstreamError::Worker {
-                status: status.as_u16(),
-                code: err.error.code,
-                message: err.error.message,
-                overflow: err.error.overflow,
-                retry_after_ms: err.error.retry_after_ms,
-            });
+        if status == StatusCode::OK {
+            return Ok(resp);
         }
-        let mut stream = LineStream {
-            body: resp.into_body(),
-            buf: Vec::new(),
-            done: false,
-            gone: None,
-        };
-        match stream.next().await {
-            Some(Ok(Line::Error { error })) => Err(UpstreamError::Worker {
-                status: status_of(&error.code),
-                code: error.code,
-                message: error.message,
-                overflow: error.overflow,
-                retry_after_ms: error.retry_after_ms,
-            }),
-            Some(Ok(first)) => Ok((first, stream)),
-            Some(Err(e)) => Err(e),
-            None => Err(UpstreamError::Protocol),
-        }
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|_| UpstreamError::Unreachable)?
+            .to_bytes();
+        let err: ErrorBody = serde_json::from_slice(&bytes).map_err(|_| UpstreamError::Protocol)?;
+        Err(UpstreamError::Worker {
+            status: status.as_u16(),
+            code: err.error.code,
+            message: err.error.message,
+            overflow: err.error.overflow,
+            retry_after_ms: err.error.retry_after_ms,
+        })
     }
 }
 

@@ -220,6 +220,14 @@ pub(crate) async fn run(
     ctx.for_account(&account).map_err(|e| e.in_(W))?;
     let model = pipeline::model(&ctx, &slug).map_err(|e| e.in_(W))?;
     let body = body.map_err(|e| crate::edge::body_refused(&e, W))?;
+    if pipeline::embeds(model) {
+        if crate::queue::asked(query.as_deref()) {
+            return Err(GatewayError::Unsupported("queueRequest".to_owned()).in_(W));
+        }
+        return crate::embeddings::run(&s, &ctx, model, &body)
+            .await
+            .map_err(|e| e.in_(W));
+    }
     if crate::queue::asked(query.as_deref()) {
         return crate::queue::run(&s, &ctx, model.slug.as_str(), &body)
             .await

@@ -1,6 +1,6 @@
 //! Property-based fuzzing of the gateway's request bodies and credentials
-//! through the real router: OpenAI chat and completions, the Workers AI
-//! run route, and the Authorization header (API tokens and JWTs). Whatever
+//! through the real router: OpenAI chat, completions and embeddings, the
+//! Workers AI run route, and the Authorization header (API tokens and JWTs). Whatever
 //! arrives, the answer is never a 5xx other than "no worker" (503: admitted,
 //! as in router.rs, where no worker runs), always JSON in the API's own
 //! error shape when it is an error, and never echoes a secret.
@@ -67,6 +67,10 @@ fn key() -> impl Strategy<Value = String> {
             "tools",
             "text",
             "type",
+            "input",
+            "encoding_format",
+            "dimensions",
+            "pooling",
         ])
         .prop_map(str::to_owned),
         "[a-z_]{1,12}",
@@ -154,6 +158,13 @@ fn request_bodies_get_an_answer_in_their_apis_shape() {
             run_path.as_str(),
             false,
             json!({"prompt": "hi", "max_tokens": 8}),
+        ),
+        // The generating model refuses embeddings by its task: what is
+        // fuzzed here is the body's reading before that.
+        (
+            "/v1/embeddings",
+            true,
+            json!({"model": OPEN, "input": ["hi", "there"], "encoding_format": "float"}),
         ),
     ];
     let (admitted, refused) = (std::cell::Cell::new(0), std::cell::Cell::new(0));

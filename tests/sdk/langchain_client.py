@@ -1,11 +1,12 @@
 """LangChain's ChatOpenAI against Bulkhead's OpenAI-compatible routes, as an
 agent built on it calls them: an answer with its token usage, JSON mode
 through with_structured_output, a stop sequence, a tool binding answered
-with a parsed call, and an over-long prompt raised
-as the context-length error its fallbacks look for.
+with a parsed call, an over-long prompt raised as the context-length
+error its fallbacks look for, and OpenAIEmbeddings embedding documents and
+a query.
 
 Environment: BULKHEAD_BASE_URL (ending in /v1), BULKHEAD_TOKEN,
-BULKHEAD_MODEL. Prints one JSON line of what it saw.
+BULKHEAD_MODEL, BULKHEAD_EMBED_MODEL. Prints one JSON line of what it saw.
 """
 
 import json
@@ -14,7 +15,7 @@ import os
 import langchain_openai
 import openai
 from langchain_core.messages import HumanMessage
-from langchain_openai import ChatOpenAI
+from langchain_openai import ChatOpenAI, OpenAIEmbeddings
 
 
 def chat(**kwargs):
@@ -80,6 +81,19 @@ except openai.BadRequestError as e:
     assert e.code == "context_length_exceeded", e.body
     assert "maximum context length is" in e.message, e.message
     seen["context_error"] = e.code
+
+# OpenAIEmbeddings, as documented for OpenAI-compatible servers: texts
+# sent as text (not as tiktoken ids of OpenAI's own vocabulary).
+embeddings = OpenAIEmbeddings(
+    base_url=os.environ["BULKHEAD_BASE_URL"],
+    api_key=os.environ["BULKHEAD_TOKEN"],
+    model=os.environ["BULKHEAD_EMBED_MODEL"],
+    check_embedding_ctx_length=False,
+    max_retries=0,
+)
+documents = embeddings.embed_documents(["The cat sits on the mat.", "Revenue rose four percent."])
+query = embeddings.embed_query("Where is the cat?")
+seen["embeddings"] = {"documents": [len(d) for d in documents], "query": len(query)}
 
 seen["langchain_openai"] = getattr(langchain_openai, "__version__", "?")
 print(json.dumps(seen))

@@ -10,6 +10,7 @@ mod batches;
 mod client;
 mod enums;
 mod slug;
+mod task;
 mod time;
 mod types;
 
@@ -19,4 +20,5 @@ pub use enums::{
     ComponentStatus, Impact, IncidentStatus, NodeRole, Role, UnknownVariant, Visibility,
 };
 pub use slug::{ModelSlug, SlugError};
+pub use task::{EMBEDDING_TASK, GENERATION_TASK, is_embedding};
 pub use types::*;

@@ -200,8 +200,11 @@ const MAX_PRICE: u64 = 1_000_000_000;
 fn validate(spec: &ConfigSpec) -> Result<(), Error> {
     let p = &spec.properties;
     let bad = |m: &str| Err(Error::Invalid(m.to_owned()));
-    if p.context_window == 0 || p.max_output == 0 {
-        return bad("context_window and max_output must be at least 1");
+    // A model that generates nothing (an embedding model) has no output
+    // and keeps no KV; every other model has both.
+    let generates = p.max_output > 0;
+    if p.context_window == 0 {
+        return bad("context_window must be at least 1");
     }
     if spec.weights_sha256.len() != 64
         || !spec.weights_sha256.bytes().all(|b| b.is_ascii_hexdigit())
@@ -213,8 +216,8 @@ fn validate(spec: &ConfigSpec) -> Result<(), Error> {
     if spec.page_size == 0 || spec.parallelism.tensor == 0 || spec.parallelism.pipeline == 0 {
         return bad("page_size and parallelism degrees must be at least 1");
     }
-    if spec.kv_budget.prefill_bytes == 0 || spec.kv_budget.decode_bytes == 0 {
-        return bad("kv_budget bytes must be at least 1");
+    if generates && (spec.kv_budget.prefill_bytes == 0 || spec.kv_budget.decode_bytes == 0) {
+        return bad("kv_budget bytes must be at least 1 for a model with output");
     }
     if spec.price.input_neurons_per_mtok > MAX_PRICE
         || spec.price.output_neurons_per_mtok > MAX_PRICE

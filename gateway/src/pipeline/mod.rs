@@ -5,13 +5,16 @@
 //! decides the status; then the answer is collected ([`collect()`]) or
 //! streamed ([`sse()`]) and what it cost is settled ([`ends`]); a request
 //! of `n` choices that answers an error has its calls voided ([`void`]).
+//! An embedding call takes the same steps in one answer ([`embed()`]).
 
 mod collect;
+mod embed;
 mod ends;
 mod sse;
 mod void;
 
 pub(crate) use collect::{Collected, collect};
+pub(crate) use embed::{embed, embeds};
 use ends::{Ends, Held};
 pub(crate) use sse::{StreamEvent, sse};
 pub(crate) use void::void_calls;
@@ -215,6 +218,12 @@ pub(crate) async fn start_choice(
     mut body: GenerateBody,
     choice: u32,
 ) -> Result<Generation, GatewayError> {
+    if embeds(model) {
+        return Err(GatewayError::UnsupportedValue {
+            param: "model".to_owned(),
+            detail: format!("{} is an embedding model; it generates no text", model.slug),
+        });
+    }
     if let Some(p) = model.properties
         && body.max_tokens as u64 > p.max_output
     {
@@ -245,9 +254,6 @@ pub(crate) async fn start_choice(
     let reservation = match reserve(state, ctx, model, body).await {
         Ok(r) => r,
         Err(e) => {
-            if let GatewayError::OverBudget { period, .. } = &e {
-                metrics::budget_refused(*period);
-            }
             timer.failed(e.kind());
             return Err(e);
         }
@@ -317,6 +323,15 @@ async fn reserve(
     model: &RoutedModel,
     body: &GenerateBody,
 ) -> Result<Reservation, GatewayError> {
+    let prompt =
+        max_prompt_tokens(body).min(model.properties.map_or(u64::MAX, |p| p.context_window));
+    let cost = model.price.micro_neurons(prompt, body.max_tokens as u64);
+    reserve_cost(state, ctx, cost).await
+}
+
+/// Reserves `cost` micro-neurons against the account's budgets (nothing
+/// for an account the table does not know); a refusal is counted.
+async fn reserve_cost(state: &AppState, ctx: &Ctx, cost: u64) -> Result<Reservation, GatewayError> {
     let Some(budget) = ctx
         .snap
         .table
@@ -325,13 +340,15 @@ async fn reserve(
     else {
         return Ok(Reservation::none());
     };
-    let prompt =
-        max_prompt_tokens(body).min(model.properties.map_or(u64::MAX, |p| p.context_window));
-    let cost = model.price.micro_neurons(prompt, body.max_tokens as u64);
-    Ok(state
+    let reserved = state
         .budgets
         .reserve(&ctx.principal.account_id, &budget, cost, Timestamp::now())
-        .await?)
+        .await
+        .map_err(GatewayError::from);
+    if let Err(GatewayError::OverBudget { period, .. }) = &reserved {
+        metrics::budget_refused(*period);
+    }
+    reserved
 }
 
 /// The most prompt tokens a request can have: its token ids, or one token

@@ -25,6 +25,10 @@ pub enum EmbedInput {
 pub struct EmbedBody {
     /// The inputs, in order.
     pub inputs: Vec<EmbedInput>,
+    /// The vectors' width the client expects: refused before anything is
+    /// computed unless it is the model's (vectors are never cut).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<u64>,
 }
 
 /// `POST /v1/embed` answer.
@@ -59,6 +63,7 @@ mod tests {
             r#"{"inputs":[["a"]]}"#,
             r#"{"inputs":["a"],"extra":1}"#,
             r#"{"inputs":[[-1]]}"#,
+            r#"{"inputs":["a"],"dimensions":-1}"#,
         ] {
             assert!(serde_json::from_str::<EmbedBody>(bad).is_err(), "{bad}");
         }

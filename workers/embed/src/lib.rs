@@ -23,7 +23,7 @@ mod tokens;
 
 pub use config::EmbedConfig;
 pub use error::EmbedError;
-pub use service::{Admitted, EmbedService, Limits, Refusal};
+pub use service::{Admitted, EmbedService, Limits, Load, Refusal};
 pub use tokens::Tokens;
 
 use std::path::Path;

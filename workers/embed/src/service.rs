@@ -11,6 +11,7 @@
 use crate::{EmbedError, Embedder, Tokens};
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use tokio::sync::oneshot;
 
@@ -103,12 +104,56 @@ struct Job {
     reply: oneshot::Sender<Result<Vec<Vec<f32>>, EmbedError>>,
 }
 
+/// What the service holds now: calls queued or computing, and their
+/// tokens (what a worker reports as its load).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Calls not yet answered.
+    pub calls: usize,
+    /// Their tokens.
+    pub tokens: usize,
+}
+
+/// Counts a call as load until it is answered or its caller goes away.
+struct Counted<'a> {
+    counters: &'a Counters,
+    tokens: usize,
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.counters.calls.fetch_sub(1, Ordering::Relaxed);
+        self.counters
+            .tokens
+            .fetch_sub(self.tokens, Ordering::Relaxed);
+    }
+}
+
+/// Gauges of the calls in the service (written by callers only).
+#[derive(Debug, Default)]
+struct Counters {
+    calls: AtomicUsize,
+    tokens: AtomicUsize,
+}
+
+impl Counters {
+    fn count(&self, tokens: usize) -> Counted<'_> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+        Counted {
+            counters: self,
+            tokens,
+        }
+    }
+}
+
 /// The model behind its thread.
 #[derive(Clone)]
 pub struct EmbedService {
     embedder: Arc<Embedder>,
     limits: Limits,
     jobs: Sender<Job>,
+    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for EmbedService {
@@ -144,6 +189,7 @@ impl EmbedService {
             embedder,
             limits,
             jobs,
+            counters: Arc::default(),
         })
     }
 
@@ -170,8 +216,17 @@ impl EmbedService {
         Ok(Admitted { inputs, tokens })
     }
 
+    /// Calls queued or computing now.
+    pub fn load(&self) -> Load {
+        Load {
+            calls: self.counters.calls.load(Ordering::Relaxed),
+            tokens: self.counters.tokens.load(Ordering::Relaxed),
+        }
+    }
+
     /// The call's vectors, in order, once computed.
     pub async fn embed(&self, call: Admitted) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let _counted = self.counters.count(call.tokens);
         let (reply, answer) = oneshot::channel();
         let job = Job {
             vectors: Vec::with_capacity(call.inputs.len()),

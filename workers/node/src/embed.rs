@@ -5,7 +5,8 @@
 //! A call is checked in this order, nothing computed before the last
 //! check: the caller is the gateway; its statement is valid, for this
 //! model and for embeddings (a statement signed for generation is
-//! refused); the body parses; the call id is spent; every input tokenizes
+//! refused); the body parses; it asks for the model's own width, if any;
+//! the call id is spent; every input tokenizes
 //! (an unknown token id is refused); the call is within the worker's
 //! limits and the tokens the statement allows. It is billed its tokens
 //! once its vectors are computed, and nothing if it is refused or fails.
@@ -31,11 +32,78 @@ use tracing::Instrument;
 /// The router of an embedding worker serving `service`; calls are checked
 /// by `contexts`.
 pub fn embed_app(service: EmbedService, contexts: Arc<ContextCheck>) -> Router {
+    router(service, contexts, None)
+}
+
+/// Testing only (the leak prober's test): [`embed_app`] answering every
+/// call after the first `after` with the vectors of the call answered
+/// before it, as a leak between tenants would. Refused unless built with
+/// the `test-hooks` feature.
+pub fn embed_app_crossing(
+    service: EmbedService,
+    contexts: Arc<ContextCheck>,
+    after: u64,
+) -> Result<Router, bulkhead_engine::hooks::HooksDisabled> {
+    #[cfg(feature = "test-hooks")]
+    {
+        let crossed = Crossed {
+            after,
+            seen: std::sync::Mutex::default(),
+        };
+        Ok(router(service, contexts, Some(Arc::new(crossed))))
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    {
+        let _ = (service, contexts, after);
+        Err(bulkhead_engine::hooks::HooksDisabled(
+            "--corrupt-answers-after",
+        ))
+    }
+}
+
+/// The crossing fault: calls answered so far, and the last answer.
+#[derive(Debug)]
+struct Crossed {
+    #[cfg(feature = "test-hooks")]
+    after: u64,
+    #[cfg(feature = "test-hooks")]
+    seen: std::sync::Mutex<(u64, Vec<Vec<f32>>)>,
+}
+
+impl Crossed {
+    /// `vectors`, or past the fault's start the previous call's (as many,
+    /// cycled).
+    #[cfg(feature = "test-hooks")]
+    fn answer(&self, vectors: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.0 += 1;
+        let previous = std::mem::replace(&mut seen.1, vectors.clone());
+        if seen.0 <= self.after || previous.is_empty() {
+            return vectors;
+        }
+        tracing::warn!(target: "bulkhead::worker", "test fault: answering with the previous call's vectors");
+        (0..vectors.len())
+            .map(|i| previous[i % previous.len()].clone())
+            .collect()
+    }
+
+    #[cfg(not(feature = "test-hooks"))]
+    fn answer(&self, vectors: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+        vectors
+    }
+}
+
+fn router(
+    service: EmbedService,
+    contexts: Arc<ContextCheck>,
+    crossed: Option<Arc<Crossed>>,
+) -> Router {
     let r = Router::new()
         .route("/health", get(|| async { "ok\n" }))
         .route("/stats", get(stats))
         .route("/v1/embed", post(embed))
-        .layer(axum::Extension(contexts));
+        .layer(axum::Extension(contexts))
+        .layer(axum::Extension(crossed));
     bulkhead_telemetry::instrument(
         r.with_state(service)
             .merge(bulkhead_telemetry::metrics_router()),
@@ -48,6 +116,7 @@ async fn embed(
     State(service): State<EmbedService>,
     CallerRole(caller): CallerRole,
     axum::Extension(check): axum::Extension<Arc<ContextCheck>>,
+    axum::Extension(crossed): axum::Extension<Option<Arc<Crossed>>>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<axum::Json<EmbedAnswer>, ApiError> {
@@ -58,6 +127,15 @@ async fn embed(
         .limits()
         .check_inputs(body.inputs.len())
         .map_err(|e| refusal(&e))?;
+    let width = service.embedder().config().hidden_size as u64;
+    if let Some(d) = body.dimensions.filter(|d| *d != width) {
+        return Err(ApiError::bad(
+            "invalid_request",
+            format!(
+                "dimensions {d}: this model's vectors have {width} dimensions, and only {width} is served"
+            ),
+        ));
+    }
     let tenant = check.spend(&ctx)?;
     let span = tracing::info_span!(
         target: "bulkhead::worker",
@@ -112,6 +190,10 @@ async fn embed(
             at_ms: crate::usage::now_ms(),
         });
     }
+    let vectors = match &crossed {
+        Some(c) => c.answer(vectors),
+        None => vectors,
+    };
     Ok(axum::Json(EmbedAnswer {
         vectors,
         prompt_tokens: computed,
@@ -165,10 +247,12 @@ fn failed(message: &str) -> ApiError {
 async fn stats(State(service): State<EmbedService>) -> axum::Json<Value> {
     let c = service.embedder().config();
     let l = service.limits();
+    let load = service.load();
     axum::Json(json!({
         "embedding": {
             "dimensions": c.hidden_size, "max_seq_length": c.max_seq_length,
             "max_inputs": l.max_inputs, "max_tokens": l.max_tokens,
         },
+        "load": {"calls": load.calls, "tokens": load.tokens},
     }))
 }

@@ -203,6 +203,7 @@ async fn bad_input_gets_a_clear_error_and_costs_nothing() {
         (r#"{"inputs":["a","b","c","d"]}"#, "too_many_inputs"),
         (&format!(r#"{{"inputs":["{long}"]}}"#), "too_many_tokens"),
         (r#"{"inputs":[[999999]]}"#, "invalid_request"),
+        (r#"{"inputs":["a"],"dimensions":128}"#, "invalid_request"),
     ] {
         let ctx = ring().sign(&statement(1, 10_000));
         let (status, text) = post(&worker, Some(CertRole::Gateway), Some(ctx), body).await;
@@ -210,4 +211,9 @@ async fn bad_input_gets_a_clear_error_and_costs_nothing() {
         assert_eq!(error_code(&text), code, "{body}: {text}");
     }
     assert!(usage.try_recv().is_err(), "a refused call is not billed");
+    // The model's own width is served.
+    let ctx = ring().sign(&statement(1, 10_000));
+    let body = r#"{"inputs":["a"],"dimensions":384}"#;
+    let (status, text) = post(&worker, Some(CertRole::Gateway), Some(ctx), body).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
 }

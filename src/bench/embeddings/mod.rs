@@ -5,6 +5,10 @@
 //! (`BULKHEAD_PYTHON`), its figures on the same texts, from the same model
 //! files, with the same number of threads, are measured in the same run
 //! and the ratio printed (target: at least 1.5x at batch 32).
+//!
+//! `--beside-generation` asks the other question, through a platform
+//! started with `bulkhead up` (`beside.rs`): what embedding traffic costs
+//! generation's time to first token.
 
 use anyhow::{Context, bail};
 use bulkhead_embed::{Embedder, Tokens};
@@ -12,6 +16,8 @@ use clap::Args;
 use serde_json::{Value, json};
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+mod beside;
 
 /// Flags of `bulkhead bench embeddings`.
 #[derive(Debug, Args)]
@@ -25,6 +31,20 @@ pub(crate) struct EmbeddingsBenchArgs {
     /// Skip sentence-transformers even where it imports.
     #[arg(long)]
     no_reference: bool,
+    /// Instead: tenant A's time to first token through `bulkhead up`
+    /// alone, then while tenant B sends embedding calls without pause
+    /// (target: p99 beside at most 1.2x alone).
+    #[arg(long)]
+    beside_generation: bool,
+    /// With `--beside-generation`: A's requests per phase (150: a p99
+    /// that is not just the second-largest of a few dozen).
+    #[arg(long, default_value_t = 150)]
+    samples: usize,
+    /// With `--beside-generation`: B's calls in flight at once.
+    #[arg(long, default_value_t = 2)]
+    streams: usize,
+    #[command(flatten)]
+    model: crate::config::ModelArgs,
 }
 
 const BATCHES: [usize; 3] = [1, 8, 32];
@@ -122,6 +142,9 @@ fn reference(cfg: &Value) -> anyhow::Result<Value> {
 }
 
 pub(crate) fn run(args: &EmbeddingsBenchArgs) -> anyhow::Result<()> {
+    if args.beside_generation {
+        return beside::run(args);
+    }
     let source = crate::config::model_source(!args.json);
     let dir = bulkhead_embed::package::ensure(&source)?;
     let e = Embedder::load(&dir)?;

@@ -21,6 +21,10 @@
 //! once per model until a responder acts (makes the model public again).
 //! Its own network errors and timeouts never flip anything: they are
 //! counted (`bulkhead.prober.errors`) and logged.
+//!
+//! An embedding model gets the same two checks in its own terms
+//! (`embeddings.rs`): a golden vector, and sentinel B's vectors, asked
+//! while sentinel A embeds marker texts, equal to B's vectors asked alone.
 
 use anyhow::Context;
 use bulkhead_control_api::{
@@ -34,6 +38,8 @@ use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
+
+mod embeddings;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Flags of `bulkhead prober`. Tokens come from the environment only.
@@ -207,9 +213,13 @@ impl Prober {
         self.state.withdrawn.retain(|s| !public.contains(s));
         for m in models {
             let slug = m.slug.to_string();
-            let found = match self.golden(&m).await {
-                Ok(None) => self.canaries(&m).await,
-                other => other,
+            let found = if embeddings::embeds(&m) {
+                self.embedding_checks(&m).await
+            } else {
+                match self.golden(&m).await {
+                    Ok(None) => self.canaries(&m).await,
+                    other => other,
+                }
             };
             match found {
                 Ok(None) => {}
