@@ -29,6 +29,13 @@ enum Command {
     Prefill(crate::platform::worker::PrefillArgs),
     /// Run a decode worker: lands prompt KV from a prefill worker and generates.
     Decode(crate::platform::worker::DecodeArgs),
+    /// Check a CUDA device (a build with `--features cuda`): the kernels
+    /// compiled for it, paged attention and the Q4_1 matvec against the
+    /// CPU, a wrongly tagged page refused inside the kernel, copy rates.
+    GpuCheck(GpuCheckArgs),
+    /// Run an embedding worker (sentence-transformers' all-MiniLM-L6-v2 by
+    /// default) serving `POST /v1/embed` to the gateway.
+    Embed(crate::platform::embed_worker::EmbedArgs),
     /// Start the whole platform on this machine: control plane, prefill and
     /// decode workers, gateway, demo accounts.
     Up(crate::platform::up::UpArgs),
@@ -66,6 +73,66 @@ enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+}
+
+/// Flags of `bulkhead gpu-check`.
+#[derive(Debug, clap::Args)]
+struct GpuCheckArgs {
+    /// The device's ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: u32,
+}
+
+/// Runs the device check and prints its figures; fails unless every
+/// check holds.
+fn gpu_check(args: &GpuCheckArgs) -> anyhow::Result<()> {
+    // Beside the model cache: PTX per architecture and source digest.
+    let cache = model_source(false).dir.join("ptx");
+    let r = bulkhead_gpu::check::run(args.device, &cache)?;
+    let d = &r.device;
+    println!(
+        "device {}: {} (compute capability {}.{}, {:.1} GiB), kernels compiled for {}",
+        d.ordinal,
+        d.name,
+        d.major,
+        d.minor,
+        d.memory_bytes as f64 / f64::from(1u32 << 30),
+        r.arch
+    );
+    println!(
+        "paged attention vs CPU: max error {:.2e}",
+        r.attention_max_error
+    );
+    println!(
+        "wrongly tagged page: error word {} (2 expected), output untouched: {}",
+        r.refused_entry_word, r.refused_output_untouched
+    );
+    println!(
+        "Q4_1 matvec vs CPU: max relative error {:.2e}",
+        r.q4_1_max_rel_error
+    );
+    println!(
+        "copies: host to device {:.1} GB/s, device to host {:.1} GB/s",
+        r.htod_gb_s, r.dtoh_gb_s
+    );
+    anyhow::ensure!(
+        r.attention_max_error < 1e-3,
+        "paged attention differs from the CPU"
+    );
+    anyhow::ensure!(
+        r.refused_entry_word == 2 && r.refused_output_untouched,
+        "the kernel did not refuse the wrongly tagged page"
+    );
+    anyhow::ensure!(
+        r.answered_word == 0,
+        "the kernel refused a sequence whose pages were its own"
+    );
+    anyhow::ensure!(
+        r.q4_1_max_rel_error < 1e-3,
+        "the Q4_1 matvec differs from the CPU"
+    );
+    println!("gpu-check: every check holds");
+    Ok(())
 }
 
 #[derive(Debug, Subcommand)]
@@ -207,6 +274,11 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Decode(args) => {
             let _t = telemetry("bulkhead-decode")?;
             crate::platform::worker::decode(&args)
+        }
+        Command::GpuCheck(args) => gpu_check(&args),
+        Command::Embed(args) => {
+            let _t = telemetry("bulkhead-embed")?;
+            crate::platform::embed_worker::run(&args)
         }
         Command::Bench { command } => command.run(),
     }

@@ -42,9 +42,18 @@ pub(crate) struct ModelArgs {
     /// request waits for its turn).
     #[arg(long, env = "BULKHEAD_STEP_MS", default_value_t = 200)]
     pub(crate) step_ms: u64,
+    /// A decode worker computes a prompt itself, instead of landing it from
+    /// its prefill worker, when at most this many of its tokens are not in
+    /// its prefix cache (0: only a short suffix of a cached prompt).
+    #[arg(long, env = "BULKHEAD_LOCAL_PREFILL_TOKENS", default_value_t = 64)]
+    pub(crate) local_prefill_tokens: usize,
     /// Percent of the KV pool one tenant may hold while another waits.
     #[arg(long, default_value_t = 50)]
     pub(crate) tenant_share_percent: usize,
+    /// Where the model runs: `cpu`, or `cuda` / `cuda:N` (a build with
+    /// `--features cuda` and an NVIDIA driver).
+    #[arg(long, default_value = "cpu")]
+    pub(crate) device: bulkhead_gpu::DeviceKind,
     /// Testing only: every request after this many answers wrong (the leak
     /// prober's test). Refused unless built with the test-hooks feature.
     #[arg(long, hide = true)]
@@ -52,6 +61,23 @@ pub(crate) struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// Refuses, in one sentence and before anything loads, a device this
+    /// build or machine cannot run on.
+    pub(crate) fn check_device(&self) -> anyhow::Result<()> {
+        match self.device {
+            bulkhead_gpu::DeviceKind::Cpu => Ok(()),
+            bulkhead_gpu::DeviceKind::Cuda(n) => {
+                let found = bulkhead_gpu::open(n)?;
+                Err(bulkhead_gpu::GpuError::NoEngine {
+                    name: found.name,
+                    major: found.major,
+                    minor: found.minor,
+                }
+                .into())
+            }
+        }
+    }
+
     /// The model file to load: `--model`, or the default one, fetched if missing.
     pub(crate) fn path(&self) -> anyhow::Result<PathBuf> {
         match &self.model {
@@ -63,6 +89,7 @@ impl ModelArgs {
 
     /// The model file loaded (and converted, with `--quantize`), and its path.
     pub(crate) fn load(&self) -> anyhow::Result<(bulkhead_engine::ModelFile, PathBuf)> {
+        self.check_device()?;
         let path = self.path()?;
         let file = bulkhead_engine::ModelFile::load(&path)
             .with_context(|| format!("loading {}", path.display()))?;
@@ -82,6 +109,7 @@ impl ModelArgs {
         c.page_size = self.page_size;
         c.scrub_on_free = self.scrub_on_free;
         c.prefix_cache = !self.no_prefix_cache;
+        c.local_prefill_tokens = self.local_prefill_tokens;
         c.prefill_deadline = std::time::Duration::from_secs(self.prefill_deadline_secs.max(1));
         c.step_time = std::time::Duration::from_millis(self.step_ms.max(1));
         c.tenant_share_percent = self.tenant_share_percent.clamp(1, 100);

@@ -134,3 +134,31 @@ fn rdma_without_the_feature_or_a_device_is_a_clear_error() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// Every worker role and `generate`, asked for a GPU, refuse in one
+/// sentence before loading anything: a build without `--features cuda`
+/// says so (`.ci/run` checks the cuda build's own sentence, on a machine
+/// with no driver), and nothing panics.
+#[test]
+fn asking_for_a_gpu_is_one_clear_sentence_not_a_panic() {
+    for args in [
+        &["serve", "--device", "cuda"][..],
+        &["prefill", "--device", "cuda"],
+        &["decode", "--device", "cuda:1"],
+        &["generate", "--device", "cuda", "--prompt", "hi"],
+    ] {
+        let out = bulkhead(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        let known = [
+            "this build has no CUDA support",
+            "no CUDA driver (libcuda.so.1) was found",
+            "this build has no CUDA engine yet",
+        ];
+        assert!(known.iter().any(|k| err.contains(k)), "{args:?}: {err}");
+    }
+    let out = bulkhead(&["serve", "--device", "tpu"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a device is cpu, cuda or cuda:N"));
+}

@@ -98,6 +98,45 @@ fn prefill_reuses_a_tenants_cached_prompt_and_no_other_tenants() {
     assert_eq!(s["transfer"]["failed"].as_u64(), Some(0));
 }
 
+/// Conditional disaggregation: a decode worker told to compute prompts of
+/// up to 64 tokens itself answers a short prompt with no transfer (and
+/// counts it), and still lands a longer one from its prefill worker; both
+/// answers are the tokens a colocated worker gives. With the flag at 0
+/// (the tests' default) the same short prompt is transferred.
+#[test]
+fn a_decode_worker_computes_short_prompts_itself_and_lands_long_ones() {
+    let p = prefill(&[]);
+    let d = decode(&p.addr("transfer"), &["--local-prefill-tokens", "64"]);
+    let plain = decode(&p.addr("transfer"), &[]);
+    let c = colocated();
+    let prompt = tokens(200);
+    let case = |n: usize| json!({"tokens": &prompt[..n], "max_tokens": 8, "ignore_eos": true});
+    let committed = |w: &support::Worker| stats(&w.addr("http"))["transfer"]["committed"].as_u64();
+    let here = |w: &support::Worker| stats(&w.addr("http"))["engine"]["computed_here"].as_u64();
+    let answer = |w: &support::Worker, tenant: u64, n: usize| {
+        let r = generate(&w.addr("http"), tenant, &case(n));
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_baseline(&[&w.addr("http"), &p.addr("http")]);
+        r.tokens().0
+    };
+    let short = answer(&d, 7, 40);
+    assert_eq!(
+        (committed(&d), here(&d)),
+        (Some(0), Some(1)),
+        "a transfer for a short prompt"
+    );
+    assert_eq!(short, answer(&c, 7, 40));
+    let long = answer(&d, 8, 200);
+    assert_eq!(
+        (committed(&d), here(&d)),
+        (Some(1), Some(1)),
+        "a long prompt computed on decode"
+    );
+    assert_eq!(long, answer(&c, 8, 200));
+    assert_eq!(answer(&plain, 9, 40), short);
+    assert_eq!((committed(&plain), here(&plain)), (Some(1), Some(0)));
+}
+
 #[test]
 fn greedy_tokens_do_not_depend_on_concurrent_requests_disaggregated_or_colocated() {
     // The engine-level test (workers/engine/tests/batch_invariance.rs)

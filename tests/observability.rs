@@ -224,9 +224,13 @@ fn platform(otlp: &str) -> Platform {
             "--models",
             "q4_1",
             "--no-prober",
+            // Its workload generates; it embeds nothing.
+            "--no-embeddings",
             "--data-dir",
         ])
         .arg(&dir)
+        // Short prompts cross the transfer, whose spans the traces follow.
+        .env("BULKHEAD_LOCAL_PREFILL_TOKENS", "0")
         .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env("OTEL_METRIC_EXPORT_INTERVAL", "500")

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 pub(crate) const DEFAULT_SLUG: &str = "@cf/huggingfacetb/smollm2-135m-instruct";
 
 /// Flags for registering with the control plane.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub(crate) struct RegisterArgs {
     /// The control plane's internal URL to register with,
     /// `https://HOST:PORT` (off when absent).
@@ -35,19 +35,73 @@ pub(crate) struct RegisterArgs {
     /// worker listening on 0.0.0.0: its pod or host IP; the port is kept).
     #[arg(long, env = "BULKHEAD_ADVERTISE_HOST")]
     advertise_host: Option<String>,
-    /// Slug of the model this worker serves.
-    #[arg(long, default_value = DEFAULT_SLUG)]
-    model_slug: ModelSlug,
+    /// Slug of the model this worker serves (default: the default model's;
+    /// for `bulkhead embed`, the embedding model's).
+    #[arg(long)]
+    model_slug: Option<ModelSlug>,
+}
+
+/// The slug a generating worker serves unless told otherwise.
+fn default_slug() -> &'static ModelSlug {
+    static SLUG: std::sync::LazyLock<ModelSlug> = std::sync::LazyLock::new(|| {
+        DEFAULT_SLUG
+            .parse()
+            .unwrap_or_else(|e| panic!("the default slug is valid: {e}"))
+    });
+    &SLUG
+}
+
+/// What a worker measured of itself and serves, as it registers it.
+#[derive(Debug, Clone)]
+pub(crate) struct Capacity {
+    /// Tokens one request may hold (a generating worker's KV pool; an
+    /// embedding worker's tokens of one call).
+    pub(crate) pool_tokens: u64,
+    /// Its weights' quantization (lower case).
+    pub(crate) quantization: String,
+    /// Tokens per KV page (1 for a worker that keeps no KV).
+    pub(crate) page_size: u32,
+    /// Its measured speed on a prompt and its deadline.
+    pub(crate) prefill: PrefillFigures,
+}
+
+impl Capacity {
+    /// What `engine` measured and serves.
+    pub(crate) fn of_engine(engine: &Engine) -> anyhow::Result<Capacity> {
+        let info = engine.info();
+        Ok(Capacity {
+            pool_tokens: info.limits.pool_tokens() as u64,
+            quantization: info.model.quantization.to_ascii_lowercase(),
+            page_size: u32::try_from(info.limits.page_size())?,
+            prefill: prefill_figures(info),
+        })
+    }
+}
+
+/// Reads a worker's load for its heartbeats (on a blocking thread).
+pub(crate) type LoadProbe = Arc<dyn Fn() -> Option<NodeLoad> + Send + Sync>;
+
+/// The load of `engine`: its pool's free pages and its queue.
+pub(crate) fn engine_load(engine: &Arc<Engine>) -> LoadProbe {
+    let engine = Arc::clone(engine);
+    Arc::new(move || {
+        engine.stats().map(|s| NodeLoad {
+            free_pages: s.pool.free_pages as u64,
+            total_pages: s.pool.total_pages as u64,
+            queue_depth: s.waiting as u64,
+        })
+    })
 }
 
 /// What the worker tells the control plane about itself.
-#[derive(Debug)]
 pub(crate) struct Announcement<'a> {
     /// The worker's identity: the control plane's internal port is mutual
     /// TLS.
     pub(crate) identity: &'a bulkhead_trust::Identity,
     pub(crate) role: NodeRole,
-    pub(crate) engine: &'a Arc<Engine>,
+    pub(crate) capacity: Capacity,
+    /// Its load, read before every heartbeat.
+    pub(crate) load: LoadProbe,
     pub(crate) weights: &'a Path,
     pub(crate) kv_budget_bytes: u64,
     pub(crate) address: String,
@@ -78,7 +132,14 @@ impl RegisterArgs {
 
     /// The slug of the model this worker serves.
     pub(crate) fn model_slug(&self) -> &ModelSlug {
-        &self.model_slug
+        self.model_slug.as_ref().unwrap_or_else(|| default_slug())
+    }
+
+    /// These flags, serving `slug` unless `--model-slug` names another.
+    pub(crate) fn serving_by_default(&self, slug: ModelSlug) -> RegisterArgs {
+        let mut r = self.clone();
+        r.model_slug.get_or_insert(slug);
+        r
     }
 
     /// Whether a control plane is configured.
@@ -129,20 +190,20 @@ impl RegisterArgs {
             tokio::task::spawn_blocking(move || bulkhead_engine::fetch::sha256_file(&weights))
                 .await?
                 .context("hashing the weights")?;
-        let info = a.engine.info();
+        let c = a.capacity;
         let body = RegisterNode {
             name: self.node_name(a.role, &a.address),
             role: a.role,
-            model: self.model_slug.clone(),
+            model: self.model_slug().clone(),
             address: a.address,
             transfer_address: a.transfer_address,
-            kv_pool_tokens: info.limits.pool_tokens() as u64,
+            kv_pool_tokens: c.pool_tokens,
             weights_sha256: sha,
-            quantization: info.model.quantization.to_ascii_lowercase(),
-            page_size: u32::try_from(info.limits.page_size())?,
+            quantization: c.quantization,
+            page_size: c.page_size,
             kv_budget_bytes: a.kv_budget_bytes,
             parallelism: Parallelism::default(),
-            prefill: Some(prefill_figures(info)),
+            prefill: Some(c.prefill),
         };
         let status: NodeStatus = client
             .post("/admin/v1/nodes", &body)
@@ -152,8 +213,7 @@ impl RegisterArgs {
         if let Some(tx) = &a.prefills {
             tell_prefills(tx, &status);
         }
-        let engine = Arc::clone(a.engine);
-        tokio::spawn(heartbeats(client, body, status, engine, a.prefills));
+        tokio::spawn(heartbeats(client, body, status, a.load, a.prefills));
         Ok(())
     }
 }
@@ -209,7 +269,7 @@ async fn heartbeats(
     client: Client,
     body: RegisterNode,
     mut status: NodeStatus,
-    engine: Arc<Engine>,
+    load: LoadProbe,
     prefills: Option<watch::Sender<Vec<String>>>,
 ) {
     let mut routable = status.node.routable;
@@ -220,16 +280,11 @@ async fn heartbeats(
             wait = wait.min(PEERLESS_HEARTBEAT);
         }
         tokio::time::sleep(wait).await;
-        let e = Arc::clone(&engine);
-        let load = tokio::task::spawn_blocking(move || e.stats())
+        let probe = Arc::clone(&load);
+        let load = tokio::task::spawn_blocking(move || probe())
             .await
             .ok()
-            .flatten()
-            .map(|s| NodeLoad {
-                free_pages: s.pool.free_pages as u64,
-                total_pages: s.pool.total_pages as u64,
-                queue_depth: s.waiting as u64,
-            });
+            .flatten();
         let path = format!("/admin/v1/nodes/{}/heartbeat", status.node.id);
         let next = match client
             .post::<_, NodeStatus>(&path, &Heartbeat { load })

@@ -7,7 +7,7 @@
 //! the listening line).
 
 use crate::config::ModelArgs;
-use crate::platform::register::{Announcement, RegisterArgs};
+use crate::platform::register::{Announcement, Capacity, RegisterArgs, engine_load};
 use anyhow::Context;
 use bulkhead_control_api::NodeRole;
 use bulkhead_engine::Engine;
@@ -28,13 +28,13 @@ use bulkhead_trust::{Identity, Peer, Role as CertRole, TlsListener};
 
 /// The worker API's port: mutual TLS admitting the gateway (which
 /// generates) and operators' tools (stats, metrics, aborts).
-fn worker_api(http: TcpListener, identity: &Identity) -> anyhow::Result<TlsListener> {
+pub(crate) fn worker_api(http: TcpListener, identity: &Identity) -> anyhow::Result<TlsListener> {
     let acceptor = identity.acceptor(&[CertRole::Gateway, CertRole::Operator])?;
     Ok(TlsListener::new(http, acceptor)?)
 }
 
 /// Serves `router` on `listener`, each request knowing its caller's role.
-async fn serve_api(listener: TlsListener, router: axum::Router) -> std::io::Result<()> {
+pub(crate) async fn serve_api(listener: TlsListener, router: axum::Router) -> std::io::Result<()> {
     axum::serve(
         listener,
         router.into_make_service_with_connect_info::<Peer>(),
@@ -85,7 +85,8 @@ impl WorkerArgs {
             .register(Announcement {
                 identity: live.identity,
                 role: live.role,
-                engine: live.engine,
+                capacity: Capacity::of_engine(live.engine)?,
+                load: engine_load(live.engine),
                 weights: live.weights,
                 kv_budget_bytes: budget_bytes(&self.model),
                 address: self.register.advertised(http),
@@ -202,7 +203,7 @@ pub(crate) struct DecodeArgs {
 
 /// The worker's context check, metering every call it admits, and the
 /// reporter of that usage (to the control plane, when there is one).
-fn metered(
+pub(crate) fn metered(
     tls: &TlsArgs,
     register: &RegisterArgs,
     identity: &bulkhead_trust::Identity,
@@ -217,7 +218,7 @@ fn metered(
 }
 
 /// Usage records and the client they are reported through.
-struct UsageReporter(
+pub(crate) struct UsageReporter(
     Option<(
         tokio::sync::mpsc::UnboundedReceiver<bulkhead_node::usage::UsageRecord>,
         bulkhead_control_api::Client,
@@ -227,7 +228,7 @@ struct UsageReporter(
 impl UsageReporter {
     /// Starts reporting (on the current runtime). Without a control plane
     /// the records are counted in metrics only.
-    fn start(self) {
+    pub(crate) fn start(self) {
         if let Some((rx, client)) = self.0 {
             tokio::spawn(crate::platform::usage_report::run(rx, client));
         }
@@ -247,14 +248,14 @@ fn budget_bytes(model: &ModelArgs) -> u64 {
     (model.kv_budget_mib as u64) << 20
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?)
 }
 
-fn announce(line: &str) {
+pub(crate) fn announce(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
@@ -274,6 +275,7 @@ fn metrics(
 
 pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
     let w = &args.worker;
+    w.model.check_device()?;
     let identity = w.identity(CertRole::Colocated)?;
     let (contexts, usage) = metered(&w.tls, &w.register, &identity)?;
     let (engine, weights) = load(&w.model)?;
@@ -307,6 +309,7 @@ pub(crate) fn serve(args: &ServeArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
+    args.worker.model.check_device()?;
     let transport = args.transport.kind()?;
     let mut options = PrefillOptions::new(
         Duration::from_millis(args.write_timeout_ms.max(1)),
@@ -360,6 +363,7 @@ pub(crate) fn prefill(args: &PrefillArgs) -> anyhow::Result<()> {
 }
 
 pub(crate) fn decode(args: &DecodeArgs) -> anyhow::Result<()> {
+    args.worker.model.check_device()?;
     let transport = args.transport.kind()?;
     let w = &args.worker;
     let identity = w.identity(CertRole::Decode)?;

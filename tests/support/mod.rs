@@ -169,6 +169,11 @@ impl Worker {
             || tls_dir().to_path_buf(),
             |r| tls_dir().join("bundles").join(r),
         );
+        // Short test prompts take the transfer path the tests check; a test
+        // of decode computing short prompts itself passes the flag.
+        if !cmd.get_envs().any(|(k, _)| k == LOCAL_PREFILL) {
+            cmd.env(LOCAL_PREFILL, "0");
+        }
         let mut child = cmd
             .env("BULKHEAD_TLS_DIR", tls)
             .stdout(Stdio::piped())
@@ -244,6 +249,11 @@ pub fn prefill_with(pool: &[&str], extra: &[&str]) -> Worker {
     args.extend_from_slice(extra);
     Worker::start(&args)
 }
+
+/// The variable that sets how many tokens of a prompt a decode worker
+/// computes itself rather than landing them; test workers and `up` get 0
+/// unless a test says otherwise.
+pub const LOCAL_PREFILL: &str = "BULKHEAD_LOCAL_PREFILL_TOKENS";
 
 pub fn decode(prefill_addr: &str, extra: &[&str]) -> Worker {
     decode_with(prefill_addr, POOL, extra)

@@ -31,9 +31,17 @@ pub fn data_dir(tag: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("bulkhead-{tag}-{}-{nanos}", std::process::id()))
 }
 
-/// Starts `bulkhead up --port 0 --threads 1 --data-dir DIR EXTRA...` and
-/// waits for its summary.
+/// Starts `bulkhead up --port 0 --threads 1 --no-embeddings --data-dir DIR
+/// EXTRA...` and waits for its summary: the generating models alone (tests
+/// of embeddings start [`up_with_embeddings`]).
 pub fn up(dir: &std::path::Path, extra: &[&str]) -> Up {
+    let mut args = vec!["--no-embeddings"];
+    args.extend_from_slice(extra);
+    up_with_embeddings(dir, &args)
+}
+
+/// As [`up`], serving the embedding model too (`up`'s default).
+pub fn up_with_embeddings(dir: &std::path::Path, extra: &[&str]) -> Up {
     // `up` reuses valid identities in its data directory: give it this test
     // binary's CA, so the tests' operator certificate reaches its workers.
     let tls = dir.join("tls");
@@ -45,7 +53,10 @@ pub fn up(dir: &std::path::Path, extra: &[&str]) -> Up {
             std::fs::copy(&f, tls.join(name)).expect("copy identity");
         }
     }
+    // Short test prompts take the transfer path the tests check (`up`'s
+    // workers inherit the variable).
     let mut child = Command::new(env!("CARGO_BIN_EXE_bulkhead"))
+        .env(super::LOCAL_PREFILL, "0")
         .args(["up", "--port", "0", "--threads", "1"])
         .args(extra)
         .arg("--data-dir")
@@ -99,6 +110,9 @@ pub struct Credentials {
     pub accounts: Vec<Account>,
     /// Each component's metrics URL.
     pub metrics: std::collections::BTreeMap<String, String>,
+    /// The embedding model's slug, when one is served.
+    #[serde(default)]
+    pub embedding_model: Option<String>,
 }
 
 /// A demo account with its API token.

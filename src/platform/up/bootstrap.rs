@@ -3,16 +3,16 @@
 //! the demo accounts, reused by a second `up` on the same directory.
 
 use super::*;
-use bulkhead_control_api::{
-    ConfigSpec, CreateModel, KvBudget, ModelSlug, Parallelism, Properties, Role, Timestamp,
-    Visibility,
-};
+use bulkhead_control_api::{Role, Timestamp};
 use bulkhead_control_plane::{AccountId, Db, store};
-use std::time::Duration;
+use std::path::Path;
 
 /// Database, operators, model and demo accounts; reuses what a previous
 /// `up` left in the data directory.
-pub(super) async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, CredentialsFile)> {
+pub(super) async fn bootstrap(
+    args: &UpArgs,
+    embeddings: Option<&Path>,
+) -> anyhow::Result<(Internal, CredentialsFile)> {
     let db = Db::connect(&Db::sqlite_url(&args.data_dir.join("bulkhead.db"))).await?;
     let now = Timestamp::now();
     let mut c = db.pool().acquire().await?;
@@ -77,7 +77,10 @@ pub(super) async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, Creden
         }
     }
 
-    publish_models(&mut c, args, now).await?;
+    super::catalog::publish_models(&mut c, args, now).await?;
+    if let Some(dir) = embeddings {
+        super::embedding::publish(&mut c, dir, now).await?;
+    }
 
     let accounts = demo_accounts(&mut c, old_creds.as_ref(), now).await?;
     drop(c);
@@ -97,6 +100,7 @@ pub(super) async fn bootstrap(args: &UpArgs) -> anyhow::Result<(Internal, Creden
             models: args.served().iter().map(|m| m.slug()).collect(),
             accounts,
             metrics: Default::default(),
+            embedding_model: None,
         },
     ))
 }
@@ -175,77 +179,6 @@ pub(super) async fn account(
     };
     let token = token_for(c, &account.id, label, now).await?;
     Ok((account.id, token))
-}
-
-/// A config for the default model's weights (whose sha256 is given):
-/// `quantization` as its workers register it, `properties`, `budget` bytes
-/// of KV memory per role, 16-token pages, one device, `up`'s price.
-pub(crate) fn config(
-    sha256: &str,
-    quantization: &str,
-    properties: Properties,
-    budget: u64,
-) -> ConfigSpec {
-    ConfigSpec {
-        properties,
-        weights_file: fetch::FILE_NAME.to_owned(),
-        weights_sha256: sha256.to_owned(),
-        quantization: quantization.to_owned(),
-        page_size: 16,
-        kv_budget: KvBudget {
-            prefill_bytes: budget,
-            decode_bytes: budget,
-        },
-        parallelism: Parallelism::default(),
-        price: PRICE,
-    }
-}
-
-/// The served models, public, each with a config that matches what its
-/// workers load (a new version only when it changed).
-pub(super) async fn publish_models(
-    c: &mut store::Conn,
-    args: &UpArgs,
-    now: Timestamp,
-) -> anyhow::Result<()> {
-    let budget = args.kv_budget_mib << 20;
-    for served in args.served() {
-        let slug: ModelSlug = served.slug().parse()?;
-        let properties = Properties {
-            context_window: args.context_window,
-            max_output: args.max_output,
-        };
-        let spec = config(fetch::SHA256, served.quantization, properties, budget);
-        let model = match store::models::find_optional(&mut *c, &slug).await? {
-            Some(m) => m,
-            None => {
-                let create = CreateModel {
-                    slug: slug.clone(),
-                    task: "Text Generation".to_owned(),
-                    description: served.description.to_owned(),
-                    visibility: Visibility::Public,
-                    config: None,
-                };
-                store::models::create(&mut *c, &create, now).await?
-            }
-        };
-        let active = store::configs::active(&mut *c, &model).await?;
-        if active.as_ref().is_none_or(|a| a.spec != spec) {
-            let v = store::configs::add(&mut *c, &model, &spec, "bulkhead up", now).await?;
-            // Nodes of a previous run are silent by now or about to be replaced.
-            store::configs::activate(
-                &mut *c,
-                &model,
-                v,
-                "bulkhead up",
-                "bulkhead up",
-                now,
-                Duration::ZERO,
-            )
-            .await?;
-        }
-    }
-    Ok(())
 }
 
 /// Two demo accounts, each with an API token (reused when still valid).

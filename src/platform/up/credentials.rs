@@ -26,6 +26,9 @@ pub(super) struct CredentialsFile {
     /// Where each component serves `GET /metrics` for Prometheus.
     #[serde(default)]
     pub(super) metrics: std::collections::BTreeMap<String, String>,
+    /// The embedding model served, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) embedding_model: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

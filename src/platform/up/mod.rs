@@ -11,7 +11,9 @@
 //! By default it serves two models: the default file as it is (Q4_1) and
 //! converted to Q8_0 at load, each with `--prefill-workers` prefill and
 //! `--decode-workers` decode workers (colocated ones with `--colocated`); last
-//! it starts the leak prober (unless `--no-prober`) and the batch runner. Tokens and the TLS
+//! it starts the leak prober (unless `--no-prober`) and the batch runner.
+//! Beside them it serves an embedding model on an embedding worker (unless
+//! `--no-embeddings`; `embedding.rs`). Tokens and the TLS
 //! directory reach the components in their environment, never on a command
 //! line. If this machine cannot prefill a model's configured context window
 //! within `--prefill-deadline-secs`, `up` serves a smaller window, a quarter
@@ -21,14 +23,16 @@
 //! is reduced the same way, so the platform serves again.
 
 mod bootstrap;
+mod catalog;
 pub(crate) mod child;
 mod console;
 mod credentials;
+mod embedding;
 mod supervision;
 mod window;
 
-pub(crate) use bootstrap::config;
 use bootstrap::*;
+pub(crate) use catalog::config;
 use console::Console;
 use credentials::*;
 use supervision::*;
@@ -80,6 +84,11 @@ pub(crate) struct UpArgs {
     /// decode in one process) instead of prefill/decode pairs.
     #[arg(long)]
     colocated: bool,
+    /// Do not serve the embedding model
+    /// (`@cf/sentence-transformers/all-minilm-l6-v2`, one `bulkhead embed`
+    /// worker on one thread at a lower priority than generation).
+    #[arg(long)]
+    no_embeddings: bool,
     /// Do not start the leak prober (`bulkhead prober`), which otherwise
     /// calls every public model as two sentinel accounts and withdraws a
     /// model whose answers leak or go wrong.
@@ -100,6 +109,11 @@ pub(crate) struct UpArgs {
     /// this many requests. Refused unless built with the test hooks.
     #[arg(long, hide = true)]
     corrupt_answers_after: Option<u64>,
+    /// Testing only: the embedding worker answers each call after this
+    /// many with the previous call's vectors. Refused unless built with the
+    /// test hooks.
+    #[arg(long, hide = true)]
+    corrupt_embeddings_after: Option<u64>,
     /// Testing only: each prefill worker breaks this percent of its page
     /// frames (the chaos soak). Refused unless built with the test hooks.
     #[arg(long, hide = true)]
@@ -201,6 +215,10 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     }
     let weights = fetch::ensure_default_model(&crate::config::model_source(true))
         .context("fetching the default model")?;
+    let embeddings = match args.no_embeddings {
+        true => None,
+        false => Some(embedding::fetch()?),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -208,7 +226,7 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     // Listen for Ctrl-C and SIGTERM before any component exists, so a
     // signal during start-up still stops everything.
     let mut signals = rt.block_on(async { Signals::new() })?;
-    let (internal, mut creds) = rt.block_on(bootstrap(args))?;
+    let (internal, mut creds) = rt.block_on(bootstrap(args, embeddings.as_deref()))?;
     // Recorded before anything starts, so a failed start is retried with
     // the same accounts and tokens.
     let path = args.data_dir.join("credentials.json");
@@ -228,6 +246,17 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.data_dir.join("logs").display()))?;
     let mut components = Components::new(console);
     let started = start(args, &weights, &internal, &mut creds, &mut components)
+        .and_then(|()| match &embeddings {
+            Some(dir) => embedding::start(
+                args,
+                dir,
+                &creds.internal_url.clone(),
+                &internal.node,
+                &mut creds,
+                &mut components,
+            ),
+            None => Ok(()),
+        })
         .and_then(|()| rt.block_on(check_routable(args, &creds, &internal)))
         .and_then(|()| start_prober(args, &internal, &mut creds, &mut components))
         .and_then(|()| start_batch_runner(args, &creds, &mut components));

@@ -406,21 +406,7 @@ impl WorkerSpawn<'_> {
             "decode" => CertRole::Decode,
             _ => CertRole::Colocated,
         };
-        let (files, _) = bulkhead_trust::authority::init_scoped(&tls_dir, cert_role, &scope)
-            .with_context(|| format!("issuing the {cert_role} certificate for {slug}"))?;
-        // Its own bundle: the scoped certificate and key, the CA
-        // certificate and the context verifying keys.
-        let name = files
-            .cert
-            .file_stem()
-            .and_then(|s| s.to_str())
-            .context("the data directory must be UTF-8")?
-            .to_owned();
-        let bundle = crate::tls::write_bundle(&tls_dir, &name, cert_role, &files)?;
-        let bundle = bundle
-            .to_str()
-            .context("the data directory must be UTF-8")?
-            .to_owned();
+        let bundle = scoped_bundle(&tls_dir, cert_role, &scope, &slug)?;
         let node_name = served.node_name(role, i);
         let mut a: Vec<&str> = vec![role, "--http", "127.0.0.1:0"];
         a.extend_from_slice(extra);
@@ -463,6 +449,31 @@ impl WorkerSpawn<'_> {
             .insert(key, format!("http://{}/metrics", addr(&line, "metrics")?));
         Ok(line)
     }
+}
+
+/// Issues (or reuses) the `role` certificate scoped to `scope` in
+/// `tls_dir`, and writes its own bundle (the scoped certificate and key,
+/// the CA certificate and the context verifying keys); the bundle's
+/// directory.
+pub(super) fn scoped_bundle(
+    tls_dir: &Path,
+    role: CertRole,
+    scope: &bulkhead_trust::Scope,
+    slug: &str,
+) -> anyhow::Result<String> {
+    let (files, _) = bulkhead_trust::authority::init_scoped(tls_dir, role, scope)
+        .with_context(|| format!("issuing the {role} certificate for {slug}"))?;
+    let name = files
+        .cert
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .context("the data directory must be UTF-8")?
+        .to_owned();
+    let bundle = crate::tls::write_bundle(tls_dir, &name, role, &files)?;
+    Ok(bundle
+        .to_str()
+        .context("the data directory must be UTF-8")?
+        .to_owned())
 }
 
 /// The most tokens a worker's pool can hold in `budget` bytes (f16 keys

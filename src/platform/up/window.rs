@@ -73,6 +73,17 @@ pub(super) async fn check_routable(
             }
         }
     }
+    if creds.embedding_model.is_some() {
+        let nodes: Vec<NodeView> = client.get("/admin/v1/nodes").await?;
+        let name = super::embedding::NODE_NAME;
+        let node = nodes
+            .iter()
+            .find(|n| n.registration.name == name)
+            .with_context(|| format!("{name} did not register"))?;
+        if let Some(why) = &node.unroutable_reason {
+            anyhow::bail!("{name} is not routable: {why}");
+        }
+    }
     Ok(())
 }
 

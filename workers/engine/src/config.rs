@@ -38,6 +38,15 @@ pub struct EngineConfig {
     /// same namespace that start with them (requests carry their scope,
     /// [`crate::GenerateRequest::cache`]); on by default.
     pub prefix_cache: bool,
+    /// A request that was to land its prompt from a prefill worker
+    /// computes it here instead when at most this many of its tokens are
+    /// not in this pool's prefix cache: for a short prompt the transfer's
+    /// round trip and the prefill worker's queue cost more than a few
+    /// tokens in a step here (Dynamo's conditional disaggregation). 0 in
+    /// [`EngineConfig::with_budget`], so every such request lands unless
+    /// the cache holds all of it but a short suffix; the workers' command
+    /// line sets 64.
+    pub local_prefill_tokens: usize,
     /// Tests only (the `test-hooks` feature; refused otherwise): every
     /// request after this many picks the runner-up of each greedy choice,
     /// a worker whose answers went wrong, for the leak prober to catch.
@@ -64,6 +73,7 @@ impl EngineConfig {
             threads: std::thread::available_parallelism().map_or(1, usize::from),
             numerics: Numerics::LlamaCpp,
             prefix_cache: true,
+            local_prefill_tokens: 0,
             corrupt_answers_after: None,
         }
     }

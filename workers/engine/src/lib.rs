@@ -20,6 +20,7 @@
 mod chat;
 mod config;
 mod core;
+mod decode_cost;
 mod detok;
 mod engine;
 mod error;

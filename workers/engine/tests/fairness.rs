@@ -246,7 +246,9 @@ fn a_tenant_whose_sequences_fill_the_pool_is_preempted_and_every_request_complet
     assert_eq!(core.stats().preemptions, 1);
     // Tenant A arrives: it holds nothing, less than its share, so B gives
     // pages back at once and A's first token comes out of the next step.
-    let mut a = submit(&mut core, 1, 16, 16);
+    // (Its 48-token prompt and first slice need more pages than are free.)
+    let mut a = submit(&mut core, 1, 48, 16);
+    assert!(core.counters().free_pages < 4, "A needs pages B holds");
     assert!(core.step());
     let (first, _, failed) = drain(&mut a);
     assert!(!failed);
@@ -352,4 +354,82 @@ fn steps_are_shorter_while_another_tenant_has_just_used_the_engine() {
         shared > 2 * alone,
         "{shared} steps beside a recent tenant against {alone} alone"
     );
+}
+
+/// Token events of `rx` so far.
+fn token_count(rx: &mut UnboundedReceiver<SeqEvent>) -> usize {
+    std::iter::from_fn(|| rx.try_recv().ok())
+        .filter(|ev| matches!(ev, SeqEvent::Token { .. }))
+        .count()
+}
+
+#[test]
+fn decoding_sequences_take_turns_when_their_tokens_together_outlast_the_step() {
+    // Steps of a millisecond: once the engine has timed a decode step,
+    // six sequences no longer all decode in one.
+    let run = |step: std::time::Duration| {
+        let mut config = EngineConfig::with_budget(64 << 20);
+        config.step_time = step;
+        let mut core = EngineCore::new(model(), &config).expect("engine core");
+        let limits = core.limits();
+        let mut rxs: Vec<_> = (0..6)
+            .map(|_| queue(&mut core, &limits, 2, 4, 16))
+            .collect();
+        let (mut fewest, mut tokens) = (usize::MAX, vec![0; 6]);
+        while core.step() {
+            let got: Vec<usize> = rxs.iter_mut().map(token_count).collect();
+            let decoding = tokens.iter().filter(|&&t| t > 0 && t < 16).count();
+            if decoding == 6 {
+                fewest = fewest.min(got.iter().sum());
+            }
+            for (t, g) in tokens.iter_mut().zip(got) {
+                *t += g;
+            }
+        }
+        assert_eq!(tokens, vec![16; 6], "every sequence got all its tokens");
+        fewest
+    };
+    assert_eq!(
+        run(std::time::Duration::from_secs(5)),
+        6,
+        "all decode each step"
+    );
+    let fewest = run(std::time::Duration::from_millis(1));
+    assert!(fewest < 6, "six sequences decoded together in every step");
+}
+
+#[test]
+fn a_short_prompt_gets_a_step_of_its_own_before_the_next_tokens() {
+    let mut core =
+        EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("engine core");
+    let limits = core.limits();
+    // Tenant B's four sequences are decoding.
+    let mut b: Vec<_> = (0..4)
+        .map(|_| queue(&mut core, &limits, 2, 8, 40))
+        .collect();
+    while b.iter_mut().map(token_count).sum::<usize>() == 0 {
+        assert!(core.step(), "B's sequences ran");
+    }
+    assert!(core.step());
+    assert_eq!(b.iter_mut().map(token_count).sum::<usize>(), 4);
+    // Tenant A's 40-token prompt: its first token comes out of the next
+    // step, which decodes none of B's; B goes on in the step after it.
+    let mut a = queue(&mut core, &limits, 1, 40, 4);
+    assert!(core.step());
+    assert_eq!(token_count(&mut a), 1, "A's first token in the next step");
+    assert_eq!(
+        b.iter_mut().map(token_count).sum::<usize>(),
+        0,
+        "B decoded first"
+    );
+    // Another short prompt right behind it does not get the next step to
+    // itself too: decoding never stops for a run of short prompts.
+    let mut c = queue(&mut core, &limits, 3, 40, 4);
+    assert!(core.step());
+    assert!(
+        b.iter_mut().map(token_count).sum::<usize>() > 0,
+        "B goes on"
+    );
+    while core.step() {}
+    assert_eq!(token_count(&mut c), 4, "C was answered");
 }

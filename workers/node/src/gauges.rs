@@ -75,9 +75,10 @@ const GAUGES: [Gauge; 8] = [
 
 /// The guards' counters kept by the pool, read the same way.
 #[rustfmt::skip]
-const COUNTERS: [Gauge; 2] = [
+const COUNTERS: [Gauge; 3] = [
     gauge("bulkhead.kv.owner_violations", "Reads of a KV page refused because its owner tag did not match", "{read}", |s| s.pool.owner_violations),
     gauge("bulkhead.kv.prefix.hit_tokens", "Prompt tokens read from the prefix cache instead of computed", "{token}", |s| s.pool.prefix_hit_tokens),
+    gauge("bulkhead.engine.prompts.computed_here", "Prompts a decode worker computed itself instead of landing them from a prefill worker", "{request}", |s| s.computed_here),
 ];
 
 /// A [`Gauge`] (a `const fn`, so the table keeps one line per gauge).

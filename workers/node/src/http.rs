@@ -820,6 +820,7 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
         "engine": {
             "running": s.running, "waiting": s.waiting,
             "draining_transfers": s.draining_transfers, "held_transfers": s.held_transfers,
+            "computed_here": s.computed_here,
         },
     });
     match &role {

@@ -30,7 +30,7 @@ mod tools;
 pub mod usage;
 
 pub use decode::{DecodeOptions, DecodeWorker, SubmitError};
-pub use embed::embed_app;
+pub use embed::{embed_app, embed_app_crossing};
 pub use hello::{TransportKind, hello};
 pub use http::{ContextCheck, app};
 pub use prefill::{AdminCommand, LinkFault, PrefillOptions, PrefillWorker};

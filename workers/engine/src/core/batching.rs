@@ -9,6 +9,10 @@ use crate::WorkClass;
 use crate::schedule::{PrefillWork, tiered_chunks};
 use crate::speed::UNIT;
 
+/// A prompt with at most this many tokens left to compute goes before the
+/// next decode tokens ([`EngineCore::plan`]).
+const SHORT_PROMPT_TOKENS: usize = 64;
+
 impl EngineCore {
     /// Runs one step. Returns whether any work was done. Call inside the
     /// engine's rayon pool.
@@ -22,6 +26,16 @@ impl EngineCore {
         if plan.is_empty() {
             return false;
         }
+        // Units of a step that only decoded, to learn what they cost.
+        let decode_only = plan
+            .iter()
+            .all(|&(i, _, len)| len == 1 && self.running[i].decoding())
+            .then(|| {
+                plan.iter()
+                    .map(|&(_, start, _)| self.speed.unit_at(start))
+                    .sum::<usize>()
+            });
+        let started = Instant::now();
         let batch: Vec<BatchSeq<'_>> = plan
             .iter()
             .map(|&(i, start, len)| {
@@ -44,6 +58,9 @@ impl EngineCore {
             &mut self.buffers,
         );
         drop(batch);
+        if let Some(units) = decode_only {
+            self.decode_cost.observe(started.elapsed(), units);
+        }
 
         self.apply(&plan, out);
         self.reap();
@@ -57,17 +74,55 @@ impl EngineCore {
     /// its first token ([`EngineCore::interactive_pending`]), batch
     /// sequences do not decode: the step that serves its prompt is no
     /// longer than it needs, and a prefill worker computing it beside this
-    /// engine has the cores. Each entry is (sequence, start, length).
+    /// engine has the cores. Decoding sequences whose tokens together
+    /// would take longer than the step (at the cost measured on earlier
+    /// steps, [`DecodeCost`]; half the step while prompts wait or tenants
+    /// share the engine) decode in
+    /// turns, so a request that arrives waits about one step however many
+    /// long contexts decode. A short interactive prompt gets a step of its
+    /// own (not two in a row), so its first token does not wait for
+    /// everyone's next one. Each entry is (sequence, start, length).
     pub(super) fn plan(&mut self, stalled: &[RequestId]) -> Vec<(usize, usize, usize)> {
         let ps = self.pool.geometry().page_size;
+        let step_time = self.step_time_now();
         let budget = self
             .speed
-            .units_in(self.step_time_now())
+            .units_in(step_time)
             .clamp(2 * UNIT as usize, self.step_tokens * UNIT as usize);
         let mut decode_units = 0;
         let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
         let batch_yields = self.interactive_pending();
-        for (i, s) in self.running.iter().enumerate() {
+        let prefilling: Vec<usize> = (0..self.running.len())
+            .filter(|&i| {
+                let s = &self.running[i];
+                s.runnable() && s.computed < s.prompt_len
+            })
+            .collect();
+        let prompts_wait = !prefilling.is_empty();
+        // Half the step while prompts wait (they get the other half), and
+        // while tenants share the engine: a decode-only step is what a new
+        // request most often arrives during, and waits out.
+        let decode_time = if prompts_wait || self.sharing() {
+            step_time / 2
+        } else {
+            step_time
+        };
+        let decode_cap = self.decode_cost.units_in(decode_time);
+        // A short interactive prompt goes before everyone's next token, one
+        // step in two at most, so decoding never stops.
+        let short_first = !self.last_prompt_first
+            && prefilling.iter().any(|&i| {
+                let s = &self.running[i];
+                matches!(s.role, Role::Generate(_))
+                    && s.class == WorkClass::Interactive
+                    && s.prompt_len - s.computed <= SHORT_PROMPT_TOKENS
+            });
+        self.last_prompt_first = short_first;
+        let n = if short_first { 0 } else { self.running.len() };
+        let first = self.decode_turn % n.max(1);
+        let mut next_turn = first;
+        for i in (first..n).chain(0..first.min(n)) {
+            let s = &self.running[i];
             if s.runnable()
                 && s.decoding()
                 && !(batch_yields && s.class == WorkClass::Batch)
@@ -75,16 +130,17 @@ impl EngineCore {
                 && s.table.len() * ps >= s.tokens.len()
                 && !stalled.contains(&s.owner.request())
             {
+                let unit = self.speed.unit_at(s.computed);
+                if !plan.is_empty() && decode_units + unit > decode_cap {
+                    // Its turn comes first next step.
+                    next_turn = i;
+                    break;
+                }
                 plan.push((i, s.computed, 1));
-                decode_units += self.speed.unit_at(s.computed);
+                decode_units += unit;
             }
         }
-        let prefilling: Vec<usize> = (0..self.running.len())
-            .filter(|&i| {
-                let s = &self.running[i];
-                s.runnable() && s.computed < s.prompt_len
-            })
-            .collect();
+        self.decode_turn = next_turn;
         let work: Vec<PrefillWork> = prefilling
             .iter()
             .map(|&i| {
@@ -101,10 +157,20 @@ impl EngineCore {
         // Decode never takes more than half the step from prompts, and every
         // prompt can always move by two tokens.
         let deepest = work.iter().map(|w| w.unit).max().unwrap_or(0);
+        // A short prompt's own step computes all of it.
+        let short_units: usize = if short_first {
+            work.iter()
+                .filter(|w| w.class == WorkClass::Interactive && w.remaining <= SHORT_PROMPT_TOKENS)
+                .map(|w| w.remaining * w.unit)
+                .sum()
+        } else {
+            0
+        };
         let prefill_budget = budget
             .saturating_sub(decode_units)
             .max(budget / 2)
-            .max(2 * deepest);
+            .max(2 * deepest)
+            .max(short_units);
         // The tenant with prompt work that was served least lately.
         let least = work
             .iter()

@@ -46,6 +46,7 @@
 
 use crate::GenerateRequest;
 use crate::config::EngineConfig;
+use crate::decode_cost::DecodeCost;
 use crate::detok::Detokenizer;
 use crate::error::{ConfigError, EngineError};
 use crate::forward::{BatchSeq, Buffers, Numerics, Rope, forward};
@@ -216,6 +217,10 @@ pub struct EngineStats {
     /// Work beyond the model (sampling: a grammar's walk, stop strings)
     /// charged so far to the tenants' fair shares, in step units.
     pub sampling_units: u64,
+    /// Requests that were to land their prompt from a prefill worker and
+    /// computed it here instead (a short prompt, or a short suffix of a
+    /// cached one).
+    pub computed_here: u64,
 }
 
 pub(crate) type Sink = UnboundedSender<SeqEvent>;
@@ -388,6 +393,17 @@ pub struct EngineCore {
     first_slice: usize,
     tenant_share_percent: usize,
     prefix_cache: bool,
+    /// See [`crate::EngineConfig::local_prefill_tokens`].
+    local_prefill_tokens: usize,
+    /// See [`EngineStats::computed_here`].
+    computed_here: u64,
+    /// What decode steps cost here, learned from them.
+    decode_cost: DecodeCost,
+    /// The running sequence whose decode comes first next step (they take
+    /// turns when their tokens together would outlast the step).
+    decode_turn: usize,
+    /// Whether the last step left decoding out for a short prompt.
+    last_prompt_first: bool,
     preemptions: u64,
     /// See [`EngineStats::sampling_units`].
     sampling_units: u64,
@@ -463,6 +479,11 @@ impl EngineCore {
             first_slice: config.first_slice_tokens.max(1),
             tenant_share_percent: config.tenant_share_percent.clamp(1, 100),
             prefix_cache: config.prefix_cache,
+            local_prefill_tokens: config.local_prefill_tokens,
+            computed_here: 0,
+            decode_cost: DecodeCost::default(),
+            decode_turn: 0,
+            last_prompt_first: false,
             preemptions: 0,
             sampling_units: 0,
             served: HashMap::new(),
@@ -580,6 +601,7 @@ impl EngineCore {
             draining_transfers: self.draining.len(),
             held_transfers: self.held.len(),
             preemptions: self.preemptions,
+            computed_here: self.computed_here,
             sampling_units: self.sampling_units,
         }
     }

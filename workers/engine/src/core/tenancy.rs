@@ -89,18 +89,22 @@ impl EngineCore {
     /// How long this step may take: `step_time`, or a fraction of it while
     /// tenants share the engine.
     pub(super) fn step_time_now(&self) -> Duration {
-        let now = Instant::now();
-        let sharing = self
-            .arrivals
-            .values()
-            .filter(|at| now.duration_since(**at) <= super::SHARED_WINDOW)
-            .count()
-            > 1;
-        if sharing {
+        if self.sharing() {
             self.step_time / super::SHARED_STEP_DIVISOR
         } else {
             self.step_time
         }
+    }
+
+    /// Whether two or more tenants sent requests within the last
+    /// [`super::SHARED_WINDOW`].
+    pub(super) fn sharing(&self) -> bool {
+        let now = Instant::now();
+        self.arrivals
+            .values()
+            .filter(|at| now.duration_since(**at) <= super::SHARED_WINDOW)
+            .count()
+            > 1
     }
 
     /// Cancels a request: its pages return to the pool at once.
@@ -371,9 +375,8 @@ impl EngineCore {
     /// Pages for an admitted request: a landing table for a transfer, a
     /// prefixed one where the cache holds part of the prompt, else fresh
     /// ones; with the prompt tokens already computed, and whether a
-    /// request that was to land its prompt finishes it here instead (this
-    /// pool's cache holds all of it but at most [`LOCAL_SUFFIX_PAGES`]
-    /// pages, so a transfer round trip would cost more than the suffix).
+    /// request that was to land its prompt finishes it here instead
+    /// ([`EngineCore::computes_here`]).
     pub(super) fn allocate_for(
         &mut self,
         admitted: &Admitted<Pending>,
@@ -381,33 +384,32 @@ impl EngineCore {
         match admitted.payload() {
             Pending::Generate(PendingRequest {
                 landing: Some((transfer, _)),
-                request:
-                    GenerateRequest {
-                        cache: Some(scope),
-                        prompt,
-                        ..
-                    },
+                request: GenerateRequest { cache, prompt, .. },
                 ..
-            }) if self.prefix_cache => {
-                let held = self.pool.cached_prefix_tokens(*scope, prompt);
-                let suffix_most = LOCAL_SUFFIX_PAGES * self.pool.geometry().page_size;
-                if held > 0 && prompt.len() - held <= suffix_most {
-                    return self
+            }) => {
+                let scope = cache.filter(|_| self.prefix_cache);
+                let held = scope.map_or(0, |s| self.pool.cached_prefix_tokens(s, prompt));
+                let here = self.computes_here(prompt.len(), held);
+                let allocated = match (scope, here) {
+                    (Some(scope), true) => self
                         .pool
-                        .allocate_prefixed(admitted, *scope, prompt)
-                        .map(|(t, hit)| (t, hit.tokens, true));
+                        .allocate_prefixed(admitted, scope, prompt)
+                        .map(|(t, hit)| (t, hit.tokens, true)),
+                    (None, true) => self.pool.allocate(admitted).map(|t| (t, 0, true)),
+                    (Some(scope), false) => self
+                        .pool
+                        .allocate_receiving_in(admitted, *transfer, scope)
+                        .map(|t| (t, 0, false)),
+                    (None, false) => self
+                        .pool
+                        .allocate_receiving(admitted, *transfer)
+                        .map(|t| (t, 0, false)),
+                };
+                if allocated.as_ref().is_ok_and(|a| a.2) {
+                    self.computed_here += 1;
                 }
-                self.pool
-                    .allocate_receiving_in(admitted, *transfer, *scope)
-                    .map(|t| (t, 0, false))
+                allocated
             }
-            Pending::Generate(PendingRequest {
-                landing: Some((transfer, _)),
-                ..
-            }) => self
-                .pool
-                .allocate_receiving(admitted, *transfer)
-                .map(|t| (t, 0, false)),
             // Prefix reuse: only a sequence that computes its own prompt
             // here (a landing or prefill table's pages are lent whole).
             Pending::Generate(PendingRequest {
@@ -435,6 +437,19 @@ impl EngineCore {
                 .map(|(t, hit)| (t, hit.tokens, false)),
             _ => self.pool.allocate(admitted).map(|t| (t, 0, false)),
         }
+    }
+
+    /// Whether a prompt of `len` tokens that was to land from a prefill
+    /// worker, `held` of them in this pool's prefix cache, is computed here
+    /// instead: the cache holds all of it but at most
+    /// [`LOCAL_SUFFIX_PAGES`] pages (a transfer round trip would cost
+    /// more than the suffix), or what is left is at most the configured
+    /// `local_prefill_tokens` (a short prompt).
+    fn computes_here(&self, len: usize, held: usize) -> bool {
+        let suffix = len.saturating_sub(held);
+        let short_suffix =
+            held > 0 && suffix <= LOCAL_SUFFIX_PAGES * self.pool.geometry().page_size;
+        short_suffix || suffix <= self.local_prefill_tokens
     }
 
     /// An admitted request that can never fit here (pages were quarantined
