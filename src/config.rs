@@ -58,6 +58,12 @@ pub(crate) struct ModelArgs {
     /// prober's test). Refused unless built with the test-hooks feature.
     #[arg(long, hide = true)]
     pub(crate) corrupt_answers_after: Option<u64>,
+    /// Testing and benchmarks only: run the kernels at most this wide
+    /// (`avx2` on an AVX-512 machine is the path AVX2-only CPUs take). From
+    /// the environment too, so `up` and `bench serving` pass it to every
+    /// worker they start. Refused unless built with the test-hooks feature.
+    #[arg(long, hide = true, env = "BULKHEAD_SIMD_CAP", value_parser = ["avx512", "avx2", "scalar"])]
+    pub(crate) simd_cap: Option<String>,
 }
 
 impl ModelArgs {
@@ -90,6 +96,9 @@ impl ModelArgs {
     /// The model file loaded (and converted, with `--quantize`), and its path.
     pub(crate) fn load(&self) -> anyhow::Result<(bulkhead_engine::ModelFile, PathBuf)> {
         self.check_device()?;
+        if let Some(level) = &self.simd_cap {
+            cap_simd(level)?;
+        }
         let path = self.path()?;
         let file = bulkhead_engine::ModelFile::load(&path)
             .with_context(|| format!("loading {}", path.display()))?;
@@ -116,6 +125,18 @@ impl ModelArgs {
         c.corrupt_answers_after = self.corrupt_answers_after;
         c
     }
+}
+
+/// Caps the kernels at `level` (`avx512`, `avx2`, `scalar`) in a test or
+/// benchmark build; refused in a serving build.
+pub(crate) fn cap_simd(level: &str) -> anyhow::Result<()> {
+    use bulkhead_engine::SimdLevel;
+    bulkhead_engine::hooks::cap_simd(match level {
+        "scalar" => SimdLevel::Scalar,
+        "avx2" => SimdLevel::Avx2,
+        _ => SimdLevel::Avx512,
+    })?;
+    Ok(())
 }
 
 /// Where the default model comes from, as this process's environment says

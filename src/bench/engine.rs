@@ -5,7 +5,7 @@
 use super::{Prompts, decode_rate, llama_cpp_importable, per_sec, run_llama_cpp, timed_batch};
 use crate::config::ModelArgs;
 use anyhow::{Context, bail};
-use bulkhead_engine::{Engine, EngineCore, GenerateRequest, ModelFile, SeqEvent, SimdLevel};
+use bulkhead_engine::{Engine, EngineCore, GenerateRequest, ModelFile, SeqEvent};
 use bulkhead_kv::TenantId;
 use clap::Args;
 use serde_json::{Value, json};
@@ -49,11 +49,7 @@ pub(crate) struct EngineBenchArgs {
 
 pub(crate) fn run_engine(args: &EngineBenchArgs) -> anyhow::Result<()> {
     if let Some(level) = &args.simd {
-        bulkhead_engine::hooks::cap_simd(match level.as_str() {
-            "scalar" => SimdLevel::Scalar,
-            "avx2" => SimdLevel::Avx2,
-            _ => SimdLevel::Avx512,
-        })?;
+        crate::config::cap_simd(level)?;
     }
     let (model, path) = args.model.load()?;
     let model = Arc::new(model);

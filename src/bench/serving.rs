@@ -61,9 +61,12 @@ pub(crate) struct ServingBenchArgs {
     /// Output tokens per request (greedy).
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
-    /// Seed of the prompt mix.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    /// Seed of the prompt mix (default: drawn from the clock and printed,
+    /// so a server kept running since an earlier run, whose prefix cache
+    /// may still hold that run's prompts, gets prompts it has not seen in
+    /// a cold pass).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Prefill/decode pairs of the platform started (or colocated workers).
     #[arg(long, default_value_t = 1)]
     pairs: u8,
@@ -149,8 +152,10 @@ pub(crate) fn run(args: &ServingBenchArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let seed = args.seed.unwrap_or_else(fresh_seed);
+    eprintln!("bench serving: prompt mix seed {seed} (--seed repeats it)");
     let Some(other) = &args.against else {
-        let figures = rt.block_on(drive(args, &ours, args.seed))?;
+        let figures = rt.block_on(drive(args, &ours, seed))?;
         drop(started);
         if args.json {
             println!("{}", serde_json::to_string(&figures)?);
@@ -164,7 +169,7 @@ pub(crate) fn run(args: &ServingBenchArgs) -> anyhow::Result<()> {
         args.against_api_key.as_deref(),
         args.against_model.as_deref().unwrap_or(&args.model),
     );
-    let report = rt.block_on(alternate(args, &ours, &theirs))?;
+    let report = rt.block_on(alternate(args, &ours, &theirs, seed))?;
     drop(started);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -241,10 +246,11 @@ async fn alternate(
     args: &ServingBenchArgs,
     ours: &Endpoint,
     theirs: &Endpoint,
+    first_seed: u64,
 ) -> anyhow::Result<Comparison> {
     let mut passes = Vec::new();
     for round in 0..args.rounds {
-        let seed = args.seed.wrapping_add(round as u64);
+        let seed = first_seed.wrapping_add(round as u64);
         for warm in [false, true] {
             let order = if round % 2 == 0 {
                 [true, false]
@@ -367,6 +373,13 @@ fn print_comparison(c: &Comparison) {
             s.theirs.errors
         );
     }
+}
+
+/// A seed no earlier run is likely to have used: the clock's nanoseconds.
+fn fresh_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
 }
 
 /// The seeded prompt mix: 40 to 400 words each.

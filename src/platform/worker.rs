@@ -238,10 +238,14 @@ impl UsageReporter {
 /// A started engine and the weights file it loaded.
 fn load(model: &ModelArgs) -> anyhow::Result<(Arc<Engine>, PathBuf)> {
     let (file, path) = model.load()?;
-    Ok((
-        Arc::new(Engine::start(Arc::new(file), &model.engine_config())?),
-        path,
-    ))
+    let config = model.engine_config();
+    tracing::info!(
+        target: "bulkhead::worker",
+        kernels = ?bulkhead_engine::simd_level(),
+        threads = config.threads,
+        "engine starting"
+    );
+    Ok((Arc::new(Engine::start(Arc::new(file), &config)?), path))
 }
 
 fn budget_bytes(model: &ModelArgs) -> u64 {

@@ -792,7 +792,7 @@ pub(crate) mod tests {
     }
 
     /// Every element of the page behind entry `index` (all layers).
-    fn page_floats(pool: &KvPool, table: &PageTable, index: usize) -> Vec<f32> {
+    pub(crate) fn page_floats(pool: &KvPool, table: &PageTable, index: usize) -> Vec<f32> {
         let r = table.pages[index];
         match &pool.planes {
             Planes::F32(p) => p[r.page.index()].to_vec(),

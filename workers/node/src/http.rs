@@ -821,6 +821,7 @@ async fn stats(State(role): State<Role>) -> Result<axum::Json<Value>, ApiError> 
             "running": s.running, "waiting": s.waiting,
             "draining_transfers": s.draining_transfers, "held_transfers": s.held_transfers,
             "computed_here": s.computed_here,
+            "kernels": format!("{:?}", bulkhead_engine::simd_level()).to_lowercase(),
         },
     });
     match &role {

@@ -8,6 +8,11 @@
 //! only from a table whose [`CacheScope`] may read its namespace: a read
 //! from any other table is an [`OwnerViolation`], as for an owned page.
 //!
+//! Where the chain of whole blocks stops inside a prompt, the cached block
+//! that continues it and starts with the most of the prompt's next tokens
+//! is copied into the table's own page (never shared: the table writes the
+//! rest of that page), so a prompt sent again computes only its last token.
+//!
 //! Blocks are found by a chain: a block's key is a hash of its namespace,
 //! the key of the block before it and its own tokens, and the entry keeps
 //! all three to compare, so a hash collision is a miss, never a hit. The
@@ -79,14 +84,17 @@ impl KvPool {
         prompt: &[u32],
     ) -> Result<(PageTable, PrefixHit), AllocError> {
         let hits = self.pinned_hits(admitted, scope, prompt)?;
+        let partial = self.pinned_partial(admitted, scope, prompt, &hits);
         let refs: Vec<PageRef> = hits.iter().map(|(_, r)| *r).collect();
         match self.allocate_after(admitted, refs) {
             Ok(mut table) => {
+                let extra = self.copy_partial(&table, hits.len(), partial);
                 table.scope = Some(scope);
-                Ok((table, self.count_hit(hits.len())))
+                Ok((table, self.count_hit(hits.len(), extra)))
             }
             Err(e) => {
                 self.unref(hits.iter().map(|(p, _)| *p));
+                self.unref(partial.iter().map(|(p, _)| *p));
                 Err(e)
             }
         }
@@ -105,15 +113,19 @@ impl KvPool {
         prompt: &[u32],
     ) -> Result<(PageTable, PrefixHit), AllocError> {
         let mut hits = self.pinned_hits(admitted, scope, prompt)?;
+        let mut partial = self.pinned_partial(admitted, scope, prompt, &hits);
         if admitted.reserve() > self.free_pages() {
             self.unref(hits.iter().map(|(p, _)| *p));
+            self.unref(partial.iter().map(|(p, _)| *p));
             hits.clear();
+            partial = None;
         }
         let allocated = self.allocate_tail(admitted, Vec::new(), None);
-        let mut table = match allocated {
+        let table = match allocated {
             Ok(table) => table,
             Err(e) => {
                 self.unref(hits.iter().map(|(p, _)| *p));
+                self.unref(partial.iter().map(|(p, _)| *p));
                 return Err(e);
             }
         };
@@ -123,8 +135,10 @@ impl KvPool {
             self.fill[dst.index()] = Fill::Clean;
         }
         self.unref(hits.iter().map(|(p, _)| *p));
+        let extra = self.copy_partial(&table, hits.len(), partial);
+        let mut table = table;
         table.scope = Some(scope);
-        Ok((table, self.count_hit(hits.len())))
+        Ok((table, self.count_hit(hits.len(), extra)))
     }
 
     /// Prompt tokens of `prompt` this pool's cache holds for `scope` now,
@@ -188,10 +202,93 @@ impl KvPool {
         Ok(hits)
     }
 
-    fn count_hit(&mut self, blocks: usize) -> PrefixHit {
-        let tokens = blocks * self.geometry.page_size;
+    fn count_hit(&mut self, blocks: usize, extra: usize) -> PrefixHit {
+        let tokens = blocks * self.geometry.page_size + extra;
         self.prefix.hit_tokens += tokens as u64;
         PrefixHit { tokens }
+    }
+
+    /// Where the chain of `hits` stops inside the prompt (before its last
+    /// token, whose logits are needed), a cached block that continues the
+    /// chain and starts with the most of the prompt's next tokens: the
+    /// same prompt again, ending inside a block, or a conversation's next
+    /// turn, diverging inside one. Found in the namespaces the scope may
+    /// read, referenced (pinned) when the reservation still fits beside
+    /// it; `None` when no such block starts with even one of the tokens.
+    fn pinned_partial<T>(
+        &mut self,
+        admitted: &Admitted<T>,
+        scope: CacheScope,
+        prompt: &[u32],
+        hits: &[(PageId, PageRef)],
+    ) -> Option<(PageId, usize)> {
+        let ps = self.geometry.page_size;
+        let from = hits.len() * ps;
+        let rest = prompt.get(from..prompt.len().saturating_sub(1).min(from + ps))?;
+        if rest.is_empty() || admitted.reserve().saturating_sub(hits.len()) >= self.free_pages() {
+            return None;
+        }
+        let parent = match hits.last() {
+            Some((page, _)) => self.prefix.entries.get(page)?.key,
+            None => 0,
+        };
+        let readable = |ns: Namespace| ns == scope.own() || Some(ns) == scope.shared();
+        let (page, matched) = self
+            .prefix
+            .entries
+            .iter()
+            .filter(|(p, e)| {
+                e.parent == parent
+                    && readable(e.namespace)
+                    && self.prefix.index.get(&e.key) == Some(*p)
+            })
+            .map(|(p, e)| {
+                let same = e
+                    .tokens
+                    .iter()
+                    .zip(rest)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                (*p, same)
+            })
+            .filter(|&(_, same)| same > 0)
+            .max_by_key(|&(p, same)| (same, std::cmp::Reverse(p)))?;
+        let now = self.prefix.clock;
+        if let Some(e) = self.prefix.entries.get_mut(&page) {
+            if e.refs == 0 {
+                self.prefix.unreferenced -= 1;
+            }
+            e.refs += 1;
+            e.last_used = now;
+        }
+        Some((page, matched))
+    }
+
+    /// Copies the pinned block of [`KvPool::pinned_partial`] into the
+    /// table's page `index` (its own, from the allocation) and lets go of
+    /// it: the table's first `matched` tokens of that page are the
+    /// cached ones; the later slots hold the same namespace's bytes,
+    /// which the sequence overwrites before it reads them. Returns the
+    /// tokens gained.
+    fn copy_partial(
+        &mut self,
+        table: &PageTable,
+        index: usize,
+        partial: Option<(PageId, usize)>,
+    ) -> usize {
+        let Some((src, matched)) = partial else {
+            return 0;
+        };
+        let gained = match table.pages.get(index) {
+            Some(r) => {
+                self.copy_page(src, r.page);
+                self.fill[r.page.index()] = Fill::Clean;
+                matched
+            }
+            None => 0,
+        };
+        self.unref(std::iter::once(src));
+        gained
     }
 
     /// Copies page `src`'s memory over page `dst`'s (both home).
@@ -427,7 +524,7 @@ pub(crate) fn block_key(ns: Namespace, parent: u64, block: &[u32]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pool::tests::{GEO, fill, fresh_table, limits, tenant};
+    use crate::pool::tests::{GEO, fill, fresh_table, limits, page_floats, tenant};
 
     fn ns(n: u8) -> Namespace {
         Namespace::from_digest([n; 16])
@@ -483,6 +580,35 @@ mod tests {
             pool.restore(page);
         }
         assert!(pool.commit_received(table, t));
+    }
+
+    #[test]
+    fn a_prompt_ending_or_diverging_inside_a_cached_block_reuses_its_leading_tokens() {
+        let mut pool = KvPool::new(GEO, 12, false);
+        let prompt = [1, 2, 3, 4, 5, 6];
+        run(&mut pool, 1, scope(1), &prompt, 7.0);
+        // The same prompt again: two whole blocks, then the first token of
+        // the third (its last token is computed for its logits).
+        let a = limits(&pool).admit(tenant(1), 6, 1, ()).unwrap();
+        let (table, hit) = pool.allocate_prefixed(&a, scope(1), &prompt).unwrap();
+        assert_eq!(hit.tokens, 5);
+        // The third page is the table's own, holding the cached block's bytes.
+        assert!(!pool.names_cached(table.pages[2]));
+        assert!(page_floats(&pool, &table, 2).iter().all(|&x| x == 7.0));
+        // The block it copied is not held by the table.
+        assert_eq!(pool.evictable(), pool.cached_pages() - 2);
+        pool.release(table);
+        // The same through a copy (a prefill worker's table).
+        let (table, hit) = pool.allocate_prefixed_copy(&a, scope(1), &prompt).unwrap();
+        assert_eq!(hit.tokens, 5);
+        pool.release(table);
+        // Diverging inside the second block: its first token.
+        assert_eq!(
+            run(&mut pool, 1, scope(1), &[1, 2, 3, 9, 9, 9], 8.0).tokens,
+            3
+        );
+        // Another namespace reads none of it.
+        assert_eq!(run(&mut pool, 2, scope(2), &prompt, 9.0).tokens, 0);
     }
 
     #[test]
