@@ -177,7 +177,7 @@ async fn turn_of(
         "temperature": 0, "stream": true,
     });
     let url = format!("{}/v1/chat/completions", gw.url);
-    let (sent, mut body) = post_stream(http, &url, &gw.token, &body).await?;
+    let (sent, _, mut body) = post_stream(http, &url, &gw.token, &body).await?;
     let (mut buf, mut first, mut text) = (Vec::new(), None, String::new());
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.context("reading the stream")?.into_data() else {

@@ -15,6 +15,12 @@
 //! round sends a fresh prompt mix cold to both, then the same mix again
 //! warm (their prefix caches hold it), the order of the two swapped every
 //! round, and prints each side's medians over rounds with the ratios.
+//!
+//! A platform it starts exports its traces to this process, and each pass
+//! prints where the platform's time to first token went, phase by phase
+//! (`breakdown.rs`); `--no-breakdown` exports nothing.
+
+mod breakdown;
 
 use anyhow::Context;
 use clap::Args;
@@ -79,6 +85,10 @@ pub(crate) struct ServingBenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Export no traces from the platform started, and so print no
+    /// breakdown of its time to first token.
+    #[arg(long)]
+    no_breakdown: bool,
 }
 
 /// What one run measured.
@@ -96,11 +106,17 @@ struct Figures {
     errors: usize,
     /// What served it.
     target: String,
+    /// Where a started platform's time to first token went.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    breakdown: Option<breakdown::Breakdown>,
 }
 
 /// One request's timings.
 #[derive(Debug)]
 struct Sample {
+    /// The request as its client saw it, for the breakdown (when the
+    /// server returned an `x-request-id`).
+    seen: Option<breakdown::Seen>,
     ttft: Duration,
     e2e: Duration,
     tokens: usize,
@@ -134,10 +150,11 @@ pub(crate) fn run(args: &ServingBenchArgs) -> anyhow::Result<()> {
         args.concurrency >= 1 && args.requests >= 1 && args.max_tokens >= 1 && args.rounds >= 1,
         "--concurrency, --requests, --max-tokens and --rounds must be at least 1"
     );
-    let started = match &args.url {
+    let mut started = match &args.url {
         Some(_) => None,
         None => Some(Platform::start(args)?),
     };
+    let mut collector = started.as_mut().and_then(|p| p.collector.take());
     let ours = match (&args.url, &started) {
         (Some(u), _) => Endpoint::at(u, args.api_key.as_deref(), &args.model),
         (None, Some(p)) => Endpoint {
@@ -152,10 +169,14 @@ pub(crate) fn run(args: &ServingBenchArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    if let Some(c) = &mut collector {
+        let _runtime = rt.enter();
+        c.serve()?;
+    }
     let seed = args.seed.unwrap_or_else(fresh_seed);
     eprintln!("bench serving: prompt mix seed {seed} (--seed repeats it)");
     let Some(other) = &args.against else {
-        let figures = rt.block_on(drive(args, &ours, seed))?;
+        let figures = rt.block_on(drive(args, &ours, seed, collector.as_mut()))?;
         drop(started);
         if args.json {
             println!("{}", serde_json::to_string(&figures)?);
@@ -169,7 +190,7 @@ pub(crate) fn run(args: &ServingBenchArgs) -> anyhow::Result<()> {
         args.against_api_key.as_deref(),
         args.against_model.as_deref().unwrap_or(&args.model),
     );
-    let report = rt.block_on(alternate(args, &ours, &theirs, seed))?;
+    let report = rt.block_on(alternate(args, &ours, &theirs, seed, collector.as_mut()))?;
     drop(started);
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
@@ -196,6 +217,9 @@ fn print_figures(figures: &Figures) {
         "  end-to-end p50 / p99 {:>8.1} / {:.1} ms",
         figures.e2e_p50_ms, figures.e2e_p99_ms
     );
+    if let Some(b) = &figures.breakdown {
+        println!("  TTFT went           {b}");
+    }
 }
 
 /// Both sides' medians over rounds, per pass (cold, warm).
@@ -247,6 +271,7 @@ async fn alternate(
     ours: &Endpoint,
     theirs: &Endpoint,
     first_seed: u64,
+    mut collector: Option<&mut breakdown::Collector>,
 ) -> anyhow::Result<Comparison> {
     let mut passes = Vec::new();
     for round in 0..args.rounds {
@@ -259,7 +284,12 @@ async fn alternate(
             };
             for is_ours in order {
                 let endpoint = if is_ours { ours } else { theirs };
-                let figures = drive(args, endpoint, seed).await?;
+                let traced = if is_ours {
+                    collector.as_deref_mut()
+                } else {
+                    None
+                };
+                let figures = drive(args, endpoint, seed, traced).await?;
                 eprintln!(
                     "round {round} {} {}: {:.1} out tok/s, TTFT p50 {:.0} ms, TPOT p50 {:.1} ms, {} errors",
                     if warm { "warm" } else { "cold" },
@@ -269,6 +299,9 @@ async fn alternate(
                     figures.tpot_p50_ms,
                     figures.errors
                 );
+                if let Some(b) = &figures.breakdown {
+                    eprintln!("  TTFT p50 went: {b}");
+                }
                 passes.push(Pass {
                     round,
                     warm,
@@ -452,7 +485,7 @@ pub(crate) async fn post_stream(
     url: &str,
     key: &str,
     body: &serde_json::Value,
-) -> anyhow::Result<(Instant, hyper::body::Incoming)> {
+) -> anyhow::Result<(Instant, Option<String>, hyper::body::Incoming)> {
     let mut req = hyper::Request::post(url).header("content-type", "application/json");
     if !key.is_empty() {
         req = req.header("authorization", format!("Bearer {key}"));
@@ -461,6 +494,11 @@ pub(crate) async fn post_stream(
     let sent = Instant::now();
     let resp = http.request(req).await.context("connecting")?;
     let status = resp.status();
+    let request_id = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let body = resp.into_body();
     if status != hyper::StatusCode::OK {
         let bytes = body
@@ -470,10 +508,15 @@ pub(crate) async fn post_stream(
             .unwrap_or_default();
         anyhow::bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
     }
-    Ok((sent, body))
+    Ok((sent, request_id, body))
 }
 
-async fn drive(args: &ServingBenchArgs, to: &Endpoint, seed: u64) -> anyhow::Result<Figures> {
+async fn drive(
+    args: &ServingBenchArgs,
+    to: &Endpoint,
+    seed: u64,
+    collector: Option<&mut breakdown::Collector>,
+) -> anyhow::Result<Figures> {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     // A fresh connection per request: a pooled one that the server closed
@@ -528,6 +571,14 @@ async fn drive(args: &ServingBenchArgs, to: &Endpoint, seed: u64) -> anyhow::Res
             .collect(),
     );
     let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+    let breakdown = match collector {
+        Some(c) => {
+            let seen: Vec<breakdown::Seen> =
+                samples.iter().filter_map(|s| s.seen.clone()).collect();
+            c.breakdown(&seen, Duration::from_secs(5)).await
+        }
+        None => None,
+    };
     Ok(Figures {
         requests: args.requests,
         concurrency: args.concurrency,
@@ -540,6 +591,7 @@ async fn drive(args: &ServingBenchArgs, to: &Endpoint, seed: u64) -> anyhow::Res
         e2e_p99_ms: percentile(&e2e, 0.99),
         errors,
         target: to.target.clone(),
+        breakdown,
     })
 }
 
@@ -579,7 +631,9 @@ async fn one(
         "model": model, "prompt": prompt, "max_tokens": max_tokens,
         "temperature": 0, "stream": true,
     });
-    let (sent, mut body) = post_stream(http, &format!("{url}/v1/completions"), key, &body).await?;
+    let sent_at = std::time::SystemTime::now();
+    let (sent, request_id, mut body) =
+        post_stream(http, &format!("{url}/v1/completions"), key, &body).await?;
     let (mut buf, mut first, mut tokens, mut done) = (Vec::new(), None, 0, false);
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.context("reading the stream")?.into_data() else {
@@ -607,8 +661,14 @@ async fn one(
     }
     anyhow::ensure!(done, "the stream ended without [DONE]");
     let e2e = sent.elapsed();
+    let ttft = first.unwrap_or(e2e);
     Ok(Sample {
-        ttft: first.unwrap_or(e2e),
+        seen: request_id.map(|trace| breakdown::Seen {
+            trace,
+            sent: breakdown::unix_nanos(sent_at),
+            first: breakdown::unix_nanos(sent_at + ttft),
+        }),
+        ttft,
         e2e,
         tokens,
     })
@@ -620,6 +680,8 @@ struct Platform {
     gateway: String,
     token: String,
     describe: String,
+    /// Where its traces go (taken by `run`).
+    collector: Option<breakdown::Collector>,
 }
 
 impl Platform {
@@ -642,7 +704,21 @@ impl Platform {
         if let Some(t) = &threads {
             a.extend_from_slice(&["--threads", t]);
         }
-        let up = crate::platform::up::child::UpChild::start("bench-serving", &a, false)?;
+        let collector = if args.no_breakdown {
+            None
+        } else {
+            Some(breakdown::Collector::bind()?)
+        };
+        // Traces only, exported often, so a pass's are in when it ends.
+        let env: Vec<(&str, &str)> = match &collector {
+            Some(c) => vec![
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", c.endpoint.as_str()),
+                ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+            ],
+            None => Vec::new(),
+        };
+        let up =
+            crate::platform::up::child::UpChild::start_with_env("bench-serving", &a, &env, false)?;
         let creds = up.read("credentials.json")?;
         let kind = if args.colocated {
             "colocated worker(s)"
@@ -656,6 +732,7 @@ impl Platform {
                 .unwrap_or_default()
                 .to_owned(),
             describe: format!("bulkhead up, {} {kind}", args.pairs.max(1)),
+            collector,
             _up: up,
         })
     }

@@ -10,8 +10,9 @@
 //!
 //! Where the chain of whole blocks stops inside a prompt, the cached block
 //! that continues it and starts with the most of the prompt's next tokens
-//! is copied into the table's own page (never shared: the table writes the
-//! rest of that page), so a prompt sent again computes only its last token.
+//! is copied into the table's own page, its later slots zeroed (never
+//! shared: the table writes the rest of that page), so a prompt sent again
+//! computes only its last token.
 //!
 //! Blocks are found by a chain: a block's key is a hash of its namespace,
 //! the key of the block before it and its own tokens, and the entry keeps
@@ -266,10 +267,9 @@ impl KvPool {
 
     /// Copies the pinned block of [`KvPool::pinned_partial`] into the
     /// table's page `index` (its own, from the allocation) and lets go of
-    /// it: the table's first `matched` tokens of that page are the
-    /// cached ones; the later slots hold the same namespace's bytes,
-    /// which the sequence overwrites before it reads them. Returns the
-    /// tokens gained.
+    /// it: the page's first `matched` slots are the cached tokens, the
+    /// rest zeroed (the block's later tokens are not the table's, and a
+    /// prefill worker lends the page whole). Returns the tokens gained.
     fn copy_partial(
         &mut self,
         table: &PageTable,
@@ -282,6 +282,7 @@ impl KvPool {
         let gained = match table.pages.get(index) {
             Some(r) => {
                 self.copy_page(src, r.page);
+                self.zero_slots(r.page, matched, self.geometry.page_size, 0);
                 self.fill[r.page.index()] = Fill::Clean;
                 matched
             }
@@ -592,9 +593,18 @@ mod tests {
         let a = limits(&pool).admit(tenant(1), 6, 1, ()).unwrap();
         let (table, hit) = pool.allocate_prefixed(&a, scope(1), &prompt).unwrap();
         assert_eq!(hit.tokens, 5);
-        // The third page is the table's own, holding the cached block's bytes.
+        // The third page is the table's own, holding the cached block's
+        // first slot and zeros in the second.
         assert!(!pool.names_cached(table.pages[2]));
-        assert!(page_floats(&pool, &table, 2).iter().all(|&x| x == 7.0));
+        let floats = page_floats(&pool, &table, 2);
+        assert_eq!(
+            floats.iter().filter(|&&x| x == 7.0).count(),
+            floats.len() / 2
+        );
+        assert_eq!(
+            floats.iter().filter(|&&x| x == 0.0).count(),
+            floats.len() / 2
+        );
         // The block it copied is not held by the table.
         assert_eq!(pool.evictable(), pool.cached_pages() - 2);
         pool.release(table);
