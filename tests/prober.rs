@@ -259,7 +259,15 @@ fn the_prober_withdraws_an_embedding_model_whose_vectors_cross_between_calls() {
             && reason.contains("request"),
         "{audit}"
     );
-    // The fault was seen: a finding counted against the embedding model.
+    // The fault was injected (the embedding worker counts it) and seen: a
+    // finding counted against the embedding model.
+    assert!(
+        prober_metric(
+            &creds.metrics["embed"],
+            "bulkhead_test_faults_injected_total",
+            "fault=\"embedding_crossed\""
+        ) >= 1.0
+    );
     assert!(
         prober_metric(
             metrics,

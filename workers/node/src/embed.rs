@@ -82,6 +82,7 @@ impl Crossed {
             return vectors;
         }
         tracing::warn!(target: "bulkhead::worker", "test fault: answering with the previous call's vectors");
+        crate::metrics::fault_injected("embedding_crossed");
         (0..vectors.len())
             .map(|i| previous[i % previous.len()].clone())
             .collect()

@@ -61,6 +61,24 @@ pub(crate) fn context_refused(reason: &'static str) {
     .add(1, &rejection_attrs(reason));
 }
 
+/// Counts a test fault this worker injected (`fault`, e.g.
+/// `embedding_crossed`), so a fault-injection test can assert that its
+/// fault happened. Test builds only.
+#[cfg(feature = "test-hooks")]
+pub(crate) fn fault_injected(fault: &'static str) {
+    static C: OnceLock<Counter<u64>> = OnceLock::new();
+    let mut a = BASE.get().cloned().unwrap_or_default();
+    a.push(KeyValue::new("fault", fault));
+    C.get_or_init(|| {
+        bulkhead_telemetry::meter()
+            .u64_counter("bulkhead.test.faults.injected")
+            .with_description("Test faults injected by this worker (test builds only)")
+            .with_unit("{fault}")
+            .build()
+    })
+    .add(1, &a);
+}
+
 /// This worker's `node` and `role`, set once by [`set_base`].
 static BASE: OnceLock<Vec<KeyValue>> = OnceLock::new();
 

@@ -122,7 +122,7 @@ impl KvPool {
             partial = None;
         }
         let allocated = self.allocate_tail(admitted, Vec::new(), None);
-        let table = match allocated {
+        let mut table = match allocated {
             Ok(table) => table,
             Err(e) => {
                 self.unref(hits.iter().map(|(p, _)| *p));
@@ -137,7 +137,6 @@ impl KvPool {
         }
         self.unref(hits.iter().map(|(p, _)| *p));
         let extra = self.copy_partial(&table, hits.len(), partial);
-        let mut table = table;
         table.scope = Some(scope);
         Ok((table, self.count_hit(hits.len(), extra)))
     }
@@ -193,14 +192,20 @@ impl KvPool {
         let most = self.reusable_blocks(prompt);
         let hits = self.lookup(scope, prompt, most.min(admitted.reserve()));
         for (page, _) in &hits {
-            if let Some(e) = self.prefix.entries.get_mut(page) {
-                if e.refs == 0 {
-                    self.prefix.unreferenced -= 1;
-                }
-                e.refs += 1;
-            }
+            self.pin(*page);
         }
         Ok(hits)
+    }
+
+    /// References cached `page` (no allocation evicts it until
+    /// [`KvPool::unref`]).
+    fn pin(&mut self, page: PageId) {
+        if let Some(e) = self.prefix.entries.get_mut(&page) {
+            if e.refs == 0 {
+                self.prefix.unreferenced -= 1;
+            }
+            e.refs += 1;
+        }
     }
 
     fn count_hit(&mut self, blocks: usize, extra: usize) -> PrefixHit {
@@ -256,12 +261,9 @@ impl KvPool {
             .max_by_key(|&(p, same)| (same, std::cmp::Reverse(p)))?;
         let now = self.prefix.clock;
         if let Some(e) = self.prefix.entries.get_mut(&page) {
-            if e.refs == 0 {
-                self.prefix.unreferenced -= 1;
-            }
-            e.refs += 1;
             e.last_used = now;
         }
+        self.pin(page);
         Some((page, matched))
     }
 
@@ -619,6 +621,33 @@ mod tests {
         );
         // Another namespace reads none of it.
         assert_eq!(run(&mut pool, 2, scope(2), &prompt, 9.0).tokens, 0);
+        // A block is read only after its own parent: [5, 6], cached third,
+        // does not start a prompt.
+        assert_eq!(run(&mut pool, 1, scope(1), &[5, 6, 0, 0, 0], 8.0).tokens, 0);
+        // A block taken out of the index (withdrawn, quarantined) while a
+        // table still reads it is not copied either.
+        let longer = [1, 2, 3, 4, 5, 6, 7];
+        let a7 = limits(&pool).admit(tenant(1), 7, 1, ()).unwrap();
+        let (holder, hit) = pool.allocate_prefixed(&a7, scope(1), &longer).unwrap();
+        assert_eq!(hit.tokens, 6);
+        pool.withdraw(holder.pages[2].page);
+        assert_eq!(run(&mut pool, 1, scope(1), &prompt, 7.0).tokens, 4);
+        pool.release(holder);
+    }
+
+    /// A pool just large enough for the prompt again: the partial block is
+    /// given up rather than pinned where pinning it would leave too few
+    /// pages, and the request is admitted with its whole blocks.
+    #[test]
+    fn a_partial_block_is_not_pinned_at_the_cost_of_the_allocation() {
+        let mut pool = KvPool::new(GEO, 4, false);
+        let prompt = [1, 2, 3, 4, 5, 6];
+        run(&mut pool, 1, scope(1), &prompt, 7.0);
+        assert_eq!(pool.cached_pages(), 3);
+        let a = limits(&pool).admit(tenant(1), 6, 1, ()).unwrap();
+        let (table, hit) = pool.allocate_prefixed(&a, scope(1), &prompt).unwrap();
+        assert_eq!(hit.tokens, 4);
+        pool.release(table);
     }
 
     #[test]
