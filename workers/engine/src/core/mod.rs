@@ -77,6 +77,12 @@ const SHARED_WINDOW: Duration = Duration::from_secs(5);
 /// How much shorter a shared engine's steps are.
 const SHARED_STEP_DIVISOR: u32 = 4;
 
+/// How much shorter again a shared engine's step is when it holds batch
+/// work only: an interactive request arriving during it waits this short
+/// step out (about 8 ms at the default `--step-ms`), not a batch
+/// decode's full one.
+const BATCH_ONLY_STEP_DIVISOR: u32 = 6;
+
 /// Calibration runs at least this long ...
 const CALIBRATION_SPAN: Duration = Duration::from_millis(500);
 
