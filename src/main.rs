@@ -5,6 +5,7 @@ mod bench;
 mod cli;
 mod config;
 mod generate;
+mod gpu_check;
 mod ops;
 mod platform;
 mod process;

@@ -189,6 +189,67 @@ impl ModelFile {
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.chat_template.as_ref()
     }
+
+    /// The weights, read-only, as a device engine uploads them.
+    pub fn tensors(&self) -> Tensors<'_> {
+        let w = &self.weights;
+        Tensors {
+            embed: &w.embed,
+            layers: w
+                .layers
+                .iter()
+                .map(|l| LayerTensors {
+                    attn_norm: &l.attn_norm,
+                    wq: &l.wq,
+                    wk: &l.wk,
+                    wv: &l.wv,
+                    wo: &l.wo,
+                    ffn_norm: &l.ffn_norm,
+                    gate: &l.gate,
+                    up: &l.up,
+                    down: &l.down,
+                })
+                .collect(),
+            norm: &w.norm,
+            output: w.output.as_ref().unwrap_or(&w.embed),
+        }
+    }
+}
+
+/// A model's weights, borrowed ([`ModelFile::tensors`]).
+#[derive(Debug)]
+pub struct Tensors<'a> {
+    /// The token embedding (`vocab × hidden`).
+    pub embed: &'a Matrix,
+    /// The transformer blocks.
+    pub layers: Vec<LayerTensors<'a>>,
+    /// The final RMSNorm's weights.
+    pub norm: &'a [f32],
+    /// The output head (the embedding where the file ties them).
+    pub output: &'a Matrix,
+}
+
+/// One transformer block's weights, borrowed.
+#[derive(Debug)]
+pub struct LayerTensors<'a> {
+    /// The attention RMSNorm's weights.
+    pub attn_norm: &'a [f32],
+    /// Query projection.
+    pub wq: &'a Matrix,
+    /// Key projection.
+    pub wk: &'a Matrix,
+    /// Value projection.
+    pub wv: &'a Matrix,
+    /// Attention output projection.
+    pub wo: &'a Matrix,
+    /// The feed-forward RMSNorm's weights.
+    pub ffn_norm: &'a [f32],
+    /// SwiGLU gate.
+    pub gate: &'a Matrix,
+    /// SwiGLU up.
+    pub up: &'a Matrix,
+    /// SwiGLU down.
+    pub down: &'a Matrix,
 }
 
 struct GgufFile<'a> {

@@ -34,6 +34,7 @@ mod schedule;
 mod speed;
 mod stops;
 mod tokenizer;
+mod trim;
 mod vocab;
 
 pub use crate::core::{
@@ -47,11 +48,12 @@ pub use config::EngineConfig;
 pub use engine::{Engine, EngineInfo, RequestHandle};
 pub use error::{ConfigError, EngineError, LoadError, TransferFault};
 pub use forward::Numerics;
-pub use gguf::{ModelConfig, ModelFile};
+pub use gguf::{LayerTensors, ModelConfig, ModelFile, Tensors};
 pub use sampling::{Logprobs, MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob};
 pub use schedule::WorkClass;
 pub use speed::PrefillSpeed;
 pub use tokenizer::Tokenizer;
+pub use trim::trim_layers;
 
 /// Everything a sequence needs besides its prompt: how to sample and when to stop.
 #[derive(Debug, Clone)]

@@ -13,17 +13,19 @@ use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
+/// The default model's file, fetched and verified if missing.
+pub fn model_path() -> PathBuf {
+    fetch::ensure_default_model(&fetch::Source::from_vars(
+        |k| std::env::var_os(k),
+        Progress::Quiet,
+    ))
+    .expect("default model")
+}
+
 /// The default model, fetched and verified once per test process.
 pub fn model() -> Arc<ModelFile> {
     static MODEL: OnceLock<Arc<ModelFile>> = OnceLock::new();
-    Arc::clone(MODEL.get_or_init(|| {
-        let path = fetch::ensure_default_model(&fetch::Source::from_vars(
-            |k| std::env::var_os(k),
-            Progress::Quiet,
-        ))
-        .expect("default model");
-        Arc::new(ModelFile::load(&path).expect("model loads"))
-    }))
+    Arc::clone(MODEL.get_or_init(|| Arc::new(ModelFile::load(&model_path()).expect("model loads"))))
 }
 
 /// `testdata/smollm2-135m-q4_1.json` at the project root: llama.cpp's

@@ -17,9 +17,9 @@ extern "C" __global__ void paged_attention_decode(
     const u16* kv,              // the pool
     const u64* tag_tenant,      // [pages]
     const u64* tag_request,     // [pages]
-    const u32* tag_generation,  // [pages]
+    const u64* tag_generation,  // [pages]
     const u32* table,           // [seqs][max_pages]
-    const u32* want_gen,        // [seqs][max_pages]
+    const u64* want_gen,        // [seqs][max_pages]
     const u64* want_tenant,     // [seqs]
     const u64* want_request,    // [seqs]
     const u32* context,         // [seqs]: tokens to attend to
@@ -107,9 +107,9 @@ extern "C" __global__ void paged_kv_write(
     const float* v_new,
     const u64* tag_tenant,
     const u64* tag_request,
-    const u32* tag_generation,
+    const u64* tag_generation,
     const u32* table,
-    const u32* want_gen,
+    const u64* want_gen,
     const u64* want_tenant,
     const u64* want_request,
     const u32* position,        // [seqs]: the token's position

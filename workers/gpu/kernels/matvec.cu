@@ -44,6 +44,22 @@ struct Q4_1 {
     }
 };
 
+struct Q4_0 {
+    static constexpr u32 BYTES = 18;
+    // Q4_0 (18 bytes): f16 scale d, 16 bytes of nibbles; weight j is
+    // d * (q_j - 8), nibbles as Q4_1's.
+    static __device__ __forceinline__ float dot(const u8* blk, const float* ab)
+    {
+        const float d = h2f(load_u16(blk));
+        float dot = 0.0f;
+        for (u32 j = 0; j < 16; j++) {
+            const u8 q = blk[2 + j];
+            dot += ((float)(q & 0xF) - 8.0f) * ab[j] + ((float)(q >> 4) - 8.0f) * ab[j + 16];
+        }
+        return d * dot;
+    }
+};
+
 struct Q8_0 {
     static constexpr u32 BYTES = 34;
     static __device__ __forceinline__ float dot(const u8* blk, const float* ab)
@@ -73,6 +89,11 @@ __device__ __forceinline__ void matvec_blocks(float* out, const u8* w, const flo
         s += F::dot(r + (u64)b * F::BYTES, a + b * 32);
     }
     warp_store(out, s, rows, row, xr, lane);
+}
+
+extern "C" __global__ void matvec_q4_0(float* out, const u8* w, const float* x, u32 rows, u32 cols, u32 xs)
+{
+    matvec_blocks<Q4_0>(out, w, x, rows, cols, xs);
 }
 
 extern "C" __global__ void matvec_q4_1(float* out, const u8* w, const float* x, u32 rows, u32 cols, u32 xs)

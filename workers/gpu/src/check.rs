@@ -139,9 +139,9 @@ mod cuda {
         let mut out = stream.alloc_zeros::<f32>(2 * HEADS * DIM).map_err(err)?;
         let tag_tenant = stream.clone_htod(&TENANTS).map_err(err)?;
         let tag_request = stream.clone_htod(&[1u64; PAGES]).map_err(err)?;
-        let tag_generation = stream.clone_htod(&[3u32; PAGES]).map_err(err)?;
+        let tag_generation = stream.clone_htod(&[3u64; PAGES]).map_err(err)?;
         let table = stream.clone_htod(&TABLE).map_err(err)?;
-        let want_gen = stream.clone_htod(&[3u32; 4]).map_err(err)?;
+        let want_gen = stream.clone_htod(&[3u64; 4]).map_err(err)?;
         let want_tenant = stream.clone_htod(&OWNER).map_err(err)?;
         let want_request = stream.clone_htod(&[1u64; 2]).map_err(err)?;
         let context = stream.clone_htod(&CONTEXT).map_err(err)?;

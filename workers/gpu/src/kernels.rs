@@ -36,7 +36,7 @@ pub const FILES: [KernelFile; 3] = [
     KernelFile {
         name: "matvec.cu",
         source: include_str!("../kernels/matvec.cu"),
-        functions: &["matvec_q4_1", "matvec_q8_0", "matvec_f32"],
+        functions: &["matvec_q4_0", "matvec_q4_1", "matvec_q8_0", "matvec_f32"],
     },
 ];
 

@@ -1,7 +1,8 @@
 //! Bulkhead's CUDA path, behind the `cuda` feature: finding a device
-//! without ever panicking where there is none ([`open`]), and the kernels,
+//! without ever panicking where there is none ([`open`]); the kernels,
 //! CUDA C kept in `kernels/` and compiled to PTX with NVRTC at start
-//! ([`kernels`]), cached per architecture.
+//! ([`kernels`]), cached per architecture; the device KV pool's tags
+//! ([`pool`]); and the model's forward pass on the device ([`GpuEngine`]).
 //!
 //! The kernels keep the CPU pool's rules on the device: every physical
 //! page carries its owner tag (tenant, request, generation), and the
@@ -18,9 +19,12 @@
 
 pub mod check;
 mod device;
+pub mod engine;
 pub mod kernels;
+pub mod pool;
 
 pub use device::{DeviceInfo, open};
+pub use engine::{Generated, GpuEngine};
 
 /// Which compute a worker runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -82,10 +86,10 @@ pub enum GpuError {
         /// NVRTC's log.
         log: String,
     },
-    /// The device was found, but this build has no CUDA engine to run on
-    /// it yet.
+    /// The device was found, but the serving workers run on the CPU (the
+    /// CUDA engine runs `generate` and `gpu-check`).
     #[error(
-        "found {name} (compute capability {major}.{minor}), but this build has no CUDA engine yet: serve with --device cpu"
+        "found {name} (compute capability {major}.{minor}), but the serving workers run on the CPU in this build (the CUDA engine runs `bulkhead generate --device cuda` and `bulkhead gpu-check`): serve with --device cpu"
     )]
     NoEngine {
         /// The device's name.
@@ -95,6 +99,24 @@ pub enum GpuError {
         /// Compute capability.
         minor: i32,
     },
+    /// A kernel refused a page of a sequence: the page carries another
+    /// owner's tag (or another allocation's generation). The request
+    /// fails; the engine goes on.
+    #[error(
+        "the GPU refused page-table entry {entry} of sequence {sequence}: its page is tagged for another owner"
+    )]
+    OwnerRefused {
+        /// The sequence, by its place in the call.
+        sequence: usize,
+        /// Its page-table entry that was refused.
+        entry: u32,
+    },
+    /// The GPU KV pool had too few free pages.
+    #[error(transparent)]
+    Pool(#[from] pool::PoolFull),
+    /// The model or the request does not fit the CUDA engine.
+    #[error("{0}")]
+    Model(String),
     /// The PTX cache could not be read or written.
     #[error("PTX cache {path}: {source}")]
     Cache {

@@ -187,6 +187,23 @@ impl WeightsQ {
         &self.qs
     }
 
+    /// The matrix in its GGUF block layout again (each block's f16 scale,
+    /// its f16 minimum for `Q4_1`, then its quants), as a device engine
+    /// uploads it. Scales came from f16 (or were rounded to it), so the
+    /// bytes equal the file's.
+    pub fn gguf_bytes(&self) -> Vec<u8> {
+        let qb = self.format.quant_bytes();
+        let mut out = Vec::with_capacity(self.d.len() * self.format.gguf_block_bytes());
+        for (b, quants) in self.qs.chunks_exact(qb).enumerate() {
+            out.extend_from_slice(&f16::from_f32(self.d[b]).to_bits().to_le_bytes());
+            if self.format == WeightFormat::Q4_1 {
+                out.extend_from_slice(&f16::from_f32(self.m[b]).to_bits().to_le_bytes());
+            }
+            out.extend_from_slice(quants);
+        }
+        out
+    }
+
     /// Writes row `row`, dequantized, into `out` (`cols` long).
     pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         let nb = self.blocks_per_row();
@@ -468,6 +485,17 @@ mod tests {
             q1[32..64].contains(&-127),
             "the tie block reaches full scale"
         );
+    }
+
+    #[test]
+    fn gguf_bytes_give_back_the_file_s_blocks() {
+        let row = q4_1_row();
+        let w = WeightsQ::from_gguf_bytes(WeightFormat::Q4_1, 1, 64, &row).unwrap();
+        assert_eq!(w.gguf_bytes(), row);
+        let q = w.to_q8_0();
+        let again = WeightsQ::from_gguf_bytes(WeightFormat::Q8_0, 1, 64, &q.gguf_bytes()).unwrap();
+        assert_eq!(again.gguf_bytes(), q.gguf_bytes());
+        assert_eq!(q.gguf_bytes().len(), 2 * 34);
     }
 
     #[test]
