@@ -27,13 +27,13 @@ extern "C" __global__ void paged_attention_decode(
     u32 seqs, u32 heads, u32 kv_heads, u32 head_dim,
     u32 layer, u32 layers, u32 page_size, u32 max_pages, float scale)
 {
-    const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const u32 lane = threadIdx.x % 32;
-    if (warp >= seqs * heads) {
+    if (warp >= (u64)seqs * heads) {
         return;
     }
-    const u32 seq = warp / heads;
-    const u32 head = warp % heads;
+    const u32 seq = (u32)(warp / heads);
+    const u32 head = (u32)(warp % heads);
     const u32 kvh = head / (heads / kv_heads);
     const u32 per_lane = (head_dim + 31) / 32;
     const u64 page_elems = (u64)layers * 2 * kv_heads * page_size * head_dim;

@@ -11,11 +11,12 @@
 // false past the last pair.
 __device__ __forceinline__ bool warp_pair(u32 rows, u32 xs, u32* row, u32* xr, u32* lane)
 {
-    const u32 warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    // 64-bit: a launch may have more than 2^32 threads.
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     *lane = threadIdx.x % 32;
-    *row = warp % rows;
-    *xr = warp / rows;
-    return warp < rows * xs;
+    *row = (u32)(warp % rows);
+    *xr = (u32)(warp / rows);
+    return warp < (u64)rows * xs;
 }
 
 // The warp's sum of its lanes' partial dots, written by lane 0.

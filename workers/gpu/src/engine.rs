@@ -195,11 +195,15 @@ mod cuda {
             let info = crate::open(ordinal)?;
             let arch = format!("compute_{}{}", info.major, info.minor);
             let c = model.config().clone();
-            if c.head_dim > 128 || !c.head_dim.is_multiple_of(2) || c.heads * c.head_dim != c.hidden
+            if c.head_dim > 128
+                || !c.head_dim.is_multiple_of(2)
+                || c.heads * c.head_dim != c.hidden
+                || c.kv_heads == 0
+                || !c.heads.is_multiple_of(c.kv_heads)
             {
                 return Err(GpuError::Model(format!(
-                    "{} heads of {} in {} hidden: the CUDA kernels take heads of at most 128 that fill the hidden size",
-                    c.heads, c.head_dim, c.hidden
+                    "{} heads ({} KV heads) of {} in {} hidden: the CUDA kernels take heads of at most 128 that fill the hidden size, grouped evenly over the KV heads",
+                    c.heads, c.kv_heads, c.head_dim, c.hidden
                 )));
             }
             let err = |e: cudarc::driver::DriverError| GpuError::Driver {
@@ -343,7 +347,10 @@ mod cuda {
                     }
                 }
             }
-            self.sync_tags()?;
+            if let Err(e) = self.sync_tags() {
+                self.release(tables)?;
+                return Err(e);
+            }
             let ran = self.run(prompts, max_tokens, &tables);
             self.release(tables)?;
             ran

@@ -189,7 +189,10 @@ pub fn cached(file: &KernelFile, arch: &str, cache: &Path) -> Result<Compiled, G
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    std::fs::write(&path, &compiled.ptx).map_err(io)?;
+    // Written aside and renamed: a reader never sees half a file.
+    let part = path.with_extension(format!("ptx.{}.part", std::process::id()));
+    std::fs::write(&part, &compiled.ptx).map_err(io)?;
+    std::fs::rename(&part, &path).map_err(io)?;
     Ok(compiled)
 }
 
