@@ -356,6 +356,40 @@ fn steps_are_shorter_while_another_tenant_has_just_used_the_engine() {
     );
 }
 
+#[test]
+fn a_shared_step_of_batch_work_only_is_shorter_still() {
+    // Steps until a 300-token prompt's first token, on an engine another
+    // tenant used a moment ago: as an interactive request, and as a batch
+    // line, whose steps (nothing interactive running) are six times
+    // shorter again, so the next interactive request waits less.
+    let steps_to_first_token = |class: WorkClass| {
+        let mut core =
+            EngineCore::new(model(), &EngineConfig::with_budget(64 << 20)).expect("engine core");
+        let limits = core.limits();
+        let mut a = queue(&mut core, &limits, 1, 4, 1);
+        while core.step() {}
+        assert!(drain(&mut a).1.is_some(), "A was answered first");
+        let (tx, mut b) = unbounded_channel();
+        let request = GenerateRequest {
+            class,
+            ..greedy(vec![28; 300], 1)
+        };
+        core.submit(EngineCore::admit(&limits, TenantId::new(2), request, tx).expect("admitted"));
+        let mut steps = 0;
+        while drain(&mut b).0.is_empty() {
+            assert!(core.step(), "B's prompt is computed");
+            steps += 1;
+        }
+        steps
+    };
+    let interactive = steps_to_first_token(WorkClass::Interactive);
+    let batch = steps_to_first_token(WorkClass::Batch);
+    assert!(
+        batch > 3 * interactive,
+        "{batch} batch-only steps against {interactive} interactive ones"
+    );
+}
+
 /// Token events of `rx` so far.
 fn token_count(rx: &mut UnboundedReceiver<SeqEvent>) -> usize {
     std::iter::from_fn(|| rx.try_recv().ok())

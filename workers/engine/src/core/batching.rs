@@ -72,7 +72,7 @@ impl EngineCore {
     /// fairly across tenants by cost, interactive work before batch work
     /// (`schedule::tiered_chunks`). While an interactive request waits for
     /// its first token ([`EngineCore::interactive_pending`]), batch
-    /// sequences do not decode: the step that serves its prompt is no
+    /// sequences neither decode nor compute their prompts: the step that serves its prompt is no
     /// longer than it needs, and a prefill worker computing it beside this
     /// engine has the cores; and while tenants share the engine, a step
     /// with no interactive sequence running is
@@ -100,10 +100,15 @@ impl EngineCore {
         let mut decode_units = 0;
         let mut plan: Vec<(usize, usize, usize)> = Vec::new(); // (seq, start, len)
         let batch_yields = self.interactive_pending();
+        // Batch prompts wait too while an interactive request waits for its
+        // first token: its prompt may be computing on a prefill worker
+        // beside this engine, on the same cores.
         let prefilling: Vec<usize> = (0..self.running.len())
             .filter(|&i| {
                 let s = &self.running[i];
-                s.runnable() && s.computed < s.prompt_len
+                s.runnable()
+                    && s.computed < s.prompt_len
+                    && !(batch_yields && s.class == WorkClass::Batch)
             })
             .collect();
         let prompts_wait = !prefilling.is_empty();
