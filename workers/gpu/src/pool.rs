@@ -164,17 +164,22 @@ mod tests {
         tag.tenant == t.tenant && tag.request == t.request && tag.generation == t.generations[i]
     }
 
+    /// What a holder that kept a table past its release would have.
+    fn kept(t: &DeviceTable) -> DeviceTable {
+        DeviceTable {
+            tenant: t.tenant,
+            request: t.request,
+            pages: t.pages.clone(),
+            generations: t.generations.clone(),
+        }
+    }
+
     #[test]
     fn every_allocation_takes_fresh_generations_and_a_released_table_matches_nothing() {
         let mut book = PageBook::new(4);
         let a = book.allocate(TenantId::new(7), 2).unwrap();
         assert!((0..2).all(|i| matches(&book, &a, i)));
-        let stale = DeviceTable {
-            tenant: a.tenant,
-            request: a.request,
-            pages: a.pages.clone(),
-            generations: a.generations.clone(),
-        };
+        let stale = kept(&a);
         let pages = book.release(a);
         assert_eq!(book.free_pages(), 2, "not free before the scrub");
         book.scrubbed(pages);
@@ -202,12 +207,7 @@ mod tests {
     fn releasing_a_table_twice_does_not_free_its_pages_new_owner() {
         let mut book = PageBook::new(1);
         let a = book.allocate(TenantId::new(1), 1).unwrap();
-        let copy = DeviceTable {
-            tenant: a.tenant,
-            request: a.request,
-            pages: a.pages.clone(),
-            generations: a.generations.clone(),
-        };
+        let copy = kept(&a);
         let pages = book.release(a);
         book.scrubbed(pages);
         let b = book.allocate(TenantId::new(2), 1).unwrap();
