@@ -281,6 +281,28 @@ impl LineStream {
         }
     }
 
+    /// Reads what is left of the body after its last line (a moment and a
+    /// little data at most): a body read to its end gives its connection
+    /// back to the client's pool, where one dropped before is closed, and
+    /// the next request would pay a new connection and handshake.
+    pub(crate) async fn finish(mut self) {
+        if self.done {
+            return;
+        }
+        let drain = async {
+            let mut left: usize = 64 << 10;
+            while let Some(Ok(frame)) = self.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    match left.checked_sub(data.len()) {
+                        Some(l) => left = l,
+                        None => break,
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drain).await;
+    }
+
     /// The next line; `None` after the end.
     pub(crate) async fn next(&mut self) -> Option<Result<Line, UpstreamError>> {
         loop {

@@ -37,6 +37,9 @@ pub(crate) async fn collect(g: Generation) -> Result<Collected, GatewayError> {
             })) => {
                 answer.push_str(&text);
                 ends.finished(usage);
+                // The worker's body read to its end, beside the answer, so
+                // its connection is kept for the next call.
+                tokio::spawn(rest.finish());
                 break Ok(Collected {
                     text: answer,
                     logprobs,

@@ -38,6 +38,7 @@ where
             held: Vec::new(),
         };
         let mut line: Option<Result<Line, UpstreamError>> = Some(Ok(first));
+        let mut answered = false;
         loop {
             let (events, end) = stream.events(line, &mut render);
             if !send_events(&tx, events).await {
@@ -48,6 +49,7 @@ where
                 if ok {
                     let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
                 }
+                answered = ok;
                 break;
             }
             line = tokio::select! {
@@ -59,6 +61,12 @@ where
             };
         }
         drop((stream, held));
+        if answered {
+            // The client's stream ends first; then the worker's body is
+            // read to its end, so its connection is kept for the next call.
+            drop(tx);
+            rest.finish().await;
+        }
     });
     (
         [
