@@ -121,13 +121,7 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             } => {
                 text.push_str(&tail);
                 if args.json {
-                    let v = serde_json::json!({
-                        "text": text,
-                        "token_ids": ids,
-                        "prompt_token_ids": prompt,
-                        "finish_reason": reason.as_str(),
-                    });
-                    writeln!(out, "{v}")?;
+                    writeln!(out, "{}", answer(&text, &ids, &prompt, reason.as_str()))?;
                 } else {
                     writeln!(out, "{tail}")?;
                 }
@@ -163,15 +157,19 @@ fn on_gpu(
     let text = model.tokenizer().decode(&ids, true);
     let mut out = std::io::stdout().lock();
     if args.json {
-        let v = serde_json::json!({
-            "text": text,
-            "token_ids": ids,
-            "prompt_token_ids": prompt,
-            "finish_reason": reason,
-        });
-        writeln!(out, "{v}")?;
+        writeln!(out, "{}", answer(&text, &ids, prompt, reason))?;
     } else {
         writeln!(out, "{text}")?;
     }
     Ok(())
+}
+
+/// `--json`'s one object, from either engine.
+fn answer(text: &str, ids: &[u32], prompt: &[u32], reason: &str) -> serde_json::Value {
+    serde_json::json!({
+        "text": text,
+        "token_ids": ids,
+        "prompt_token_ids": prompt,
+        "finish_reason": reason,
+    })
 }

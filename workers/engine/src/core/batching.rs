@@ -72,13 +72,11 @@ impl EngineCore {
     /// fairly across tenants by cost, interactive work before batch work
     /// (`schedule::tiered_chunks`). While an interactive request waits for
     /// its first token ([`EngineCore::interactive_pending`]), batch
-    /// sequences neither decode nor compute their prompts: the step that serves its prompt is no
-    /// longer than it needs, and a prefill worker computing it beside this
-    /// engine has the cores; and while tenants share the engine, a step
-    /// with no interactive sequence running is
-    /// [`super::BATCH_ONLY_STEP_DIVISOR`] times shorter, so the interactive
-    /// request that arrives next waits a few milliseconds for the batch
-    /// to yield. Decoding sequences whose tokens together
+    /// sequences neither decode nor compute their prompts: the step that
+    /// serves its prompt is no longer than it needs, and a prefill worker
+    /// computing it beside this engine has the cores (and a shared step
+    /// of batch work only is short: [`EngineCore::step_time_now`]).
+    /// Decoding sequences whose tokens together
     /// would take longer than the step (at the cost measured on earlier
     /// steps, [`DecodeCost`]; half the step while prompts wait or tenants
     /// share the engine) decode in
@@ -88,11 +86,7 @@ impl EngineCore {
     /// everyone's next one. Each entry is (sequence, start, length).
     pub(super) fn plan(&mut self, stalled: &[RequestId]) -> Vec<(usize, usize, usize)> {
         let ps = self.pool.geometry().page_size;
-        let step_time = if self.sharing() && !self.interactive_running() {
-            self.step_time_now() / super::BATCH_ONLY_STEP_DIVISOR
-        } else {
-            self.step_time_now()
-        };
+        let step_time = self.step_time_now();
         let budget = self
             .speed
             .units_in(step_time)
@@ -214,7 +208,7 @@ impl EngineCore {
 
     /// Whether any interactive sequence is running (its prompt or its
     /// decode): a shared step without one holds batch work only.
-    fn interactive_running(&self) -> bool {
+    pub(super) fn interactive_running(&self) -> bool {
         self.running
             .iter()
             .any(|s| s.class == WorkClass::Interactive && !s.done)
@@ -435,3 +429,6 @@ impl EngineCore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

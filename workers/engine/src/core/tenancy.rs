@@ -89,10 +89,14 @@ impl EngineCore {
     /// How long this step may take: `step_time`, or a fraction of it while
     /// tenants share the engine.
     pub(super) fn step_time_now(&self) -> Duration {
-        if self.sharing() {
+        if !self.sharing() {
+            self.step_time
+        } else if self.interactive_running() {
             self.step_time / super::SHARED_STEP_DIVISOR
         } else {
-            self.step_time
+            // Batch work only: the interactive request that arrives next
+            // waits a few milliseconds for the batch to yield.
+            self.step_time / (super::SHARED_STEP_DIVISOR * super::BATCH_ONLY_STEP_DIVISOR)
         }
     }
 
