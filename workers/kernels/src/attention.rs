@@ -18,7 +18,13 @@
 //! rows stay in cache for the next pairs, and the lane accumulators are
 //! kept in f32 between tiles. K and V traffic from memory so falls by the
 //! number of rows in a tile, and the f16 conversions by the pairs that
-//! share each load.
+//! share each load. A one-row decode tile goes in value tiles too, so its
+//! lanes (whose rows lie pages apart) sweep L2, not DRAM.
+//!
+//! A sequence's pages are not adjacent in memory, so the hardware
+//! prefetchers do not follow a sweep: the kernel asks for the next key page
+//! in L1 and the one [`KEY_PAGES_AHEAD`] further in L2, for the first value
+//! pages in L2 while keys are scored, and for each value tile a tile ahead.
 //!
 //! # Numerics
 //! Blocking shares loads and interleaves independent chains; it never
@@ -44,6 +50,12 @@ pub use crate::sum_order::{LANES, SumOrder, reduce16};
 
 /// Tokens a value tile spans (a multiple of every order's lanes).
 pub const VALUE_TILE: usize = 512;
+
+/// Key pages between the page being scored and the one prefetched into L2.
+const KEY_PAGES_AHEAD: usize = 4;
+
+/// Bytes of value pages prefetched into L2 while the keys are scored.
+const VALUE_PREFETCH_BYTES: usize = 256 << 10;
 
 /// An element type of KV page memory: `f32`, or `half::f16` as llama.cpp's
 /// default cache stores keys and values.
@@ -197,24 +209,34 @@ pub(crate) fn attend_tile_at<E: KvElement>(
         .collect();
     #[cfg(not(target_arch = "x86_64"))]
     let qs: Vec<*const f32> = Vec::new();
+    // Value pages that come into L2 while the keys are scored: a sweep's
+    // worth that L2 holds beside them (all of a decode row's 2k context).
+    let early_values = (VALUE_PREFETCH_BYTES / (hd * w * std::mem::size_of::<E>())).max(1);
     for (pi, keys) in pages.keys[..n_pages].iter().enumerate() {
-        // The next key page is on its way from memory while this one is
-        // scored (the pages of a sequence are not adjacent in memory, so
-        // the hardware prefetchers do not follow them).
+        // Key pages are on their way from memory while this one is scored
+        // (the pages of a sequence are not adjacent in memory, so the
+        // hardware prefetchers do not follow them): the next into L1, one
+        // further ahead into L2, which one page's scoring is too short to
+        // cover from DRAM.
         if let Some(next) = pages.keys[..n_pages].get(pi + 1) {
             prefetch(&next[..hd * w], Level::L1);
+        }
+        if let Some(ahead) = pages.keys[..n_pages].get(pi + KEY_PAGES_AHEAD) {
+            prefetch(&ahead[..hd * w], Level::L2);
+        }
+        if pi < early_values {
+            prefetch(&pages.values[pi][..hd * w], Level::L2);
         }
         let m = w.min(tile.last_ctx() - pi * w);
         page_scores(level, tile, &qs, keys, PageAt { pi, w, m }, scores, stride);
     }
-    let span_tokens = if pairs <= 3 {
-        tile.last_ctx()
-    } else {
-        VALUE_TILE
-    };
-    // The first value tile comes in while the scores become probabilities
-    // (at most a tile's worth: a one-row tile sums its whole context at once).
-    let ahead = span_tokens.min(VALUE_TILE);
+    // Value tiles for every tile shape: a decode row's lanes sweep the
+    // tile's pages from L2 (prefetched one tile ahead), not its whole
+    // context from DRAM, where each lane's rows lie pages apart. A tile
+    // boundary stores each lane in f32 and reloads it, which is exact.
+    let span_tokens = VALUE_TILE;
+    // The first value tile comes in while the scores become probabilities.
+    let ahead = VALUE_TILE;
     prefetch_values(
         &pages.values[..n_pages],
         0..ahead.min(tile.last_ctx()),
@@ -231,8 +253,6 @@ pub(crate) fn attend_tile_at<E: KvElement>(
     }
     let acc = &mut acc[..pairs * lanes * hd];
     let values = &pages.values[..n_pages];
-    // One pass when every pair goes in one kernel call (no row shares a
-    // value tile with another): the rows stream through once anyway.
     let mut lo = 0;
     while lo < tile.last_ctx() {
         let hi = (lo + span_tokens).min(tile.last_ctx());
