@@ -422,7 +422,7 @@ async fn receive(
     use tokio::io::AsyncWriteExt;
     let tcp = tokio::net::TcpStream::from_std(s)?;
     let mut s: Box<dyn Stream> = match acceptor {
-        Some(a) => Box::new(a.accept(tcp).await?),
+        Some(a) => Box::new(a.accept(bulkhead_trust::wire(tcp)).await?),
         None => Box::new(tcp),
     };
     let limits = dst.limits(window);
@@ -494,8 +494,11 @@ async fn send_all(
     tcp.set_nodelay(true)?;
     let s: Box<dyn Stream> = match connector {
         Some(c) => Box::new(
-            c.connect(CertRole::Decode.dns_name().try_into()?, tcp)
-                .await?,
+            c.connect(
+                CertRole::Decode.dns_name().try_into()?,
+                bulkhead_trust::wire(tcp),
+            )
+            .await?,
         ),
         None => Box::new(tcp),
     };

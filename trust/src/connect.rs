@@ -4,7 +4,7 @@
 //! transfer connection).
 
 use crate::identity::sni;
-use crate::{Identity, Role, TrustError};
+use crate::{Identity, Role, TrustError, Wire};
 use hyper::Uri;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::connect::{Connected, Connection};
@@ -25,11 +25,11 @@ pub async fn dial(
     tls: &tokio_rustls::TlsConnector,
     expect: Role,
     addr: &str,
-) -> io::Result<TlsStream<TcpStream>> {
+) -> io::Result<TlsStream<Wire>> {
     let fut = async {
         let tcp = TcpStream::connect(addr).await?;
         tcp.set_nodelay(true)?;
-        tls.connect(sni(expect), tcp).await
+        tls.connect(sni(expect), crate::wire(tcp)).await
     };
     tokio::time::timeout(CONNECT_TIMEOUT, fut)
         .await
@@ -109,7 +109,7 @@ impl tower_service::Service<Uri> for Connector {
 
 /// A TLS connection hyper can use.
 #[derive(Debug)]
-pub struct TlsConnection(TokioIo<TlsStream<TcpStream>>);
+pub struct TlsConnection(TokioIo<TlsStream<Wire>>);
 
 impl Connection for TlsConnection {
     fn connected(&self) -> Connected {

@@ -18,6 +18,7 @@
 //!   the peer's verified role ([`Peer`]).
 //! - [`connect`]: a connector for hyper clients that dials with this
 //!   identity and checks the server's role.
+//! - [`wire`]: the buffered TCP stream every TLS connection runs over.
 //!
 //! Who is admitted where, and what a caller needs besides its certificate:
 //!
@@ -47,10 +48,12 @@ mod identity;
 pub mod listen;
 mod scope;
 mod verify;
+pub mod wire;
 
 pub use identity::{Identity, TlsFiles};
 pub use listen::{CallerRole, Peer, TlsListener};
 pub use scope::Scope;
+pub use wire::{Wire, wire};
 
 use std::fmt;
 

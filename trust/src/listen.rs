@@ -8,10 +8,10 @@
 //! costs a bounded amount of memory and CPU (each lasts at most
 //! [`HANDSHAKE_TIMEOUT`]).
 
-use crate::{Role, Scope};
+use crate::{Role, Scope, Wire};
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -46,7 +46,7 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
 }
 
 /// The scope of the certificate the peer of `tls` presented.
-pub fn peer_scope(tls: &TlsStream<TcpStream>) -> Scope {
+pub fn peer_scope(tls: &TlsStream<Wire>) -> Scope {
     tls.get_ref()
         .1
         .peer_certificates()
@@ -58,7 +58,7 @@ pub fn peer_scope(tls: &TlsStream<TcpStream>) -> Scope {
 }
 
 /// The role named by the certificate the peer of `tls` presented.
-pub fn peer_role(tls: &TlsStream<TcpStream>) -> Option<Role> {
+pub fn peer_role(tls: &TlsStream<Wire>) -> Option<Role> {
     tls.get_ref()
         .1
         .peer_certificates()
@@ -70,7 +70,7 @@ pub fn peer_role(tls: &TlsStream<TcpStream>) -> Option<Role> {
 #[derive(Debug)]
 pub struct TlsListener {
     local: SocketAddr,
-    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    accepted: mpsc::Receiver<(TlsStream<Wire>, SocketAddr)>,
 }
 
 impl TlsListener {
@@ -112,7 +112,9 @@ impl TlsListener {
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(crate::wire(tcp)))
+                        .await
+                    {
                         Ok(Ok(tls)) => {
                             let _ = tx.send((tls, addr)).await;
                         }
@@ -130,7 +132,7 @@ impl TlsListener {
     }
 
     /// The next authenticated connection and its peer's address.
-    pub async fn accept(&mut self) -> (TlsStream<TcpStream>, SocketAddr) {
+    pub async fn accept(&mut self) -> (TlsStream<Wire>, SocketAddr) {
         match self.accepted.recv().await {
             Some(c) => c,
             // The accepting task never ends while this listener lives.
@@ -145,7 +147,7 @@ impl TlsListener {
 }
 
 impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = TlsStream<Wire>;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -37,10 +37,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::net::TcpStream;
 
 /// A decode worker's connection: mutual TLS over TCP.
-pub(crate) type Conn = bulkhead_trust::tokio_rustls::server::TlsStream<TcpStream>;
+pub(crate) type Conn = bulkhead_trust::tokio_rustls::server::TlsStream<bulkhead_trust::Wire>;
 use tokio::sync::{broadcast, mpsc};
 
 /// How a prefill worker sends.

@@ -37,10 +37,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 /// A transfer connection: mutual TLS over TCP.
-type TlsConn = bulkhead_trust::tokio_rustls::client::TlsStream<TcpStream>;
+type TlsConn = bulkhead_trust::tokio_rustls::client::TlsStream<bulkhead_trust::Wire>;
 type OwnedReadHalf = tokio::io::ReadHalf<TlsConn>;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
