@@ -52,7 +52,11 @@ enum End {
 /// without one (and the wait a refusal asked for).
 enum Call {
     Text(Duration),
-    Refused { took: Duration, retry: Option<u64> },
+    Refused {
+        status: u16,
+        took: Duration,
+        retry: Option<u64>,
+    },
     Failed(String),
 }
 
@@ -70,9 +74,15 @@ pub(crate) struct Platform {
 impl Platform {
     /// Starts `up` in a data directory named after `bench`.
     pub(crate) fn start(bench: &str) -> anyhow::Result<Platform> {
-        let up = UpChild::start(
+        Platform::start_with(bench, &[])
+    }
+
+    /// [`Platform::start`] with `env` set for every component.
+    pub(crate) fn start_with(bench: &str, env: &[(&str, &str)]) -> anyhow::Result<Platform> {
+        let up = UpChild::start_with_env(
             bench,
             &["--port", "0", "--models", "q4_1", "--no-prober"],
+            env,
             false,
         )?;
         let creds = up.read("credentials.json")?;
@@ -235,6 +245,11 @@ async fn served_window(control_plane: &str, admin: &str) -> anyhow::Result<(usiz
     ))
 }
 
+/// Least time from one of tenant A's requests to its next: 250 a minute,
+/// within the gateway's default 300 per account, as a client keeping to its
+/// limit sends them (back to back, a phase of 150 was refused part-way).
+const A_INTERVAL: Duration = Duration::from_millis(240);
+
 /// Tenant A's prompts one after another: seconds to each first text.
 pub(crate) async fn ttft_of_a(
     gw: &Gateway,
@@ -243,11 +258,13 @@ pub(crate) async fn ttft_of_a(
 ) -> anyhow::Result<Vec<f64>> {
     let mut out = Vec::with_capacity(prompts.len());
     for p in prompts {
+        let next = tokio::time::Instant::now() + A_INTERVAL;
         match complete(gw, key, p, 1, None).await {
             Call::Text(t) => out.push(t.as_secs_f64()),
-            Call::Refused { .. } => anyhow::bail!("tenant A was refused"),
+            Call::Refused { status, .. } => anyhow::bail!("tenant A was refused (HTTP {status})"),
             Call::Failed(why) => anyhow::bail!("tenant A's request failed: {why}"),
         }
+        tokio::time::sleep_until(next).await;
     }
     Ok(out)
 }
@@ -257,7 +274,7 @@ pub(crate) async fn ttft_of_a(
 async fn classify(call: &Call) -> End {
     match call {
         Call::Text(_) => End::Answered,
-        Call::Refused { took, retry } => {
+        Call::Refused { took, retry, .. } => {
             let secs = retry.unwrap_or(1).clamp(1, 2);
             tokio::time::sleep(Duration::from_secs(secs)).await;
             if *took <= Duration::from_secs(1) && retry.is_some() {
@@ -306,6 +323,7 @@ async fn complete(
             .get("retry-after")
             .and_then(|v| v.to_str().ok()?.parse().ok());
         return Call::Refused {
+            status,
             took: sent.elapsed(),
             retry,
         };
