@@ -44,11 +44,16 @@ pub(super) fn run(args: &EmbeddingsBenchArgs) -> anyhow::Result<()> {
         let alone = ttft_of_a(&gw, &a, &short[..n]).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let embedded = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
         let started = Instant::now();
         let mut flood = tokio::task::JoinSet::new();
         for s in 0..args.streams.max(1) {
             let (gw, b, slug) = (gw.clone(), b.clone(), slug.clone());
-            let (stop, embedded) = (Arc::clone(&stop), Arc::clone(&embedded));
+            let (stop, embedded, refused) = (
+                Arc::clone(&stop),
+                Arc::clone(&embedded),
+                Arc::clone(&refused),
+            );
             flood.spawn(async move {
                 let mut i = 0usize;
                 while !stop.load(Ordering::Relaxed) {
@@ -60,8 +65,11 @@ pub(super) fn run(args: &EmbeddingsBenchArgs) -> anyhow::Result<()> {
                             )
                         })
                         .collect();
-                    embed(&gw, &b, &slug, &texts).await?;
-                    embedded.fetch_add(B_BATCH, Ordering::Relaxed);
+                    if embed(&gw, &b, &slug, &texts).await? {
+                        embedded.fetch_add(B_BATCH, Ordering::Relaxed);
+                    } else {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
                     i += 1;
                 }
                 anyhow::Ok(())
@@ -90,6 +98,7 @@ pub(super) fn run(args: &EmbeddingsBenchArgs) -> anyhow::Result<()> {
             "p99_ratio": b99 / a99,
             "target_p99_ratio": 1.2,
             "b_inputs_per_sec": rate,
+            "b_calls_refused_by_rate_limit": refused.load(Ordering::Relaxed),
         }))
     })?;
     drop(up);
@@ -112,15 +121,18 @@ pub(super) fn run(args: &EmbeddingsBenchArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "p99 beside / alone: {:.2}x (target at most 1.2x); B embedded {:.1} inputs/s meanwhile",
+        "p99 beside / alone: {:.2}x (target at most 1.2x); B embedded {:.1} inputs/s meanwhile ({} of its calls refused by its rate limit)",
         report["p99_ratio"].as_f64().unwrap_or(0.0),
-        report["b_inputs_per_sec"].as_f64().unwrap_or(0.0)
+        report["b_inputs_per_sec"].as_f64().unwrap_or(0.0),
+        report["b_calls_refused_by_rate_limit"]
     );
     Ok(())
 }
 
-/// One embedding call of `texts` as `key`.
-async fn embed(gw: &Gateway, key: &str, slug: &str, texts: &[String]) -> anyhow::Result<()> {
+/// One embedding call of `texts` as `key`: whether it was answered. A
+/// call refused by B's rate limit (429) waits as `retry-after` asks (1 to
+/// 5 s), as a client honouring it does, and counts as refused.
+async fn embed(gw: &Gateway, key: &str, slug: &str, texts: &[String]) -> anyhow::Result<bool> {
     let body = json!({"model": slug, "input": texts, "encoding_format": "base64"}).to_string();
     let req = hyper::Request::post(format!("{}/v1/embeddings", gw.url))
         .header("authorization", format!("Bearer {key}"))
@@ -128,11 +140,20 @@ async fn embed(gw: &Gateway, key: &str, slug: &str, texts: &[String]) -> anyhow:
         .body(Full::new(Bytes::from(body)))?;
     let resp = gw.http.request(req).await?;
     let status = resp.status();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let bytes = resp.into_body().collect().await?.to_bytes();
+    if status == hyper::StatusCode::TOO_MANY_REQUESTS {
+        let secs = retry.unwrap_or(1).clamp(1, 5);
+        tokio::time::sleep(std::time::Duration::from_secs(secs)).await;
+        return Ok(false);
+    }
     anyhow::ensure!(
         status.is_success(),
         "embedding call: {status} {}",
         String::from_utf8_lossy(&bytes)
     );
-    Ok(())
+    Ok(true)
 }

@@ -16,6 +16,9 @@ use std::path::Path;
 
 pub(crate) use crate::platform::embed_worker::EMBED_SLUG;
 
+/// Its compute threads: one, so that generation keeps the other core.
+const THREADS: &str = "1";
+
 /// Its node name.
 pub(super) const NODE_NAME: &str = "up-embed";
 
@@ -107,7 +110,7 @@ pub(super) fn start(
         "--max-tokens",
         &max_tokens,
         "--threads",
-        "1",
+        THREADS,
         "--nice",
         "19",
         "--idle",
@@ -126,6 +129,10 @@ pub(super) fn start(
     let env = vec![
         ("BULKHEAD_NODE_TOKEN", node_token.to_owned()),
         ("BULKHEAD_TLS_DIR", bundle),
+        // candle runs broadcast element-wise ops on a spinning thread pool
+        // of its own, one thread per core unless told: without this, the
+        // worker computed on two threads, not one.
+        ("CANDLE_NUM_THREADS", THREADS.to_owned()),
     ];
     let component = "embed worker";
     c.console.serves(component, EMBED_SLUG);
