@@ -118,6 +118,15 @@ pub(crate) fn run(args: &EmbedArgs) -> anyhow::Result<()> {
         max_inputs: args.max_inputs.max(1),
         max_tokens: args.max_tokens.max(1),
     };
+    if std::env::var("CANDLE_NUM_THREADS").ok() != Some(threads.to_string()) {
+        // candle sizes its own pool for element-wise ops from this variable
+        // (one thread per core without it), read once, and this process
+        // cannot set it for itself: `up` does.
+        tracing::warn!(
+            threads,
+            "CANDLE_NUM_THREADS is not --threads: candle's element-wise ops run on a pool of their own size"
+        );
+    }
     let service = EmbedService::start(model, limits, threads, args.pass_tokens)?;
     runtime()?.block_on(async {
         let prefill = measure(&service, args.prefill_deadline_secs).await?;

@@ -18,7 +18,7 @@
 //!   the peer's verified role ([`Peer`]).
 //! - [`connect`]: a connector for hyper clients that dials with this
 //!   identity and checks the server's role.
-//! - [`wire`]: the buffered TCP stream every TLS connection runs over.
+//! - [`wire`](mod@wire): the buffered TCP stream every TLS connection runs over.
 //!
 //! Who is admitted where, and what a caller needs besides its certificate:
 //!

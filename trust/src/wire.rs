@@ -9,9 +9,11 @@
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
 
-/// Bytes one `read` system call on a TLS connection's socket may take: a
-/// loopback segment (measured on the transfer benchmark: 64 KiB moved
-/// 1.4–1.6 GB/s under mTLS where 4 KiB reads moved 0.8–0.95 GB/s).
+/// Bytes one `read` system call on a TLS connection's socket may take
+/// (`bench transfer` on a two-core EPYC, mTLS: 64 KiB moved 1.25–1.61 GB/s
+/// where rustls's own 4 KiB reads moved 0.84–0.96; 32 and 128 KiB measured
+/// no better than 4). At most [`crate::listen::MAX_HANDSHAKES`] of them are allocated for
+/// connections still in their handshake.
 pub const WIRE_READ_BUFFER: usize = 64 << 10;
 
 /// A TCP stream as TLS runs over it.

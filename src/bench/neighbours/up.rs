@@ -74,15 +74,9 @@ pub(crate) struct Platform {
 impl Platform {
     /// Starts `up` in a data directory named after `bench`.
     pub(crate) fn start(bench: &str) -> anyhow::Result<Platform> {
-        Platform::start_with(bench, &[])
-    }
-
-    /// [`Platform::start`] with `env` set for every component.
-    pub(crate) fn start_with(bench: &str, env: &[(&str, &str)]) -> anyhow::Result<Platform> {
-        let up = UpChild::start_with_env(
+        let up = UpChild::start(
             bench,
             &["--port", "0", "--models", "q4_1", "--no-prober"],
-            env,
             false,
         )?;
         let creds = up.read("credentials.json")?;
