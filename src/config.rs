@@ -64,6 +64,12 @@ pub(crate) struct ModelArgs {
     /// worker they start. Refused unless built with the test-hooks feature.
     #[arg(long, hide = true, env = "BULKHEAD_SIMD_CAP", value_parser = ["avx512", "avx2", "scalar"])]
     pub(crate) simd_cap: Option<String>,
+    /// A compute gate file (`up` gives one): the engine holds it while it
+    /// computes, and background work on this host that waits at it (the
+    /// embedding worker's `--compute-gate`) computes only while no engine
+    /// does.
+    #[arg(long)]
+    pub(crate) compute_gate: Option<PathBuf>,
 }
 
 impl ModelArgs {
@@ -129,6 +135,7 @@ impl ModelArgs {
         c.step_time = std::time::Duration::from_millis(self.step_ms.max(1));
         c.tenant_share_percent = self.tenant_share_percent.clamp(1, 100);
         c.corrupt_answers_after = self.corrupt_answers_after;
+        c.compute_gate.clone_from(&self.compute_gate);
         c
     }
 }

@@ -99,6 +99,7 @@ pub(super) fn start(
     let max_tokens = MAX_TOKENS.to_string();
     let deadline = args.prefill_deadline_secs.to_string();
     let corrupt = args.corrupt_embeddings_after.map(|n| n.to_string());
+    let gate = super::compute_gate(args)?;
     let mut a = vec![
         "embed",
         "--http",
@@ -114,6 +115,8 @@ pub(super) fn start(
         "--nice",
         "19",
         "--idle",
+        "--compute-gate",
+        &gate,
         "--prefill-deadline-secs",
         &deadline,
         "--control-plane",

@@ -13,7 +13,9 @@
 //! `--decode-workers` decode workers (colocated ones with `--colocated`); last
 //! it starts the leak prober (unless `--no-prober`) and the batch runner.
 //! Beside them it serves an embedding model on an embedding worker (unless
-//! `--no-embeddings`; `embedding.rs`). Tokens and the TLS
+//! `--no-embeddings`; `embedding.rs`), which computes only while no
+//! generation engine does (the compute gate, `compute.gate` in the data
+//! directory). Tokens and the TLS
 //! directory reach the components in their environment, never on a command
 //! line. If this machine cannot prefill a model's configured context window
 //! within `--prefill-deadline-secs`, `up` serves a smaller window, a quarter
@@ -281,6 +283,17 @@ pub(crate) fn run(args: &UpArgs) -> anyhow::Result<()> {
     components.stop();
     drop(lock);
     Ok(())
+}
+
+/// The compute gate every worker `up` starts is given (`compute.gate` in
+/// the data directory): generation engines hold it while they compute,
+/// and the embedding worker computes only while none does
+/// ([`bulkhead_engine::ComputeGate`]).
+fn compute_gate(args: &UpArgs) -> anyhow::Result<String> {
+    let path = args.data_dir.join("compute.gate");
+    path.to_str()
+        .map(str::to_owned)
+        .context("the data directory must be UTF-8")
 }
 
 /// Ctrl-C and SIGTERM, registered once.

@@ -423,6 +423,8 @@ impl WorkerSpawn<'_> {
         a.extend_from_slice(&["--metrics-listen", "127.0.0.1:0"]);
         a.extend_from_slice(&["--node-name", &node_name]);
         a.extend_from_slice(&["--prefill-deadline-secs", &self.deadline]);
+        let gate = super::compute_gate(self.args)?;
+        a.extend_from_slice(&["--compute-gate", &gate]);
         if let Some(t) = &self.threads {
             a.extend_from_slice(&["--threads", t]);
         }

@@ -99,8 +99,14 @@ impl Encoder {
         })
     }
 
-    /// One normalised vector per input, in order.
-    pub(crate) fn embed(&self, inputs: &[Tokens]) -> Result<Vec<Vec<f32>>, EmbedError> {
+    /// One normalised vector per input, in order; `turn()` runs before
+    /// each layer and each of its matrix products (pieces of a few
+    /// milliseconds), where the caller may wait for its turn to compute.
+    pub(crate) fn embed(
+        &self,
+        inputs: &[Tokens],
+        turn: &dyn Fn(),
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
@@ -127,7 +133,8 @@ impl Encoder {
             .broadcast_add(&self.token_type)?;
         let mut x = layer_norm(&x, &self.embed_norm, self.eps)?;
         for layer in &self.layers {
-            x = self.layer(layer, &x, &spans)?;
+            turn();
+            x = self.layer(layer, &x, &spans, turn)?;
         }
         let mut out = Vec::with_capacity(inputs.len());
         for &(off, len) in &spans {
@@ -143,7 +150,13 @@ impl Encoder {
         Ok(out)
     }
 
-    fn layer(&self, l: &Layer, x: &Tensor, spans: &[(usize, usize)]) -> Result<Tensor, EmbedError> {
+    fn layer(
+        &self,
+        l: &Layer,
+        x: &Tensor,
+        spans: &[(usize, usize)],
+        turn: &dyn Fn(),
+    ) -> Result<Tensor, EmbedError> {
         let hidden = self.heads * self.head_dim;
         let qkv = linear(x, &l.qkv_w, &l.qkv_b)?;
         #[allow(clippy::cast_precision_loss)]
@@ -164,9 +177,12 @@ impl Encoder {
             mixed.push(ctx);
         }
         let ctx = Tensor::cat(&mixed, 0)?;
+        turn();
         let attended = linear(&ctx, &l.out_w, &l.out_b)?;
         let x = layer_norm(&x.add(&attended)?, &l.attn_norm, self.eps)?;
+        turn();
         let up = gelu(&linear(&x, &l.up_w, &l.up_b)?)?;
+        turn();
         let down = linear(&up, &l.down_w, &l.down_b)?;
         Ok(layer_norm(&x.add(&down)?, &l.out_norm, self.eps)?)
     }

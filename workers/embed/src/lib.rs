@@ -26,7 +26,9 @@ pub use error::EmbedError;
 pub use service::{Admitted, EmbedService, Limits, Load, Refusal};
 pub use tokens::Tokens;
 
+use bulkhead_engine::ComputeGate;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A loaded embedding model: its tokenizer, configuration and weights.
 pub struct Embedder {
@@ -78,6 +80,25 @@ impl Embedder {
 
     /// One normalised vector per input, in order, computed in one pass.
     pub fn embed(&self, inputs: &[Tokens]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        self.encoder.embed(inputs)
+        self.encoder.embed(inputs, &|| {})
+    }
+
+    /// [`Embedder::embed`] as background work: before each layer and each
+    /// matrix product it waits while a generation engine on this host holds
+    /// `gate` (see [`ComputeGate`]), counting the waits in `waits`. The
+    /// vectors are the same.
+    pub fn embed_behind(
+        &self,
+        inputs: &[Tokens],
+        gate: &ComputeGate,
+        waits: &AtomicU64,
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.encoder.embed(inputs, &|| {
+            // A lock the kernel refuses leaves the pass computing beside
+            // generation: slower for it, never wrong.
+            if let Ok(true) = gate.wait_idle() {
+                waits.fetch_add(1, Ordering::Relaxed);
+            }
+        })
     }
 }

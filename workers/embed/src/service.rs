@@ -9,9 +9,10 @@
 //! answered when its last input is computed.
 
 use crate::{EmbedError, Embedder, Tokens};
+use bulkhead_engine::ComputeGate;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use tokio::sync::oneshot;
 
@@ -154,6 +155,7 @@ pub struct EmbedService {
     limits: Limits,
     jobs: Sender<Job>,
     counters: Arc<Counters>,
+    gate_waits: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for EmbedService {
@@ -166,12 +168,14 @@ impl std::fmt::Debug for EmbedService {
 
 impl EmbedService {
     /// Starts the thread, computing on a pool of `threads` threads, each
-    /// pass at most `pass_tokens` tokens.
+    /// pass at most `pass_tokens` tokens; with a `gate`, as background work
+    /// behind the generation engines that hold it
+    /// ([`Embedder::embed_behind`]).
     pub fn start(
         embedder: Embedder,
         limits: Limits,
-        threads: usize,
-        pass_tokens: usize,
+        (threads, pass_tokens): (usize, usize),
+        gate: Option<ComputeGate>,
     ) -> Result<Self, EmbedError> {
         let embedder = Arc::new(embedder);
         let pool = rayon::ThreadPoolBuilder::new()
@@ -181,16 +185,30 @@ impl EmbedService {
             .map_err(|e| EmbedError::Threads(e.to_string()))?;
         let (jobs, rx) = channel();
         let model = embedder.clone();
+        let gate_waits = Arc::new(AtomicU64::new(0));
+        let waits = Arc::clone(&gate_waits);
         std::thread::Builder::new()
             .name("embed".into())
-            .spawn(move || pool.install(move || run(&model, &rx, pass_tokens.max(1))))
+            .spawn(move || {
+                let pass = |batch: &[Tokens]| match &gate {
+                    Some(g) => model.embed_behind(batch, g, &waits),
+                    None => model.embed(batch),
+                };
+                pool.install(move || run(&pass, &rx, pass_tokens.max(1)));
+            })
             .map_err(|e| EmbedError::Threads(e.to_string()))?;
         Ok(EmbedService {
             embedder,
             limits,
             jobs,
             counters: Arc::default(),
+            gate_waits,
         })
+    }
+
+    /// Times a pass waited at the compute gate for generation to finish.
+    pub fn gate_waits(&self) -> u64 {
+        self.gate_waits.load(Ordering::Relaxed)
     }
 
     /// The model.
@@ -240,7 +258,11 @@ impl EmbedService {
 }
 
 /// The thread: waits for a call, then computes passes until none waits.
-fn run(model: &Embedder, rx: &Receiver<Job>, pass_tokens: usize) {
+fn run(
+    pass: &dyn Fn(&[Tokens]) -> Result<Vec<Vec<f32>>, EmbedError>,
+    rx: &Receiver<Job>,
+    pass_tokens: usize,
+) {
     let mut queue: VecDeque<Job> = VecDeque::new();
     loop {
         if queue.is_empty() {
@@ -281,7 +303,7 @@ fn run(model: &Embedder, rx: &Receiver<Job>, pass_tokens: usize) {
             .iter()
             .map(|&(j, i)| queue[j].inputs[i].clone())
             .collect();
-        let failed = match model.embed(&batch) {
+        let failed = match pass(&batch) {
             Ok(vectors) => {
                 for (&(j, _), v) in taken.iter().zip(vectors) {
                     queue[j].vectors.push(v);

@@ -7,14 +7,19 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_macros)]
 
 use bulkhead_embed::{EmbedService, Embedder, Limits, Refusal, Tokens, package};
+use bulkhead_engine::ComputeGate;
 use bulkhead_engine::fetch::{Progress, Source};
 use std::time::Instant;
 
 fn service(limits: Limits, pass_tokens: usize) -> EmbedService {
+    service_behind(limits, pass_tokens, None)
+}
+
+fn service_behind(limits: Limits, pass_tokens: usize, gate: Option<ComputeGate>) -> EmbedService {
     let source = Source::from_vars(|k| std::env::var_os(k), Progress::Quiet);
     let dir = package::ensure(&source).expect("embedding model");
     let e = Embedder::load(&dir).expect("model loads");
-    EmbedService::start(e, limits, 2, pass_tokens).expect("started")
+    EmbedService::start(e, limits, (2, pass_tokens), gate).expect("started")
 }
 
 fn tokens(s: &EmbedService, texts: &[String]) -> Vec<Tokens> {
@@ -89,4 +94,39 @@ async fn a_small_call_is_answered_before_a_large_one_queued_ahead_of_it() {
     assert_eq!(v, alone, "the small call's vector, packed with another's");
     assert_eq!(big.len(), 32);
     assert_eq!(&big[..2], large_alone.as_slice());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_held_compute_gate_a_call_waits_and_then_gets_the_same_vectors() {
+    let path = std::env::temp_dir().join(format!("bulkhead-embed-gate-{}", std::process::id()));
+    let mut engine = ComputeGate::open(&path).expect("gate");
+    let s = service_behind(
+        Limits::default(),
+        4_096,
+        Some(ComputeGate::open(&path).expect("gate")),
+    );
+    let texts: Vec<String> = (0..4).map(|i| format!("a sentence about {i}")).collect();
+    let alone = s
+        .embedder()
+        .embed(&tokens(&s, &texts))
+        .expect("computed without the service");
+
+    engine.hold().expect("an engine computes");
+    let call = s.admit(tokens(&s, &texts)).expect("admitted");
+    let service = s.clone();
+    let mut answer = tokio::spawn(async move { service.embed(call).await });
+    let early = tokio::time::timeout(std::time::Duration::from_millis(400), &mut answer).await;
+    assert!(
+        early.is_err(),
+        "the call was computed while the gate was held"
+    );
+    engine.release().expect("the engine is idle");
+    let vectors = tokio::time::timeout(std::time::Duration::from_secs(30), answer)
+        .await
+        .expect("answered once the gate was free")
+        .expect("task")
+        .expect("vectors");
+    assert_eq!(vectors, alone);
+    assert_eq!(s.gate_waits(), 1, "the pass waited at the gate once");
+    let _ = std::fs::remove_file(&path);
 }

@@ -51,6 +51,10 @@ pub struct EngineConfig {
     /// request after this many picks the runner-up of each greedy choice,
     /// a worker whose answers went wrong, for the leak prober to catch.
     pub corrupt_answers_after: Option<u64>,
+    /// A [`crate::ComputeGate`] file this engine holds while it computes,
+    /// so that background work on the same host (the embedding worker
+    /// `up` starts) waits for it; `None` in [`EngineConfig::with_budget`].
+    pub compute_gate: Option<std::path::PathBuf>,
 }
 
 impl EngineConfig {
@@ -75,6 +79,7 @@ impl EngineConfig {
             prefix_cache: true,
             local_prefill_tokens: 0,
             corrupt_answers_after: None,
+            compute_gate: None,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! four times a second to tell each its place in the queue.
 
 use crate::GenerateRequest;
+use crate::compute_gate::ComputeGate;
 use crate::config::EngineConfig;
 use crate::core::{
     EngineCore, EngineStats, Grant, PendingPrefill, PendingRequest, PrefillEvent, PromptProgress,
@@ -119,6 +120,15 @@ impl Engine {
     /// If the OS refuses to create threads.
     pub fn start(model: Arc<ModelFile>, config: &EngineConfig) -> Result<Self, ConfigError> {
         let mut core = EngineCore::new(Arc::clone(&model), config)?;
+        let gate = match &config.compute_gate {
+            Some(path) => Some(
+                ComputeGate::open(path).map_err(|e| ConfigError::ComputeGate {
+                    path: path.clone(),
+                    why: e.to_string(),
+                })?,
+            ),
+            None => None,
+        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(config.threads.max(1))
             .thread_name(|i| format!("bulkhead-compute-{i}"))
@@ -143,7 +153,7 @@ impl Engine {
         }));
         let thread = std::thread::Builder::new()
             .name("bulkhead-engine".into())
-            .spawn(move || run(&mut core, &pool, &rx))
+            .spawn(move || run(&mut core, &pool, &rx, gate))
             .expect("engine thread");
         Ok(Engine {
             commands: tx,
@@ -426,7 +436,12 @@ impl Drop for RequestHandle {
 /// How often prefill jobs that wait hear of their place in the queue.
 const QUEUE_REPORT: Duration = Duration::from_millis(250);
 
-fn run(core: &mut EngineCore, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Command>) {
+fn run(
+    core: &mut EngineCore,
+    pool: &rayon::ThreadPool,
+    rx: &mpsc::Receiver<Command>,
+    mut gate: Option<ComputeGate>,
+) {
     // Block for a command when there is nothing to do, or when the last step
     // could do nothing (requests waiting for pages held by transfers); with
     // prefill jobs waiting, only until their next report.
@@ -434,6 +449,12 @@ fn run(core: &mut EngineCore, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Comm
     let mut reported = std::time::Instant::now();
     loop {
         if stalled || core.is_idle() {
+            // Background work on this host may compute while we wait. (A
+            // lock the kernel refuses leaves it unheld: the background then
+            // computes beside us, slower for us, never wrong.)
+            if let Some(g) = gate.as_mut() {
+                let _ = g.release();
+            }
             let cmd = if core.prefill_pending() {
                 match rx.recv_timeout(QUEUE_REPORT.saturating_sub(reported.elapsed())) {
                     Ok(cmd) => Some(cmd),
@@ -469,6 +490,9 @@ fn run(core: &mut EngineCore, pool: &rayon::ThreadPool, rx: &mpsc::Receiver<Comm
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => return,
             }
+        }
+        if let Some(g) = gate.as_mut() {
+            let _ = g.hold();
         }
         stalled = !pool.install(|| core.step());
         if reported.elapsed() >= QUEUE_REPORT {

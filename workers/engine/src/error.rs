@@ -116,4 +116,12 @@ pub enum ConfigError {
     /// A test-only switch in a build without the test hooks.
     #[error(transparent)]
     Hooks(#[from] crate::hooks::HooksDisabled),
+    /// The compute gate file cannot be opened or locked.
+    #[error("compute gate {path}: {why}")]
+    ComputeGate {
+        /// The gate file.
+        path: std::path::PathBuf,
+        /// Why, as the OS said it.
+        why: String,
+    },
 }

@@ -18,6 +18,7 @@
 //! others is refused at once, not failed after waiting.
 
 mod chat;
+pub mod compute_gate;
 mod config;
 mod core;
 mod decode_cost;
@@ -44,6 +45,7 @@ pub use crate::core::{
 pub use bulkhead_kernels::{SimdLevel, simd_level};
 pub use bulkhead_kv::{CacheScope, Namespace};
 pub use chat::{ChatMessage, ChatTemplate};
+pub use compute_gate::ComputeGate;
 pub use config::EngineConfig;
 pub use engine::{Engine, EngineInfo, RequestHandle};
 pub use error::{ConfigError, EngineError, LoadError, TransferFault};

@@ -35,7 +35,7 @@ fn model_dir() -> &'static std::path::Path {
 
 fn service(limits: Limits) -> EmbedService {
     let model = Embedder::load(model_dir()).expect("model loads");
-    EmbedService::start(model, limits, 1, 4096).expect("service starts")
+    EmbedService::start(model, limits, (1, 4096), None).expect("service starts")
 }
 
 fn ring() -> SigningKey {
