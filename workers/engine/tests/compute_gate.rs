@@ -69,7 +69,7 @@ fn an_engine_holds_its_compute_gate_while_it_generates_and_frees_it_when_idle() 
     // A gate file that cannot be opened is refused at start, by name.
     let mut bad = EngineConfig::with_budget(64 << 20);
     bad.compute_gate = Some(path.join("not-a-directory").join("gate"));
-    let err = Engine::start(model(), &bad).err().expect("refused");
+    let err = Engine::start(model(), &bad).expect_err("refused");
     assert!(err.to_string().contains("compute gate"), "{err}");
     drop(engine);
     let _ = std::fs::remove_file(&path);
