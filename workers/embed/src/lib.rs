@@ -29,6 +29,13 @@ pub use tokens::Tokens;
 use bulkhead_engine::ComputeGate;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The longest one piece of a pass (a layer's matrix product) waits at the
+/// compute gate: under a generation load that never pauses, a pass still
+/// moves a piece every quarter second (a few percent of a core), so its
+/// calls are answered late, not never.
+pub const MOST_BEHIND: Duration = Duration::from_millis(250);
 
 /// A loaded embedding model: its tokenizer, configuration and weights.
 pub struct Embedder {
@@ -85,8 +92,8 @@ impl Embedder {
 
     /// [`Embedder::embed`] as background work: before each layer and each
     /// matrix product it waits while a generation engine on this host holds
-    /// `gate` (see [`ComputeGate`]), counting the waits in `waits`. The
-    /// vectors are the same.
+    /// `gate` (see [`ComputeGate`]), at most [`MOST_BEHIND`] each time,
+    /// counting the waits in `waits`. The vectors are the same.
     pub fn embed_behind(
         &self,
         inputs: &[Tokens],
@@ -96,7 +103,7 @@ impl Embedder {
         self.encoder.embed(inputs, &|| {
             // A lock the kernel refuses leaves the pass computing beside
             // generation: slower for it, never wrong.
-            if let Ok(true) = gate.wait_idle() {
+            if let Ok(true) = gate.wait_idle(MOST_BEHIND) {
                 waits.fetch_add(1, Ordering::Relaxed);
             }
         })

@@ -18,9 +18,13 @@
 //!   any number of engines hold it at once, and taking it never waits for
 //!   the background (which only ever holds it for an instant);
 //! - the background calls [`ComputeGate::wait_idle`] between pieces of its
-//!   work: it takes the *exclusive* lock, which the kernel grants only
-//!   when no engine holds the shared one, and drops it at once. While an
-//!   engine computes, the background sleeps in the kernel, not on a core.
+//!   work: it tries the *exclusive* lock, which the kernel grants only
+//!   when no engine holds the shared one, and drops it at once; refused,
+//!   it sleeps a millisecond and tries again. While an engine computes,
+//!   the background sleeps, not on a core. After `most` it goes on with
+//!   one piece anyway, so that under a generation load that never pauses
+//!   it still moves (a piece of a few milliseconds per `most`), and its
+//!   callers are answered late rather than never.
 //!
 //! The lock is `flock(2)`'s, tied to the open file: a process that dies
 //! holding it releases it, so a crashed engine cannot stall the background.
@@ -28,6 +32,7 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// One side's handle on the gate file.
 #[derive(Debug)]
@@ -92,29 +97,39 @@ impl ComputeGate {
     }
 
     /// Background side: returns once no engine computes, sleeping until
-    /// then; `Ok(true)` when it had to wait.
+    /// then, or after `most` however the engines are; `Ok(true)` when it
+    /// had to wait.
     ///
     /// # Errors
     /// If the kernel refuses the lock.
-    pub fn wait_idle(&self) -> io::Result<bool> {
-        let waited = match self.file.try_lock() {
-            Ok(()) => false,
-            Err(TryLockError::WouldBlock) => {
-                self.file.lock()?;
-                true
+    pub fn wait_idle(&self, most: Duration) -> io::Result<bool> {
+        let start = Instant::now();
+        let mut waited = false;
+        loop {
+            match self.file.try_lock() {
+                Ok(()) => {
+                    self.file.unlock()?;
+                    return Ok(waited);
+                }
+                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::Error(e)) => return Err(e),
             }
-            Err(TryLockError::Error(e)) => return Err(e),
-        };
-        self.file.unlock()?;
-        Ok(waited)
+            if start.elapsed() >= most {
+                return Ok(true);
+            }
+            waited = true;
+            std::thread::sleep(POLL);
+        }
     }
 }
+
+/// How long the background sleeps between two tries of the gate.
+const POLL: Duration = Duration::from_millis(1);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::mpsc;
-    use std::time::Duration;
 
     fn gate_path(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("bulkhead-gate-{}-{name}", std::process::id()))
@@ -125,13 +140,24 @@ mod tests {
         let path = gate_path("wait");
         let mut engine = ComputeGate::open(&path).expect("gate");
         let background = ComputeGate::open(&path).expect("gate");
-        assert_eq!(background.wait_idle().ok(), Some(false), "an idle gate");
+        assert_eq!(
+            background.wait_idle(Duration::from_secs(60)).ok(),
+            Some(false),
+            "an idle gate"
+        );
 
         engine.hold().expect("hold");
         assert!(engine.is_held());
+        // Bounded: after `most`, the background goes on anyway.
+        let start = Instant::now();
+        assert_eq!(
+            background.wait_idle(Duration::from_millis(50)).ok(),
+            Some(true)
+        );
+        assert!(start.elapsed() >= Duration::from_millis(50));
         let (tx, rx) = mpsc::channel();
         let waiter = std::thread::spawn(move || {
-            let waited = background.wait_idle();
+            let waited = background.wait_idle(Duration::from_secs(60));
             let _ = tx.send(());
             waited
         });
