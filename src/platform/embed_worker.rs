@@ -193,9 +193,15 @@ async fn measure(service: &EmbedService, deadline_secs: u64) -> anyhow::Result<P
         let tokens: Tokens = model.tokenize(&text)?;
         let n = tokens.len();
         let call = service.admit(vec![tokens])?;
+        // Time waited at the compute gate (generation computing beside,
+        // as workers calibrating at start do) is not the model's speed.
+        let waited = service.gate_waits().waited();
         let t = Instant::now();
         service.embed(call).await?;
-        best = best.min(t.elapsed() / u32::try_from(n.max(1))?);
+        let took = t
+            .elapsed()
+            .saturating_sub(service.gate_waits().waited().saturating_sub(waited));
+        best = best.min(took / u32::try_from(n.max(1))?);
     }
     let ns = u64::try_from(best.as_nanos()).unwrap_or(u64::MAX).max(1);
     Ok(PrefillFigures {

@@ -37,6 +37,32 @@ use std::time::Duration;
 /// calls are answered late, not never.
 pub const MOST_BEHIND: Duration = Duration::from_millis(250);
 
+/// What passes spent waiting at the compute gate: how often, and how long
+/// (which a speed measured through them leaves out).
+#[derive(Debug, Default)]
+pub struct GateWaits {
+    count: AtomicU64,
+    nanos: AtomicU64,
+}
+
+impl GateWaits {
+    /// Waits so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Their time so far.
+    pub fn waited(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
+    }
+
+    fn add(&self, waited: Duration) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
 /// A loaded embedding model: its tokenizer, configuration and weights.
 pub struct Embedder {
     config: EmbedConfig,
@@ -93,18 +119,20 @@ impl Embedder {
     /// [`Embedder::embed`] as background work: before each layer and each
     /// matrix product it waits while a generation engine on this host holds
     /// `gate` (see [`ComputeGate`]), at most [`MOST_BEHIND`] each time,
-    /// counting the waits in `waits`. The vectors are the same.
+    /// counting the waits and their time in `waits`. The vectors are the
+    /// same.
     pub fn embed_behind(
         &self,
         inputs: &[Tokens],
         gate: &ComputeGate,
-        waits: &AtomicU64,
+        waits: &GateWaits,
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
         self.encoder.embed(inputs, &|| {
+            let start = std::time::Instant::now();
             // A lock the kernel refuses leaves the pass computing beside
             // generation: slower for it, never wrong.
             if let Ok(true) = gate.wait_idle(MOST_BEHIND) {
-                waits.fetch_add(1, Ordering::Relaxed);
+                waits.add(start.elapsed());
             }
         })
     }

@@ -8,11 +8,11 @@
 //! call is computed in the next pass even behind a large one; a call is
 //! answered when its last input is computed.
 
-use crate::{EmbedError, Embedder, Tokens};
+use crate::{EmbedError, Embedder, GateWaits, Tokens};
 use bulkhead_engine::ComputeGate;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use tokio::sync::oneshot;
 
@@ -155,7 +155,7 @@ pub struct EmbedService {
     limits: Limits,
     jobs: Sender<Job>,
     counters: Arc<Counters>,
-    gate_waits: Arc<AtomicU64>,
+    gate_waits: Arc<GateWaits>,
 }
 
 impl std::fmt::Debug for EmbedService {
@@ -185,7 +185,7 @@ impl EmbedService {
             .map_err(|e| EmbedError::Threads(e.to_string()))?;
         let (jobs, rx) = channel();
         let model = embedder.clone();
-        let gate_waits = Arc::new(AtomicU64::new(0));
+        let gate_waits = Arc::new(GateWaits::default());
         let waits = Arc::clone(&gate_waits);
         std::thread::Builder::new()
             .name("embed".into())
@@ -206,9 +206,9 @@ impl EmbedService {
         })
     }
 
-    /// Times a pass waited at the compute gate for generation to finish.
-    pub fn gate_waits(&self) -> u64 {
-        self.gate_waits.load(Ordering::Relaxed)
+    /// What passes waited at the compute gate for generation to finish.
+    pub fn gate_waits(&self) -> &GateWaits {
+        &self.gate_waits
     }
 
     /// The model.

@@ -134,7 +134,8 @@ async fn behind_a_held_compute_gate_a_call_waits_and_still_moves_to_the_same_vec
         start.elapsed()
     );
     assert_eq!(vectors, alone);
-    assert_eq!(s.gate_waits(), 24, "each piece waited at the gate");
+    assert_eq!(s.gate_waits().count(), 24, "each piece waited at the gate");
+    assert!(s.gate_waits().waited() >= bulkhead_embed::MOST_BEHIND * 24);
     engine.release().expect("the engine is idle");
     let _ = std::fs::remove_file(&path);
 }

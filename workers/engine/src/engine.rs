@@ -120,7 +120,7 @@ impl Engine {
     /// If the OS refuses to create threads.
     pub fn start(model: Arc<ModelFile>, config: &EngineConfig) -> Result<Self, ConfigError> {
         let mut core = EngineCore::new(Arc::clone(&model), config)?;
-        let gate = match &config.compute_gate {
+        let mut gate = match &config.compute_gate {
             Some(path) => Some(
                 ComputeGate::open(path).map_err(|e| ConfigError::ComputeGate {
                     path: path.clone(),
@@ -134,8 +134,16 @@ impl Engine {
             .thread_name(|i| format!("bulkhead-compute-{i}"))
             .build()
             .expect("compute threads");
-        // Measure before anything is admitted: the prompt limit depends on it.
+        // Measure before anything is admitted: the prompt limit depends on
+        // it. Holding the gate, so background work on this host (the
+        // embedding worker) does not compute beside the measurement.
+        if let Some(g) = gate.as_mut() {
+            let _ = g.hold();
+        }
         pool.install(|| core.calibrate());
+        if let Some(g) = gate.as_mut() {
+            let _ = g.release();
+        }
         let info = EngineInfo {
             model: model.config().clone(),
             limits: core.limits(),
