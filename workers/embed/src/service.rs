@@ -257,10 +257,10 @@ impl EmbedService {
     }
 }
 
-/// The thread: waits for a call, then computes passes until none waits.
 /// One pass: the vectors of a batch of inputs.
 type Pass<'a> = &'a dyn Fn(&[Tokens]) -> Result<Vec<Vec<f32>>, EmbedError>;
 
+/// The thread: waits for a call, then computes passes until none waits.
 fn run(pass: Pass<'_>, rx: &Receiver<Job>, pass_tokens: usize) {
     let mut queue: VecDeque<Job> = VecDeque::new();
     loop {
