@@ -31,14 +31,13 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// One side's handle on the gate file.
 #[derive(Debug)]
 pub struct ComputeGate {
     file: File,
-    path: PathBuf,
     held: bool,
 }
 
@@ -55,16 +54,7 @@ impl ComputeGate {
             .open(path)?;
         file.lock_shared()?;
         file.unlock()?;
-        Ok(ComputeGate {
-            file,
-            path: path.to_owned(),
-            held: false,
-        })
-    }
-
-    /// Where the gate file is.
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(ComputeGate { file, held: false })
     }
 
     /// Engine side: marks this engine computing (no-op while it already is).
@@ -131,7 +121,7 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
 
-    fn gate_path(name: &str) -> PathBuf {
+    fn gate_path(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("bulkhead-gate-{}-{name}", std::process::id()))
     }
 
