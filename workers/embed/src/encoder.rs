@@ -9,36 +9,59 @@
 //! matrix product each over real tokens, with no padding; attention, which
 //! mixes tokens, runs per input over its own rows only. No input's rows are
 //! ever read by another input's attention or pooling.
+//!
+//! With several threads and several inputs, the batch splits into one
+//! group of whole inputs per thread (about as many tokens each), and each
+//! group computes on its own thread, start to end of a stage, with no
+//! synchronisation inside it; the groups meet only between stages (the
+//! four pieces of a layer), where the caller's `turn` runs. One input
+//! alone computes its products on every thread. An input's vector is the
+//! same in any group, alone or packed.
 
+use crate::dense::{Parallelism, View, add_norm, linear, norm, product};
 use crate::{EmbedConfig, EmbedError, Tokens};
 use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
 use std::path::Path;
 
-/// One transformer layer's weights (projections transposed to
+/// One transformer layer's weights, row-major (projections transposed to
 /// `[in, out]`, so each is a plain matrix product).
 struct Layer {
-    qkv_w: Tensor,
-    qkv_b: Tensor,
-    out_w: Tensor,
-    out_b: Tensor,
-    attn_norm: (Tensor, Tensor),
-    up_w: Tensor,
-    up_b: Tensor,
-    down_w: Tensor,
-    down_b: Tensor,
-    out_norm: (Tensor, Tensor),
+    qkv_w: Vec<f32>,
+    qkv_b: Vec<f32>,
+    out_w: Vec<f32>,
+    out_b: Vec<f32>,
+    attn_norm: (Vec<f32>, Vec<f32>),
+    up_w: Vec<f32>,
+    up_b: Vec<f32>,
+    down_w: Vec<f32>,
+    down_b: Vec<f32>,
+    out_norm: (Vec<f32>, Vec<f32>),
 }
 
 /// The encoder's weights, on the CPU.
 pub(crate) struct Encoder {
-    word: Tensor,
-    position: Tensor,
-    token_type: Tensor,
-    embed_norm: (Tensor, Tensor),
+    word: Vec<f32>,
+    position: Vec<f32>,
+    token_type: Vec<f32>,
+    embed_norm: (Vec<f32>, Vec<f32>),
     layers: Vec<Layer>,
+    hidden: usize,
     heads: usize,
     head_dim: usize,
     eps: f32,
+}
+
+/// One group's rows through a pass: its inputs' spans and hidden states.
+struct Group {
+    /// `(first row, rows)` of each input.
+    spans: Vec<(usize, usize)>,
+    rows: usize,
+    x: Vec<f32>,
+    /// Between the first two stages of a layer: the attention's output.
+    ctx: Vec<f32>,
+    /// Between the third and fourth: the activated feed-forward rows.
+    up: Vec<f32>,
 }
 
 impl Encoder {
@@ -75,24 +98,25 @@ impl Encoder {
             let (up_w, up_b) = w.linear(&format!("{p}.intermediate.dense"), i, h)?;
             let (down_w, down_b) = w.linear(&format!("{p}.output.dense"), h, i)?;
             layers.push(Layer {
-                qkv_w: Tensor::cat(&[q.0, k.0, v.0], 1)?.contiguous()?,
-                qkv_b: Tensor::cat(&[q.1, k.1, v.1], 0)?,
-                out_w,
-                out_b,
+                qkv_w: flat(&Tensor::cat(&[q.0, k.0, v.0], 1)?)?,
+                qkv_b: flat(&Tensor::cat(&[q.1, k.1, v.1], 0)?)?,
+                out_w: flat(&out_w)?,
+                out_b: flat(&out_b)?,
                 attn_norm: w.norm(&format!("{p}.attention.output.LayerNorm"), h)?,
-                up_w,
-                up_b,
-                down_w,
-                down_b,
+                up_w: flat(&up_w)?,
+                up_b: flat(&up_b)?,
+                down_w: flat(&down_w)?,
+                down_b: flat(&down_b)?,
                 out_norm: w.norm(&format!("{p}.output.LayerNorm"), h)?,
             });
         }
         Ok(Encoder {
-            word,
-            position,
-            token_type,
+            word: flat(&word)?,
+            position: flat(&position)?,
+            token_type: flat(&token_type)?,
             embed_norm,
             layers,
+            hidden: h,
             heads: config.heads,
             head_dim: h / config.heads,
             eps: config.layer_norm_eps as f32,
@@ -110,82 +134,171 @@ impl Encoder {
         if inputs.is_empty() {
             return Ok(Vec::new());
         }
-        let spans: Vec<(usize, usize)> = inputs
-            .iter()
-            .scan(0, |off, t| {
-                let span = (*off, t.len());
-                *off += t.len();
-                Some(span)
-            })
-            .collect();
-        let ids: Vec<u32> = inputs
-            .iter()
-            .flat_map(|t| t.ids().iter().copied())
-            .collect();
-        let positions: Vec<u32> = inputs.iter().flat_map(|t| 0..t.len() as u32).collect();
-        let n = ids.len();
-        let ids = Tensor::from_vec(ids, n, &Device::Cpu)?;
-        let positions = Tensor::from_vec(positions, n, &Device::Cpu)?;
-        let x = self
-            .word
-            .index_select(&ids, 0)?
-            .add(&self.position.index_select(&positions, 0)?)?
-            .broadcast_add(&self.token_type)?;
-        let mut x = layer_norm(&x, &self.embed_norm, self.eps)?;
+        let threads = rayon::current_num_threads().max(1);
+        let mut groups = split(inputs, threads)
+            .into_iter()
+            .map(|g| self.embedded(g))
+            .collect::<Result<Vec<Group>, EmbedError>>()?;
+        // Fewer groups than threads (one input): each product on all of them.
+        let par = if groups.len() < threads {
+            Parallelism::Rayon(threads)
+        } else {
+            Parallelism::None
+        };
         for layer in &self.layers {
             turn();
-            x = self.layer(layer, &x, &spans, turn)?;
+            each(&mut groups, |g| self.attend(layer, g, par));
+            turn();
+            each(&mut groups, |g| {
+                let attended = linear(&g.ctx, g.rows, &layer.out_w, &layer.out_b, par);
+                add_norm(&mut g.x, &attended, pair(&layer.attn_norm), self.eps);
+            });
+            turn();
+            each(&mut groups, |g| {
+                g.up = linear(&g.x, g.rows, &layer.up_w, &layer.up_b, par);
+                bulkhead_kernels::ops::gelu_erf(&mut g.up);
+            });
+            turn();
+            each(&mut groups, |g| {
+                let down = linear(&g.up, g.rows, &layer.down_w, &layer.down_b, par);
+                add_norm(&mut g.x, &down, pair(&layer.out_norm), self.eps);
+            });
         }
-        let mut out = Vec::with_capacity(inputs.len());
-        for &(off, len) in &spans {
-            let mean = x.narrow(0, off, len)?.mean(0)?;
-            let mut v = mean.to_vec1::<f32>()?;
-            // torch.nn.functional.normalize: x / max(‖x‖, 1e-12).
-            let norm = v.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-12);
-            for a in &mut v {
-                *a /= norm;
-            }
-            out.push(v);
-        }
-        Ok(out)
+        Ok(groups.iter().flat_map(|g| self.pooled(g)).collect())
     }
 
-    fn layer(
-        &self,
-        l: &Layer,
-        x: &Tensor,
-        spans: &[(usize, usize)],
-        turn: &dyn Fn(),
-    ) -> Result<Tensor, EmbedError> {
-        let hidden = self.heads * self.head_dim;
-        let qkv = linear(x, &l.qkv_w, &l.qkv_b)?;
-        #[allow(clippy::cast_precision_loss)]
-        let scale = 1.0 / (self.head_dim as f32).sqrt();
-        let mut mixed = Vec::with_capacity(spans.len());
-        for &(off, len) in spans {
-            let rows = qkv.narrow(0, off, len)?;
-            // [len, hidden] → [heads, len, head_dim]
-            let split = |i: usize| -> candle_core::Result<Tensor> {
-                rows.narrow(1, i * hidden, hidden)?
-                    .reshape((len, self.heads, self.head_dim))?
-                    .transpose(0, 1)?
-                    .contiguous()
-            };
-            let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-            let p = softmax_rows(&q.matmul(&k.t()?)?, scale)?;
-            let ctx = p.matmul(&v)?.transpose(0, 1)?.reshape((len, hidden))?;
-            mixed.push(ctx);
+    /// A group's rows after the embedding layer.
+    fn embedded(&self, inputs: &[Tokens]) -> Result<Group, EmbedError> {
+        let h = self.hidden;
+        let rows: usize = inputs.iter().map(Tokens::len).sum();
+        let mut x = Vec::with_capacity(rows * h);
+        let mut spans = Vec::with_capacity(inputs.len());
+        for t in inputs {
+            spans.push((x.len() / h, t.len()));
+            for (pos, &id) in t.ids().iter().enumerate() {
+                let id = id as usize;
+                let (Some(word), Some(position)) = (
+                    self.word.get(id * h..(id + 1) * h),
+                    self.position.get(pos * h..(pos + 1) * h),
+                ) else {
+                    return Err(EmbedError::Failed(format!(
+                        "token {id} at position {pos} is outside the model's tables"
+                    )));
+                };
+                x.extend(
+                    word.iter()
+                        .zip(position)
+                        .zip(&self.token_type)
+                        .map(|((w, p), t)| w + p + t),
+                );
+            }
         }
-        let ctx = Tensor::cat(&mixed, 0)?;
-        turn();
-        let attended = linear(&ctx, &l.out_w, &l.out_b)?;
-        let x = layer_norm(&x.add(&attended)?, &l.attn_norm, self.eps)?;
-        turn();
-        let up = gelu(&linear(&x, &l.up_w, &l.up_b)?)?;
-        turn();
-        let down = linear(&up, &l.down_w, &l.down_b)?;
-        Ok(layer_norm(&x.add(&down)?, &l.out_norm, self.eps)?)
+        norm(&mut x, pair(&self.embed_norm), self.eps);
+        Ok(Group {
+            spans,
+            rows,
+            x,
+            ctx: Vec::new(),
+            up: Vec::new(),
+        })
     }
+
+    /// Self-attention of each input of `g` over its own rows, into `g.ctx`.
+    fn attend(&self, l: &Layer, g: &mut Group, par: Parallelism) {
+        let (h, hd) = (self.hidden, self.head_dim);
+        let qkv = linear(&g.x, g.rows, &l.qkv_w, &l.qkv_b, par);
+        #[allow(clippy::cast_precision_loss)]
+        let scale = 1.0 / (hd as f32).sqrt();
+        g.ctx = vec![0.0; g.rows * h];
+        let mut scores = Vec::new();
+        for &(off, len) in &g.spans {
+            scores.resize(len * len, 0.0);
+            let rows = &qkv[off * 3 * h..(off + len) * 3 * h];
+            for head in 0..self.heads {
+                let part = |i: usize| View {
+                    data: &rows[i * h + head * hd..],
+                    rows: len,
+                    cols: hd,
+                    rs: 3 * h,
+                    cs: 1,
+                };
+                product(part(0), part(1).t(), &mut scores, len, false, par);
+                for r in scores.chunks_exact_mut(len) {
+                    bulkhead_kernels::ops::attention_softmax(r, scale, false);
+                }
+                let out = &mut g.ctx[off * h + head * hd..(off + len) * h];
+                product(View::rows(&scores, len, len), part(2), out, h, false, par);
+            }
+        }
+    }
+
+    /// Each input's mean over its rows, L2-normalised.
+    fn pooled(&self, g: &Group) -> Vec<Vec<f32>> {
+        let h = self.hidden;
+        g.spans
+            .iter()
+            .map(|&(off, len)| {
+                let mut v = vec![0.0f32; h];
+                for row in g.x[off * h..(off + len) * h].chunks_exact(h) {
+                    for (a, x) in v.iter_mut().zip(row) {
+                        *a += x;
+                    }
+                }
+                #[allow(clippy::cast_precision_loss)]
+                let n = len.max(1) as f32;
+                for a in &mut v {
+                    *a /= n;
+                }
+                // torch.nn.functional.normalize: x / max(‖x‖, 1e-12).
+                let norm = v.iter().map(|a| a * a).sum::<f32>().sqrt().max(1e-12);
+                for a in &mut v {
+                    *a /= norm;
+                }
+                v
+            })
+            .collect()
+    }
+}
+
+/// `f` on every group, each on a thread of the pool.
+fn each(groups: &mut [Group], f: impl Fn(&mut Group) + Sync + Send) {
+    if let [g] = groups {
+        f(g);
+    } else {
+        groups.par_iter_mut().for_each(f);
+    }
+}
+
+/// `inputs` in at most `threads` runs of whole inputs with about as many
+/// tokens each (one run per input when there are fewer inputs).
+fn split(inputs: &[Tokens], threads: usize) -> Vec<&[Tokens]> {
+    let parts = threads.min(inputs.len()).max(1);
+    let total: usize = inputs.iter().map(Tokens::len).sum();
+    let mut runs = Vec::with_capacity(parts);
+    let (mut lo, mut sum) = (0, 0);
+    for (i, t) in inputs.iter().enumerate() {
+        sum += t.len();
+        let left = inputs.len() - i - 1;
+        let needed = parts - runs.len() - 1;
+        // Close the run at its share of the tokens, or when each later run
+        // needs one of the inputs left.
+        if needed > 0 && (sum * parts >= total * (runs.len() + 1) || left == needed) {
+            runs.push(&inputs[lo..=i]);
+            lo = i + 1;
+        }
+    }
+    runs.push(&inputs[lo..]);
+    runs
+}
+
+/// A norm's weight and bias as slices.
+fn pair((w, b): &(Vec<f32>, Vec<f32>)) -> (&[f32], &[f32]) {
+    (w, b)
+}
+
+/// A tensor's elements, row-major.
+fn flat(t: &Tensor) -> Result<Vec<f32>, EmbedError> {
+    Ok(t.flatten_all()?.to_vec1::<f32>()?)
 }
 
 /// The file's tensors, taken out by name and shape.
@@ -214,10 +327,10 @@ impl Weights {
     }
 
     /// A layer norm's weight and bias.
-    fn norm(&mut self, prefix: &str, n: usize) -> Result<(Tensor, Tensor), EmbedError> {
+    fn norm(&mut self, prefix: &str, n: usize) -> Result<(Vec<f32>, Vec<f32>), EmbedError> {
         Ok((
-            self.take(&format!("{prefix}.weight"), &[n])?,
-            self.take(&format!("{prefix}.bias"), &[n])?,
+            flat(&self.take(&format!("{prefix}.weight"), &[n])?)?,
+            flat(&self.take(&format!("{prefix}.bias"), &[n])?)?,
         ))
     }
 
@@ -234,42 +347,4 @@ impl Weights {
             .contiguous()?;
         Ok((w, self.take(&format!("{prefix}.bias"), &[out])?))
     }
-}
-
-fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
-    x.matmul(w)?.broadcast_add(b)
-}
-
-/// BERT's exact GELU, by the project's vectorized kernel (candle's calls
-/// `erf` one value at a time).
-fn gelu(x: &Tensor) -> candle_core::Result<Tensor> {
-    by_rows(x, 16, bulkhead_kernels::ops::gelu_erf)
-}
-
-/// `softmax(scale · row)` of every row of `scores` (the last dimension),
-/// by the project's vectorized kernel (candle's calls `exp` one value at a
-/// time).
-fn softmax_rows(scores: &Tensor, scale: f32) -> candle_core::Result<Tensor> {
-    by_rows(scores, 1, |r| {
-        bulkhead_kernels::ops::attention_softmax(r, scale, false);
-    })
-}
-
-/// `x` with `f` applied in place to groups of `rows` rows (the last
-/// dimension), the groups shared across the pool.
-fn by_rows(
-    x: &Tensor,
-    rows: usize,
-    f: impl Fn(&mut [f32]) + Send + Sync,
-) -> candle_core::Result<Tensor> {
-    use rayon::prelude::*;
-    let shape = x.shape().clone();
-    let mut v = x.flatten_all()?.to_vec1::<f32>()?;
-    let row = shape.dims().last().copied().unwrap_or(1).max(1);
-    v.par_chunks_mut(row * rows).for_each(f);
-    Tensor::from_vec(v, shape, &Device::Cpu)
-}
-
-fn layer_norm(x: &Tensor, (w, b): &(Tensor, Tensor), eps: f32) -> candle_core::Result<Tensor> {
-    candle_nn::ops::layer_norm(x, w, b, eps)
 }

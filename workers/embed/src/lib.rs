@@ -15,6 +15,7 @@
 //! calling thread's rayon pool; [`EmbedService`] on a pool of its own.
 
 mod config;
+mod dense;
 mod encoder;
 mod error;
 pub mod package;
