@@ -49,12 +49,6 @@ pub(crate) struct EmbedArgs {
     /// Compute threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// The size candle gives its own pool for element-wise ops (its
-    /// `CANDLE_NUM_THREADS`, read once; one thread per core without it).
-    /// Read here only so the worker can say when it is not `--threads`:
-    /// this process cannot set it for itself (`up` does).
-    #[arg(long, hide = true, env = "CANDLE_NUM_THREADS")]
-    candle_num_threads: Option<String>,
     /// A compute gate file (`up` gives one): before each layer and matrix
     /// product of a pass, wait while a generation engine on this host holds
     /// it (their `--compute-gate`), so that embeddings compute only when
@@ -130,12 +124,6 @@ pub(crate) fn run(args: &EmbedArgs) -> anyhow::Result<()> {
         max_inputs: args.max_inputs.max(1),
         max_tokens: args.max_tokens.max(1),
     };
-    if args.candle_num_threads != Some(threads.to_string()) {
-        tracing::warn!(
-            threads,
-            "CANDLE_NUM_THREADS is not --threads: candle's element-wise ops run on a pool of their own size"
-        );
-    }
     let gate = match &args.compute_gate {
         Some(path) => Some(
             bulkhead_engine::ComputeGate::open(path)

@@ -132,10 +132,6 @@ pub(super) fn start(
     let env = vec![
         ("BULKHEAD_NODE_TOKEN", node_token.to_owned()),
         ("BULKHEAD_TLS_DIR", bundle),
-        // candle runs broadcast element-wise ops on a spinning thread pool
-        // of its own, one thread per core unless told: without this, the
-        // worker computed on two threads, not one.
-        ("CANDLE_NUM_THREADS", THREADS.to_owned()),
     ];
     let component = "embed worker";
     c.console.serves(component, EMBED_SLUG);
