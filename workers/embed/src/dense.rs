@@ -111,17 +111,13 @@ pub(crate) fn product(
     }
 }
 
-/// `x · w + bias` for `x` of `rows × k` and `w` of `k × n` (row-major):
-/// each output row starts as the bias and the product is added to it, as
-/// candle's `matmul` then `broadcast_add` round it.
-pub(crate) fn linear(
-    x: &[f32],
-    rows: usize,
-    w: &[f32],
-    bias: &[f32],
-    par: Parallelism,
-) -> Vec<f32> {
+/// `x · w + bias` for `x` of `k` columns and `w` of `k × n` (row-major,
+/// `n` the bias's length): each output row starts as the bias and the
+/// product is added to it, as candle's `matmul` then `broadcast_add` round
+/// it.
+pub(crate) fn linear(x: &[f32], w: &[f32], bias: &[f32], par: Parallelism) -> Vec<f32> {
     let (n, k) = (bias.len(), w.len() / bias.len().max(1));
+    let rows = x.len() / k.max(1);
     let mut out = Vec::with_capacity(rows * n);
     for _ in 0..rows {
         out.extend_from_slice(bias);

@@ -56,7 +56,6 @@ pub(crate) struct Encoder {
 struct Group {
     /// `(first row, rows)` of each input.
     spans: Vec<(usize, usize)>,
-    rows: usize,
     x: Vec<f32>,
     /// Between the first two stages of a layer: the attention's output.
     ctx: Vec<f32>,
@@ -150,17 +149,17 @@ impl Encoder {
             each(&mut groups, |g| self.attend(layer, g, par));
             turn();
             each(&mut groups, |g| {
-                let attended = linear(&g.ctx, g.rows, &layer.out_w, &layer.out_b, par);
+                let attended = linear(&g.ctx, &layer.out_w, &layer.out_b, par);
                 add_norm(&mut g.x, &attended, pair(&layer.attn_norm), self.eps);
             });
             turn();
             each(&mut groups, |g| {
-                g.up = linear(&g.x, g.rows, &layer.up_w, &layer.up_b, par);
+                g.up = linear(&g.x, &layer.up_w, &layer.up_b, par);
                 bulkhead_kernels::ops::gelu_erf(&mut g.up);
             });
             turn();
             each(&mut groups, |g| {
-                let down = linear(&g.up, g.rows, &layer.down_w, &layer.down_b, par);
+                let down = linear(&g.up, &layer.down_w, &layer.down_b, par);
                 add_norm(&mut g.x, &down, pair(&layer.out_norm), self.eps);
             });
         }
@@ -181,6 +180,9 @@ impl Encoder {
                     self.word.get(id * h..(id + 1) * h),
                     self.position.get(pos * h..(pos + 1) * h),
                 ) else {
+                    // Unreachable for `Tokens` (ids checked against the
+                    // vocabulary, lengths against the positions at load):
+                    // an error rather than a panic all the same.
                     return Err(EmbedError::Failed(format!(
                         "token {id} at position {pos} is outside the model's tables"
                     )));
@@ -196,7 +198,6 @@ impl Encoder {
         norm(&mut x, pair(&self.embed_norm), self.eps);
         Ok(Group {
             spans,
-            rows,
             x,
             ctx: Vec::new(),
             up: Vec::new(),
@@ -206,10 +207,10 @@ impl Encoder {
     /// Self-attention of each input of `g` over its own rows, into `g.ctx`.
     fn attend(&self, l: &Layer, g: &mut Group, par: Parallelism) {
         let (h, hd) = (self.hidden, self.head_dim);
-        let qkv = linear(&g.x, g.rows, &l.qkv_w, &l.qkv_b, par);
+        let qkv = linear(&g.x, &l.qkv_w, &l.qkv_b, par);
         #[allow(clippy::cast_precision_loss)]
         let scale = 1.0 / (hd as f32).sqrt();
-        g.ctx = vec![0.0; g.rows * h];
+        g.ctx = vec![0.0; g.x.len()];
         let mut scores = Vec::new();
         for &(off, len) in &g.spans {
             scores.resize(len * len, 0.0);
