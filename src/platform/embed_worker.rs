@@ -49,8 +49,8 @@ pub(crate) struct EmbedArgs {
     /// Compute threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
-    /// A compute gate file (`up` gives one): before each layer and matrix
-    /// product of a pass, wait while a generation engine on this host holds
+    /// A compute gate file (`up` gives one): before each of the four stages
+    /// of every layer of a pass, wait while a generation engine on this host holds
     /// it (their `--compute-gate`), so that embeddings compute only when
     /// generation does not.
     #[arg(long)]

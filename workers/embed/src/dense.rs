@@ -262,6 +262,21 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "product output")]
+    fn an_output_too_short_for_its_rows_is_refused() {
+        let a = data(9, 4);
+        let mut out = vec![0.0; 8];
+        product(
+            View::rows(&a, 3, 3),
+            View::rows(&a, 3, 3),
+            &mut out,
+            3,
+            false,
+            Parallelism::None,
+        );
+    }
+
+    #[test]
     fn a_row_norm_has_zero_mean_and_unit_variance_before_its_affine() {
         let mut x = data(3 * 16, 3);
         let (w, b) = (vec![1.0; 16], vec![0.0; 16]);

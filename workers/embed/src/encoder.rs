@@ -123,7 +123,8 @@ impl Encoder {
     }
 
     /// One normalised vector per input, in order; `turn()` runs before
-    /// each layer and each of its matrix products (pieces of a few
+    /// each of the four stages of every layer (attention, its output
+    /// projection, the feed-forward's two products: pieces of a few
     /// milliseconds), where the caller may wait for its turn to compute.
     pub(crate) fn embed(
         &self,

@@ -117,8 +117,8 @@ impl Embedder {
         self.encoder.embed(inputs, &|| {})
     }
 
-    /// [`Embedder::embed`] as background work: before each layer and each
-    /// matrix product it waits while a generation engine on this host holds
+    /// [`Embedder::embed`] as background work: before each of the four
+    /// stages of every layer it waits while a generation engine on this host holds
     /// `gate` (see [`ComputeGate`]), at most [`MOST_BEHIND`] each time,
     /// counting the waits and their time in `waits`. The vectors are the
     /// same.
