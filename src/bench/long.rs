@@ -115,6 +115,17 @@ pub(crate) fn run(
             decode[format!("tok_s_{b}")] = json!(rate);
         }
         decode["16_over_1"] = json!(ratio(&decode["tok_s_16"], &decode["tok_s_1"]));
+        // What 16 streams over one reach if both move their bytes at one
+        // rate: a step of 16 reads the weights once and 16 contexts'
+        // keys and values, a step of one the weights and one context.
+        #[allow(clippy::cast_precision_loss)]
+        let (weights, kv) = (
+            std::fs::metadata(path)?.len() as f64,
+            (ctx * per_token) as f64,
+        );
+        decode["weights_bytes"] = json!(weights);
+        decode["kv_bytes_per_stream"] = json!(kv);
+        decode["16_over_1_at_one_rate"] = json!(16.0 * (weights + kv) / (weights + 16.0 * kv));
     }
     drop(engine);
 
@@ -251,6 +262,14 @@ pub(crate) fn print(w: &mut impl std::io::Write, v: &Value) -> std::io::Result<(
             f(&d["tok_s_16"], 1),
             "",
             f(&d["16_over_1"], 2)
+        )?;
+        writeln!(
+            w,
+            "{:<34} {:>12} {:>12} {:>8}",
+            "16 / 1 if both read at one rate",
+            "",
+            "",
+            f(&d["16_over_1_at_one_rate"], 2)
         )?;
     }
     Ok(())
