@@ -230,6 +230,14 @@ fn each_component_killed_under_load_comes_back_and_costs_only_its_own_requests()
                 ) && workers(cp, op).iter().any(|(n, _, r)| n == name && *r)
             });
         }
+        if role == "gateway" {
+            // Back means answering, not only a new process: a client that
+            // connects before the new gateway listens is refused, and that
+            // belongs to the gateway's death, before `back_at`.
+            wait_until("the gateway back and answering", 90, || {
+                matches!(try_call(gw, "GET", "/health", "", ""), Ok((200, _)))
+            });
+        }
         let back_at = Instant::now();
         std::thread::sleep(Duration::from_millis(3000));
         let ended = load.finish();
