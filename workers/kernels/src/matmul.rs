@@ -281,10 +281,11 @@ mod tests {
         for format in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0] {
             // A second shape crosses a run of scale products (33 blocks),
             // ends on an odd weight row, and has whole and ragged groups
-            // of activation rows.
+            // of activation rows; the third is the default model's width
+            // (18 blocks).
             for (rows_in, (rows, cols)) in [1usize, 3, 4, 9, 13, 16, 27]
                 .into_iter()
-                .flat_map(|r| [(r, (40, 96)), (r, (41, 1056))])
+                .flat_map(|r| [(r, (40, 96)), (r, (41, 1056)), (r, (18, 576))])
             {
                 let w = WeightsQ::from_gguf_bytes(
                     format,
